@@ -1,0 +1,261 @@
+"""Corpus readers: text/markdown/rst directories, JSONL (plain or .gz) and Parquet, read in bounded
+batches into Arrow tables with the columns ``doc_id``, ``source`` and ``text`` (all ``large_string``).
+
+Encoding policy (documented, tested in tests/test_corpus.py against ../shared/cases):
+
+* Files are decoded as strict UTF-8; a leading byte-order mark is dropped.
+* A text file that is not valid UTF-8 becomes one *rejected* record naming the file, the byte offset
+  of the first invalid byte and the decoder's reason. It is never decoded with replacement, so no
+  training text contains U+FFFD that the source did not hold.
+* A JSONL line that is not valid JSON, is not an object, lacks the text field, or holds a string
+  that cannot be encoded as UTF-8 (a lone surrogate such as ``"\\ud800"``) becomes a rejected
+  record with file, 1-based line number and reason.
+* A Parquet file that cannot be opened becomes a rejected record (file, position ``-1``); only the
+  text and id columns are read, so files whose other columns differ in type are read together, and
+  zero-row files yield nothing.
+
+Nothing else is normalized here: line endings, NUL bytes and Unicode forms are the cleaning stage's
+job (largetrain_core.clean), which counts what it changes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+DOC_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("source", pa.large_string()), ("text", pa.large_string())])
+REJECT_SCHEMA = pa.schema([("source", pa.large_string()), ("position", pa.int64()), ("reason", pa.large_string())])
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """How to read one corpus.
+
+    ``path`` is a directory (walked recursively, files in sorted order) or a single file.
+    ``text_field``/``id_field`` name the JSONL keys / Parquet columns; without an id field the
+    document id is ``<relative path>:<line or row>``. ``batch_size`` is the number of documents per
+    Arrow batch, which bounds memory.
+    """
+
+    path: str
+    text_field: str = "text"
+    id_field: str | None = None
+    batch_size: int = 1024
+
+
+@dataclass
+class Batch:
+    documents: pa.Table  # DOC_SCHEMA
+    rejected: pa.Table  # REJECT_SCHEMA
+
+
+def list_files(path: Path) -> list[Path]:
+    """All readable corpus files under ``path`` (sorted), or ``[path]`` for a file.
+
+    Raises FileNotFoundError when ``path`` does not exist.
+    """
+    if not path.exists():
+        raise FileNotFoundError(f"corpus path does not exist: {path}")
+    if path.is_file():
+        return [path]
+    suffixes = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes))
+
+
+def _valid_utf8(text: str) -> str | None:
+    """None if ``text`` encodes as UTF-8, else the reason (lone surrogates do not)."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return f"unencodable character {text[e.start]!r} at character {e.start}: {e.reason}"
+
+
+class _Collector:
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self.docs: dict[str, list] = {"doc_id": [], "source": [], "text": []}
+        self.rejects: dict[str, list] = {"source": [], "position": [], "reason": []}
+
+    def doc(self, doc_id: str, source: str, text: str) -> None:
+        self.docs["doc_id"].append(doc_id)
+        self.docs["source"].append(source)
+        self.docs["text"].append(text)
+
+    def reject(self, source: str, position: int, reason: str) -> None:
+        self.rejects["source"].append(source)
+        self.rejects["position"].append(position)
+        self.rejects["reason"].append(reason)
+
+    def full(self) -> bool:
+        return len(self.docs["doc_id"]) >= self.batch_size or len(self.rejects["source"]) >= self.batch_size
+
+    def flush(self) -> Batch:
+        batch = Batch(pa.table(self.docs, schema=DOC_SCHEMA), pa.table(self.rejects, schema=REJECT_SCHEMA))
+        self.docs = {k: [] for k in self.docs}
+        self.rejects = {k: [] for k in self.rejects}
+        return batch
+
+
+def read_corpus(config: ReaderConfig) -> Iterator[Batch]:
+    """Stream a corpus as :class:`Batch` es of at most ``config.batch_size`` documents.
+
+    Every document and every unreadable record appears exactly once, either in ``documents`` or in
+    ``rejected``. Raises FileNotFoundError if the path is missing and ValueError if it holds no
+    corpus file.
+    """
+    root = Path(config.path)
+    files = list_files(root)
+    if not files:
+        raise ValueError(f"no .txt/.md/.rst/.jsonl(.gz)/.parquet files under {root}")
+    base = root if root.is_dir() else root.parent
+    out = _Collector(config.batch_size)
+    for f in files:
+        rel = f.relative_to(base).as_posix()
+        if f.name.endswith(PARQUET_SUFFIXES):
+            yield from _read_parquet(f, rel, config, out)
+        elif f.name.endswith(JSONL_SUFFIXES):
+            yield from _read_jsonl(f, rel, config, out)
+        else:
+            _read_text(f, rel, out)
+        if out.full():
+            yield out.flush()
+    last = out.flush()
+    if last.documents.num_rows or last.rejected.num_rows:
+        yield last
+
+
+def _read_text(f: Path, rel: str, out: _Collector) -> None:
+    data = f.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        out.reject(rel, e.start, f"invalid UTF-8 at byte {e.start}: {e.reason}")
+        return
+    out.doc(rel, rel, text)
+
+
+def _read_jsonl(f: Path, rel: str, config: ReaderConfig, out: _Collector) -> Iterator[Batch]:
+    opener = gzip.open if f.name.endswith(".gz") else open
+    try:
+        with opener(f, "rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+                if not raw.strip():
+                    continue
+                pos = lineno
+                try:
+                    record = json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    out.reject(rel, pos, f"line {pos}: invalid UTF-8 at byte {e.start} of the line: {e.reason}")
+                    continue
+                except json.JSONDecodeError as e:
+                    out.reject(rel, pos, f"line {pos}: invalid JSON: {e.msg} at column {e.colno}")
+                    continue
+                if not isinstance(record, dict) or not isinstance(record.get(config.text_field), str):
+                    out.reject(rel, pos, f"line {pos}: no string field {config.text_field!r}")
+                    continue
+                text = record[config.text_field]
+                doc_id = str(record[config.id_field]) if config.id_field and config.id_field in record else f"{rel}:{pos}"
+                bad = _valid_utf8(text) or _valid_utf8(doc_id)
+                if bad:
+                    out.reject(rel, pos, f"line {pos}: {bad}")
+                    continue
+                out.doc(doc_id, rel, text)
+                if out.full():
+                    yield out.flush()
+    except (OSError, EOFError) as e:  # truncated gzip, unreadable file
+        out.reject(rel, -1, f"cannot read file: {e}")
+
+
+def _read_parquet(f: Path, rel: str, config: ReaderConfig, out: _Collector) -> Iterator[Batch]:
+    try:
+        pf = pq.ParquetFile(f)
+    except Exception as e:  # pyarrow raises ArrowInvalid/OSError for corrupt or non-Parquet files
+        out.reject(rel, -1, f"cannot open Parquet file: {e}")
+        return
+    names = pf.schema_arrow.names
+    if config.text_field not in names:
+        out.reject(rel, -1, f"no column {config.text_field!r} (columns: {names})")
+        return
+    columns = [config.text_field] + ([config.id_field] if config.id_field and config.id_field in names else [])
+    row = 0
+    for rb in pf.iter_batches(batch_size=config.batch_size, columns=columns):
+        texts = rb.column(config.text_field).to_pylist()
+        ids = rb.column(config.id_field).to_pylist() if len(columns) == 2 else None
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                out.reject(rel, row + i, f"row {row + i}: text is {type(text).__name__}, not a string")
+                continue
+            out.doc(str(ids[i]) if ids is not None else f"{rel}:{row + i}", rel, text)
+        row += rb.num_rows
+        if out.full():
+            yield out.flush()
+
+
+def _in_sample(doc_ids: list[str], fraction: float, seed: int) -> list[bool]:
+    """Seeded, order-independent Bernoulli sample: keep a document when xxh64(doc_id, seed) / 2**64 < fraction."""
+    if fraction >= 1.0:
+        return [True] * len(doc_ids)
+    limit = int(fraction * 2**64)
+    return [xxhash.xxh64_intdigest(d.encode(), seed) < limit for d in doc_ids]
+
+
+def ingest(config: ReaderConfig, out_dir: Path, *, max_documents: int | None = None,
+           sample_fraction: float = 1.0, seed: int = 0) -> dict:
+    """Read a corpus into ``out_dir/part-NNNNN.parquet`` (DOC_SCHEMA, one file per batch) and
+    ``out_dir/rejected.parquet`` (REJECT_SCHEMA).
+
+    Subsetting for early experiments: ``sample_fraction`` keeps a seeded hash sample of documents
+    (deterministic, independent of file order), then ``max_documents`` keeps the first N of those
+    in corpus order. Documents left out by the subset are counted (``not_sampled``), not stored.
+    Returns counts: ``documents``, ``rejected``, ``bytes``, ``files``, ``not_sampled``, ``parts``.
+    """
+    if not 0.0 < sample_fraction <= 1.0:
+        raise ValueError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
+    out_dir = Path(out_dir)
+    stats = {"documents": 0, "rejected": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
+             "files": len(list_files(Path(config.path)))}
+    rejected: list[pa.Table] = []
+    for batch in read_corpus(config):
+        docs = batch.documents
+        keep = _in_sample(docs.column("doc_id").to_pylist(), sample_fraction, seed)
+        docs = docs.filter(pa.array(keep, pa.bool_()))
+        if max_documents is not None:
+            docs = docs.slice(0, max(0, max_documents - stats["documents"]))
+        stats["not_sampled"] += batch.documents.num_rows - docs.num_rows
+        rejected.append(batch.rejected)
+        stats["rejected"] += batch.rejected.num_rows
+        if docs.num_rows:
+            pq.write_table(docs, out_dir / f"part-{stats['parts']:05d}.parquet")
+            stats["parts"] += 1
+            stats["documents"] += docs.num_rows
+            stats["bytes"] += pc.sum(pc.binary_length(docs.column("text"))).as_py() or 0
+    pq.write_table(pa.concat_tables(rejected) if rejected else REJECT_SCHEMA.empty_table(), out_dir / "rejected.parquet")
+    return stats
+
+
+def fingerprint(path: str | Path) -> str:
+    """Cheap content version of a corpus: sha256 over (relative path, size, mtime in ns) of every file."""
+    import hashlib
+
+    root = Path(path)
+    h = hashlib.sha256()
+    base = root if root.is_dir() else root.parent
+    for f in list_files(root):
+        st = f.stat()
+        h.update(f"{f.relative_to(base).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]

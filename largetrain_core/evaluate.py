@@ -1,0 +1,49 @@
+"""Held-out evaluation: perplexity on the validation split of token shards.
+
+Perplexity = exp(mean next-token cross-entropy in nats) over every target token of the evaluated
+sequences (each sequence of seq_len + 1 tokens gives seq_len targets). Runs in fp32 without
+DeepSpeed: evaluation of a saved model needs no distributed state.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from largetrain_core.model import load_model
+from largetrain_core.shards import TokenShards
+
+
+def load_for_eval(model_dir: Path, adapter_dir: Path | None = None):
+    """The HF model in ``model_dir`` (fp32, eval mode), with the PEFT adapter of ``adapter_dir`` applied if given."""
+    model = load_model(model_dir)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+    return model.eval()
+
+
+@torch.no_grad()
+def perplexity(model, shards_dir: Path, split: str = "validation", max_sequences: int | None = 64,
+               batch_size: int = 8) -> dict:
+    """Perplexity of ``model`` on the first ``max_sequences`` sequences of ``split``.
+
+    Returns ``{"perplexity", "loss_nats", "sequences", "tokens"}``. Raises ValueError on an empty split.
+    """
+    data = TokenShards(Path(shards_dir), split)
+    n = len(data) if max_sequences is None else min(len(data), max_sequences)
+    if n == 0:
+        raise ValueError(f"{shards_dir}: split {split!r} holds no sequence to evaluate")
+    total, count = 0.0, 0
+    for start in range(0, n, batch_size):
+        batch = torch.from_numpy(data.take(np.arange(start, min(n, start + batch_size))).astype(np.int64))
+        logits = model(input_ids=batch[:, :-1]).logits.float()
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum").item()
+        count += batch[:, 1:].numel()
+    loss = total / count
+    return {"perplexity": math.exp(loss), "loss_nats": loss, "sequences": n, "tokens": count}

@@ -1,0 +1,309 @@
+"""Token shards: packing documents into fixed-length sequences, the shard files, the manifest, the
+zero-copy reader and the distributed sampler (DESIGN.md section 4).
+
+Packing: each document is encoded with the EOS/BOS policy of largetrain_core.tokenizer, the token
+streams of one split are concatenated in corpus order and cut into consecutive, non-overlapping
+windows of ``seq_len + 1`` tokens (a sequence's input is ``window[:-1]``, its target
+``window[1:]``). No window is padded, ragged or empty. The tail of each split that is shorter than
+one window is dropped and counted in the manifest as ``dropped_remainder_tokens``.
+
+Split: a document goes to ``validation`` when ``xxh64(doc_id, seed) / 2**64 < validation_fraction``
+(stable under reordering and re-batching); if that leaves validation empty while there are at least
+two documents, the document with the smallest hash is moved there, so both splits exist.
+
+Shard file: an uncompressed Arrow IPC file with one column
+``input_ids: fixed_size_list<uint16|uint32>[seq_len + 1]`` and schema metadata ``seq_len``,
+``dtype``, ``eos_id``, ``vocab_size``, ``tokenizer_sha256``. ``manifest.json`` lists every shard
+with its sequence count, byte size and xxh3-128 checksum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import xxhash
+from tokenizers import Tokenizer
+
+from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info
+
+FORMAT = "largetrain.token_shards/1"
+SPLITS = ("train", "validation")
+
+
+class ShardError(ValueError):
+    """A shard directory that does not match its manifest (the message names the file)."""
+
+
+def _checksum(path: Path) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _SplitWriter:
+    """Packs one split's token stream into windows and writes them into shard files."""
+
+    def __init__(self, out_dir: Path, split: str, seq_len: int, info: TokenizerInfo, sequences_per_shard: int):
+        self.out_dir, self.split, self.window = out_dir, split, seq_len + 1
+        self.arrow_type = pa.uint16() if info.dtype == np.uint16 else pa.uint32()
+        self.schema = pa.schema(
+            [pa.field("input_ids", pa.list_(self.arrow_type, self.window))],
+            metadata={"seq_len": str(seq_len), "dtype": info.dtype.name, "eos_id": str(info.eos_id),
+                      "vocab_size": str(info.vocab_size), "tokenizer_sha256": info.sha256},
+        )
+        self.sequences_per_shard = sequences_per_shard
+        self.pending: list[np.ndarray] = []
+        self.pending_tokens = 0
+        self.writer: pa.ipc.RecordBatchFileWriter | None = None
+        self.current: dict | None = None
+        self.shards: list[dict] = []
+        self.documents = 0
+        self.document_tokens = 0
+
+    def add(self, docs: list[np.ndarray]) -> None:
+        self.documents += len(docs)
+        for d in docs:
+            self.pending.append(d)
+            self.pending_tokens += len(d)
+            self.document_tokens += len(d)
+        if self.pending_tokens >= self.window:
+            stream = np.concatenate(self.pending)
+            n = len(stream) // self.window
+            self._write(stream[: n * self.window].reshape(n, self.window))
+            rest = stream[n * self.window:]
+            self.pending, self.pending_tokens = [rest], len(rest)
+
+    def _write(self, rows: np.ndarray) -> None:
+        while len(rows):
+            if self.writer is None:
+                name = f"{self.split}-{len(self.shards):05d}.arrow"
+                self.current = {"file": name, "sequences": 0}
+                self.writer = pa.ipc.new_file(str(self.out_dir / name), self.schema)
+            take = min(len(rows), self.sequences_per_shard - self.current["sequences"])
+            flat = pa.array(rows[:take].reshape(-1), type=self.arrow_type)
+            col = pa.FixedSizeListArray.from_arrays(flat, self.window)
+            self.writer.write_batch(pa.record_batch([col], schema=self.schema))
+            self.current["sequences"] += take
+            rows = rows[take:]
+            if self.current["sequences"] == self.sequences_per_shard:
+                self._close()
+
+    def _close(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        path = self.out_dir / self.current["file"]
+        self.current["bytes"] = path.stat().st_size
+        self.current["xxh3_128"] = _checksum(path)
+        self.shards.append(self.current)
+        self.writer, self.current = None, None
+
+    def finish(self) -> dict:
+        self._close()
+        sequences = sum(s["sequences"] for s in self.shards)
+        return {"shards": self.shards, "sequences": sequences, "tokens": sequences * self.window,
+                "documents": self.documents, "document_tokens": self.document_tokens,
+                "dropped_remainder_tokens": self.pending_tokens}
+
+
+def split_of(doc_ids: list[str], validation_fraction: float, seed: int) -> np.ndarray:
+    """Boolean array: True where a document belongs to the validation split (see module doc)."""
+    limit = validation_fraction * 2**64
+    return np.array([xxhash.xxh64_intdigest(d.encode(), seed) < limit for d in doc_ids], dtype=bool)
+
+
+def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq_len: int = 1024,
+                       validation_fraction: float = 0.05, seed: int = 0, sequences_per_shard: int = 8192,
+                       batch_documents: int = 512, source_data_version: str = "") -> dict:
+    """Tokenize the ``part-*.parquet`` documents of ``in_dir`` and write shards + manifest.json to ``out_dir``.
+
+    Memory is bounded by ``batch_documents`` documents plus one shard's open record batch.
+    Returns the manifest (dict). Raises ValueError on bad arguments.
+    """
+    if seq_len < 1 or not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"need seq_len >= 1 and 0 <= validation_fraction < 1, got {seq_len}, {validation_fraction}")
+    info = load_tokenizer_info(tokenizer_path)
+    tok = Tokenizer.from_file(str(info.path))
+    out_dir = Path(out_dir)
+    parts = sorted(Path(in_dir).glob("part-*.parquet"))
+    # The split is decided on doc ids before tokenizing, so the fallback (smallest hash) needs one pass over ids.
+    ids = pl.concat([pl.read_parquet(p, columns=["doc_id"]) for p in parts])["doc_id"].to_list() if parts else []
+    forced = None
+    if ids and len(ids) >= 2 and validation_fraction > 0 and not split_of(ids, validation_fraction, seed).any():
+        forced = min(ids, key=lambda d: xxhash.xxh64_intdigest(d.encode(), seed))
+    writers = {s: _SplitWriter(out_dir, s, seq_len, info, sequences_per_shard) for s in SPLITS}
+    for part in parts:
+        for batch in pl.read_parquet(part).iter_slices(batch_documents):
+            doc_ids = batch["doc_id"].to_list()
+            is_val = split_of(doc_ids, validation_fraction, seed)
+            if forced is not None:
+                is_val |= np.array([d == forced for d in doc_ids], dtype=bool)
+            encoded = encode_documents(tok, info, batch["text"].to_list())
+            writers["train"].add([e for e, v in zip(encoded, is_val) if not v])
+            writers["validation"].add([e for e, v in zip(encoded, is_val) if v])
+    manifest = {
+        "format": FORMAT, "seq_len": seq_len, "dtype": info.dtype.name, "eos_id": info.eos_id, "bos_id": info.bos_id,
+        "vocab_size": info.vocab_size, "tokenizer_sha256": info.sha256, "source_data_version": source_data_version,
+        "validation_fraction": validation_fraction, "seed": seed,
+        "splits": {s: w.finish() for s, w in writers.items()},
+    }
+    manifest["total_tokens"] = sum(s["tokens"] for s in manifest["splits"].values())
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the shards carry the tokenizer that made them
+        if (info.path.parent / name).exists():
+            shutil.copy(info.path.parent / name, out_dir / name)
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+@dataclass
+class TokenShards:
+    """Memory-mapped, zero-copy view of one split of a shard directory.
+
+    ``shards[i]`` is a numpy array of shape (seq_len + 1,) and dtype uint16/uint32; ``take(idx)``
+    gathers an (len(idx), seq_len + 1) array. Nothing is read from disk until a row is touched.
+    """
+
+    directory: Path
+    split: str = "train"
+    verify_checksums: bool = False
+
+    def __post_init__(self):
+        self.directory = Path(self.directory)
+        mf = self.directory / "manifest.json"
+        if not mf.exists():
+            raise ShardError(f"{mf}: missing (the shard directory is incomplete or not a shard directory)")
+        self.manifest = json.loads(mf.read_text())
+        if self.manifest.get("format") != FORMAT:
+            raise ShardError(f"{mf}: format {self.manifest.get('format')!r}, expected {FORMAT!r}")
+        if self.split not in self.manifest["splits"]:
+            raise ShardError(f"{mf}: no split {self.split!r}")
+        self.seq_len = int(self.manifest["seq_len"])
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self._arrays: list[np.ndarray] = []
+        for entry in self.manifest["splits"][self.split]["shards"]:
+            self._arrays.extend(self._open(entry))
+        lengths = [len(a) for a in self._arrays]
+        self._offsets = np.cumsum([0] + lengths)
+        expected = self.manifest["splits"][self.split]["sequences"]
+        if self._offsets[-1] != expected:
+            raise ShardError(f"{mf}: split {self.split!r} has {self._offsets[-1]} sequences on disk, manifest says {expected}")
+
+    def _open(self, entry: dict) -> list[np.ndarray]:
+        path = self.directory / entry["file"]
+        if not path.exists():
+            raise ShardError(f"{path}: listed in manifest.json but missing")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise ShardError(f"{path}: {size} bytes on disk, manifest says {entry['bytes']} (truncated or rewritten)")
+        if self.verify_checksums and _checksum(path) != entry["xxh3_128"]:
+            raise ShardError(f"{path}: xxh3-128 checksum differs from manifest.json")
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+        except pa.ArrowInvalid as e:
+            raise ShardError(f"{path}: not a readable Arrow IPC file: {e}") from e
+        meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
+        if meta.get("seq_len") != str(self.seq_len) or meta.get("dtype") != self.dtype.name:
+            raise ShardError(f"{path}: schema metadata {meta} does not match manifest seq_len={self.seq_len} dtype={self.dtype}")
+        out = []
+        for i in range(reader.num_record_batches):
+            values = reader.get_batch(i).column(0).flatten()
+            out.append(values.to_numpy(zero_copy_only=True).reshape(-1, self.seq_len + 1))
+        total = sum(len(a) for a in out)
+        if total != entry["sequences"]:
+            raise ShardError(f"{path}: {total} sequences, manifest says {entry['sequences']}")
+        return out
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not 0 <= i < len(self):
+            raise IndexError(f"sequence {i} out of range for {len(self)} sequences")
+        chunk = int(np.searchsorted(self._offsets, i, side="right")) - 1
+        return self._arrays[chunk][i - self._offsets[chunk]]
+
+    def take(self, indices) -> np.ndarray:
+        """Gather rows: (len(indices), seq_len + 1) array of the shard dtype."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if len(self._arrays) == 1:
+            return self._arrays[0][idx]
+        chunks = np.searchsorted(self._offsets, idx, side="right") - 1
+        return np.stack([self._arrays[c][i - self._offsets[c]] for c, i in zip(chunks, idx)])
+
+
+@dataclass(frozen=True)
+class DistributedSampler:
+    """Which sequences a rank reads, as a pure function of (seed, epoch, consumed_samples, rank, world_size).
+
+    The global sample stream is epoch after epoch of a seeded permutation of ``num_samples``
+    (numpy PCG64 seeded with ``(seed, epoch)``). Global stream position ``p`` lies in epoch
+    ``p // num_samples``. A micro-step with ``consumed_samples`` samples already consumed across
+    all ranks gives rank ``r`` positions ``consumed + r * micro_batch + [0, micro_batch)``, so the
+    ranks together read each epoch exactly once with nothing dropped, and resuming from any
+    ``consumed_samples`` costs one permutation, however far into the epoch.
+    """
+
+    num_samples: int
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        return np.random.Generator(np.random.PCG64([self.seed, epoch])).permutation(self.num_samples)
+
+    def indices(self, consumed_samples: int, micro_batch: int) -> np.ndarray:
+        """Sequence indices (int64, shape (micro_batch,)) for this rank's next micro-batch."""
+        if self.num_samples <= 0:
+            raise ValueError("cannot sample from an empty split")
+        pos = consumed_samples + self.rank * micro_batch + np.arange(micro_batch, dtype=np.int64)
+        epochs = pos // self.num_samples
+        out = np.empty(micro_batch, dtype=np.int64)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self.permutation(int(e))[pos[sel] % self.num_samples]
+        return out
+
+
+def inspect(path: Path, split: str = "train") -> str:
+    """Human-readable summary of a shard directory: sequences, tokens, dtype, tokenizer hash, one decoded sample."""
+    shards = TokenShards(Path(path), split, verify_checksums=True)
+    m = shards.manifest
+    lines = [f"{path} ({m['format']})", f"seq_len={m['seq_len']} dtype={m['dtype']} eos_id={m['eos_id']} "
+             f"vocab_size={m['vocab_size']} tokenizer_sha256={m['tokenizer_sha256'][:16]}..."]
+    for s, info in m["splits"].items():
+        lines.append(f"{s}: {info['sequences']} sequences, {info['tokens']} tokens in {len(info['shards'])} shards, "
+                     f"{info['documents']} documents, {info['dropped_remainder_tokens']} remainder tokens dropped")
+    tok_path = Path(path) / "tokenizer.json"
+    if len(shards) and tok_path.exists():
+        text = Tokenizer.from_file(str(tok_path)).decode(shards[0][:64].tolist(), skip_special_tokens=False)
+        lines.append(f"{split}[0][:64] decoded: {text!r}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m largetrain_core.shards")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("inspect", help="print a shard directory's summary and one decoded sample")
+    i.add_argument("path")
+    i.add_argument("--split", default="train", choices=SPLITS)
+    args = p.parse_args(argv)
+    try:
+        print(inspect(Path(args.path), args.split))
+    except ShardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

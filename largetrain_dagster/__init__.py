@@ -1,0 +1,1 @@
+"""Dagster wiring for largetrain: assets, checks, resources and jobs around largetrain_core."""

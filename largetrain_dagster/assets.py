@@ -1,0 +1,393 @@
+"""The lineage (DESIGN.md section 2) as software-defined assets.
+
+For each corpus role (``pretrain``: the pretraining corpus, ``domain``: the corpus the LoRA
+adapter specializes on) the same chain of assets, keyed ``<role>/<asset>``:
+
+    raw_corpus -> cleaned_text -> deduplicated_text -> token_shards
+
+then ``tokenizer`` (trained on pretrain/deduplicated_text, used by both chains),
+``base_checkpoint`` (pretrained on pretrain/token_shards), ``lora_adapter`` (on domain/token_shards)
+and ``evaluation`` (held-out perplexities). Each asset body reads its config, calls one function of
+largetrain_core and returns a small JSON handle (output path, data version, counts).
+
+Versioning: each asset's data version is a hash of its code version, its config and its inputs'
+data versions; its files live at ``<root>/<asset key>/<data version>/``. A directory already
+complete for the same version is reused instead of recomputed (and the metadata says so).
+"""
+
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import polars as pl
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetIn,
+    Backoff,
+    Config,
+    DataVersion,
+    Failure,
+    MetadataValue,
+    Output,
+    RetryPolicy,
+    asset,
+)
+from pydantic import Field
+
+from largetrain_core.accounting import corpus_accounting
+from largetrain_core.clean import QualityConfig, clean_corpus
+from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
+from largetrain_core.dedup import exact_dedup
+from largetrain_core.shards import TokenShards, build_token_shards
+from largetrain_core.storage import atomic_dir, data_version, write_json_atomic
+from largetrain_core.tokenizer import train_bpe
+from largetrain_core.train import LoraSettings, TrainConfig
+from largetrain_dagster.resources import Storage, TorchrunLauncher, WandbSettings
+
+ROLES = {
+    "pretrain": ("corpora/linux-doc", "Pretraining corpus (demo: Linux kernel documentation, rst sources)."),
+    "domain": ("corpora/shakespeare", "Domain corpus for the LoRA adapter (demo: Shakespeare's plays, markdown)."),
+}
+CODE_VERSIONS = {"raw_corpus": "1", "cleaned_text": "1", "deduplicated_text": "1", "tokenizer": "1",
+                 "token_shards": "1", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "1"}
+
+
+# ------------------------------------------------------------------------------------------------
+# configs
+
+
+class RawCorpusConfig(Config):
+    path: str = Field(default="", description="Corpus directory or file; empty = <storage root>/<the role's default corpus>.")
+    text_field: str = Field(default="text", description="JSONL key / Parquet column holding the text.")
+    id_field: Optional[str] = Field(default=None, description="JSONL key / Parquet column holding the document id.")
+    batch_size: int = Field(default=1024, description="Documents per batch (bounds memory).")
+    max_documents: Optional[int] = Field(default=None, description="Subset: keep at most this many documents.")
+    sample_fraction: float = Field(default=1.0, description="Subset: seeded hash sample of this share of documents.")
+    seed: int = 0
+    max_rejected_fraction: float = Field(default=0.05, description="Fail the run when more records than this share are unreadable.")
+
+
+class CleanedTextConfig(Config):
+    """Gopher quality rules (Rae et al. 2021, A.1.1); null switches a rule off."""
+
+    min_words: Optional[int] = 50
+    max_words: Optional[int] = 100_000
+    min_mean_word_length: Optional[float] = 3.0
+    max_mean_word_length: Optional[float] = 10.0
+    min_alpha_word_fraction: Optional[float] = 0.8
+    min_stop_words: Optional[int] = 2
+
+
+class TokenizerConfig(Config):
+    vocab_size: int = Field(default=8192, description="BPE vocabulary size including the EOS token.")
+    min_frequency: int = 2
+
+
+class TokenShardsConfig(Config):
+    seq_len: int = Field(default=1024, description="Sequence length in tokens; windows hold seq_len + 1.")
+    validation_fraction: float = Field(default=0.05, description="Share of documents held out for validation.")
+    seed: int = 0
+    sequences_per_shard: int = 8192
+
+
+class TrainingConfig(Config):
+    zero_stage: int = Field(default=2, description="DeepSpeed ZeRO stage 0-3.")
+    offload_optimizer: bool = False
+    precision: str = Field(default="auto", description="auto (fp16 on CUDA, fp32 on CPU), fp32, fp16 or bf16.")
+    activation_checkpointing: bool = True
+    micro_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    max_steps: int = 1000
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    log_every: int = 10
+
+
+class BaseCheckpointConfig(TrainingConfig):
+    preset: str = Field(default="llama-20m", description="Model preset (largetrain_core.model.PRESETS).")
+
+
+class LoraAdapterConfig(TrainingConfig):
+    max_steps: int = 300
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: Optional[list[str]] = Field(default=None, description="Default: every linear layer in the blocks.")
+
+
+class EvaluationConfig(Config):
+    max_sequences: int = Field(default=64, description="Validation sequences evaluated per corpus.")
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _stage(context: AssetExecutionContext, storage: Storage, key: list[str], version: str,
+           build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
+    """Build ``<root>/<key>/<version>/`` atomically with ``build(tmp_dir) -> stats``, or reuse it if complete."""
+    final = storage.path(*key, version)
+    stats_file = final / "stats.json"
+    if stats_file.exists():
+        context.log.info(f"{'/'.join(key)} {version} is already complete at {final}: reusing it")
+        return final, json.loads(stats_file.read_text()), True
+    t0 = time.perf_counter()
+    with atomic_dir(final) as tmp:
+        stats = build(tmp)
+        stats["seconds"] = round(time.perf_counter() - t0, 3)
+        write_json_atomic(tmp / "stats.json", stats)
+    return final, stats, False
+
+
+def _output(path: Path, version: str, stats: dict, config: Config | dict, reused: bool, extra: dict | None = None) -> Output:
+    cfg = config if isinstance(config, dict) else config.model_dump()
+    handle = {"path": str(path), "data_version": version, "stats": stats}
+    md = {"path": MetadataValue.path(str(path)), "data_version": version, "reused": reused,
+          "config": MetadataValue.json(cfg)}
+    md.update({k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    md.update(extra or {})
+    return Output(handle, metadata=md, data_version=DataVersion(version))
+
+
+def _md_counts(counts: dict, header=("reason", "documents")) -> MetadataValue:
+    rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(counts.items()))
+    return MetadataValue.md(f"| {header[0]} | {header[1]} |\n|---|---|\n{rows}" if counts else "none")
+
+
+def _texts(directory: Path, batch: int = 1000):
+    for part in sorted(Path(directory).glob("part-*.parquet")):
+        for df in pl.read_parquet(part, columns=["text"]).iter_slices(batch):
+            yield df["text"].to_list()
+
+
+# ------------------------------------------------------------------------------------------------
+# the per-corpus chain
+
+
+def corpus_assets(role: str) -> list:
+    default_source, description = ROLES[role]
+    group = f"{role}_data"
+
+    @asset(key=[role, "raw_corpus"], group_name=group, code_version=CODE_VERSIONS["raw_corpus"],
+           io_manager_key="handles", kinds={"parquet"}, description=f"{description} Read into Parquet {{doc_id, source, text}}.")
+    def raw_corpus(context: AssetExecutionContext, config: RawCorpusConfig, storage: Storage) -> Output:
+        source = config.path or str(storage.path(default_source))
+        if not Path(source).exists():
+            raise Failure(f"{role} corpus not found at {source}: run `make corpora` or set config path")
+        version = data_version(CODE_VERSIONS["raw_corpus"], config.model_dump(), fingerprint(source))
+        reader = ReaderConfig(source, config.text_field, config.id_field, config.batch_size)
+        path, stats, reused = _stage(context, storage, [role, "raw_corpus"], version, lambda out: ingest(
+            reader, out, max_documents=config.max_documents, sample_fraction=config.sample_fraction, seed=config.seed))
+        total = stats["documents"] + stats["rejected"]
+        if total and stats["rejected"] / total > config.max_rejected_fraction:
+            raise Failure(f"{source}: {stats['rejected']} of {total} records rejected, more than "
+                          f"max_rejected_fraction={config.max_rejected_fraction}; see {path / 'rejected.parquet'}")
+        return _output(path, version, stats, config, reused, {"source": MetadataValue.path(source)})
+
+    @asset(key=[role, "cleaned_text"], ins={"raw": AssetIn(key=[role, "raw_corpus"])}, group_name=group,
+           code_version=CODE_VERSIONS["cleaned_text"], io_manager_key="handles", kinds={"parquet", "polars"},
+           description="NFC, control characters and NUL removed, LF line endings; Gopher quality rules with a reason code per removed document.")
+    def cleaned_text(context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, raw: dict) -> Output:
+        quality = QualityConfig(**config.model_dump())
+        version = data_version(CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
+        path, stats, reused = _stage(context, storage, [role, "cleaned_text"], version,
+                                     lambda out: clean_corpus(Path(raw["path"]), out, quality))
+        return _output(path, version, stats, config, reused, {"filtered_by_reason": _md_counts(stats["filtered_by_reason"])})
+
+    @asset(key=[role, "deduplicated_text"], group_name=group, code_version=CODE_VERSIONS["deduplicated_text"],
+           ins={"raw": AssetIn(key=[role, "raw_corpus"]), "cleaned": AssetIn(key=[role, "cleaned_text"])},
+           io_manager_key="handles", kinds={"parquet"},
+           check_specs=[AssetCheckSpec("accounting", asset=[role, "deduplicated_text"], blocking=True,
+                                       description="kept + filtered + duplicate + rejected == input, recounted from the files")],
+           description="Exact duplicates (NFKC, case-folded, whitespace-collapsed key) removed; the first copy in corpus order is kept.")
+    def deduplicated_text(context: AssetExecutionContext, storage: Storage, raw: dict, cleaned: dict):
+        version = data_version(CODE_VERSIONS["deduplicated_text"], cleaned["data_version"])
+        path, stats, reused = _stage(context, storage, [role, "deduplicated_text"], version,
+                                     lambda out: exact_dedup(Path(cleaned["path"]), out))
+        acc = corpus_accounting(Path(raw["path"]), Path(cleaned["path"]), path)
+        summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
+        yield _output(path, version, stats, {}, reused, {"accounting": _md_counts(summary, ("outcome", "documents"))})
+        yield AssetCheckResult(check_name="accounting", passed=acc["balanced"],
+                               metadata={**summary, "problems": MetadataValue.json(acc["problems"])})
+
+    @asset(key=[role, "token_shards"], group_name=group, code_version=CODE_VERSIONS["token_shards"],
+           ins={"text": AssetIn(key=[role, "deduplicated_text"]), "tokenizer": AssetIn(key="tokenizer")},
+           io_manager_key="handles", kinds={"arrow"},
+           check_specs=[AssetCheckSpec("token_ids_below_vocab", asset=[role, "token_shards"], blocking=True,
+                                       description="every id < vocab size; shard sizes and checksums match manifest.json")],
+           description="EOS after every document, packed into seq_len+1 windows, Arrow IPC shards + manifest.json, train/validation split by document.")
+    def token_shards(context: AssetExecutionContext, config: TokenShardsConfig, storage: Storage, text: dict, tokenizer: dict):
+        version = data_version(CODE_VERSIONS["token_shards"], config.model_dump(), text["data_version"], tokenizer["data_version"])
+
+        def build(out: Path) -> dict:
+            m = build_token_shards(Path(text["path"]), Path(tokenizer["path"]), out, seq_len=config.seq_len,
+                                   validation_fraction=config.validation_fraction, seed=config.seed,
+                                   sequences_per_shard=config.sequences_per_shard, source_data_version=text["data_version"])
+            return {"total_tokens": m["total_tokens"], "dtype": m["dtype"], "vocab_size": m["vocab_size"],
+                    **{f"{s}_{k}": v for s, d in m["splits"].items() for k, v in d.items() if k != "shards"}}
+
+        path, stats, reused = _stage(context, storage, [role, "token_shards"], version, build)
+        yield _output(path, version, stats, config, reused)
+        max_id, vocab = -1, stats["vocab_size"]
+        problems = []
+        for split in ("train", "validation"):
+            try:
+                shards = TokenShards(path, split, verify_checksums=True)
+            except ValueError as e:
+                problems.append(str(e))
+                continue
+            for i in range(0, len(shards), 4096):
+                max_id = max(max_id, int(shards.take(range(i, min(len(shards), i + 4096))).max()))
+        yield AssetCheckResult(check_name="token_ids_below_vocab", passed=not problems and max_id < vocab,
+                               metadata={"max_id": max_id, "vocab_size": vocab, "problems": MetadataValue.json(problems)})
+
+    return [raw_corpus, cleaned_text, deduplicated_text, token_shards]
+
+
+@asset(key="tokenizer", group_name="tokenizer", code_version=CODE_VERSIONS["tokenizer"],
+       ins={"text": AssetIn(key=["pretrain", "deduplicated_text"])}, io_manager_key="handles", kinds={"huggingface"},
+       description="Byte-level BPE trained with Hugging Face tokenizers on the cleaned pretraining corpus; EOS <|endoftext|>.")
+def tokenizer(context: AssetExecutionContext, config: TokenizerConfig, storage: Storage, text: dict) -> Output:
+    version = data_version(CODE_VERSIONS["tokenizer"], config.model_dump(), text["data_version"])
+
+    def build(out: Path) -> dict:
+        info = train_bpe(_texts(Path(text["path"])), config.vocab_size, out, config.min_frequency)
+        return {"vocab_size": info.vocab_size, "eos_id": info.eos_id, "sha256": info.sha256}
+
+    path, stats, reused = _stage(context, storage, ["tokenizer"], version, build)
+    return _output(path, version, stats, config, reused)
+
+
+# ------------------------------------------------------------------------------------------------
+# training
+
+
+def _loss_check(metrics_file: Path) -> AssetCheckResult:
+    losses = [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines() if line.strip()]
+    import math
+
+    finite = bool(losses) and all(math.isfinite(x) for x in losses)
+    k = max(1, len(losses) // 10)
+    start, end = (sum(losses[:k]) / k, sum(losses[-k:]) / k) if losses else (float("nan"), float("nan"))
+    return AssetCheckResult(check_name="loss_finite_and_decreasing", passed=finite and end < start,
+                            metadata={"steps_logged": len(losses), "mean_loss_first_10pct": start, "mean_loss_last_10pct": end})
+
+
+def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunLauncher, wandb: WandbSettings,
+           key: str, version: str, train_cfg: dict, config: Config) -> tuple[Path, dict, bool]:
+    """Run (or resume, or reuse) one training under ``<root>/<key>/<version>/``."""
+    out = storage.path(key, version)
+    summary_file = out / "summary.json"
+    final = out / ("model" if key == "base_checkpoint" else "adapter")
+    if summary_file.exists() and final.exists():
+        context.log.info(f"{key} {version} already trained at {out}: reusing it")
+        return out, json.loads(summary_file.read_text()), True
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = TrainConfig.from_dict({**train_cfg, "output_dir": str(out), "wandb_mode": wandb.mode,
+                                 "wandb_project": wandb.project, "wandb_entity": wandb.entity,
+                                 "wandb_run_name": f"{key}-{version}"})
+    cfg.validate()  # fail here, before any process starts
+    cfg_path = out / "train_config.json"
+    write_json_atomic(cfg_path, cfg.to_dict())
+    reported = launcher.run(context, cfg_path, out / "train.log")
+    context.log.info(f"rank 0 reported {sorted(reported)}")
+    return out, json.loads(summary_file.read_text()), False
+
+
+def _train_output(out: Path, version: str, summary: dict, config: Config, reused: bool) -> Output:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    every = max(1, len(rows) // 20)
+    curve = "\n".join(f"| {r['step']} | {r['loss']:.4f} | {r['lr']:.2e} |" for r in rows[::every])
+    stats = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return _output(out, version, {**summary}, config, reused, {
+        **stats, "loss_curve": MetadataValue.md(f"| step | loss | lr |\n|---|---|---|\n{curve}"),
+        "precision": summary["precision"], "precision_reason": summary["precision_reason"],
+        "output": MetadataValue.path(summary["output"])})
+
+
+TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
+
+
+@asset(key="base_checkpoint", group_name="training", code_version=CODE_VERSIONS["base_checkpoint"],
+       ins={"shards": AssetIn(key=["pretrain", "token_shards"])}, io_manager_key="handles", pool="accelerators",
+       retry_policy=TRAIN_RETRY, kinds={"deepspeed", "pytorch"},
+       check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="base_checkpoint", blocking=True)],
+       description="A causal LM pretrained from a preset with DeepSpeed (torchrun, ZeRO, activation checkpointing); a Hugging Face directory.")
+def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage,
+                    launcher: TorchrunLauncher, wandb: WandbSettings, shards: dict):
+    version = data_version(CODE_VERSIONS["base_checkpoint"], config.model_dump(), shards["data_version"],
+                           launcher.nproc_per_node)
+    train_cfg = {**config.model_dump(), "mode": "pretrain", "train_shards": shards["path"], "tokenizer": shards["path"]}
+    out, summary, reused = _train(context, storage, launcher, wandb, "base_checkpoint", version, train_cfg, config)
+    yield _train_output(out, version, summary, config, reused)
+    yield _loss_check(out / "metrics.jsonl")
+
+
+@asset(key="lora_adapter", group_name="training", code_version=CODE_VERSIONS["lora_adapter"],
+       ins={"base": AssetIn(key="base_checkpoint"), "shards": AssetIn(key=["domain", "token_shards"])},
+       io_manager_key="handles", pool="accelerators", retry_policy=TRAIN_RETRY, kinds={"peft", "deepspeed"},
+       check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True)],
+       description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.")
+def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, storage: Storage,
+                 launcher: TorchrunLauncher, wandb: WandbSettings, base: dict, shards: dict):
+    base_tok = json.loads((Path(base["stats"]["output"]).parent / "train_config.json").read_text())["train_shards"]
+    base_sha = TokenShards(Path(base_tok), "train").manifest["tokenizer_sha256"]
+    dom_sha = TokenShards(Path(shards["path"]), "train").manifest["tokenizer_sha256"]
+    if base_sha != dom_sha:
+        raise Failure(f"domain shards {shards['path']} were made with tokenizer {dom_sha[:12]}, "
+                      f"the base model with {base_sha[:12]}: re-materialize domain/token_shards")
+    version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(), base["data_version"],
+                           shards["data_version"], launcher.nproc_per_node)
+    fields = config.model_dump()
+    lora = LoraSettings(rank=fields.pop("lora_rank"), alpha=fields.pop("lora_alpha"), dropout=fields.pop("lora_dropout"),
+                        target_modules=fields.pop("lora_target_modules"))
+    train_cfg = {**fields, "mode": "lora", "train_shards": shards["path"], "base_model": base["stats"]["output"],
+                 "lora": lora.__dict__}
+    out, summary, reused = _train(context, storage, launcher, wandb, "lora_adapter", version, train_cfg, config)
+    yield _train_output(out, version, summary, config, reused)
+    yield _loss_check(out / "metrics.jsonl")
+
+
+@asset(key="evaluation", group_name="training", code_version=CODE_VERSIONS["evaluation"], io_manager_key="handles",
+       ins={"base": AssetIn(key="base_checkpoint"), "adapter": AssetIn(key="lora_adapter"),
+            "pretrain_shards": AssetIn(key=["pretrain", "token_shards"]), "domain_shards": AssetIn(key=["domain", "token_shards"])},
+       check_specs=[AssetCheckSpec("adapter_beats_base_on_domain", asset="evaluation",
+                                   description="base + adapter has lower held-out domain perplexity than the base")],
+       kinds={"pytorch"}, description="Held-out perplexity: base on both corpora, base + adapter on the domain corpus.")
+def evaluation(context: AssetExecutionContext, config: EvaluationConfig, storage: Storage, base: dict, adapter: dict,
+               pretrain_shards: dict, domain_shards: dict):
+    from largetrain_core.evaluate import load_for_eval, perplexity
+
+    version = data_version(CODE_VERSIONS["evaluation"], config.model_dump(), base["data_version"], adapter["data_version"],
+                           pretrain_shards["data_version"], domain_shards["data_version"])
+
+    def build(out: Path) -> dict:
+        model = load_for_eval(Path(base["stats"]["output"]))
+        res = {"base_pretrain": perplexity(model, Path(pretrain_shards["path"]), max_sequences=config.max_sequences),
+               "base_domain": perplexity(model, Path(domain_shards["path"]), max_sequences=config.max_sequences)}
+        tuned = load_for_eval(Path(base["stats"]["output"]), Path(adapter["stats"]["output"]))
+        res["adapter_domain"] = perplexity(tuned, Path(domain_shards["path"]), max_sequences=config.max_sequences)
+        write_json_atomic(out / "perplexity.json", res)
+        return {f"{k}_perplexity": v["perplexity"] for k, v in res.items()}
+
+    path, stats, reused = _stage(context, storage, ["evaluation"], version, build)
+    gain = 1 - stats["adapter_domain_perplexity"] / stats["base_domain_perplexity"]
+    yield _output(path, version, {**stats, "adapter_domain_perplexity_reduction": gain}, config, reused)
+    yield AssetCheckResult(check_name="adapter_beats_base_on_domain", passed=gain > 0,
+                           severity=AssetCheckSeverity.WARN,
+                           metadata={"reduction": gain, "base": stats["base_domain_perplexity"],
+                                     "adapter": stats["adapter_domain_perplexity"]})

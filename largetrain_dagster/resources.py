@@ -1,0 +1,143 @@
+"""Resources: where artefacts live, the handle IO manager, the training launcher, W&B settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dagster import (
+    ConfigurableIOManager,
+    ConfigurableResource,
+    Failure,
+    InputContext,
+    OutputContext,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
+
+from largetrain_core.storage import write_json_atomic
+
+
+class Storage(ConfigurableResource):
+    """The storage root (DESIGN.md section 2). Artefacts go to ``<root>/<asset key path>/<data_version>/``."""
+
+    root: str = ".largetrain"
+
+    def path(self, *parts: str) -> Path:
+        return Path(self.root).resolve().joinpath(*parts)
+
+
+class HandleIOManager(ConfigurableIOManager):
+    """Stores what an asset returns, a small JSON *handle* (output path, data version, counts), under
+    ``<root>/_handles/<asset key path>.json``. The data itself never passes through the IO manager
+    and nothing is pickled."""
+
+    root: str = ".largetrain"
+
+    def _file(self, key_path: list[str]) -> Path:
+        return Path(self.root).resolve() / "_handles" / ("/".join(key_path) + ".json")
+
+    def handle_output(self, context: OutputContext, obj: dict) -> None:
+        write_json_atomic(self._file(context.asset_key.path), obj)
+
+    def load_input(self, context: InputContext) -> dict:
+        f = self._file(context.asset_key.path)
+        if not f.exists():
+            raise Failure(f"{context.asset_key.to_user_string()} has not been materialized under {self.root} (no {f})")
+        return json.loads(f.read_text())
+
+
+class WandbSettings(ConfigurableResource):
+    """Weights & Biases: ``mode`` offline (default: this machine has no network), online or disabled.
+    The API key, for online mode, is read by wandb itself from WANDB_API_KEY and never logged."""
+
+    mode: str = "offline"
+    project: str = "largetrain"
+    entity: str | None = None
+
+
+class TorchrunLauncher(ConfigurableResource):
+    """Starts ``torchrun -m largetrain_core.train`` through Dagster Pipes in its own process group.
+
+    ``nproc_per_node`` ranks on this host; ``threads_per_rank`` sets OMP_NUM_THREADS (0 = cores /
+    ranks, so ranks x threads <= cores). Cancelling the run, or any error in the asset, sends
+    SIGTERM and then SIGKILL to the whole process group, so no rank survives.
+    """
+
+    nproc_per_node: int = 2
+    threads_per_rank: int = 0
+    kill_grace_seconds: float = 10.0
+
+    def command(self, config_path: Path) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc_per_node}",
+                "-m", "largetrain_core.train", str(config_path)]
+
+    def run(self, context, config_path: Path, log_path: Path) -> dict:
+        """Run the training to completion; return the metadata rank 0 reported through Pipes.
+
+        Raises dagster.Failure with the tail of the training log when the processes fail.
+        """
+        threads = self.threads_per_rank or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        cmd = self.command(config_path)
+        context.log.info(f"launching: {' '.join(cmd)} (OMP_NUM_THREADS={threads}); log: {log_path}")
+        metadata: dict = {}
+        with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
+                                message_reader=PipesTempFileMessageReader()) as session:
+            env.update(session.get_bootstrap_env_vars())
+            with open(log_path, "ab") as logf:
+                proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+                try:
+                    while proc.poll() is None:
+                        time.sleep(0.5)
+                finally:
+                    if proc.poll() is None:
+                        context.log.warning(f"stopping training process group {proc.pid}")
+                    stop_process_group(proc, self.kill_grace_seconds)
+            if proc.returncode != 0:
+                lines = Path(log_path).read_text(errors="replace").splitlines()
+                errors = [line for line in lines if re.search(r"^(\[rank\d+\]: )?\w*(Error|Exception)\b", line)]
+                raise Failure(f"training exited with code {proc.returncode}: {errors[-1] if errors else 'see log'}\n"
+                              f"last lines of {log_path}:\n" + "\n".join(lines[-30:]))
+            for result in session.get_results():
+                metadata.update(result.metadata or {})
+        return metadata
+
+
+def stop_process_group(proc: subprocess.Popen, grace_seconds: float) -> None:
+    """SIGTERM the process group led by ``proc``, wait up to ``grace_seconds``, then SIGKILL it."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid
+    for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.time() + wait
+        while time.time() < deadline and _group_alive(pgid):
+            proc.poll()  # reap the leader, or a zombie keeps the group "alive"
+            time.sleep(0.1)
+        proc.poll()
+        if not _group_alive(pgid):
+            break
+    if proc.poll() is None:
+        proc.wait(timeout=5)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
