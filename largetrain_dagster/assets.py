@@ -220,7 +220,8 @@ def corpus_assets(role: str) -> list:
                                      lambda out: exact_dedup(Path(cleaned["path"]), out))
         acc = corpus_accounting(Path(raw["path"]), Path(cleaned["path"]), path)
         summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
-        yield _output(path, version, stats, {}, reused, {"accounting": _md_counts(summary, ("outcome", "documents"))})
+        yield _output(path, version, stats, {}, reused, {"accounting": _md_counts(summary, ("outcome", "documents")),
+                                                         **{f"documents_{k}": v for k, v in summary.items()}})
         yield AssetCheckResult(check_name="accounting", passed=acc["balanced"],
                                metadata={**summary, "problems": MetadataValue.json(acc["problems"])})
 

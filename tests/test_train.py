@@ -1,0 +1,163 @@
+"""The training entry point: config validation, DeepSpeed config, checkpoint selection, and real
+2-rank DeepSpeed runs under torchrun (CPU, gloo) for pretraining and LoRA."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from largetrain_core.shards import build_token_shards
+from largetrain_core.tokenizer import train_bpe
+from largetrain_core.train import (
+    TrainConfig,
+    deepspeed_config,
+    find_resume_checkpoint,
+    lora_target_modules,
+    resolve_precision,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+SENTENCES = [
+    "the kernel schedules tasks on every processor and balances the load between them",
+    "a driver registers with the bus and receives a probe call for each matching device",
+    "memory is allocated in pages and the allocator keeps free lists of each order",
+    "interrupts are handled in two halves so that the top half returns quickly",
+    "the file system caches pages of files and writes them back in the background",
+]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """Tiny real token shards: a BPE trained on repetitive sentences, seq_len 32."""
+    import polars as pl
+
+    root = tmp_path_factory.mktemp("train_data")
+    docs = root / "docs"
+    docs.mkdir()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.permutation(SENTENCES)) for _ in range(60)]
+    pl.DataFrame({"doc_id": [f"d{i}" for i in range(60)], "source": ["t"] * 60, "text": texts}).write_parquet(docs / "part-00000.parquet")
+    train_bpe([texts], 320, root / "tok")
+    out = root / "shards"
+    out.mkdir()
+    build_token_shards(docs, root / "tok", out, seq_len=32, validation_fraction=0.1)
+    return out
+
+
+def torchrun(cfg: TrainConfig, tmp: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / f"config-{cfg.mode}.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "largetrain_core.train", str(path)]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def test_validate_names_what_to_change():
+    with pytest.raises(ValueError, match="fp16 needs CUDA.*use 'auto' or 'fp32'"):
+        TrainConfig(output_dir="o", train_shards="s", precision="fp16").validate(cuda=False)
+    with pytest.raises(ValueError, match="needs base_model"):
+        TrainConfig(output_dir="o", train_shards="s", mode="lora").validate(cuda=False)
+    with pytest.raises(ValueError, match="offload_optimizer needs zero_stage 1, 2 or 3"):
+        TrainConfig(output_dir="o", train_shards="s", zero_stage=0, offload_optimizer=True).validate(cuda=False)
+    with pytest.raises(ValueError, match="zero_stage must be"):
+        TrainConfig(output_dir="o", train_shards="s", zero_stage=4).validate(cuda=False)
+    TrainConfig(output_dir="o", train_shards="s", precision="fp16").validate(cuda=True)
+    with pytest.raises(ValueError, match="unknown training config keys"):
+        TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "zero": 2})
+
+
+def test_precision_auto():
+    assert resolve_precision("auto", cuda=True)[0] == "fp16"
+    prec, reason = resolve_precision("auto", cuda=False)
+    assert prec == "fp32" and "CPU" in reason
+    cfg = TrainConfig(output_dir="o", train_shards="s", micro_batch_size=3, gradient_accumulation_steps=5)
+    ds = deepspeed_config(cfg, world_size=2, precision="fp16")
+    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0  # 0 = dynamic loss scaling
+    assert ds["train_batch_size"] == 3 * 5 * 2
+    assert "fp16" not in deepspeed_config(cfg, 2, "fp32") and "bf16" not in deepspeed_config(cfg, 2, "fp32")
+
+
+def test_resume_skips_truncated_checkpoint(tmp_path):
+    """../shared/cases: the newest checkpoint holds zero-byte files and no marker, as after a power cut."""
+    from largetrain_core.train import _mark_complete
+
+    root = tmp_path / "checkpoints"
+    good = root / "step-000010"
+    good.mkdir(parents=True)
+    (good / "mp_rank_00_model_states.pt").write_bytes(b"x" * 100)
+    _mark_complete(good, 10)
+    bad = root / "step-000020"
+    bad.mkdir()
+    (bad / "mp_rank_00_model_states.pt").write_bytes(b"")
+    (root / "latest").write_text("step-000020")
+    chosen, skipped = find_resume_checkpoint(root)
+    assert chosen == good
+    assert len(skipped) == 1 and "step-000020" in skipped[0] and "COMPLETE.json" in skipped[0]
+    # a marker whose files were truncated afterwards does not count either
+    (good / "mp_rank_00_model_states.pt").write_bytes(b"")
+    chosen, skipped = find_resume_checkpoint(root)
+    assert chosen is None and "wrong size" in skipped[-1]
+
+
+def test_lora_targets_cover_attention_and_mlp():
+    from largetrain_core.model import build_model
+
+    model = build_model("llama-tiny", 300, 32, eos_id=0)
+    assert lora_target_modules(model) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+
+
+def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
+    """2 ranks, ZeRO-2, activation checkpointing: the base saves as a HF directory that transformers
+    loads; LoRA (with checkpointing, the frozen-embedding trap) changes the adapter weights and saves
+    a PEFT directory that peft loads; the loss goes down."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_dir = tmp_path / "base"
+    cfg = TrainConfig(output_dir=str(base_dir), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                      micro_batch_size=4, max_steps=30, lr=5e-3, warmup_steps=3, checkpoint_every=10,
+                      keep_checkpoints=2, log_every=10, wandb_mode="disabled", tokenizer=str(shards))
+    torchrun(cfg, tmp_path)
+    rows = [json.loads(x) for x in (base_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    assert np.mean([r["loss"] for r in rows[-5:]]) < np.mean([r["loss"] for r in rows[:5]]) - 0.5
+    ckpts = sorted(p.name for p in (base_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert ckpts == ["step-000020", "step-000030"]  # keep_checkpoints=2
+    assert all((base_dir / "checkpoints" / c / "COMPLETE.json").exists() for c in ckpts)
+    summary = json.loads((base_dir / "summary.json").read_text())
+    assert summary["precision"] == "fp32" and summary["world_size"] == 2 and summary["steps"] == 30
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir / "model")
+    tok = AutoTokenizer.from_pretrained(base_dir / "model")
+    ids = tok("the kernel schedules tasks", return_tensors="pt").input_ids
+    assert torch.isfinite(model(ids).logits).all()
+    assert tok.eos_token == "<|endoftext|>"
+
+    lora_dir = tmp_path / "lora"
+    lcfg = TrainConfig(output_dir=str(lora_dir), train_shards=str(shards), mode="lora", base_model=str(base_dir / "model"),
+                       zero_stage=2, activation_checkpointing=True, micro_batch_size=4, max_steps=8, lr=1e-2,
+                       warmup_steps=1, checkpoint_every=4, log_every=4, wandb_mode="disabled",
+                       lora={"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None, "adapter_name": "default"})
+    lcfg = TrainConfig.from_dict(lcfg.to_dict())
+    torchrun(lcfg, tmp_path)
+    weights = load_file(lora_dir / "adapter" / "adapter_model.safetensors")
+    lora_b = {k: v for k, v in weights.items() if "lora_B" in k}
+    assert len(lora_b) == 7 * 2  # 7 projections x 2 layers
+    # PEFT initializes lora_B to zeros: non-zero now means gradients reached every adapted layer.
+    assert all(v.abs().sum() > 0 for v in lora_b.values()), [k for k, v in lora_b.items() if v.abs().sum() == 0]
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir / "model"), lora_dir / "adapter")
+    assert not torch.allclose(tuned(ids).logits, model(ids).logits)
+    lsum = json.loads((lora_dir / "summary.json").read_text())
+    assert lsum["trainable_parameters"] < 0.2 * lsum["parameters"]
