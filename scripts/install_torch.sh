@@ -8,10 +8,10 @@ py=$1; version=$2
 if "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$version' else 1)" 2>/dev/null; then
   exit 0
 fi
-if "$py" -m pip install -q --no-index "torch==$version" 2>/dev/null; then
-  :
+if "$py" -m pip install -q --no-index --no-deps "torch==$version" 2>/dev/null; then
+  "$py" -m pip install -q "torch==$version"  # its dependencies, from the usual index; torch itself is satisfied
 elif ! command -v nvidia-smi >/dev/null 2>&1; then
-  "$py" -m pip install -q "torch==$version" --index-url https://download.pytorch.org/whl/cpu
+  "$py" -m pip install -q "torch==$version" --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
 else
   "$py" -m pip install -q "torch==$version"
 fi
