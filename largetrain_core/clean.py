@@ -2,7 +2,7 @@
 
 Normalization policy for the *training text* (what the model sees):
 
-1. NUL bytes and the other C0/C1-free control characters U+0000-U+0008, U+000B, U+000C,
+1. NUL bytes and the other C0 control characters U+0000-U+0008, U+000B, U+000C,
    U+000E-U+001F and U+007F are removed; tab and newline are kept. Removed characters are counted
    per document (``nul_removed``, ``control_removed``).
 2. Line endings ``\\r\\n`` and lone ``\\r`` become ``\\n``.
@@ -10,7 +10,7 @@ Normalization policy for the *training text* (what the model sees):
    compatibility characters (ligatures, full-width forms) are kept as written.
 
 The *deduplication key* (largetrain_core.dedup) is stricter and never stored as training text: NFKC,
-lower-cased, whitespace runs collapsed to one space, stripped.
+case-folded, whitespace runs collapsed to one space, stripped.
 
 Quality rules: the document-level rules of the Gopher paper (Rae et al. 2021, "Scaling Language
 Models: Methods, Analysis & Insights from Training Gopher", appendix A.1.1) with its thresholds, as
@@ -22,6 +22,7 @@ can be switched off by setting its threshold to ``None``. A removed document get
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,8 @@ class QualityConfig:
     min_words/max_words: 50..100,000 words (Gopher A.1.1).
     min/max_mean_word_length: 3..10 characters per word (Gopher A.1.1).
     min_alpha_word_fraction: at least 80% of words contain an alphabetic character (Gopher A.1.1).
-    min_stop_words: at least 2 distinct words of ``stop_words`` occur (Gopher A.1.1).
+    min_stop_words: at least 2 occurrences of words of ``stop_words`` (Gopher A.1.1; counted per occurrence,
+        as datatrove's GopherQualityFilter does: ``sum(w in stop_words for w in words)``).
     """
 
     min_words: int | None = 50
@@ -81,8 +83,8 @@ def quality_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
         alpha=words.list.eval(pl.element().str.contains(r"[^\W\d_]")).list.mean(),
         stops=pl.col("text")
         .str.to_lowercase()
-        .str.extract_all(r"\b(?:" + "|".join(cfg.stop_words) + r")\b")
-        .list.n_unique(),
+        .str.extract_all(r"\b(?:" + "|".join(re.escape(w) for w in cfg.stop_words) + r")\b")
+        .list.len(),
     )
     rules: list[tuple[pl.Expr, str]] = [(pl.col("n_words") == 0, "empty")]
     if cfg.min_words is not None:

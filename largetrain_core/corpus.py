@@ -201,9 +201,9 @@ def _read_parquet(f: Path, rel: str, config: ReaderConfig, out: _Collector) -> I
                 out.reject(rel, row + i, f"row {row + i}: text is {type(text).__name__}, not a string")
                 continue
             out.doc(str(ids[i]) if ids is not None else f"{rel}:{row + i}", rel, text)
+            if out.full():  # per document: the collector may already hold documents of earlier files
+                yield out.flush()
         row += rb.num_rows
-        if out.full():
-            yield out.flush()
 
 
 def _in_sample(doc_ids: list[str], fraction: float, seed: int) -> list[bool]:

@@ -1,14 +1,16 @@
 """Exact deduplication on a normalized key.
 
-Key (the policy in largetrain_core.clean): NFKC, lower-cased, whitespace runs collapsed to one
-space, stripped. Two documents are exact duplicates when the 64-bit xxh3 hashes of their keys match
-(xxhash, seed 0; by the birthday bound n^2 / 2^65 the chance of any false match among 10^9
-documents is about 2.7%). The copy kept is the first in corpus order (sorted file path, then
-line/row), so the result does not depend on batch size or on how many processes ran.
+Key (the policy in largetrain_core.clean): NFKC, case-folded (``str.casefold``, then NFKC again, so
+that "STRASSE" and "Straße" match), whitespace runs collapsed to one space, stripped. Two documents
+are exact duplicates when the 64-bit xxh3 hashes of their keys match (xxhash, seed 0; by the
+birthday bound n^2 / 2^65 the chance of any false match among 10^9 documents is about 2.7%). The
+copy kept is the first in corpus order (sorted file path, then line/row), so the result does not
+depend on batch size or on how many processes ran.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 import polars as pl
@@ -16,14 +18,16 @@ import xxhash
 
 
 def dedup_key(text: pl.Expr) -> pl.Expr:
-    """The normalized deduplication key of a Utf8 expression."""
+    """The deduplication key of a Utf8 expression up to full case folding, which polars lacks
+    (``to_lowercase`` leaves "ß" as is); :func:`key_hashes` applies ``casefold`` + NFKC on top."""
     return text.str.normalize("NFKC").str.to_lowercase().str.replace_all(r"\s+", " ").str.strip_chars()
 
 
 def key_hashes(texts: pl.Series) -> pl.Series:
     """UInt64 xxh3_64 hash of each text's dedup key."""
     keys = pl.select(dedup_key(pl.lit(texts))).to_series()
-    return pl.Series("key_hash", [xxhash.xxh3_64_intdigest(k.encode()) for k in keys.to_list()], dtype=pl.UInt64)
+    return pl.Series("key_hash", [xxhash.xxh3_64_intdigest(unicodedata.normalize("NFKC", k.casefold()).encode())
+                                  for k in keys.to_list()], dtype=pl.UInt64)
 
 
 def exact_dedup(in_dir: Path, out_dir: Path) -> dict:

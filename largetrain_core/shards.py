@@ -182,9 +182,13 @@ class TokenShards:
         mf = self.directory / "manifest.json"
         if not mf.exists():
             raise ShardError(f"{mf}: missing (the shard directory is incomplete or not a shard directory)")
-        self.manifest = json.loads(mf.read_text())
-        if self.manifest.get("format") != FORMAT:
-            raise ShardError(f"{mf}: format {self.manifest.get('format')!r}, expected {FORMAT!r}")
+        try:
+            self.manifest = json.loads(mf.read_text())
+        except ValueError as e:  # cut short or garbled (JSONDecodeError, UnicodeDecodeError)
+            raise ShardError(f"{mf}: not valid JSON ({e}); the shard directory is incomplete or corrupt") from e
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            found = self.manifest.get("format") if isinstance(self.manifest, dict) else type(self.manifest).__name__
+            raise ShardError(f"{mf}: format {found!r}, expected {FORMAT!r}")
         if self.split not in self.manifest["splits"]:
             raise ShardError(f"{mf}: no split {self.split!r}")
         self.seq_len = int(self.manifest["seq_len"])
@@ -215,9 +219,12 @@ class TokenShards:
         if meta.get("seq_len") != str(self.seq_len) or meta.get("dtype") != self.dtype.name:
             raise ShardError(f"{path}: schema metadata {meta} does not match manifest seq_len={self.seq_len} dtype={self.dtype}")
         out = []
-        for i in range(reader.num_record_batches):
-            values = reader.get_batch(i).column(0).flatten()
-            out.append(values.to_numpy(zero_copy_only=True).reshape(-1, self.seq_len + 1))
+        try:
+            for i in range(reader.num_record_batches):
+                values = reader.get_batch(i).column(0).flatten()
+                out.append(values.to_numpy(zero_copy_only=True).reshape(-1, self.seq_len + 1))
+        except (pa.ArrowException, ValueError) as e:  # a same-size but corrupted file, without verify_checksums
+            raise ShardError(f"{path}: record batch {i} is unreadable: {e}") from e
         total = sum(len(a) for a in out)
         if total != entry["sequences"]:
             raise ShardError(f"{path}: {total} sequences, manifest says {entry['sequences']}")
@@ -237,8 +244,14 @@ class TokenShards:
         idx = np.asarray(indices, dtype=np.int64)
         if len(self._arrays) == 1:
             return self._arrays[0][idx]
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"sequence index out of range for {len(self)} sequences")
         chunks = np.searchsorted(self._offsets, idx, side="right") - 1
-        return np.stack([self._arrays[c][i - self._offsets[c]] for c, i in zip(chunks, idx)])
+        out = np.empty((len(idx), self.seq_len + 1), dtype=self.dtype)
+        for c in np.unique(chunks):  # one fancy-index gather per record batch touched
+            sel = chunks == c
+            out[sel] = self._arrays[c][idx[sel] - self._offsets[c]]
+        return out
 
 
 @dataclass(frozen=True)

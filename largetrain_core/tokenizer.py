@@ -2,7 +2,9 @@
 
 Policy: every document is encoded without special tokens and followed by the EOS id; when the
 tokenizer defines a BOS token (``bos_token`` in a loaded directory's tokenizer_config.json), BOS is
-put in front of every document. A trained tokenizer is a byte-level BPE (GPT-2 style: any byte
+put in front of every document. Text that spells a special token (a page quoting ``<|endoftext|>``)
+is encoded as ordinary text, like tiktoken's ``encode_ordinary``, so EOS/BOS ids only ever mark
+document boundaries. A trained tokenizer is a byte-level BPE (GPT-2 style: any byte
 sequence encodes, no unknown token) with one special token, ``<|endoftext|>``, used as EOS.
 """
 
@@ -24,7 +26,8 @@ EOS_TOKEN = "<|endoftext|>"
 class TokenizerInfo:
     """What the shards need to know about a tokenizer.
 
-    vocab_size: the full vocabulary including added special tokens (ids are < vocab_size).
+    vocab_size: the full vocabulary including added special tokens: one more than the largest id, so
+        ids are < vocab_size even when a tokenizer's ids have gaps.
     sha256: of the tokenizer.json bytes.
     """
 
@@ -99,8 +102,8 @@ def load_tokenizer_info(path: Path) -> TokenizerInfo:
     bos_id = tok.token_to_id(bos) if bos else None
     if bos and bos_id is None:
         raise ValueError(f"{tj}: BOS token {bos!r} is not in the vocabulary")
-    return TokenizerInfo(tj, eos_id, bos_id, tok.get_vocab_size(with_added_tokens=True),
-                         hashlib.sha256(tj.read_bytes()).hexdigest())
+    vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1  # not the count: ids may have gaps
+    return TokenizerInfo(tj, eos_id, bos_id, vocab_size, hashlib.sha256(tj.read_bytes()).hexdigest())
 
 
 def _token_str(value) -> str | None:
@@ -114,7 +117,12 @@ def encode_documents(tok: Tokenizer, info: TokenizerInfo, texts: list[str]) -> l
 
     Returns one 1-D array per document, dtype ``info.dtype``, ending in ``info.eos_id``.
     """
-    encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
+    ordinary = tok.encode_special_tokens
+    tok.encode_special_tokens = True  # special-token text inside a document is plain text (module doc)
+    try:
+        encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
+    finally:
+        tok.encode_special_tokens = ordinary
     dtype = info.dtype
     head = [info.bos_id] if info.bos_id is not None else []
     return [np.array(head + e.ids + [info.eos_id], dtype=dtype) for e in encodings]

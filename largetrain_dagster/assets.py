@@ -53,8 +53,8 @@ ROLES = {
     "pretrain": ("corpora/linux-doc", "Pretraining corpus (demo: Linux kernel documentation, rst sources)."),
     "domain": ("corpora/shakespeare", "Domain corpus for the LoRA adapter (demo: Shakespeare's plays, markdown)."),
 }
-CODE_VERSIONS = {"raw_corpus": "1", "cleaned_text": "1", "deduplicated_text": "1", "tokenizer": "1",
-                 "token_shards": "1", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "1"}
+CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "2", "deduplicated_text": "2", "tokenizer": "1",
+                 "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "1"}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,234 @@
+"""largetrain_core.corpus: readers, the encoding policy (against ../shared/cases) and ingest subsetting."""
+
+import gzip
+import json
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import xxhash
+
+from largetrain_core.clean import normalize
+from largetrain_core.corpus import DOC_SCHEMA, REJECT_SCHEMA, ReaderConfig, ingest, read_corpus
+
+
+def read_all(path, **kw) -> tuple[pa.Table, pa.Table]:
+    batches = list(read_corpus(ReaderConfig(str(path), **kw)))
+    docs = pa.concat_tables([b.documents for b in batches]) if batches else DOC_SCHEMA.empty_table()
+    rej = pa.concat_tables([b.rejected for b in batches]) if batches else REJECT_SCHEMA.empty_table()
+    return docs, rej
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# the shared cases
+
+
+def test_bom_crlf_three_documents_first_intact(cases):
+    docs, rej = read_all(cases / "bom_crlf.jsonl", id_field="id")
+    assert rej.num_rows == 0
+    assert docs.column("doc_id").to_pylist() == ["a", "b", "c"]
+    texts = docs.column("text").to_pylist()
+    assert texts[0] == "The first record follows the byte-order mark."
+    assert texts[1] == "A second record, ended by CR LF."
+    assert texts[2] == "The third and last record."
+    assert not any("\ufeff" in t for t in texts)
+    cleaned = normalize(pl.from_arrow(docs))
+    assert not any("\r" in t for t in cleaned["text"].to_list())
+
+
+def test_bom_and_crlf_in_text_files_and_inside_json_strings(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfline one\r\nline two\rthree\r\n")
+    (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "x\\r\\ny"}\r\n{"text": "z\\rw"}\r\n')
+    docs, rej = read_all(tmp_path)
+    assert rej.num_rows == 0
+    assert docs.column("doc_id").to_pylist() == ["a.txt", "b.jsonl:1", "b.jsonl:2"]
+    assert docs.column("source").to_pylist() == ["a.txt", "b.jsonl", "b.jsonl"]
+    texts = docs.column("text").to_pylist()
+    assert texts[0] == "line one\r\nline two\rthree\r\n"  # BOM dropped; line ends are the cleaner's job
+    assert normalize(pl.from_arrow(docs))["text"].to_list() == ["line one\nline two\nthree\n", "x\ny", "z\nw"]
+
+
+def test_lone_surrogate_rejected_with_file_line_reason_and_rest_survives_parquet(cases, tmp_path):
+    docs, rej = read_all(cases / "lone_surrogate.jsonl", id_field="id")
+    assert docs.column("doc_id").to_pylist() == ["ok1", "ok2"]
+    assert docs.column("text").to_pylist() == ["A normal line of text.", "Another normal line of text."]
+    assert rej.num_rows == 1
+    r = rej.to_pylist()[0]
+    assert r["source"] == "lone_surrogate.jsonl"
+    assert r["position"] == 2  # 1-based line of the "bad" record
+    assert "line 2" in r["reason"] and "surrogate" in r["reason"]
+    # no crash later: Arrow -> Parquet -> polars -> normalize all work on what was kept
+    pq.write_table(docs, tmp_path / "kept.parquet")
+    back = pl.read_parquet(tmp_path / "kept.parquet")
+    assert normalize(back)["text"].to_list() == ["A normal line of text.", "Another normal line of text."]
+    (tmp_path / "raw").mkdir()
+    stats = ingest(ReaderConfig(str(cases / "lone_surrogate.jsonl"), id_field="id"), tmp_path / "raw")
+    assert (stats["documents"], stats["rejected"]) == (2, 1)
+    assert pq.read_table(tmp_path / "raw" / "rejected.parquet").to_pylist() == [r]
+    assert pl.read_parquet(tmp_path / "raw" / "part-00000.parquet")["doc_id"].to_list() == ["ok1", "ok2"]
+
+
+def test_surrogates_and_bad_bytes_everywhere_are_rejected_not_crashing(tmp_path):
+    (tmp_path / "pair.jsonl").write_text('{"id": "emoji", "text": "smile \\ud83d\\ude00 ok"}\n'
+                                         '{"id": "\\udc80", "text": "bad id"}\n'
+                                         '{"id": "c", "text": "lone \\ud800"}\n')
+    (tmp_path / "raw.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\nnot json\n[1, 2]\n{"other": 1}\n')
+    (tmp_path / "surrogate.txt").write_bytes(b"encoded surrogate \xed\xa0\x80 here")  # CESU-style, not UTF-8
+    docs, rej = read_all(tmp_path, id_field="id")
+    assert docs.column("text").to_pylist() == ["smile \U0001F600 ok", "fine"]
+    got = {(r["source"], r["position"]) for r in rej.to_pylist()}
+    assert got == {("pair.jsonl", 2), ("pair.jsonl", 3), ("raw.jsonl", 2), ("raw.jsonl", 3), ("raw.jsonl", 4),
+                   ("raw.jsonl", 5), ("surrogate.txt", 18)}
+    reasons = {(r["source"], r["position"]): r["reason"] for r in rej.to_pylist()}
+    assert "invalid UTF-8" in reasons[("raw.jsonl", 2)]
+    assert "invalid JSON" in reasons[("raw.jsonl", 3)]
+    assert "no string field 'text'" in reasons[("raw.jsonl", 4)]
+    assert "invalid UTF-8 at byte 18" in reasons[("surrogate.txt", 18)]
+
+
+def test_invalid_utf8_rejected_with_file_byte_offset_and_reason(cases, tmp_path):
+    data = (cases / "invalid_utf8.txt").read_bytes()
+    # "Kernel notes written in a legacy encoding: caf" is 46 ASCII bytes, then Latin-1 0xE9 ("é").
+    assert data[:46] == b"Kernel notes written in a legacy encoding: caf" and data[46] == 0xE9
+    docs, rej = read_all(cases / "invalid_utf8.txt")
+    assert docs.num_rows == 0  # never decoded with replacement
+    assert rej.to_pylist() == [{"source": "invalid_utf8.txt", "position": 46,
+                                "reason": "invalid UTF-8 at byte 46: invalid continuation byte"}]
+    out = tmp_path / "raw"
+    out.mkdir()
+    stats = ingest(ReaderConfig(str(cases / "invalid_utf8.txt")), out)
+    assert (stats["documents"], stats["rejected"], stats["parts"]) == (0, 1, 0)
+    assert pq.read_table(out / "rejected.parquet").column("position").to_pylist() == [46]
+
+
+def test_nul_bytes_are_read_as_is(cases):
+    docs, rej = read_all(cases / "nul_bytes.txt")
+    assert rej.num_rows == 0
+    assert docs.column("text").to_pylist() == [
+        "This document has a NUL\x00 byte inside a sentence, and another\x00 here.\n"]
+
+
+def test_mixed_parquet_text_read_from_every_file(cases, tmp_path):
+    docs, rej = read_all(cases / "mixed_parquet")
+    assert rej.num_rows == 0
+    assert docs.column("text").to_pylist() == ["first file, first row", "first file, second row",
+                                               "second file, first row", "second file, second row"]
+    assert docs.column("doc_id").to_pylist() == ["part-0.parquet:0", "part-0.parquet:1",
+                                                 "part-1.parquet:0", "part-1.parquet:1"]
+    assert docs.schema == DOC_SCHEMA
+    out = tmp_path / "raw"
+    out.mkdir()
+    stats = ingest(ReaderConfig(str(cases / "mixed_parquet")), out)
+    assert (stats["documents"], stats["rejected"], stats["files"]) == (4, 0, 3)
+    assert pl.read_parquet(out / "part-00000.parquet").height == 4
+
+
+def test_parquet_bad_files_and_rows_are_rejected(tmp_path):
+    pq.write_table(pa.table({"text": ["a", None, "c"], "id": [1, 2, 3]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "b.parquet")
+    (tmp_path / "c.parquet").write_bytes(b"this is not parquet at all")
+    docs, rej = read_all(tmp_path, id_field="id")
+    assert docs.column("doc_id").to_pylist() == ["1", "3"]
+    assert docs.column("text").to_pylist() == ["a", "c"]
+    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [("a.parquet", 1), ("b.parquet", -1),
+                                                                        ("c.parquet", -1)]
+    assert "no column 'text'" in rej.column("reason")[1].as_py()
+    assert "cannot open Parquet file" in rej.column("reason")[2].as_py()
+
+
+def test_truncated_gzip_is_a_rejected_record(tmp_path):
+    blob = gzip.compress(b"".join(json.dumps({"text": f"document {i} " * 20}).encode() + b"\n" for i in range(200)))
+    (tmp_path / "a.jsonl.gz").write_bytes(blob[: len(blob) // 2])
+    docs, rej = read_all(tmp_path)
+    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [("a.jsonl.gz", -1)]
+    assert "cannot read file" in rej.column("reason")[0].as_py()
+    assert docs.num_rows < 200  # whatever was complete before the cut; counted, not silently dropped
+
+
+def test_batches_never_exceed_batch_size_and_keep_every_document_once(tmp_path):
+    (tmp_path / "a.txt").write_text("text file")
+    write_jsonl(tmp_path / "b.jsonl", [{"text": f"j{i}"} for i in range(4)])
+    pq.write_table(pa.table({"text": [f"p{i}" for i in range(7)]}), tmp_path / "c.parquet")
+    (tmp_path / "d.md").write_text("markdown file")
+    (tmp_path / "ignored.csv").write_text("not a corpus file")
+    batches = list(read_corpus(ReaderConfig(str(tmp_path), batch_size=2)))
+    assert all(b.documents.num_rows <= 2 for b in batches), [b.documents.num_rows for b in batches]
+    texts = [t for b in batches for t in b.documents.column("text").to_pylist()]
+    assert texts == ["text file"] + [f"j{i}" for i in range(4)] + [f"p{i}" for i in range(7)] + ["markdown file"]
+
+
+def test_missing_or_empty_corpus_path(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        list(read_corpus(ReaderConfig(str(tmp_path / "nope"))))
+    (tmp_path / "notes.csv").write_text("x")
+    with pytest.raises(ValueError):
+        list(read_corpus(ReaderConfig(str(tmp_path))))
+
+
+# ---------------------------------------------------------------------------------------------
+# ingest subsetting
+
+
+@pytest.fixture
+def forty_docs(tmp_path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", [{"id": f"d{i:02d}", "text": f"document number {i}"} for i in range(25)])
+    write_jsonl(src / "b.jsonl", [{"id": f"d{i:02d}", "text": f"document number {i}"} for i in range(25, 40)]
+                + ["{broken"])
+    return src
+
+
+def run_ingest(src: Path, out: Path, **kw) -> tuple[dict, list[str]]:
+    batch_size = kw.pop("batch_size", 1024)
+    out.mkdir(parents=True)
+    stats = ingest(ReaderConfig(str(src), id_field="id", batch_size=batch_size), out, **kw)
+    ids = [i for p in sorted(out.glob("part-*.parquet")) for i in pl.read_parquet(p)["doc_id"].to_list()]
+    return stats, ids
+
+
+def test_ingest_everything(forty_docs, tmp_path):
+    stats, ids = run_ingest(forty_docs, tmp_path / "all")
+    assert ids == [f"d{i:02d}" for i in range(40)]
+    assert (stats["documents"], stats["rejected"], stats["not_sampled"], stats["files"]) == (40, 1, 0, 2)
+    assert stats["bytes"] == sum(len(f"document number {i}") for i in range(40))
+
+
+def test_ingest_sample_fraction_is_deterministic_and_counted(forty_docs, tmp_path):
+    # the documented rule, computed here independently: keep when xxh64(doc_id, seed) / 2**64 < fraction
+    expected = [f"d{i:02d}" for i in range(40) if xxhash.xxh64_intdigest(f"d{i:02d}".encode(), 7) / 2**64 < 0.5]
+    assert 0 < len(expected) < 40
+    s1, ids1 = run_ingest(forty_docs, tmp_path / "one", sample_fraction=0.5, seed=7)
+    s2, ids2 = run_ingest(forty_docs, tmp_path / "two", sample_fraction=0.5, seed=7, batch_size=3)
+    assert ids1 == ids2 == expected
+    for s in (s1, s2):
+        assert s["documents"] == len(expected)
+        assert s["not_sampled"] == 40 - len(expected)
+        assert s["rejected"] == 1
+    _, other = run_ingest(forty_docs, tmp_path / "three", sample_fraction=0.5, seed=8)
+    assert other != expected
+
+
+def test_ingest_max_documents_keeps_first_n_in_corpus_order(forty_docs, tmp_path):
+    s, ids = run_ingest(forty_docs, tmp_path / "m", max_documents=5, batch_size=2)
+    assert ids == ["d00", "d01", "d02", "d03", "d04"]
+    assert (s["documents"], s["not_sampled"], s["rejected"]) == (5, 35, 1)
+    s2, ids2 = run_ingest(forty_docs, tmp_path / "m2", max_documents=5, batch_size=2)
+    assert (s2, ids2) == (s, ids)
+    sampled = [f"d{i:02d}" for i in range(40) if xxhash.xxh64_intdigest(f"d{i:02d}".encode(), 7) / 2**64 < 0.5]
+    s3, ids3 = run_ingest(forty_docs, tmp_path / "both", sample_fraction=0.5, seed=7, max_documents=3)
+    assert ids3 == sampled[:3]
+    assert s3["documents"] + s3["not_sampled"] == 40
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.1, 1.5])
+def test_ingest_rejects_bad_fraction(forty_docs, tmp_path, fraction):
+    with pytest.raises(ValueError):
+        ingest(ReaderConfig(str(forty_docs)), tmp_path, sample_fraction=fraction)

@@ -1,0 +1,176 @@
+"""largetrain_core.dedup (exact dedup on the normalized key) and largetrain_core.accounting on a tiny chain."""
+
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import xxhash
+
+from largetrain_core.accounting import corpus_accounting
+from largetrain_core.clean import QualityConfig, clean_corpus
+from largetrain_core.corpus import ReaderConfig, ingest
+from largetrain_core.dedup import exact_dedup, key_hashes
+
+OFF = QualityConfig(min_words=None, max_words=None, min_mean_word_length=None, max_mean_word_length=None,
+                    min_alpha_word_fraction=None, min_stop_words=None)
+SENT = "The quick brown fox jumps over the lazy dog and then runs to the old mill. "
+
+
+def write_parts(d: Path, parts: list[list[tuple[str, str]]]) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for i, rows in enumerate(parts):
+        pl.DataFrame({"doc_id": [r[0] for r in rows], "source": ["src"] * len(rows), "text": [r[1] for r in rows]},
+                     schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8}).write_parquet(d / f"part-{i:05d}.parquet")
+    return d
+
+
+def read_parts(d: Path) -> pl.DataFrame:
+    return pl.concat([pl.read_parquet(p) for p in sorted(d.glob("part-*.parquet"))])
+
+
+def dedup(in_dir: Path, tmp_path: Path, name: str = "dedup") -> tuple[dict, pl.DataFrame, pl.DataFrame]:
+    out = tmp_path / name
+    out.mkdir()
+    stats = exact_dedup(in_dir, out)
+    return stats, read_parts(out), pl.read_parquet(out / "duplicates.parquet")
+
+
+def test_unicode_variants_case_is_one_cluster(cases, tmp_path):
+    raw, cleaned = tmp_path / "raw", tmp_path / "cleaned"
+    raw.mkdir(), cleaned.mkdir()
+    ingest(ReaderConfig(str(cases / "unicode_variants.jsonl"), id_field="id"), raw)
+    clean_corpus(raw, cleaned, OFF)  # the short sentence would fail the Gopher word count; only dedup is tested here
+    stats, kept, dups = dedup(cleaned, tmp_path)
+    assert stats == {"input": 3, "kept": 1, "duplicate": 2, "clusters": 1}
+    assert kept["doc_id"].to_list() == ["u0"]
+    # the kept copy is training text: NFC, with its original spacing and case, not the dedup key
+    assert kept["text"].to_list() == ["The caf\u00e9 on Rue Lepic opens at nine,   and the cr\u00e8me br\u00fbl\u00e9e sells out by noon."]
+    assert dups["doc_id"].to_list() == ["u1", "u2"]
+    assert dups["duplicate_of"].to_list() == ["u0", "u0"]
+    key = "the caf\u00e9 on rue lepic opens at nine, and the cr\u00e8me br\u00fbl\u00e9e sells out by noon."
+    assert dups["key_hash"].to_list() == [xxhash.xxh3_64_intdigest(key.encode())] * 2
+
+
+def test_key_normalization_covers_the_whole_kind(tmp_path):
+    rows = [
+        ("a0", "Die Stra\u00dfe ist lang."),
+        ("a1", "Die Stra\u00dfe ist lang.".upper()),  # str.upper: STRASSE; only case folding maps both to "strasse"
+        ("b0", "\uff21\uff22\uff23 full width"),  # NFKC folds full-width letters
+        ("b1", "abc full width"),
+        ("c0", "  tabs\tand\nnew\u00a0lines  "),
+        ("c1", "tabs and new lines"),
+        ("d0", "abd full width"),  # one letter differs: not a duplicate
+    ]
+    stats, kept, dups = dedup(write_parts(tmp_path / "in", [rows]), tmp_path)
+    assert kept["doc_id"].to_list() == ["a0", "b0", "c0", "d0"]
+    assert dict(zip(dups["doc_id"], dups["duplicate_of"])) == {"a1": "a0", "b1": "b0", "c1": "c0"}
+    assert stats == {"input": 7, "kept": 4, "duplicate": 3, "clusters": 3}
+
+
+def test_first_copy_in_corpus_order_kept_whatever_the_part_split(tmp_path):
+    rows = [(f"d{i}", f"text {i % 4}") for i in range(10)]  # d0..d3 distinct; d4..d9 repeat them
+    one = dedup(write_parts(tmp_path / "one", [rows]), tmp_path, "o1")
+    three = dedup(write_parts(tmp_path / "three", [rows[:3], rows[3:7], rows[7:]]), tmp_path, "o3")
+    for stats, kept, dups in (one, three):
+        assert stats == {"input": 10, "kept": 4, "duplicate": 6, "clusters": 4}
+        assert kept["doc_id"].to_list() == ["d0", "d1", "d2", "d3"]
+        assert dict(zip(dups["doc_id"], dups["duplicate_of"])) == {
+            "d4": "d0", "d5": "d1", "d6": "d2", "d7": "d3", "d8": "d0", "d9": "d1"}
+    assert one[2].equals(three[2])
+
+
+def test_many_documents_full_uint64_hash_range(tmp_path):
+    texts = [f"document {i}" for i in range(300)]
+    hashes = [xxhash.xxh3_64_intdigest(t.encode()) for t in texts]
+    assert any(h >= 2**63 for h in hashes) and any(h < 2**63 for h in hashes)
+    assert key_hashes(pl.Series(texts)).to_list() == hashes
+    rows = [(f"a{i}", t) for i, t in enumerate(texts)] + [(f"b{i}", t.upper()) for i, t in enumerate(texts[:50])]
+    stats, kept, dups = dedup(write_parts(tmp_path / "in", [rows[:170], rows[170:]]), tmp_path)
+    assert stats == {"input": 350, "kept": 300, "duplicate": 50, "clusters": 50}
+    assert dups["duplicate_of"].to_list() == [f"a{i}" for i in range(50)]
+
+
+def test_tiny_docs_never_collapse_into_one_cluster(cases, tmp_path):
+    raw, cleaned = tmp_path / "raw", tmp_path / "cleaned"
+    raw.mkdir(), cleaned.mkdir()
+    ingest(ReaderConfig(str(cases / "tiny_docs.jsonl"), id_field="id"), raw)
+    totals = clean_corpus(raw, cleaned, OFF)  # even with every quality rule off, empty ones go as "empty"
+    assert totals["filtered_by_reason"] == {"empty": 2}
+    stats, kept, dups = dedup(cleaned, tmp_path)
+    assert stats == {"input": 3, "kept": 3, "duplicate": 0, "clusters": 0}
+    assert kept["doc_id"].to_list() == ["t2", "t3", "t4"] and dups.height == 0
+
+
+def test_empty_input(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    stats = exact_dedup(tmp_path / "in", tmp_path / "out")
+    assert stats == {"input": 0, "kept": 0, "duplicate": 0, "clusters": 0}
+    assert pl.read_parquet(tmp_path / "out" / "duplicates.parquet").height == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole data chain and the accounting rule
+
+
+@pytest.fixture
+def chain(tmp_path) -> tuple[Path, Path, Path, dict]:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "broken.txt").write_bytes(b"legacy caf\xe9")  # rejected: not UTF-8
+    (src / "docs.jsonl").write_text("\n".join([
+        json.dumps({"id": "g1", "text": SENT * 4}),  # kept
+        json.dumps({"id": "g2", "text": (SENT * 4).upper().replace(" ", "  ")}),  # duplicate of g1
+        json.dumps({"id": "f1", "text": "hi"}),  # filtered: gopher_min_words
+        "{not json",  # rejected
+        json.dumps({"id": "g3", "text": "A different text about the river and the hills, " * 8}),  # kept
+        json.dumps({"id": "f2", "text": "   "}),  # filtered: empty
+        '{"id": "s", "text": "lone \\udc80"}',  # rejected
+    ]) + "\n")
+    (src / "notes.txt").write_text("Notes on\x00 the mill and the river, written down by hand. " * 8)  # kept
+    raw, cleaned, dd = tmp_path / "raw", tmp_path / "cleaned", tmp_path / "dedup"
+    for d in (raw, cleaned, dd):
+        d.mkdir()
+    counts = {"ingest": ingest(ReaderConfig(str(src), id_field="id", batch_size=2), raw),
+              "clean": clean_corpus(raw, cleaned, QualityConfig()),
+              "dedup": exact_dedup(cleaned, dd)}
+    return raw, cleaned, dd, counts
+
+
+def test_chain_counts_balance(chain):
+    raw, cleaned, dd, counts = chain
+    assert (counts["ingest"]["documents"], counts["ingest"]["rejected"]) == (6, 3)
+    c = counts["clean"]
+    assert (c["input"], c["kept"], c["filtered"], c["nul_removed"]) == (6, 4, 2, 8)
+    assert c["filtered_by_reason"] == {"empty": 1, "gopher_min_words": 1}
+    assert counts["dedup"] == {"input": 4, "kept": 3, "duplicate": 1, "clusters": 1}
+    assert read_parts(dd)["doc_id"].to_list() == ["g1", "g3", "notes.txt"]
+    assert pl.read_parquet(dd / "duplicates.parquet")["duplicate_of"].to_list() == ["g1"]
+    acc = corpus_accounting(raw, cleaned, dd)
+    assert acc == {"input": 9, "kept": 3, "filtered": 2, "duplicate": 1, "rejected": 3, "balanced": True,
+                   "problems": []}
+    assert acc["kept"] + acc["filtered"] + acc["duplicate"] + acc["rejected"] == acc["input"]
+
+
+def _non_empty_part(d: Path) -> Path:
+    return next(p for p in sorted(d.glob("part-*.parquet")) if pq.ParquetFile(p).metadata.num_rows)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2], ids=["raw", "cleaned", "dedup"])
+def test_deleting_a_part_file_unbalances(chain, stage):
+    dirs = chain[:3]
+    _non_empty_part(dirs[stage]).unlink()
+    acc = corpus_accounting(*dirs)
+    assert acc["balanced"] is False
+    assert acc["problems"]
+
+
+def test_a_double_written_part_file_unbalances(chain):
+    raw, cleaned, dd, _ = chain
+    shutil.copy(_non_empty_part(dd), dd / "part-99999.parquet")
+    acc = corpus_accounting(raw, cleaned, dd)
+    assert acc["balanced"] is False
+    assert any("deduplicated_text" in p for p in acc["problems"])
