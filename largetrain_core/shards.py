@@ -20,7 +20,9 @@ with its sequence count, byte size and xxh3-128 checksum.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -254,7 +256,14 @@ class TokenShards:
         return out
 
 
-@dataclass(frozen=True)
+@functools.lru_cache(maxsize=4)
+def _permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    perm = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(num_samples)
+    perm.flags.writeable = False
+    return perm
+
+
+@dataclass
 class DistributedSampler:
     """Which sequences a rank reads, as a pure function of (seed, epoch, consumed_samples, rank, world_size).
 
@@ -262,20 +271,33 @@ class DistributedSampler:
     (numpy PCG64 seeded with ``(seed, epoch)``). Global stream position ``p`` lies in epoch
     ``p // num_samples``. A micro-step with ``consumed_samples`` samples already consumed across
     all ranks gives rank ``r`` positions ``consumed + r * micro_batch + [0, micro_batch)``, so the
-    ranks together read each epoch exactly once with nothing dropped, and resuming from any
-    ``consumed_samples`` costs one permutation, however far into the epoch.
+    ranks together read each epoch exactly once. Nothing is dropped: there is no drop_last
+    remainder, since a micro-step that crosses an epoch boundary takes the end of one permutation
+    and the start of the next. Resuming from any ``consumed_samples`` costs one permutation of
+    ``num_samples`` (cached), however far into the epoch.
+
+    Used as an iterator it yields this rank's micro-batches (int64 arrays of shape
+    ``(micro_batch_size,)``) and advances ``consumed_samples`` by ``micro_batch_size * world_size``;
+    ``state_dict``/``load_state_dict`` save and restore that position.
     """
 
     num_samples: int
     seed: int = 0
     rank: int = 0
     world_size: int = 1
+    micro_batch_size: int = 1
+    consumed_samples: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
 
     def permutation(self, epoch: int) -> np.ndarray:
-        return np.random.Generator(np.random.PCG64([self.seed, epoch])).permutation(self.num_samples)
+        """The read-only order of epoch ``epoch``: int64 array of shape (num_samples,)."""
+        return _permutation(self.num_samples, self.seed, epoch)
 
     def indices(self, consumed_samples: int, micro_batch: int) -> np.ndarray:
-        """Sequence indices (int64, shape (micro_batch,)) for this rank's next micro-batch."""
+        """Sequence indices (int64, shape (micro_batch,)) for this rank's micro-batch after ``consumed_samples``."""
         if self.num_samples <= 0:
             raise ValueError("cannot sample from an empty split")
         pos = consumed_samples + self.rank * micro_batch + np.arange(micro_batch, dtype=np.int64)
@@ -285,6 +307,73 @@ class DistributedSampler:
             sel = epochs == e
             out[sel] = self.permutation(int(e))[pos[sel] % self.num_samples]
         return out
+
+    @property
+    def epoch(self) -> int:
+        return self.consumed_samples // self.num_samples if self.num_samples else 0
+
+    def __iter__(self):
+        while True:
+            idx = self.indices(self.consumed_samples, self.micro_batch_size)
+            self.consumed_samples += self.micro_batch_size * self.world_size
+            yield idx
+
+    def state_dict(self) -> dict:
+        return {"num_samples": self.num_samples, "seed": self.seed, "world_size": self.world_size,
+                "micro_batch_size": self.micro_batch_size, "consumed_samples": self.consumed_samples,
+                "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the position. Raises ValueError when the state belongs to other data or another seed."""
+        for key in ("num_samples", "seed"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"sampler state has {key}={state[key]}, this sampler {getattr(self, key)}: "
+                                 "resuming would read a different sample order")
+        self.consumed_samples = int(state["consumed_samples"])
+
+
+# Megatron-LM / Megatron-Core ``IndexedDataset`` layout (megatron/core/datasets/indexed_dataset.py):
+# .idx = b"MMIDIDX\x00\x00", <Q version 1, <B dtype code, <Q sequence count, <Q document count,
+#        int32 sequence lengths, int64 sequence byte offsets into .bin, int64 document indices
+#        (the sequence index where each document starts, plus the total at the end);
+# .bin = the token ids of every sequence, concatenated.
+MEGATRON_INDEX_HEADER = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
+                        np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+
+
+def export_megatron(shards_dir: Path, split: str, out_prefix: Path) -> dict:
+    """Write one split as a Megatron ``IndexedDataset`` pair ``out_prefix.bin`` / ``out_prefix.idx``.
+
+    Each packed sequence (seq_len + 1 tokens) becomes one Megatron sequence and one document, so
+    Megatron's GPTDataset sees exactly our windows. Token dtype: uint16 as is; uint32 is written as
+    int32 (Megatron has no uint32 code; ids < 2**31 always fit). Both files are written under
+    temporary names and renamed. Returns ``{"sequences", "tokens", "dtype"}``.
+    """
+    import struct
+
+    data = TokenShards(Path(shards_dir), split)
+    dtype = np.dtype(np.uint16) if data.dtype == np.uint16 else np.dtype(np.int32)
+    n, width = len(data), data.seq_len + 1
+    out_prefix = Path(out_prefix)
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    bin_path, idx_path = out_prefix.with_suffix(".bin"), out_prefix.with_suffix(".idx")
+    tmp_bin, tmp_idx = bin_path.with_name(f".{bin_path.name}.tmp"), idx_path.with_name(f".{idx_path.name}.tmp")
+    with open(tmp_bin, "wb") as fh:
+        for start in range(0, n, 8192):
+            fh.write(data.take(np.arange(start, min(n, start + 8192))).astype(dtype, copy=False).tobytes())
+    with open(tmp_idx, "wb") as fh:
+        fh.write(MEGATRON_INDEX_HEADER)
+        fh.write(struct.pack("<Q", 1))
+        fh.write(struct.pack("<B", MEGATRON_DTYPE_CODES[dtype]))
+        fh.write(struct.pack("<Q", n))
+        fh.write(struct.pack("<Q", n + 1))
+        fh.write(np.full(n, width, dtype=np.int32).tobytes(order="C"))
+        fh.write((np.arange(n, dtype=np.int64) * width * dtype.itemsize).tobytes(order="C"))
+        fh.write(np.arange(n + 1, dtype=np.int64).tobytes(order="C"))
+    os.replace(tmp_bin, bin_path)
+    os.replace(tmp_idx, idx_path)
+    return {"sequences": n, "tokens": n * width, "dtype": dtype.name}
 
 
 def inspect(path: Path, split: str = "train") -> str:
@@ -309,9 +398,16 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help="print a shard directory's summary and one decoded sample")
     i.add_argument("path")
     i.add_argument("--split", default="train", choices=SPLITS)
+    e = sub.add_parser("export-megatron", help="write a split as Megatron-LM IndexedDataset .bin/.idx")
+    e.add_argument("path")
+    e.add_argument("out_prefix")
+    e.add_argument("--split", default="train", choices=SPLITS)
     args = p.parse_args(argv)
     try:
-        print(inspect(Path(args.path), args.split))
+        if args.cmd == "inspect":
+            print(inspect(Path(args.path), args.split))
+        else:
+            print(json.dumps(export_megatron(Path(args.path), args.split, Path(args.out_prefix))))
     except ShardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
