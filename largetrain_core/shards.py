@@ -66,8 +66,9 @@ class _SplitWriter:
         self.sequences_per_shard = sequences_per_shard
         self.pending: list[np.ndarray] = []
         self.pending_tokens = 0
-        self.writer: pa.ipc.RecordBatchFileWriter | None = None
-        self.current: dict | None = None
+        self.dtype = info.dtype
+        self.buffer: np.ndarray | None = None
+        self.filled = 0
         self.shards: list[dict] = []
         self.documents = 0
         self.document_tokens = 0
@@ -86,32 +87,34 @@ class _SplitWriter:
             self.pending, self.pending_tokens = [rest], len(rest)
 
     def _write(self, rows: np.ndarray) -> None:
+        """Buffer full windows; each shard is written as ONE record batch, so a reader sees one
+        contiguous (sequences, seq_len + 1) array per shard. Memory: one shard's rows."""
         while len(rows):
-            if self.writer is None:
-                name = f"{self.split}-{len(self.shards):05d}.arrow"
-                self.current = {"file": name, "sequences": 0}
-                self.writer = pa.ipc.new_file(str(self.out_dir / name), self.schema)
-            take = min(len(rows), self.sequences_per_shard - self.current["sequences"])
-            flat = pa.array(rows[:take].reshape(-1), type=self.arrow_type)
-            col = pa.FixedSizeListArray.from_arrays(flat, self.window)
-            self.writer.write_batch(pa.record_batch([col], schema=self.schema))
-            self.current["sequences"] += take
+            if self.buffer is None:
+                self.buffer = np.empty((self.sequences_per_shard, self.window), dtype=self.dtype)
+                self.filled = 0
+            take = min(len(rows), self.sequences_per_shard - self.filled)
+            self.buffer[self.filled: self.filled + take] = rows[:take]
+            self.filled += take
             rows = rows[take:]
-            if self.current["sequences"] == self.sequences_per_shard:
-                self._close()
+            if self.filled == self.sequences_per_shard:
+                self._flush()
 
-    def _close(self) -> None:
-        if self.writer is None:
+    def _flush(self) -> None:
+        if self.buffer is None or self.filled == 0:
             return
-        self.writer.close()
-        path = self.out_dir / self.current["file"]
-        self.current["bytes"] = path.stat().st_size
-        self.current["xxh3_128"] = _checksum(path)
-        self.shards.append(self.current)
-        self.writer, self.current = None, None
+        name = f"{self.split}-{len(self.shards):05d}.arrow"
+        path = self.out_dir / name
+        flat = pa.array(self.buffer[: self.filled].reshape(-1), type=self.arrow_type)
+        col = pa.FixedSizeListArray.from_arrays(flat, self.window)
+        with pa.ipc.new_file(str(path), self.schema) as writer:
+            writer.write_batch(pa.record_batch([col], schema=self.schema))
+        self.shards.append({"file": name, "sequences": self.filled, "bytes": path.stat().st_size,
+                            "xxh3_128": _checksum(path)})
+        self.buffer, self.filled = None, 0
 
     def finish(self) -> dict:
-        self._close()
+        self._flush()
         sequences = sum(s["sequences"] for s in self.shards)
         return {"shards": self.shards, "sequences": sequences, "tokens": sequences * self.window,
                 "documents": self.documents, "document_tokens": self.document_tokens,
@@ -297,10 +300,14 @@ class DistributedSampler:
         return _permutation(self.num_samples, self.seed, epoch)
 
     def indices(self, consumed_samples: int, micro_batch: int) -> np.ndarray:
-        """Sequence indices (int64, shape (micro_batch,)) for this rank's micro-batch after ``consumed_samples``."""
+        """Sequence indices (int64, shape (micro_batch,), read-only) for this rank's micro-batch after ``consumed_samples``."""
         if self.num_samples <= 0:
             raise ValueError("cannot sample from an empty split")
-        pos = consumed_samples + self.rank * micro_batch + np.arange(micro_batch, dtype=np.int64)
+        start = consumed_samples + self.rank * micro_batch
+        epoch, offset = divmod(start, self.num_samples)
+        if offset + micro_batch <= self.num_samples:  # the common case: inside one epoch, a slice
+            return self.permutation(epoch)[offset: offset + micro_batch]
+        pos = start + np.arange(micro_batch, dtype=np.int64)
         epochs = pos // self.num_samples
         out = np.empty(micro_batch, dtype=np.int64)
         for e in np.unique(epochs):
