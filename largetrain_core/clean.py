@@ -247,7 +247,8 @@ def _repetition_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
         if n in top:
             # datatrove find_top_duplicate: the most frequent n-gram (first seen among ties), len(" ".join) * count
             t = (g.group_by("d", "k").agg(c=pl.len(), first=pl.col("pos").min(), l=pl.col("l").first())
-                 .sort("d", "c", "first", descending=[False, True, False]).group_by("d", maintain_order=True).first())
+                 .with_columns(score=pl.col("c").cast(pl.Int64) * (1 << 40) - pl.col("first"))
+                 .group_by("d").agg(c=pl.col("c").get(pl.col("score").arg_max()), l=pl.col("l").get(pl.col("score").arg_max())))
             val = np.zeros(n_docs)
             val[t["d"].to_numpy()] = t["c"].to_numpy() * (t["l"].to_numpy() + n - 1)
             fails.append((val > top[n] * chars, f"gopher_top_{n}_gram"))
@@ -258,8 +259,9 @@ def _repetition_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
             cover = np.cumsum(np.bincount(s, minlength=W + 1)[:W] - np.bincount(s + n, minlength=W + n + 1)[:W]) > 0
             bound = np.bincount(doc[cover], weights=wl[cover], minlength=n_docs)
             exact = np.zeros(n_docs)
+            sdoc = doc[starts]
             for d in np.flatnonzero(bound > dupf[n] * chars):
-                sel = starts[doc[starts] == d]
+                sel = starts[np.searchsorted(sdoc, d):np.searchsorted(sdoc, d, side="right")]
                 exact[d] = _greedy_dup_chars(keys[sel].tolist(), lens[sel], n)
             fails.append((exact > dupf[n] * chars, f"gopher_dup_{n}_gram_char_fraction"))
     # appended in datatrove's order: paragraphs, lines, top 2..4-grams, duplicate 5..10-grams
