@@ -7,8 +7,10 @@ from what the stages said they wrote, so a lost or double-written part file brea
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 
 
@@ -38,3 +40,36 @@ def corpus_accounting(raw_dir: Path, cleaned_dir: Path, dedup_dir: Path) -> dict
     total = read + rejected
     return {"input": total, "kept": kept, "filtered": filtered, "duplicate": duplicate, "rejected": rejected,
             "balanced": not problems and kept + filtered + duplicate + rejected == total, "problems": problems}
+
+
+def _reject_code(reason: str) -> str:
+    """A rejected record's reason without its positions: "line 3: invalid JSON: ..." -> "invalid JSON"."""
+    reason = re.sub(r"^(line|row) \d+: ", "", reason)
+    return re.split(r"[:(]| at ", reason, maxsplit=1)[0].strip()
+
+
+def outcome_table(raw_dir: Path, cleaned_dir: Path, dedup_dir: Path) -> pl.DataFrame:
+    """Documents per (outcome, reason): kept (reason null), filtered (the rule's code), duplicate
+    ("exact"/"near"), rejected (the reader's reason without positions). Columns outcome, reason (Utf8),
+    documents (Int64), sorted; the documents column sums to the accounting ``input``."""
+    frames = [
+        pl.DataFrame({"outcome": ["kept"], "reason": [None],
+                      "documents": [_rows(sorted(Path(dedup_dir).glob("part-*.parquet")))]},
+                     schema={"outcome": pl.Utf8, "reason": pl.Utf8, "documents": pl.Int64}),
+        pl.read_parquet(Path(cleaned_dir) / "filtered.parquet", columns=["reason"]).group_by("reason").len()
+        .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
+        pl.read_parquet(Path(dedup_dir) / "duplicates.parquet").group_by(
+            pl.col("kind") if "kind" in pl.read_parquet_schema(Path(dedup_dir) / "duplicates.parquet") else pl.lit("exact").alias("kind")
+        ).len().select(outcome=pl.lit("duplicate"), reason="kind", documents=pl.col("len").cast(pl.Int64)),
+        pl.read_parquet(Path(raw_dir) / "rejected.parquet", columns=["reason"])
+        .select(reason=pl.col("reason").map_elements(_reject_code, return_dtype=pl.Utf8)).group_by("reason").len()
+        .select(outcome=pl.lit("rejected"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
+    ]
+    return pl.concat(frames).filter(pl.col("documents") > 0).sort("outcome", "reason", nulls_last=False)
+
+
+def markdown_table(table: pl.DataFrame) -> str:
+    """The outcome table as markdown: | outcome | reason | documents |, plus a total row."""
+    rows = [f"| {o} | {r if r is not None else ''} | {d} |" for o, r, d in table.iter_rows()]
+    return "\n".join(["| outcome | reason | documents |", "|---|---|---|", *rows,
+                      f"| **total** | | **{int(table['documents'].sum() or 0)}** |"])

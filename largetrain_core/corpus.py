@@ -1,4 +1,4 @@
-"""Corpus readers: text/markdown/rst directories, JSONL (plain or .gz) and Parquet, read in bounded
+"""Corpus readers: text/markdown/rst directories, JSONL (plain, .gz or .zst) and Parquet, read in bounded
 batches into Arrow tables with the columns ``doc_id``, ``source`` and ``text`` (all ``large_string``).
 
 Encoding policy (documented, tested in tests/test_corpus.py against ../shared/cases):
@@ -35,7 +35,7 @@ DOC_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("source", pa.large_strin
 REJECT_SCHEMA = pa.schema([("source", pa.large_string()), ("position", pa.int64()), ("reason", pa.large_string())])
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 
 
@@ -119,7 +119,7 @@ def read_corpus(config: ReaderConfig) -> Iterator[Batch]:
     root = Path(config.path)
     files = list_files(root)
     if not files:
-        raise ValueError(f"no .txt/.md/.rst/.jsonl(.gz)/.parquet files under {root}")
+        raise ValueError(f"no .txt/.md/.rst/.jsonl(.gz/.zst)/.parquet files under {root}")
     base = root if root.is_dir() else root.parent
     out = _Collector(config.batch_size)
     for f in files:
@@ -148,7 +148,15 @@ def _read_text(f: Path, rel: str, out: _Collector) -> None:
 
 
 def _read_jsonl(f: Path, rel: str, config: ReaderConfig, out: _Collector) -> Iterator[Batch]:
-    opener = gzip.open if f.name.endswith(".gz") else open
+    if f.name.endswith(".zst"):
+        import io
+
+        import zstandard
+
+        def opener(path, mode):  # line iteration needs a buffered reader over the decompressing stream
+            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, mode), closefd=True))
+    else:
+        opener = gzip.open if f.name.endswith(".gz") else open
     try:
         with opener(f, "rb") as fh:
             for lineno, raw in enumerate(fh, start=1):
@@ -177,7 +185,7 @@ def _read_jsonl(f: Path, rel: str, config: ReaderConfig, out: _Collector) -> Ite
                 out.doc(doc_id, rel, text)
                 if out.full():
                     yield out.flush()
-    except (OSError, EOFError) as e:  # truncated gzip, unreadable file
+    except Exception as e:  # noqa: BLE001 -- truncated gzip (EOFError), corrupt zstd (zstandard.ZstdError), unreadable file (OSError)
         out.reject(rel, -1, f"cannot read file: {e}")
 
 

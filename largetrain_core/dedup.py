@@ -1,20 +1,64 @@
-"""Exact deduplication on a normalized key.
+"""Deduplication: exact (hash of a normalized key) and near-duplicate (MinHash + LSH), one pass of clustering.
 
-Key (the policy in largetrain_core.clean): NFKC, case-folded (``str.casefold``, then NFKC again, so
+Exact key (the policy in largetrain_core.clean): NFKC, case-folded (``str.casefold``, then NFKC again, so
 that "STRASSE" and "Straße" match), whitespace runs collapsed to one space, stripped. Two documents
 are exact duplicates when the 64-bit xxh3 hashes of their keys match (xxhash, seed 0; by the
-birthday bound n^2 / 2^65 the chance of any false match among 10^9 documents is about 2.7%). The
-copy kept is the first in corpus order (sorted file path, then line/row), so the result does not
-depend on batch size or on how many processes ran.
+birthday bound n^2 / 2^65 the chance of any false match among 10^9 documents is about 2.7%).
+
+Near duplicates (Broder 1997 MinHash; banding as in Leskovec et al., "Mining of Massive Datasets" ch. 3,
+and datatrove's MinhashDedup defaults): the key with punctuation turned into spaces is split into
+words; shingles are word 5-grams; each word is hashed with xxh3_64 (seeded), a shingle's hash folds
+its words' hashes (multiply-xor) and finishes with the murmur3 64-bit finalizer; 112 permutations
+``a_i * h + b_i mod 2^64`` (a_i odd, both from numpy's PCG64 seeded with ``seed``) give the signature,
+cut into 14 bands of 8 rows: two documents become candidates when one band matches entirely, which
+happens with probability 1 - (1 - J^8)^14 for Jaccard similarity J (0.5 at J ~ 0.72).
+A document with fewer words than the shingle size has one shingle, its whole word sequence, so short
+documents match only documents with the same words; a document with no word has no signature and
+takes part in exact deduplication only (never in a near-duplicate cluster).
+
+Clusters are the connected components of exact and band matches (union-find in numpy: min-label
+hooking with pointer jumping). The copy kept is the first in corpus order (sorted partition / part
+file, then row); every other member is a duplicate recorded with ``duplicate_of`` (the kept copy's
+doc_id), ``cluster_id`` (its global row) and ``kind`` ("exact" when its key equals the kept copy's,
+else "near"). The result does not depend on batch size or on how the corpus is partitioned.
+
+Partitions: :func:`write_signatures` runs per partition (one Parquet file of signatures);
+:func:`cluster_signatures` reads all signature files, so a pair split across partitions is found;
+:func:`write_deduplicated` writes one partition's kept documents from the global assignment.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import xxhash
+
+_M = np.uint64(0x100000001B3)
+DUP_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "duplicate_of": pl.Utf8, "cluster_id": pl.Int64,
+              "kind": pl.Utf8, "key_hash": pl.UInt64}
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """near: run MinHash-LSH (else exact only). ngram: words per shingle (5, datatrove default).
+    bands x rows: 14 x 8 = 112 permutations (datatrove MinhashConfig defaults). seed: hashing seed.
+    chunk_shingles: shingles hashed per numpy block (memory: chunk_shingles * bands * rows * 8 bytes)."""
+
+    near: bool = True
+    ngram: int = 5
+    bands: int = 14
+    rows: int = 8
+    seed: int = 1
+    chunk_shingles: int = 32768
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def dedup_key(text: pl.Expr) -> pl.Expr:
@@ -30,45 +74,201 @@ def key_hashes(texts: pl.Series) -> pl.Series:
                                   for k in keys.to_list()], dtype=pl.UInt64)
 
 
-def exact_dedup(in_dir: Path, out_dir: Path) -> dict:
-    """Remove exact duplicates from the ``part-*.parquet`` files of a cleaned_text directory.
+def _fmix64(x: np.ndarray) -> np.ndarray:
+    """murmur3's 64-bit finalizer (Appleby, MurmurHash3 fmix64), elementwise on uint64."""
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xFF51AFD7ED558CCD)
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xC4CEB9FE1A85EC53)
+    return x ^ (x >> np.uint64(33))
 
-    Writes kept documents to ``out_dir/part-NNNNN.parquet`` (same columns, input order) and every
-    removed copy to ``out_dir/duplicates.parquet`` (doc_id, source, duplicate_of, key_hash).
-    Two passes over the input: the first builds the hash -> first doc_id table, the second writes.
-    Returns counts ``input``, ``kept``, ``duplicate``, ``clusters`` (keys with more than one copy).
+
+def _permutations(cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(cfg.seed)
+    p = cfg.bands * cfg.rows
+    a = rng.integers(0, 2**64, size=p, dtype=np.uint64) | np.uint64(1)
+    b = rng.integers(0, 2**64, size=p, dtype=np.uint64)
+    return a, b
+
+
+def minhash(texts: pl.Series, cfg: DedupConfig = DedupConfig()) -> tuple[np.ndarray, np.ndarray]:
+    """MinHash signatures of a Utf8 Series of N texts.
+
+    Returns ``(signatures, n_words)``: uint64 (N, bands*rows) and int64 (N,). Rows of documents
+    without words are all 2^64-1 and must not be banded (``n_words == 0``).
+    """
+    n, p = len(texts), cfg.bands * cfg.rows
+    sig = np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64)
+    words = pl.DataFrame({"t": texts}).with_row_index("d").select(
+        "d", w=dedup_key(pl.col("t")).str.replace_all(r"[^\w\s]", " ").str.extract_all(r"\S+")
+    ).explode("w").drop_nulls("w")
+    n_words = np.bincount(words["d"].to_numpy(), minlength=n).astype(np.int64) if words.height else np.zeros(n, np.int64)
+    if not words.height:
+        return sig, n_words
+    uniq = words["w"].unique()
+    table = pl.DataFrame({"w": uniq, "h": pl.Series([xxhash.xxh3_64_intdigest(w.encode(), cfg.seed) for w in uniq.to_list()],
+                                                    dtype=pl.UInt64)})
+    wh = words.join(table, on="w", how="left", maintain_order="left")["h"].to_numpy()
+    doc = words["d"].to_numpy().astype(np.int64)
+    W = len(doc)
+    # shingle starting at word j covers j..j+k-1 with k = min(ngram, words of the document)
+    k = np.minimum(cfg.ngram, n_words[doc])
+    pos = np.arange(W) - np.searchsorted(doc, doc)  # position of the word inside its document
+    starts = np.flatnonzero(pos + k <= n_words[doc])
+    h = wh[starts].copy()
+    for i in range(1, cfg.ngram):
+        more = i < k[starts]
+        idx = np.minimum(starts + i, W - 1)
+        h = np.where(more, h * _M ^ wh[idx], h)
+    h = _fmix64(h)
+    sdoc = doc[starts]
+    a, b = _permutations(cfg)
+    for c0 in range(0, len(h), cfg.chunk_shingles):
+        hc, dc = h[c0:c0 + cfg.chunk_shingles], sdoc[c0:c0 + cfg.chunk_shingles]
+        vals = hc[:, None] * a[None, :] + b[None, :]
+        bounds = np.flatnonzero(np.r_[True, dc[1:] != dc[:-1]])
+        np.minimum.at(sig, dc[bounds], np.minimum.reduceat(vals, bounds, axis=0))
+    return sig, n_words
+
+
+# ------------------------------------------------------------------------------------------------
+# per partition
+
+
+def write_signatures(part_files: list[Path], out_file: Path, cfg: DedupConfig = DedupConfig()) -> int:
+    """Signatures of one partition's documents (its ``part_files`` in order) to a Parquet file with
+    doc_id, key_hash (UInt64), n_words (Int64) and, when ``cfg.near``, signature
+    (fixed_size_list<uint64>[bands*rows]). Returns the number of documents."""
+    tables = []
+    for part in part_files:
+        df = pl.read_parquet(part, columns=["doc_id", "text"])
+        cols = {"doc_id": pa.array(df["doc_id"].to_list(), pa.large_string()),
+                "key_hash": key_hashes(df["text"]).to_arrow()}
+        if cfg.near:
+            sig, n_words = minhash(df["text"], cfg)
+            cols["n_words"] = pa.array(n_words, pa.int64())
+            cols["signature"] = pa.FixedSizeListArray.from_arrays(pa.array(sig.ravel(), pa.uint64()), sig.shape[1])
+        tables.append(pa.table(cols))
+    table = pa.concat_tables(tables) if tables else pa.table({"doc_id": pa.array([], pa.large_string()),
+                                                            "key_hash": pa.array([], pa.uint64())})
+    tmp = Path(str(out_file) + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(out_file)
+    return table.num_rows
+
+
+# ------------------------------------------------------------------------------------------------
+# global
+
+
+def _components(n: int, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Connected components of the graph on 0..n-1 with edges (u, v): the smallest node of each
+    node's component (union-find by min-label hooking and pointer jumping, all in numpy)."""
+    parent = np.arange(n, dtype=np.int64)
+    if not len(u):
+        return parent
+    while True:
+        pu, pv = parent[u], parent[v]
+        if np.array_equal(pu, pv):
+            return parent
+        m = np.minimum(pu, pv)
+        np.minimum.at(parent, pu, m)
+        np.minimum.at(parent, pv, m)
+        while True:
+            nxt = parent[parent]
+            if np.array_equal(nxt, parent):
+                break
+            parent = nxt
+
+
+def _same_value_edges(values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges (row, first row with the same value) for every row whose value occurred before."""
+    if not len(values):
+        return rows[:0], rows[:0]
+    order = np.argsort(values, kind="stable")
+    sv, sr = values[order], rows[order]
+    start = np.r_[True, sv[1:] != sv[:-1]]
+    first = sr[np.flatnonzero(start)][np.cumsum(start) - 1]
+    dup = ~start
+    return sr[dup], first[dup]
+
+
+def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConfig()) -> pl.DataFrame:
+    """Cluster all documents of all signature files (global row = order of files, then rows).
+
+    Returns one row per document: row (Int64), doc_id, cluster_id (Int64: the kept copy's row),
+    duplicate_of (Utf8: the kept copy's doc_id, null for kept documents), kind (null, "exact" or "near").
+    """
+    tables = [pq.read_table(f) for f in signature_files]
+    n = sum(t.num_rows for t in tables)
+    doc_ids = pl.concat([pl.from_arrow(t.column("doc_id")).cast(pl.Utf8) for t in tables]) if tables else pl.Series([], dtype=pl.Utf8)
+    keys = np.concatenate([t.column("key_hash").to_numpy() for t in tables]) if tables else np.zeros(0, np.uint64)
+    rows = np.arange(n, dtype=np.int64)
+    u, v = _same_value_edges(keys, rows)
+    us, vs = [u], [v]
+    if cfg.near and n:
+        p = cfg.bands * cfg.rows
+        sig = np.concatenate([t.column("signature").combine_chunks().flatten().to_numpy().reshape(-1, p) for t in tables])
+        n_words = np.concatenate([t.column("n_words").to_numpy() for t in tables])
+        live = rows[n_words > 0]
+        for band in range(cfg.bands):
+            cols = sig[live, band * cfg.rows:(band + 1) * cfg.rows]
+            h = np.zeros(len(live), dtype=np.uint64)
+            for r in range(cfg.rows):
+                h = _fmix64(h * _M ^ cols[:, r])
+            u, v = _same_value_edges(h, live)
+            us.append(u)
+            vs.append(v)
+    root = _components(n, np.concatenate(us), np.concatenate(vs))
+    is_dup = root != rows
+    kind = np.where(~is_dup, None, np.where(keys == keys[root], "exact", "near"))
+    return pl.DataFrame({"row": rows, "doc_id": doc_ids, "cluster_id": root,
+                         "duplicate_of": doc_ids.gather(root).zip_with(pl.Series(is_dup), pl.Series([None] * n, dtype=pl.Utf8)),
+                         "kind": pl.Series(kind.tolist(), dtype=pl.Utf8), "key_hash": pl.Series(keys, dtype=pl.UInt64)})
+
+
+def write_deduplicated(part_files: list[Path], assignment: pl.DataFrame, first_row: int, out_dir: Path,
+                       first_part: int = 0) -> tuple[int, pl.DataFrame]:
+    """Write the kept documents of ``part_files`` (whose first document has global row ``first_row``)
+    to ``out_dir/part-NNNNN.parquet`` numbered from ``first_part``. Returns (rows read, duplicates frame)."""
+    dups, row = [], first_row
+    for i, part in enumerate(part_files):
+        df = pl.read_parquet(part)
+        a = assignment.slice(row, df.height)
+        df = df.with_columns(a["duplicate_of"], a["cluster_id"], a["kind"], a["key_hash"])
+        df.filter(pl.col("duplicate_of").is_null()).select("doc_id", "source", "text").write_parquet(
+            out_dir / f"part-{first_part + i:05d}.parquet")
+        dups.append(df.filter(pl.col("duplicate_of").is_not_null()).select(*DUP_SCHEMA))
+        row += df.height
+    return row - first_row, pl.concat(dups) if dups else pl.DataFrame(schema=DUP_SCHEMA)
+
+
+def deduplicate(in_dir: Path, out_dir: Path, cfg: DedupConfig = DedupConfig()) -> dict:
+    """Exact and (with ``cfg.near``) near-duplicate removal over the ``part-*.parquet`` files of a
+    cleaned_text directory, each part file treated as one partition.
+
+    Writes ``out_dir/signatures/part-NNNNN.parquet``, the kept documents to ``out_dir/part-NNNNN.parquet``
+    (same columns, input order) and every removed copy to ``out_dir/duplicates.parquet``
+    (doc_id, source, duplicate_of, cluster_id, kind, key_hash). Returns counts ``input``, ``kept``,
+    ``duplicate``, ``clusters`` (kept copies with at least one duplicate), ``duplicate_exact``, ``duplicate_near``.
     """
     parts = sorted(Path(in_dir).glob("part-*.parquet"))
-    first: dict[int, tuple[int, str]] = {}  # key hash -> (global row, doc_id) of the first copy
-    hashes: list[pl.Series] = []
-    row = 0
+    sig_dir = Path(out_dir) / "signatures"
+    sig_dir.mkdir(exist_ok=True)
+    sig_files = []
     for part in parts:
-        df = pl.read_parquet(part, columns=["doc_id", "text"])
-        h = key_hashes(df["text"])
-        hashes.append(h)
-        for doc_id, k in zip(df["doc_id"].to_list(), h.to_list()):
-            first.setdefault(k, (row, doc_id))
-            row += 1
-    first_row = {k: v[0] for k, v in first.items()}
-    first_id = {k: v[1] for k, v in first.items()}
-    stats = {"input": 0, "kept": 0, "duplicate": 0}
-    dups: list[pl.DataFrame] = []
-    for i, (part, h) in enumerate(zip(parts, hashes)):
-        df = pl.read_parquet(part).with_columns(key_hash=h)
-        df = df.with_columns(
-            row=pl.int_range(stats["input"], stats["input"] + df.height, dtype=pl.Int64),
-            first_row=pl.col("key_hash").replace_strict(first_row, return_dtype=pl.Int64),
-            duplicate_of=pl.col("key_hash").replace_strict(first_id, return_dtype=pl.Utf8),
-        )
-        is_first = pl.col("row") == pl.col("first_row")
-        df.filter(is_first).select("doc_id", "source", "text").write_parquet(out_dir / f"part-{i:05d}.parquet")
-        removed = df.filter(~is_first).select("doc_id", "source", "duplicate_of", "key_hash")
-        dups.append(removed)
-        stats["input"] += df.height
-        stats["duplicate"] += removed.height
-    stats["kept"] = stats["input"] - stats["duplicate"]
-    table = pl.concat(dups) if dups else pl.DataFrame(
-        schema={"doc_id": pl.Utf8, "source": pl.Utf8, "duplicate_of": pl.Utf8, "key_hash": pl.UInt64})
-    table.write_parquet(out_dir / "duplicates.parquet")
-    stats["clusters"] = table["duplicate_of"].n_unique() if table.height else 0
-    return stats
+        f = sig_dir / part.name
+        write_signatures([part], f, cfg)
+        sig_files.append(f)
+    assignment = cluster_signatures(sig_files, cfg)
+    n, dups = write_deduplicated(parts, assignment, 0, Path(out_dir))
+    dups.write_parquet(Path(out_dir) / "duplicates.parquet")
+    return {"input": n, "kept": n - dups.height, "duplicate": dups.height,
+            "clusters": dups["duplicate_of"].n_unique() if dups.height else 0,
+            "duplicate_exact": int((dups["kind"] == "exact").sum()), "duplicate_near": int((dups["kind"] == "near").sum())}
+
+
+def exact_dedup(in_dir: Path, out_dir: Path) -> dict:
+    """Exact duplicates only (:func:`deduplicate` with ``near=False``); counts ``input``, ``kept``, ``duplicate``, ``clusters``."""
+    stats = deduplicate(in_dir, out_dir, DedupConfig(near=False))
+    return {k: stats[k] for k in ("input", "kept", "duplicate", "clusters")}

@@ -39,10 +39,10 @@ from dagster import (
 )
 from pydantic import Field
 
-from largetrain_core.accounting import corpus_accounting
+from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
-from largetrain_core.dedup import exact_dedup
+from largetrain_core.dedup import DedupConfig, deduplicate
 from largetrain_core.shards import TokenShards, build_token_shards
 from largetrain_core.storage import atomic_dir, data_version, write_json_atomic
 from largetrain_core.tokenizer import train_bpe
@@ -53,7 +53,7 @@ ROLES = {
     "pretrain": ("corpora/linux-doc", "Pretraining corpus (demo: Linux kernel documentation, rst sources)."),
     "domain": ("corpora/shakespeare", "Domain corpus for the LoRA adapter (demo: Shakespeare's plays, markdown)."),
 }
-CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "2", "deduplicated_text": "2", "tokenizer": "1",
+CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "3", "deduplicated_text": "3", "tokenizer": "1",
                  "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "1"}
 
 
@@ -73,14 +73,50 @@ class RawCorpusConfig(Config):
 
 
 class CleanedTextConfig(Config):
-    """Gopher quality rules (Rae et al. 2021, A.1.1); null switches a rule off."""
+    """Quality rules (largetrain_core.clean): Gopher quality (Rae et al. 2021, A.1.1), Gopher repetition
+    (Table A1) and C4 lines (Raffel et al. 2020), thresholds as datatrove's filters; null switches a rule off."""
 
+    words: str = Field(default="whitespace", description="Word tokenization: whitespace (Gopher) or spacy_like (datatrove).")
     min_words: Optional[int] = 50
     max_words: Optional[int] = 100_000
     min_mean_word_length: Optional[float] = 3.0
     max_mean_word_length: Optional[float] = 10.0
+    max_hash_word_ratio: Optional[float] = 0.1
+    max_ellipsis_word_ratio: Optional[float] = 0.1
+    max_bullet_lines_ratio: Optional[float] = 0.9
+    max_ellipsis_lines_ratio: Optional[float] = 0.3
     min_alpha_word_fraction: Optional[float] = 0.8
     min_stop_words: Optional[int] = 2
+    gopher_repetition: bool = Field(default=False, description="Apply the Gopher repetition rules.")
+    dup_para_fraction: Optional[float] = 0.3
+    dup_para_char_fraction: Optional[float] = 0.2
+    dup_line_fraction: Optional[float] = 0.3
+    dup_line_char_fraction: Optional[float] = 0.2
+    top_ngram_char_fractions: list[float] = Field(default=[0.20, 0.18, 0.16], description="Top 2-, 3-, 4-gram character share.")
+    dup_ngram_char_fractions: list[float] = Field(default=[0.15, 0.14, 0.13, 0.12, 0.11, 0.10],
+                                                  description="Duplicate 5- to 10-gram character share.")
+    c4: bool = Field(default=False, description="Apply the C4 line rules (removes lines from kept documents).")
+    c4_max_word_length: Optional[int] = 1000
+    c4_terminal_punctuation: bool = True
+    c4_min_words_per_line: Optional[int] = 3
+    c4_curly_bracket: bool = True
+    c4_min_sentences: Optional[int] = 5
+
+    def quality(self) -> QualityConfig:
+        d = self.model_dump()
+        d["top_ngram_char_fractions"] = tuple(zip(range(2, 5), d["top_ngram_char_fractions"]))
+        d["dup_ngram_char_fractions"] = tuple(zip(range(5, 11), d["dup_ngram_char_fractions"]))
+        return QualityConfig(**d)
+
+
+class DeduplicatedTextConfig(Config):
+    """Exact + MinHash-LSH near-duplicate removal (largetrain_core.dedup)."""
+
+    near: bool = Field(default=True, description="Also remove near duplicates (MinHash-LSH); else exact only.")
+    ngram: int = Field(default=5, description="Words per shingle.")
+    bands: int = Field(default=14, description="LSH bands; bands x rows permutations (14 x 8: Jaccard ~0.72).")
+    rows: int = 8
+    seed: int = 1
 
 
 class TokenizerConfig(Config):
@@ -200,9 +236,9 @@ def corpus_assets(role: str) -> list:
 
     @asset(key=[role, "cleaned_text"], ins={"raw": AssetIn(key=[role, "raw_corpus"])}, group_name=group,
            code_version=CODE_VERSIONS["cleaned_text"], io_manager_key="handles", kinds={"parquet", "polars"},
-           description="NFC, control characters and NUL removed, LF line endings; Gopher quality rules with a reason code per removed document.")
+           description="NFC, control characters and NUL removed, LF line endings; Gopher quality/repetition and C4 line rules with a reason code per removed document.")
     def cleaned_text(context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, raw: dict) -> Output:
-        quality = QualityConfig(**config.model_dump())
+        quality = config.quality()
         version = data_version(CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
         path, stats, reused = _stage(context, storage, [role, "cleaned_text"], version,
                                      lambda out: clean_corpus(Path(raw["path"]), out, quality))
@@ -213,15 +249,26 @@ def corpus_assets(role: str) -> list:
            io_manager_key="handles", kinds={"parquet"},
            check_specs=[AssetCheckSpec("accounting", asset=[role, "deduplicated_text"], blocking=True,
                                        description="kept + filtered + duplicate + rejected == input, recounted from the files")],
-           description="Exact duplicates (NFKC, case-folded, whitespace-collapsed key) removed; the first copy in corpus order is kept.")
-    def deduplicated_text(context: AssetExecutionContext, storage: Storage, raw: dict, cleaned: dict):
-        version = data_version(CODE_VERSIONS["deduplicated_text"], cleaned["data_version"])
-        path, stats, reused = _stage(context, storage, [role, "deduplicated_text"], version,
-                                     lambda out: exact_dedup(Path(cleaned["path"]), out))
+           description="Exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH near duplicates removed; the first copy in corpus order is kept per cluster.")
+    def deduplicated_text(context: AssetExecutionContext, config: DeduplicatedTextConfig, storage: Storage,
+                          raw: dict, cleaned: dict):
+        dcfg = DedupConfig(**config.model_dump())
+        version = data_version(CODE_VERSIONS["deduplicated_text"], dcfg.to_dict(), cleaned["data_version"])
+
+        def build(out: Path) -> dict:
+            stats = deduplicate(Path(cleaned["path"]), out, dcfg)
+            outcome_table(Path(raw["path"]), Path(cleaned["path"]), out).write_parquet(out / "outcomes.parquet")
+            return stats
+
+        path, stats, reused = _stage(context, storage, [role, "deduplicated_text"], version, build)
         acc = corpus_accounting(Path(raw["path"]), Path(cleaned["path"]), path)
         summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
-        yield _output(path, version, stats, {}, reused, {"accounting": _md_counts(summary, ("outcome", "documents")),
-                                                         **{f"documents_{k}": v for k, v in summary.items()}})
+        outcomes = pl.read_parquet(path / "outcomes.parquet")
+        yield _output(path, version, stats, config, reused, {
+            "accounting": _md_counts(summary, ("outcome", "documents")),
+            "outcomes_by_reason": MetadataValue.md(markdown_table(outcomes)),
+            "outcomes_table": MetadataValue.path(str(path / "outcomes.parquet")),
+            **{f"documents_{k}": v for k, v in summary.items()}})
         yield AssetCheckResult(check_name="accounting", passed=acc["balanced"],
                                metadata={**summary, "problems": MetadataValue.json(acc["problems"])})
 
