@@ -11,6 +11,7 @@ import os
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from largetrain_dagster.assets import ROLES, base_checkpoint, corpus_assets, evaluation, lora_adapter, tokenizer
+from largetrain_dagster.checks import dedup_checks
 from largetrain_dagster.landing import LANDED_ASSETS, PartitionedHandleIOManager, landing_sensor
 from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, WandbSettings
 from largetrain_dagster.schedules import retrain_lora_adapter
@@ -25,6 +26,7 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
                                description="raw corpus -> cleaned text -> token shards -> base checkpoint -> LoRA adapter -> evaluation")
     return Definitions(
         assets=assets + LANDED_ASSETS,
+        asset_checks=dedup_checks(ROLES),
         jobs=[lineage],
         sensors=[landing_sensor],
         schedules=[retrain_lora_adapter],

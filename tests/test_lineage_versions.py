@@ -13,6 +13,8 @@ way the UI's "Materialize stale" button is pressed until nothing is stale.
 
 import shutil
 
+import polars as pl
+
 from dagster import AssetKey, DagsterInstance, materialize
 from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
@@ -32,7 +34,8 @@ def data_assets(root):
     """The data-preparation assets (no training) of a fresh build of the definitions."""
     defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled")
     keep = {AssetKey.from_user_string(k) for k in DATA_KEYS}
-    return [a for a in defs.assets if set(a.keys) <= keep], defs.resources
+    checks = [c for c in defs.asset_checks if {k.asset_key for k in c.check_keys} <= keep]
+    return [a for a in defs.assets if set(a.keys) <= keep] + checks, defs.resources
 
 
 def run_config(overrides=None):
@@ -113,7 +116,7 @@ def test_config_and_code_changes_mark_exactly_downstream_stale(tmp_path, monkeyp
         assert "pretrain/raw_corpus" not in reused and "domain/raw_corpus" not in reused
 
 
-def test_failing_blocking_check_stops_downstream(tmp_path):
+def test_failing_blocking_checks_stop_downstream(tmp_path):
     corpus("linux-doc")
     assets, resources = data_assets(tmp_path / "root")
     upstream = [f"pretrain/{n}" for n in ("raw_corpus", "cleaned_text", "deduplicated_text")]
@@ -126,14 +129,28 @@ def test_failing_blocking_check_stops_downstream(tmp_path):
         assert parts and str(parts[0]).startswith(handle["path"])
         shutil.copy(parts[0], parts[0].with_name("part-99999.parquet"))
 
-        result = run(instance, assets, resources, run_config(), ["pretrain/deduplicated_text", "tokenizer"],
-                     raise_on_error=False)
-        assert not result.success
-        checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in result.get_asset_check_evaluations()}
-        assert checks == {("pretrain/deduplicated_text", "accounting"): False}
-        assert instance.get_latest_materialization_event(AssetKey("tokenizer")) is None
-        assert not (tmp_path / "root" / "tokenizer").exists()
-        logs = instance.all_logs(result.run_id)
-        started = {e.step_key for e in logs if e.dagster_event and e.dagster_event.event_type_value == "STEP_START"}
-        assert started == {"pretrain__deduplicated_text"}  # the tokenizer step never started
-        assert any(e.step_key == "tokenizer" and "Dependencies for step tokenizer failed" in e.user_message for e in logs)
+        def rerun_and_expect(failed_checks: dict):
+            result = run(instance, assets, resources, run_config(), ["pretrain/deduplicated_text", "tokenizer"],
+                         raise_on_error=False)
+            assert not result.success
+            checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+            assert checks == failed_checks
+            assert instance.get_latest_materialization_event(AssetKey("tokenizer")) is None
+            assert not (tmp_path / "root" / "tokenizer").exists()
+            logs = instance.all_logs(result.run_id)
+            started = {e.step_key for e in logs if e.dagster_event and e.dagster_event.event_type_value == "STEP_START"}
+            assert "tokenizer" not in started  # the tokenizer step never started
+            assert any(e.step_key == "tokenizer" and "Dependencies for step tokenizer failed" in e.user_message for e in logs)
+
+        # The accounting check (inside the asset) fails: the check on duplicates never runs, the tokenizer never starts.
+        rerun_and_expect({("pretrain/deduplicated_text", "accounting"): False})
+
+        # Same number of rows, but one kept document is now a copy of another: accounting holds, the
+        # standalone blocking check no_exact_duplicates fails and stops the tokenizer.
+        extra = parts[0].with_name("part-99999.parquet")
+        extra.unlink()
+        df = pl.read_parquet(parts[0])
+        assert df.height >= 2
+        pl.concat([df.head(df.height - 1), df.head(1)]).write_parquet(parts[0])
+        rerun_and_expect({("pretrain/deduplicated_text", "accounting"): True,
+                          ("pretrain/deduplicated_text", "no_exact_duplicates"): False})
