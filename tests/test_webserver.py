@@ -6,7 +6,8 @@
 * cancellation: a training launched through GraphQL is terminated through GraphQL while torchrun
   and its ranks run; no process of the training's process group survives, and the run is CANCELED;
 * the concurrency pool: while the training runs, the instance shows the ``accelerators`` pool with
-  limit 1 (from dagster.yaml) and the training step holding its only slot.
+  limit 1 (from dagster.yaml) and the training step holding its only slot; a second training run
+  stays queued and starts only when the first one is terminated (then it is terminated too).
 
 The server is stopped by its PID and process group (SIGTERM, then SIGKILL).
 """
@@ -246,7 +247,7 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
     assert {e["label"]: e.get("intValue") for e in mat["metadataEntries"]}["documents"] == 38
 
 
-def test_terminating_a_training_run_leaves_no_process(server):
+def test_pool_and_terminating_training_runs_leaves_no_process(server):
     # Upstream of base_checkpoint, in the server's storage root (handles are files under it).
     defs = build_definitions(root=str(server.root), nproc_per_node=2, wandb_mode="disabled")
     ops = {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith("pretrain__") or k == "tokenizer"}
@@ -255,7 +256,6 @@ def test_terminating_a_training_run_leaves_no_process(server):
                            selection=[k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text"]).success
 
     train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 1_000_000, "checkpoint_every": 1000}
-    run_id = server.launch([["base_checkpoint"]], {"base_checkpoint": {"config": train}})
     marker = str(server.root / "base_checkpoint")  # in the command line of torchrun and of every rank
 
     def training_processes():
@@ -263,26 +263,41 @@ def test_terminating_a_training_run_leaves_no_process(server):
         ranks = [p for p, cmd in procs.items() if "torch.distributed.run" not in cmd]
         return procs if len(ranks) >= 2 and len(procs) >= 3 else None
 
+    def slots():
+        instance = DagsterInstance.from_config(str(server.home))
+        try:
+            return instance.event_log_storage.get_concurrency_info("accelerators")
+        finally:
+            instance.dispose()
+
+    def terminate_and_check(run_id: str, procs: dict[int, str]) -> None:
+        # torchrun leads the group the launcher created; torch's elastic agent starts each rank in a session of its own.
+        groups = {st[1] for p in procs if (st := _proc_stat(p))}
+        data = server.graphql("""mutation($id: String!) { terminateRun(runId: $id) { __typename
+            ... on TerminateRunFailure { message } ... on PythonError { message } } }""", {"id": run_id})
+        assert data["terminateRun"]["__typename"] == "TerminateRunSuccess", data
+        status = _wait(lambda: (s := server.run_status(run_id)) in ("CANCELED", "FAILURE", "SUCCESS") and s,
+                       "the run to be canceled", 120, every=1)
+        assert status == "CANCELED"
+        survivors = {g: _group_members(g) for g in groups if _group_members(g)}
+        assert not survivors, f"processes left in the training's process groups: {survivors}"
+        assert not _processes_mentioning(marker)
+        assert all(_proc_stat(p) is None or _proc_stat(p)[0] == "Z" for p in procs)
+
+    first = server.launch([["base_checkpoint"]], {"base_checkpoint": {"config": train}})
     procs = _wait(training_processes, "torchrun and both ranks to start", 300, every=1)
-    # torchrun leads the group the launcher created; torch's elastic agent starts each rank in a session of its own.
-    groups = {_proc_stat(p)[1] for p in procs if _proc_stat(p)}
+    # The pool from dagster.yaml: limit 1, and the running training holds the slot ...
+    info = slots()
+    assert info.limit == 1 and [s.run_id for s in info.claimed_slots] == [first]
 
-    # The pool from dagster.yaml: limit 1, and the running training holds the slot.
-    instance = DagsterInstance.from_config(str(server.home))
-    try:
-        info = instance.event_log_storage.get_concurrency_info("accelerators")
-        assert info.limit == 1
-        assert [s.run_id for s in info.claimed_slots] == [run_id]
-    finally:
-        instance.dispose()
+    # ... so a second training (another config) waits in the queue while the first one runs ...
+    second = server.launch([["base_checkpoint"]], {"base_checkpoint": {"config": {**train, "seed": 1}}})
+    assert server.run_status(second) in ("QUEUED", "NOT_STARTED")
+    assert sum("torch.distributed.run" in cmd for cmd in _processes_mentioning(marker).values()) == 1
 
-    data = server.graphql("""mutation($id: String!) { terminateRun(runId: $id) { __typename
-        ... on TerminateRunFailure { message } ... on PythonError { message } } }""", {"id": run_id})
-    assert data["terminateRun"]["__typename"] == "TerminateRunSuccess", data
-    status = _wait(lambda: (s := server.run_status(run_id)) in ("CANCELED", "FAILURE", "SUCCESS") and s,
-                   "the run to be canceled", 120, every=1)
-    assert status == "CANCELED"
-    survivors = {g: _group_members(g) for g in groups if _group_members(g)}
-    assert not survivors, f"processes left in the training's process groups: {survivors}"
-    assert not _processes_mentioning(marker)
-    assert all(_proc_stat(p) is None or _proc_stat(p)[0] == "Z" for p in procs)
+    terminate_and_check(first, procs)
+
+    # ... and starts once the slot is free; cancelling it also leaves nothing behind.
+    procs = _wait(training_processes, "the second training to start after the first released the pool slot", 300, every=1)
+    assert [s.run_id for s in slots().claimed_slots] == [second]
+    terminate_and_check(second, procs)
