@@ -11,21 +11,29 @@ import os
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from largetrain_dagster.assets import ROLES, base_checkpoint, corpus_assets, evaluation, lora_adapter, tokenizer
+from largetrain_dagster.checks import dedup_checks
+from largetrain_dagster.landing import LANDED_ASSETS, PartitionedHandleIOManager, landing_sensor
 from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, WandbSettings
+from largetrain_dagster.schedules import retrain_lora_adapter
 
 
 def build_definitions(root: str | None = None, nproc_per_node: int | None = None, wandb_mode: str | None = None) -> Definitions:
     root = root or os.environ.get("LARGETRAIN_ROOT", ".largetrain")
     nproc = nproc_per_node or int(os.environ.get("LARGETRAIN_NPROC", "2"))
     assets = [a for role in ROLES for a in corpus_assets(role)] + [tokenizer, base_checkpoint, lora_adapter, evaluation]
-    lineage = define_asset_job("lineage", selection=AssetSelection.all(),
+    # The landed chain (dynamically partitioned, largetrain_dagster.landing) is not part of the lineage job.
+    lineage = define_asset_job("lineage", selection=AssetSelection.all() - AssetSelection.groups("landed_data"),
                                description="raw corpus -> cleaned text -> token shards -> base checkpoint -> LoRA adapter -> evaluation")
     return Definitions(
-        assets=assets,
+        assets=assets + LANDED_ASSETS,
+        asset_checks=dedup_checks(ROLES),
         jobs=[lineage],
+        sensors=[landing_sensor],
+        schedules=[retrain_lora_adapter],
         resources={
             "storage": Storage(root=root),
             "handles": HandleIOManager(root=root),
+            "landed_handles": PartitionedHandleIOManager(root=root),
             "launcher": TorchrunLauncher(nproc_per_node=nproc),
             "wandb": WandbSettings(mode=wandb_mode or os.environ.get("LARGETRAIN_WANDB_MODE", "offline")),
         },

@@ -1,0 +1,198 @@
+"""The Kubernetes profile: the same assets on a cluster.
+
+* Training: ``K8sTorchrunLauncher`` (a drop-in for the ``launcher`` resource) runs ``torchrun`` on
+  ``nnodes`` pods with ``gpus_per_node`` GPUs each (``nvidia.com/gpu`` limits). Node 0 is started
+  through ``PipesK8sClient`` (its rank 0 reports metrics to Dagster over Pipes, via its pod log); the
+  other nodes are plain pods. They meet through torchrun's c10d rendezvous at node 0's stable DNS name
+  ``<pod>-0.<headless service>.<namespace>.svc``, on ``rdzv_port``, with the Dagster run id as
+  rendezvous id. All pods and the service are deleted when the step ends, fails or is cancelled
+  (pod deletion sends SIGTERM to torchrun, which stops its ranks, then SIGKILL after the grace period).
+* Data preparation: ``landed_partitions_k8s``, a partitioned job over the landed chain with
+  dagster-k8s's ``k8s_job_executor``: every step (one partition of raw_corpus or cleaned_text) runs
+  in its own Kubernetes Job/pod with the CPU and memory below.
+* Storage: a ReadWriteMany volume (``storage_claim``) mounted at ``mount_path`` on every pod is the
+  storage root; the instance is the PostgreSQL profile (deploy/dagster.postgres.yaml).
+
+``build_k8s_definitions()`` returns the definitions for a cluster's code location
+(``largetrain_dagster.k8s:defs``): image and sizes from LARGETRAIN_IMAGE, LARGETRAIN_K8S_NAMESPACE,
+LARGETRAIN_NNODES, LARGETRAIN_GPUS_PER_NODE. No cluster is contacted until a run starts;
+``render()`` returns every object that a training would create, for review and for the tests.
+"""
+
+import os
+import re
+from pathlib import PurePosixPath
+from typing import Any
+
+from dagster import AssetSelection, Definitions, define_asset_job
+
+from largetrain_dagster.resources import TorchrunLauncher
+
+K8S_NAME = re.compile(r"[^a-z0-9-]")
+
+
+def _dns(name: str, limit: int = 52) -> str:
+    return K8S_NAME.sub("-", name.lower()).strip("-")[:limit].rstrip("-")
+
+
+class K8sTorchrunLauncher(TorchrunLauncher):
+    """Multi-node torchrun on Kubernetes (see the module docstring). ``nproc_per_node`` ranks per pod."""
+
+    image: str = "largetrain:latest"
+    namespace: str = "largetrain"
+    nnodes: int = 2
+    nproc_per_node: int = 8
+    gpus_per_node: int = 8
+    cpu_per_node: str = "64"
+    memory_per_node: str = "512Gi"
+    shm_size: str = "64Gi"
+    rdzv_port: int = 29400
+    storage_claim: str = "largetrain-storage"
+    mount_path: str = "/data"
+    service_account: str | None = None
+    pod_wait_timeout_seconds: float = 7 * 24 * 3600
+
+    def names(self, run_id: str, step: str) -> tuple[str, str]:
+        """(pod name prefix, headless service name) for one training step of one run."""
+        base = _dns(f"lt-{step}-{run_id[:8]}", 40)
+        return base, f"{base}-rdzv"
+
+    def torchrun_command(self, config_path: str, rdzv_host: str, run_id: str) -> list[str]:
+        return ["python", "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc_per_node}",
+                "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_host}:{self.rdzv_port}", f"--rdzv_id={run_id}",
+                "--max_restarts=0", "-m", "largetrain_core.train", config_path]
+
+    def pod_manifest(self, config_path: str, run_id: str, step: str, node: int) -> dict[str, Any]:
+        """The pod of node ``node`` (0 .. nnodes-1) as a Kubernetes manifest dict (camelCase)."""
+        prefix, service = self.names(run_id, step)
+        rdzv_host = f"{prefix}-0.{service}.{self.namespace}.svc.cluster.local"
+        limits = {"cpu": self.cpu_per_node, "memory": self.memory_per_node}
+        if self.gpus_per_node:
+            limits["nvidia.com/gpu"] = str(self.gpus_per_node)
+        spec: dict[str, Any] = {
+            "hostname": f"{prefix}-{node}",
+            "subdomain": service,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": int(self.kill_grace_seconds) + 20,
+            "containers": [{
+                "name": "torchrun",
+                "image": self.image,
+                "command": self.torchrun_command(config_path, rdzv_host, run_id),
+                "env": [{"name": "LARGETRAIN_ROOT", "value": self.mount_path}, {"name": "PYTHONUNBUFFERED", "value": "1"},
+                        {"name": "OMP_NUM_THREADS", "value": str(max(1, int(float(self.cpu_per_node)) // self.nproc_per_node))},
+                        {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": True}}}],
+                "ports": [{"containerPort": self.rdzv_port, "name": "rdzv"}],
+                "resources": {"limits": limits, "requests": dict(limits)},
+                "volumeMounts": [{"name": "storage", "mountPath": self.mount_path}, {"name": "shm", "mountPath": "/dev/shm"}],
+            }],
+            "volumes": [{"name": "storage", "persistentVolumeClaim": {"claimName": self.storage_claim}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}],
+        }
+        if self.gpus_per_node:
+            spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        if self.service_account:
+            spec["serviceAccountName"] = self.service_account
+        meta = {"name": f"{prefix}-{node}", "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/name": "largetrain", "largetrain/training": prefix, "largetrain/node-rank": str(node)}}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+    def service_manifest(self, run_id: str, step: str) -> dict[str, Any]:
+        """The headless service that gives node 0 its rendezvous DNS name."""
+        prefix, service = self.names(run_id, step)
+        return {"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": service, "namespace": self.namespace, "labels": {"app.kubernetes.io/name": "largetrain"}},
+                "spec": {"clusterIP": "None", "selector": {"largetrain/training": prefix},
+                         "ports": [{"name": "rdzv", "port": self.rdzv_port, "targetPort": self.rdzv_port}],
+                         "publishNotReadyAddresses": True}}
+
+    def render(self, config_path: str, run_id: str, step: str) -> dict[str, Any]:
+        """Every object a training creates: ``{"service": V1Service, "pods": [V1Pod per node]}``, built with
+        the kubernetes client models (unknown or misspelled fields raise)."""
+        import kubernetes
+        from dagster_k8s.models import k8s_model_from_dict, k8s_snake_case_dict
+        from dagster_k8s.pipes import build_pod_body
+
+        pods = []
+        for node in range(self.nnodes):
+            m = self.pod_manifest(config_path, run_id, step, node)
+            pods.append(build_pod_body(pod_name=m["metadata"]["name"], image=None, command=None, env_vars={},
+                                       base_pod_meta=m["metadata"], base_pod_spec=m["spec"]))
+        svc = self.service_manifest(run_id, step)
+
+        service = k8s_model_from_dict(kubernetes.client.V1Service,
+                                      {"api_version": "v1", "kind": "Service",
+                                       "metadata": k8s_snake_case_dict(kubernetes.client.V1ObjectMeta, svc["metadata"]),
+                                       "spec": k8s_snake_case_dict(kubernetes.client.V1ServiceSpec, svc["spec"])})
+        return {"service": service, "pods": pods}
+
+    def run(self, context, config_path, log_path) -> dict:
+        """Create the service and the pods of nodes 1..N-1, run node 0 through PipesK8sClient, and delete
+        everything afterwards. The config path must lie on the shared volume (the storage root).
+
+        Raises dagster.Failure when node 0 fails (PipesK8sClient raises on a failed pod)."""
+        from dagster_k8s import PipesK8sClient
+        from dagster_k8s.client import DagsterKubernetesClient
+
+        cfg = str(PurePosixPath(self.mount_path) / PurePosixPath(config_path).relative_to(os.environ.get("LARGETRAIN_ROOT", "/data")))
+        step = context.op.name if hasattr(context, "op") else "train"
+        objects = self.render(cfg, context.run_id, step)
+        api = DagsterKubernetesClient.production_client().core_api
+        api.create_namespaced_service(self.namespace, objects["service"])
+        metadata: dict = {}
+        try:
+            for pod in objects["pods"][1:]:
+                api.create_namespaced_pod(self.namespace, pod)
+            node0 = self.pod_manifest(cfg, context.run_id, step, 0)
+            done = PipesK8sClient().run(context=context, namespace=self.namespace, base_pod_meta=node0["metadata"],
+                                        base_pod_spec=node0["spec"], pod_wait_timeout=self.pod_wait_timeout_seconds)
+            for result in done.get_results():
+                metadata.update(result.metadata or {})
+        finally:
+            for pod in objects["pods"]:
+                try:
+                    api.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=int(self.kill_grace_seconds))
+                except Exception as e:  # already gone
+                    context.log.info(f"pod {pod.metadata.name}: {e.__class__.__name__}")
+            api.delete_namespaced_service(objects["service"].metadata.name, self.namespace)
+        return metadata
+
+
+def data_prep_step_k8s_config(cpu: str = "4", memory: str = "16Gi") -> dict[str, Any]:
+    """The per-step pod settings of ``landed_partitions_k8s``: one partition's worker (see README,
+    Running at scale, for the memory per worker)."""
+    return {"container_config": {"resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}}}
+
+
+def data_prep_executor_config(root: str, namespace: str, storage_claim: str) -> dict[str, Any]:
+    """Config of dagster-k8s's k8s_job_executor for the data-preparation job: one Kubernetes Job per step,
+    at most 64 at a time, the shared volume as storage root."""
+    return {
+        "job_namespace": namespace, "image_pull_policy": "IfNotPresent", "max_concurrent": 64,
+        "step_k8s_config": data_prep_step_k8s_config(),
+        "volume_mounts": [{"name": "storage", "mount_path": root}],
+        "volumes": [{"name": "storage", "persistent_volume_claim": {"claim_name": storage_claim}}],
+        "env_vars": [f"LARGETRAIN_ROOT={root}"],
+    }
+
+
+def build_k8s_definitions(root: str = "/data", image: str | None = None) -> Definitions:
+    from dagster_k8s import k8s_job_executor
+
+    from largetrain_dagster.definitions import build_definitions
+    from largetrain_dagster.landing import landed_batches
+
+    image = image or os.environ.get("LARGETRAIN_IMAGE", "largetrain:latest")
+    base = build_definitions(root=root, wandb_mode=os.environ.get("LARGETRAIN_WANDB_MODE", "online"))
+    launcher = K8sTorchrunLauncher(image=image, namespace=os.environ.get("LARGETRAIN_K8S_NAMESPACE", "largetrain"),
+                                   nnodes=int(os.environ.get("LARGETRAIN_NNODES", "2")),
+                                   gpus_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")),
+                                   nproc_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")), mount_path=root)
+    executor = k8s_job_executor.configured(data_prep_executor_config(root, launcher.namespace, launcher.storage_claim))
+    landed_job = define_asset_job("landed_partitions_k8s", partitions_def=landed_batches, executor_def=executor,
+                                  selection=AssetSelection.assets(["landed", "raw_corpus"], ["landed", "cleaned_text"]),
+                                  description="One landed partition: raw_corpus then cleaned_text, each step in its own pod.")
+    return Definitions(assets=base.assets, jobs=[*base.jobs, landed_job], sensors=base.sensors, schedules=base.schedules,
+                       resources={**base.resources, "launcher": launcher})
+
+
+defs = build_k8s_definitions(root=os.environ.get("LARGETRAIN_ROOT", "/data"))

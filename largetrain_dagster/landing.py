@@ -1,0 +1,185 @@
+"""New data arriving: a landing directory, dynamic partitions, a sensor and declarative automation.
+
+Files dropped into ``<storage root>/landing/<corpus>/`` (any reader format: txt/md/rst, JSONL(.gz),
+Parquet; uploaders write under a dot-name or ``*.tmp``/``*.part`` and rename into place) become
+partitions of the *landed* chain, one dynamic partition per landed file (a terabyte corpus arrives
+as many files of a few GB, e.g. C4's 1,024 JSONL.gz shards, so a file is the natural batch):
+
+    landed/raw_corpus [partition]  ->  landed/cleaned_text [partition]  ->  landed/deduplicated_text (global)
+
+* ``landing_sensor`` adds a partition ``<corpus>/<file>`` per new file and requests one run per
+  partition (raw_corpus + cleaned_text). Its cursor remembers the files seen (name -> size and mtime);
+  each run key is ``<partition>@<size>:<mtime_ns>``, so the same file never starts a second run, even
+  if the cursor is lost, while a file replaced with new content does. A tick with nothing new skips
+  with the reason.
+* ``landed/cleaned_text`` and the global ``landed/deduplicated_text`` carry
+  ``AutomationCondition.eager()``: when a partition is (re)materialized, the automation daemon
+  updates what is downstream of it. ``landed/deduplicated_text`` reads every partition.
+* Training assets have no automation condition: they start only when asked (or by the schedule in
+  ``largetrain_dagster.schedules``, stopped by default).
+
+Artefacts: ``<root>/landed/<asset>/<partition>/<data version>/``; handles in
+``<root>/_handles/landed/<asset>/<partition>.json``.
+"""
+
+
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from dagster import (
+    AssetExecutionContext,
+    AssetIn,
+    AssetKey,
+    AutomationCondition,
+    ConfigurableIOManager,
+    DefaultSensorStatus,
+    DynamicPartitionsDefinition,
+    Failure,
+    InputContext,
+    Output,
+    OutputContext,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    asset,
+    sensor,
+)
+
+from largetrain_core.clean import QualityConfig, clean_corpus
+from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
+from largetrain_core.dedup import exact_dedup
+from largetrain_core.storage import data_version, write_json_atomic
+from largetrain_dagster.assets import _output, _stage
+from largetrain_dagster.resources import Storage
+
+landed_batches = DynamicPartitionsDefinition(name="landed_batches")
+LANDED_CODE_VERSIONS = {"raw_corpus": "1", "cleaned_text": "1", "deduplicated_text": "1"}
+_PARTIAL = re.compile(r"(^\.)|(\.(tmp|part|partial)$)")
+
+
+def partition_key(corpus: str, file_name: str) -> str:
+    """``<corpus>/<file name>`` with anything outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
+    clean = lambda s: re.sub(r"[^A-Za-z0-9._-]", "_", s)  # noqa: E731
+    return f"{clean(corpus)}/{clean(file_name)}"
+
+
+def landed_files(landing: Path) -> dict[str, Path]:
+    """Complete files under ``landing/<corpus>/`` (not recursing further), by partition key."""
+    out = {}
+    if landing.is_dir():
+        for corpus_dir in sorted(p for p in landing.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            for f in sorted(corpus_dir.iterdir()):
+                if f.is_file() and not _PARTIAL.search(f.name):
+                    out[partition_key(corpus_dir.name, f.name)] = f
+    return out
+
+
+class PartitionedHandleIOManager(ConfigurableIOManager):
+    """JSON handles per partition at ``<root>/_handles/<asset key>/<partition>.json``. A partitioned
+    downstream asset loads the handle of its own partition; an unpartitioned one loads
+    ``{partition: handle}`` for every partition of its input. Raises Failure for a missing handle."""
+
+    root: str = ".largetrain"
+
+    def _file(self, key: AssetKey, partition: str | None) -> Path:
+        base = Path(self.root).resolve() / "_handles" / "/".join(key.path)
+        return base / f"{partition}.json" if partition is not None else base.with_suffix(".json")
+
+    def handle_output(self, context: OutputContext, obj: dict) -> None:
+        write_json_atomic(self._file(context.asset_key, context.partition_key if context.has_partition_key else None), obj)
+
+    def load_input(self, context: InputContext):
+        key = context.asset_key
+        if not context.has_asset_partitions:
+            return json.loads(self._file(key, None).read_text())
+        out = {}
+        for pk in context.asset_partition_keys:
+            f = self._file(key, pk)
+            if not f.exists():
+                raise Failure(f"partition {pk} of {key.to_user_string()} has not been materialized (no {f})")
+            out[pk] = json.loads(f.read_text())
+        if context.has_partition_key:  # partition -> same partition: the one handle
+            (handle,) = out.values()
+            return handle
+        return out
+
+
+@asset(key=["landed", "raw_corpus"], group_name="landed_data", partitions_def=landed_batches,
+       code_version=LANDED_CODE_VERSIONS["raw_corpus"], io_manager_key="landed_handles", kinds={"parquet"},
+       description="One landed file (<root>/landing/<corpus>/<file>) read into Parquet {doc_id, source, text}.")
+def landed_raw_corpus(context: AssetExecutionContext, storage: Storage) -> Output:
+    pk = context.partition_key
+    source = landed_files(storage.path("landing")).get(pk)
+    if source is None:
+        raise Failure(f"no landed file for partition {pk} under {storage.path('landing')}")
+    version = data_version(LANDED_CODE_VERSIONS["raw_corpus"], fingerprint(source))
+    path, stats, reused = _stage(context, storage, ["landed", "raw_corpus", *pk.split("/")], version,
+                                 lambda out: ingest(ReaderConfig(str(source)), out))
+    return _output(path, version, stats, {"source": str(source)}, reused)
+
+
+@asset(key=["landed", "cleaned_text"], group_name="landed_data", partitions_def=landed_batches,
+       ins={"raw": AssetIn(key=["landed", "raw_corpus"])}, code_version=LANDED_CODE_VERSIONS["cleaned_text"],
+       io_manager_key="landed_handles", automation_condition=AutomationCondition.eager(), kinds={"parquet", "polars"},
+       description="A landed partition normalized and filtered by the Gopher rules (defaults of largetrain_core.clean).")
+def landed_cleaned_text(context: AssetExecutionContext, storage: Storage, raw: dict) -> Output:
+    quality = QualityConfig()
+    version = data_version(LANDED_CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
+    path, stats, reused = _stage(context, storage, ["landed", "cleaned_text", *context.partition_key.split("/")], version,
+                                 lambda out: clean_corpus(Path(raw["path"]), out, quality))
+    return _output(path, version, stats, quality.to_dict(), reused)
+
+
+@asset(key=["landed", "deduplicated_text"], group_name="landed_data", ins={"cleaned": AssetIn(key=["landed", "cleaned_text"])},
+       code_version=LANDED_CODE_VERSIONS["deduplicated_text"], io_manager_key="landed_handles",
+       automation_condition=AutomationCondition.eager(), kinds={"parquet"},
+       description="Global exact dedup over every landed partition (first copy in partition order kept).")
+def landed_deduplicated_text(context: AssetExecutionContext, storage: Storage, cleaned: dict) -> Output:
+    keys = sorted(cleaned)
+    version = data_version(LANDED_CODE_VERSIONS["deduplicated_text"], [(k, cleaned[k]["data_version"]) for k in keys])
+
+    def build(out: Path) -> dict:
+        with tempfile.TemporaryDirectory(dir=out.parent) as view:  # all partitions' parts as one directory
+            n = 0
+            for k in keys:
+                for part in sorted(Path(cleaned[k]["path"]).glob("part-*.parquet")):
+                    (Path(view) / f"part-{n:05d}.parquet").symlink_to(part)
+                    n += 1
+            return {**exact_dedup(Path(view), out), "partitions": len(keys)}
+
+    path, stats, reused = _stage(context, storage, ["landed", "deduplicated_text"], version, build)
+    return _output(path, version, stats, {"partitions": keys}, reused)
+
+
+LANDED_ASSETS = [landed_raw_corpus, landed_cleaned_text, landed_deduplicated_text]
+
+
+PARTITION_STEPS = [AssetKey(["landed", "raw_corpus"]), AssetKey(["landed", "cleaned_text"])]
+
+
+@sensor(name="landing_sensor", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
+        asset_selection=PARTITION_STEPS,
+        description="New files under <storage root>/landing/<corpus>/ -> a dynamic partition each and one run per partition.")
+def landing_sensor(context: SensorEvaluationContext, storage: Storage):
+    """Cursor: JSON ``{partition key: "size:mtime_ns"}`` of the files already requested.
+
+    Running by default: it only reads the landing directory, and data preparation is cheap and
+    idempotent (a partition whose data version exists is reused)."""
+    landing = storage.path("landing")
+    seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+    files = landed_files(landing)
+    current = {k: f"{f.stat().st_size}:{f.stat().st_mtime_ns}" for k, f in files.items()}
+    new = {k: v for k, v in current.items() if seen.get(k) != v}
+    if not new:
+        return SkipReason(f"no new files under {landing} ({len(current)} seen)")
+    existing = set(context.instance.get_dynamic_partitions(landed_batches.name))
+    to_add = sorted(k for k in new if k not in existing)
+    return SensorResult(
+        run_requests=[RunRequest(run_key=f"{k}@{v}", partition_key=k, asset_selection=PARTITION_STEPS, tags={"largetrain/landed_file": str(files[k])})
+                      for k, v in sorted(new.items())],
+        dynamic_partitions_requests=[landed_batches.build_add_request(to_add)] if to_add else [],
+        cursor=json.dumps({**seen, **new}, sort_keys=True),
+    )

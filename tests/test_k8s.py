@@ -1,0 +1,85 @@
+"""The Kubernetes profile, rendered and validated offline (no cluster exists here).
+
+Training pods: built with dagster-k8s's PipesK8sClient pod builder and the kubernetes client models
+(unknown fields raise), GPU limits, one torchrun per node with a shared c10d rendezvous at node 0's
+DNS name, which the headless service provides. Data-preparation steps: the Kubernetes Job that
+dagster-k8s's k8s_job_executor creates for one partition step, from the job's executor config.
+"""
+
+import yaml
+
+
+def test_training_pods_render_with_gpus_and_one_rendezvous(monkeypatch):
+    import kubernetes
+
+    from largetrain_dagster.k8s import K8sTorchrunLauncher
+
+    launcher = K8sTorchrunLauncher(image="registry.example/largetrain:1", nnodes=4, nproc_per_node=8, gpus_per_node=8)
+    run_id = "0f9e8d7c-6b5a-4321-8765-0123456789ab"
+    objs = launcher.render("/data/base_checkpoint/abc/train_config.json", run_id, "base_checkpoint")
+    pods, svc = objs["pods"], objs["service"]
+    assert len(pods) == 4
+    api = kubernetes.client.ApiClient()
+    endpoints = set()
+    for node, pod in enumerate(pods):
+        assert isinstance(pod, kubernetes.client.V1Pod)
+        manifest = api.sanitize_for_serialization(pod)
+        # Round trip through YAML and the client's deserializer: what `kubectl apply` would read.
+        again = api._ApiClient__deserialize(yaml.safe_load(yaml.safe_dump(manifest)), "V1Pod")
+        assert again == pod
+        (c,) = pod.spec.containers
+        assert c.resources.limits["nvidia.com/gpu"] == "8" and c.resources.requests["nvidia.com/gpu"] == "8"
+        assert c.command[:3] == ["python", "-m", "torch.distributed.run"]
+        assert "--nnodes=4" in c.command and "--nproc_per_node=8" in c.command and f"--rdzv_id={run_id}" in c.command
+        assert c.command[-3:] == ["-m", "largetrain_core.train", "/data/base_checkpoint/abc/train_config.json"]
+        endpoints |= {a for a in c.command if a.startswith("--rdzv_endpoint=")}
+        assert pod.spec.hostname == f"{pod.metadata.name}" and pod.spec.subdomain == svc.metadata.name
+        assert pod.spec.restart_policy == "Never"
+        assert {v.name for v in pod.spec.volumes} == {"storage", "shm"}
+        assert pod.metadata.labels["largetrain/node-rank"] == str(node)
+        assert all(svc.spec.selector[k] == pod.metadata.labels[k] for k in svc.spec.selector)
+        env = {e.name: e for e in c.env}
+        assert env["WANDB_API_KEY"].value is None and env["WANDB_API_KEY"].value_from.secret_key_ref.name == "wandb"
+    (endpoint,) = endpoints  # every node meets at the same place: node 0, through the headless service
+    assert endpoint == f"--rdzv_endpoint={pods[0].spec.hostname}.{svc.metadata.name}.largetrain.svc.cluster.local:29400"
+    assert svc.spec.cluster_ip == "None" and svc.spec.ports[0].port == 29400
+    assert len(pods[0].metadata.name) <= 63 and all(p.metadata.name.islower() for p in pods)
+
+
+def test_data_prep_partition_steps_run_as_separate_k8s_jobs():
+    import kubernetes
+    from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job, get_k8s_job_name
+
+    from largetrain_dagster.k8s import build_k8s_definitions, data_prep_executor_config
+
+    defs = build_k8s_definitions(root="/data", image="registry.example/largetrain:1")
+    job = defs.resolve_job_def("landed_partitions_k8s")
+    assert job.executor_def.name == "k8s"
+    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {"landed/raw_corpus", "landed/cleaned_text"}
+    assert job.partitions_def is not None and job.partitions_def.name == "landed_batches"
+    assert type(defs.resources["launcher"]).__name__ == "K8sTorchrunLauncher"
+
+    # The executor config is valid for dagster-k8s's k8s_job_executor ...
+    from dagster._config import process_config
+    from dagster_k8s import k8s_job_executor
+
+    executor_cfg = data_prep_executor_config("/data", "largetrain", "largetrain-storage")
+    checked = process_config(k8s_job_executor.config_schema.config_type, executor_cfg)
+    assert checked.success, checked.errors
+    # ... and the Job it creates for the step of one partition runs `dagster api execute_step` in its own pod.
+    jc = DagsterK8sJobConfig(job_image="registry.example/largetrain:1", dagster_home="/opt/dagster/home",
+                             volume_mounts=executor_cfg["volume_mounts"], volumes=executor_cfg["volumes"],
+                             env_vars=executor_cfg["env_vars"])
+    name = get_k8s_job_name("run1234", "landed__cleaned_text")
+    k8s_job = construct_dagster_k8s_job(jc, ["dagster", "api", "execute_step", "{}"], name,
+                                        UserDefinedDagsterK8sConfig.from_dict(executor_cfg["step_k8s_config"]),
+                                        pod_name=f"{name}-pod", component="step_worker")
+    assert isinstance(k8s_job, kubernetes.client.V1Job)
+    manifest = kubernetes.client.ApiClient().sanitize_for_serialization(k8s_job)
+    assert kubernetes.client.ApiClient()._ApiClient__deserialize(yaml.safe_load(yaml.safe_dump(manifest)), "V1Job") == k8s_job
+    (c,) = k8s_job.spec.template.spec.containers
+    assert c.resources.limits == {"cpu": "4", "memory": "16Gi"} and c.args[:3] == ["dagster", "api", "execute_step"]
+    assert c.image == "registry.example/largetrain:1"
+    assert any(e.name == "LARGETRAIN_ROOT" and e.value == "/data" for e in c.env)
+    assert any(v.persistent_volume_claim and v.persistent_volume_claim.claim_name == "largetrain-storage"
+               for v in k8s_job.spec.template.spec.volumes)

@@ -1,0 +1,303 @@
+"""Against a real ``dagster dev`` (webserver + daemon + code server) on 127.0.0.1, one server for the module:
+
+* the web UI in headless Chromium (Debian chromium + chromium-driver, through selenium): the asset
+  graph shows the stage names; a cheap asset is materialized by clicking in the UI; GraphQL says
+  the run succeeded;
+* cancellation: a training launched through GraphQL is terminated through GraphQL while torchrun
+  and its ranks run; no process of the training's process group survives, and the run is CANCELED;
+* the concurrency pool: while the training runs, the instance shows the ``accelerators`` pool with
+  limit 1 (from dagster.yaml) and the training step holding its only slot; a second training run
+  stays queued and starts only when the first one is terminated (then it is terminated too).
+
+The server is stopped by its PID and process group (SIGTERM, then SIGKILL).
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, materialize
+
+from largetrain_dagster.definitions import build_definitions
+from test_pipeline import CORPORA, REPO, corpus, tiny_run_config
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, what: str, timeout: float, every: float = 1.0, proc=None, log: Path | None = None):
+    """Poll ``predicate`` until it returns a truthy value (returned), or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(every)
+    tail = log.read_text(errors="replace")[-4000:] if log and log.exists() else ""
+    pytest.fail(f"timed out waiting for {what}\n{tail}")
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if not _group_members(proc.pid):
+            return
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, pgid) of a live process from /proc, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields[0], int(fields[2])
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Processes (not zombies) whose process group is ``pgid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            st = _proc_stat(int(d.name))
+            if st and st[1] == pgid and st[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def _processes_mentioning(text: str) -> dict[int, str]:
+    """Live, non-zombie processes whose command line contains ``text``."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        st = _proc_stat(int(d.name))
+        if text in cmd and st and st[0] != "Z":
+            out[int(d.name)] = cmd
+    return out
+
+
+class Server:
+    def __init__(self, url: str, root: Path, home: Path, log: Path):
+        self.url, self.root, self.home, self.log = url, root, home, log
+
+    def graphql(self, query: str, variables: dict | None = None) -> dict:
+        req = urllib.request.Request(f"{self.url}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            body = json.loads(r.read())
+        assert "errors" not in body, body
+        return body["data"]
+
+    def run_status(self, run_id: str) -> str:
+        data = self.graphql("query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", {"id": run_id})
+        return data["runOrError"]["status"]
+
+    def launch(self, keys: list[list[str]], ops: dict) -> str:
+        data = self.graphql("""mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
+              __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+              ... on RunConfigValidationInvalid { errors { message } } } }""",
+                            {"p": {"selector": {"repositoryLocationName": "largetrain", "repositoryName": "__repository__",
+                                                "jobName": "lineage", "assetSelection": [{"path": k} for k in keys]},
+                                   "runConfigData": {"ops": ops}}})["launchRun"]
+        assert data["__typename"] == "LaunchRunSuccess", data
+        return data["run"]["runId"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    corpus("shakespeare"), corpus("linux-doc")
+    base = tmp_path_factory.mktemp("dagster_dev")
+    root, home = base / "root", base / "home"
+    root.mkdir(), home.mkdir()
+    (root / "corpora").symlink_to(CORPORA.resolve())  # the assets' default corpus paths, without copying
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    port = _free_port()
+    log = base / "dagster_dev.log"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "LARGETRAIN_ROOT": str(root), "LARGETRAIN_NPROC": "2",
+           "LARGETRAIN_WANDB_MODE": "disabled"}
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen([dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, env=env,
+                                stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    srv = Server(f"http://127.0.0.1:{port}", root, home, log)
+    try:
+        def location_loaded():
+            try:
+                data = srv.graphql("{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }")
+            except OSError:
+                return False
+            entries = data["workspaceOrError"]["locationEntries"]
+            return entries and all(e["loadStatus"] == "LOADED" for e in entries)
+
+        _wait(location_loaded, "dagster dev to serve the largetrain code location", 240, proc=proc, log=log)
+        yield srv
+    finally:
+        _stop_group(proc)
+        left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in _group_members(proc.pid)}
+        assert not left, f"dagster dev left processes behind: {left}"
+
+
+def _chrome(profile: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
+                 "--window-size=1600,1000"):
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+
+def _click_button(driver, label: str, timeout: float) -> None:
+    """Click the enabled <button> whose text is ``label``, retrying while the page re-renders."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    def click():
+        try:
+            for b in driver.find_elements(By.XPATH, f"//button[normalize-space(.)='{label}']"):
+                if b.is_displayed() and b.is_enabled():
+                    b.click()
+                    return True
+        except WebDriverException:  # stale element, or covered by an overlay that is going away
+            return False
+        return False
+
+    _wait(click, f"a clickable {label!r} button", timeout, every=0.5)
+
+
+def _dismiss_community_dialog(driver) -> None:
+    """The first visit shows a "Join the Dagster community" dialog over the page; press its Skip button."""
+    from selenium.webdriver.common.by import By
+
+    if driver.find_elements(By.XPATH, "//button[normalize-space(.)='Skip']"):
+        _click_button(driver, "Skip", 10)
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian chromium and chromium-driver (apt-get install chromium chromium-driver)")
+def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    def run_ids():
+        data = server.graphql("""{ runsOrError { ... on Runs { results { runId status assetSelection { path } } } } }""")
+        return [r for r in data["runsOrError"]["results"] if {"path": ["domain", "raw_corpus"]} in (r["assetSelection"] or [])]
+
+    driver = _chrome(tmp_path / "chromium-profile")
+    try:
+        # The pretrain_data group's graph: its four stages and their neighbours downstream.
+        driver.get(f"{server.url}/locations/largetrain/asset-groups/pretrain_data")
+        names = ("raw_corpus", "cleaned_text", "deduplicated_text", "token_shards", "tokenizer", "base_checkpoint", "evaluation")
+        _wait(lambda: all(n in driver.find_element(By.TAG_NAME, "body").text for n in names),
+              "the asset graph to show the stages", 120)
+        _dismiss_community_dialog(driver)
+
+        driver.get(f"{server.url}/assets/domain/raw_corpus")
+        body = lambda: driver.find_element(By.TAG_NAME, "body").text  # noqa: E731
+        _wait(lambda: "domain_data" in body() and "Never materialized" in body(), "the asset page", 60)
+        for attempt in range(3):  # a click that lands while the page re-renders is lost: click again
+            _dismiss_community_dialog(driver)
+            _click_button(driver, "Materialize", 60)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not run_ids():
+                time.sleep(1)
+            if run_ids():
+                break
+    finally:
+        driver.quit()
+
+    runs = run_ids()
+    assert len(runs) == 1, f"expected one run launched from the UI, got {runs}"
+    run = runs[0]
+    status = _wait(lambda: (s := server.run_status(run["runId"])) in ("SUCCESS", "FAILURE", "CANCELED") and s,
+                   "the UI-launched run to finish", 240, every=2)
+    assert status == "SUCCESS", server.log.read_text(errors="replace")[-3000:]
+    data = server.graphql("""{ assetOrError(assetKey: {path: ["domain", "raw_corpus"]}) { ... on Asset {
+        assetMaterializations(limit: 1) { runId metadataEntries { label ... on IntMetadataEntry { intValue } } } } } }""")
+    mat = data["assetOrError"]["assetMaterializations"][0]
+    assert mat["runId"] == run["runId"]
+    assert {e["label"]: e.get("intValue") for e in mat["metadataEntries"]}["documents"] == 38
+
+
+def test_pool_and_terminating_training_runs_leaves_no_process(server):
+    # Upstream of base_checkpoint, in the server's storage root (handles are files under it).
+    defs = build_definitions(root=str(server.root), nproc_per_node=2, wandb_mode="disabled")
+    ops = {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith("pretrain__") or k == "tokenizer"}
+    with DagsterInstance.ephemeral() as instance:
+        assert materialize(list(defs.assets), resources=defs.resources, instance=instance, run_config={"ops": ops},
+                           selection=[k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text"]).success
+
+    train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 1_000_000, "checkpoint_every": 1000}
+    marker = str(server.root / "base_checkpoint")  # in the command line of torchrun and of every rank
+
+    def training_processes():
+        procs = _processes_mentioning(marker)
+        ranks = [p for p, cmd in procs.items() if "torch.distributed.run" not in cmd]
+        return procs if len(ranks) >= 2 and len(procs) >= 3 else None
+
+    def slots():
+        instance = DagsterInstance.from_config(str(server.home))
+        try:
+            return instance.event_log_storage.get_concurrency_info("accelerators")
+        finally:
+            instance.dispose()
+
+    def terminate_and_check(run_id: str, procs: dict[int, str]) -> None:
+        # torchrun leads the group the launcher created; torch's elastic agent starts each rank in a session of its own.
+        groups = {st[1] for p in procs if (st := _proc_stat(p))}
+        data = server.graphql("""mutation($id: String!) { terminateRun(runId: $id) { __typename
+            ... on TerminateRunFailure { message } ... on PythonError { message } } }""", {"id": run_id})
+        assert data["terminateRun"]["__typename"] == "TerminateRunSuccess", data
+        status = _wait(lambda: (s := server.run_status(run_id)) in ("CANCELED", "FAILURE", "SUCCESS") and s,
+                       "the run to be canceled", 120, every=1)
+        assert status == "CANCELED"
+        survivors = {g: _group_members(g) for g in groups if _group_members(g)}
+        assert not survivors, f"processes left in the training's process groups: {survivors}"
+        assert not _processes_mentioning(marker)
+        assert all(_proc_stat(p) is None or _proc_stat(p)[0] == "Z" for p in procs)
+
+    first = server.launch([["base_checkpoint"]], {"base_checkpoint": {"config": train}})
+    procs = _wait(training_processes, "torchrun and both ranks to start", 300, every=1)
+    # The pool from dagster.yaml: limit 1, and the running training holds the slot ...
+    info = slots()
+    assert info.limit == 1 and [s.run_id for s in info.claimed_slots] == [first]
+
+    # ... so a second training (another config) waits in the queue while the first one runs ...
+    second = server.launch([["base_checkpoint"]], {"base_checkpoint": {"config": {**train, "seed": 1}}})
+    assert server.run_status(second) in ("QUEUED", "NOT_STARTED")
+    assert sum("torch.distributed.run" in cmd for cmd in _processes_mentioning(marker).values()) == 1
+
+    terminate_and_check(first, procs)
+
+    # ... and starts once the slot is free; cancelling it also leaves nothing behind.
+    procs = _wait(training_processes, "the second training to start after the first released the pool slot", 300, every=1)
+    assert [s.run_id for s in slots().claimed_slots] == [second]
+    terminate_and_check(second, procs)
