@@ -36,6 +36,7 @@ demo: install corpora $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -m largetrain_dagster.summary --seconds $$(( $$(date +%s) - start )) --log $(DATA)/demo.log
 
 test: install corpora
+	scripts/install_system_deps.sh
 	$(PY) -m pytest -q
 
 # The web UI on http://127.0.0.1:3000 (loopback only).
