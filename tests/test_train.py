@@ -51,16 +51,29 @@ def shards(tmp_path_factory) -> Path:
     return out
 
 
-def torchrun(cfg: TrainConfig, tmp: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+def torchrun(cfg: TrainConfig, tmp: Path, nproc: int = 2, fault: str | None = None) -> subprocess.CompletedProcess:
+    """Run the entry point under torchrun; assert success, or, with ``fault`` (LARGETRAIN_FAULT), that it was killed."""
     tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / f"config-{cfg.mode}.json"
+    path = tmp / f"config-{cfg.mode}-{Path(cfg.output_dir).name}.json"
     path.write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LARGETRAIN_FAULT", None)
+    if fault:
+        env["LARGETRAIN_FAULT"] = fault
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "largetrain_core.train", str(path)]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
+    (Path(cfg.output_dir) / f"torchrun-{fault or 'run'}.log").write_text(proc.stdout + proc.stderr)
+    if fault:
+        assert proc.returncode == -9, f"expected SIGKILL from LARGETRAIN_FAULT={fault}: " + proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
+
+
+def metrics(out: Path) -> dict[int, dict]:
+    """metrics.jsonl by step; a step run again after a resume overrides the killed run's row."""
+    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
 def test_validate_names_what_to_change():
@@ -161,3 +174,106 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
     assert not torch.allclose(tuned(ids).logits, model(ids).logits)
     lsum = json.loads((lora_dir / "summary.json").read_text())
     assert lsum["trainable_parameters"] < 0.2 * lsum["parameters"]
+
+
+def _resume_cfg(out: Path, shards: Path) -> TrainConfig:
+    return TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                       precision="fp32", activation_checkpointing=False, micro_batch_size=2, max_steps=8, lr=5e-3,
+                       warmup_steps=2, checkpoint_every=3, keep_checkpoints=3, log_every=4, wandb_mode="disabled",
+                       tokenizer=str(shards))
+
+
+def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
+    """2 ranks, ZeRO-2, fp32 on CPU, 8 steps, checkpoints at 3, 6, 8. Uninterrupted run vs a run whose
+    whole torchrun tree is SIGKILLed after step 4, resumed (from step 3), SIGKILLed again in the middle of
+    the step-6 save (rank 0's files written, no marker), resumed again (from step 3, skipping step 6):
+    every loss and grad norm of steps 4..8 and the final weights are bitwise equal."""
+    ref = tmp_path / "uninterrupted"
+    torchrun(_resume_cfg(ref, shards), tmp_path)
+    out = tmp_path / "crashed"
+    cfg = _resume_cfg(out, shards)
+    torchrun(cfg, tmp_path, fault="after_step:4")
+    assert max(metrics(out)) == 4
+    assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists()
+    assert not (out / "model").exists()
+
+    torchrun(cfg, tmp_path, fault="mid_save:6")
+    step6 = out / "checkpoints" / "step-000006"
+    assert step6.is_dir() and any(step6.rglob("*.pt")) and not (step6 / "COMPLETE.json").exists()
+
+    proc = torchrun(cfg, tmp_path)
+    assert f"skipped {step6}: no COMPLETE.json" in proc.stderr
+    assert "resumed from" in proc.stderr and "step-000003 at step 3" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-000003") and summary["steps_this_run"] == 5
+
+    want, got = metrics(ref), metrics(out)
+    assert sorted(got) == list(range(1, 9))
+    for step in range(1, 9):  # bitwise: the same floats, not merely close
+        assert got[step]["loss"] == want[step]["loss"], (step, got[step]["loss"], want[step]["loss"])
+        assert got[step]["grad_norm"] == want[step]["grad_norm"], step
+        assert got[step]["consumed_samples"] == want[step]["consumed_samples"]
+    a, b = load_file(ref / "model" / "model.safetensors"), load_file(out / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if (p / "COMPLETE.json").exists())
+    assert ckpts == ["step-000003", "step-000006", "step-000008"]
+
+
+def test_gradient_accumulation_equals_larger_micro_batch(shards, tmp_path):
+    """2 ranks, ZeRO-2: micro-batch 2 x 2 accumulation steps gives the same losses and weights as micro-batch 4
+    (same samples per step, by the sampler's global positions; DeepSpeed scales each micro-loss by 1/2).
+    Equal within fp32 rounding of the summation order: 1e-6 relative on losses, 1e-6 absolute on weights."""
+    outs = {}
+    for mb, ga in ((4, 1), (2, 2)):
+        out = tmp_path / f"mb{mb}-ga{ga}"
+        cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                          activation_checkpointing=False, micro_batch_size=mb, gradient_accumulation_steps=ga,
+                          max_steps=4, lr=5e-3, warmup_steps=1, checkpoint_every=4, keep_checkpoints=1,
+                          wandb_mode="disabled", tokenizer=str(shards))
+        torchrun(cfg, tmp_path)
+        outs[(mb, ga)] = out
+    m1, m2 = metrics(outs[(4, 1)]), metrics(outs[(2, 2)])
+    for step in range(1, 5):
+        assert m1[step]["loss"] == pytest.approx(m2[step]["loss"], rel=1e-6, abs=0)
+        assert m1[step]["consumed_samples"] == m2[step]["consumed_samples"] == step * 8
+    w1 = load_file(outs[(4, 1)] / "model" / "model.safetensors")
+    w2 = load_file(outs[(2, 2)] / "model" / "model.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=0, atol=1e-6)
+    from largetrain_core.model import build_model
+
+    m = _manifest(shards)
+    init = build_model("llama-tiny", m["vocab_size"], m["seq_len"], m["eos_id"], m.get("bos_id")).state_dict()
+    assert any((w1[k] - init[k]).abs().max() > 1e-3 for k in w1 if k in init)  # the steps did move the weights
+
+
+def _manifest(shards: Path) -> dict:
+    from largetrain_core.shards import TokenShards
+
+    return TokenShards(shards, "train").manifest
+
+
+def test_zero3_exports_consolidated_safetensors(shards, tmp_path):
+    """ZeRO-3 on 2 ranks partitions every parameter; the export gathers them on rank 0 into one
+    model.safetensors with full shapes, equal to the fp32 weights DeepSpeed's zero_to_fp32 rebuilds
+    from the two ranks' partitions of the last checkpoint (the live model at that step)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "z3"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=3,
+                      activation_checkpointing=True, micro_batch_size=2, max_steps=3, lr=5e-3, warmup_steps=1,
+                      checkpoint_every=3, keep_checkpoints=1, wandb_mode="disabled", tokenizer=str(shards))
+    torchrun(cfg, tmp_path)
+    saved = load_file(out / "model" / "model.safetensors")
+    live = get_fp32_state_dict_from_zero_checkpoint(str(out / "checkpoints"), tag="step-000003")
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    expected = model.state_dict()
+    for k, v in expected.items():
+        assert k in live, k
+        assert live[k].shape == v.shape and v.numel() > 0
+        torch.testing.assert_close(v, live[k].float(), rtol=0, atol=0)
+    assert set(saved) <= set(expected)
+    m = _manifest(shards)
+    assert model.get_input_embeddings().weight.shape == (m["vocab_size"], 64)
