@@ -277,3 +277,81 @@ def test_zero3_exports_consolidated_safetensors(shards, tmp_path):
     assert set(saved) <= set(expected)
     m = _manifest(shards)
     assert model.get_input_embeddings().weight.shape == (m["vocab_size"], 64)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, shards) -> Path:
+    """A stand-in for a model someone already has: a tiny Llama saved with save_pretrained next to its own
+    byte-level BPE whose EOS is ``</s>`` and BOS ``<s>`` (not this project's ``<|endoftext|>``), and whose
+    embedding is padded past the tokenizer's vocabulary, as many released models are. No hub access."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from largetrain_core.model import build_model
+
+    src = tmp_path_factory.mktemp("someones_model")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.permutation(SENTENCES)) for _ in range(40)]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    tok.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    model = build_model("llama-tiny", 320, 64, eos_id=tok.token_to_id("</s>"), bos_id=tok.token_to_id("<s>"), seed=7)
+    model.save_pretrained(src)
+    return src
+
+
+def test_import_pretrained_then_lora_resume_named_adapter_and_merged_export(pretrained, shards, tmp_path):
+    """base_checkpoint imports an existing HF model; the domain data is tokenized with ITS tokenizer (its
+    EOS/BOS, its vocabulary); a LoRA adapter named "shakespeare" trains on it with activation checkpointing
+    under 2 ranks, is SIGKILLed after step 4 and resumed from step 3: step 4's loss equals the killed run's
+    step 4 (computed before the crash), bitwise. The adapter loads with peft under its name; the merged
+    export (merge_and_unload) gives the logits of base + adapter within 1e-5."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from largetrain_core.model import import_pretrained, tokenizer_mismatch
+    from largetrain_core.shards import TokenShards
+
+    base = tmp_path / "base" / "model"
+    info = import_pretrained(pretrained, base)
+    assert info["model_vocab_size"] == 320 and info["tokenizer_vocab_size"] == 300  # specials included
+    assert AutoModelForCausalLM.from_pretrained(base).config.vocab_size == 320
+    dom = tmp_path / "domain_shards"
+    dom.mkdir()
+    build_token_shards(shards.parent / "docs", base, dom, seq_len=32, validation_fraction=0.1)
+    m = TokenShards(dom, "train").manifest
+    assert (m["eos_id"], m["bos_id"], m["dtype"]) == (info["eos_id"], info["bos_id"], "uint16")
+    assert tokenizer_mismatch(base, m, dom) is None
+    assert "another vocabulary" in tokenizer_mismatch(base, TokenShards(shards, "train").manifest, shards)
+
+    out = tmp_path / "lora"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(dom), mode="lora", base_model=str(base), zero_stage=2,
+                      activation_checkpointing=True, micro_batch_size=2, max_steps=6, lr=1e-2, warmup_steps=1,
+                      checkpoint_every=3, log_every=3, wandb_mode="disabled",
+                      lora={"rank": 4, "alpha": 8.0, "adapter_name": "shakespeare", "merge_export": True})
+    cfg = TrainConfig.from_dict(cfg.to_dict())
+    torchrun(cfg, tmp_path, fault="after_step:4")
+    before_crash = metrics(out)[4]["loss"]
+    proc = torchrun(cfg, tmp_path)
+    assert "step-000003 at step 3" in proc.stderr
+    rows = metrics(out)
+    assert rows[4]["loss"] == before_crash and sorted(rows) == list(range(1, 7))
+
+    adapter = out / "adapter"
+    assert (adapter / "adapter_name.txt").read_text().strip() == "shakespeare"
+    weights = load_file(adapter / "adapter_model.safetensors")
+    lora_b = {k: v for k, v in weights.items() if "lora_B" in k}
+    assert len(lora_b) == 7 * 2 and all(v.abs().sum() > 0 for v in lora_b.values())
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter, adapter_name="shakespeare")
+    assert tuned.active_adapter == "shakespeare"
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged")
+    ids = torch.from_numpy(TokenShards(dom, "validation").take(np.arange(2)).astype(np.int64))
+    with torch.no_grad():
+        want, got = tuned.eval()(input_ids=ids).logits, merged.eval()(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert (want - plain).abs().max() > 1e-3  # the adapter does change the output
