@@ -31,6 +31,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -333,6 +334,38 @@ def _maybe_fault(point: str, step: int, rank: int) -> None:
         os.kill(me, signal.SIGKILL)
 
 
+def launch_commands(config_path: str, hosts: list[str], nproc_per_node: int, port: int = 29500,
+                    rdzv_backend: str = "static", python: str = "python") -> dict:
+    """The commands that start ``config_path`` on ``hosts`` (node rank = position in the list; the first
+    host holds the rendezvous store), ``nproc_per_node`` ranks on each.
+
+    Returns ``{"torchrun": [one command per node, to run on that node], "hostfile": DeepSpeed hostfile
+    text ("host slots=N" lines), "deepspeed": the one command to run on hosts[0] with that hostfile
+    (the deepspeed launcher reaches the other hosts by pdsh/ssh)}``. rdzv_backend "static": torchrun's
+    fixed ranks (--node_rank, --master_addr/--master_port); "c10d": elastic rendezvous at hosts[0]:port,
+    node ranks assigned by the rendezvous. Raises ValueError on an empty host list or bad backend.
+    """
+    if not hosts or nproc_per_node < 1:
+        raise ValueError("need at least one host and nproc_per_node >= 1")
+    if rdzv_backend not in ("static", "c10d"):
+        raise ValueError(f"rdzv_backend must be 'static' or 'c10d', not {rdzv_backend!r}")
+    n = len(hosts)
+    cmds = []
+    for i in range(n):
+        if n == 1:
+            where = "--standalone"
+        elif rdzv_backend == "static":
+            where = f"--nnodes {n} --node_rank {i} --master_addr {hosts[0]} --master_port {port}"
+        else:
+            where = f"--nnodes {n} --rdzv_backend c10d --rdzv_endpoint {hosts[0]}:{port} --rdzv_id largetrain"
+        cmds.append(f"{shlex.quote(python)} -m torch.distributed.run {where} --nproc_per_node {nproc_per_node} "
+                    f"-m largetrain_core.train {shlex.quote(str(config_path))}")
+    hostfile = "".join(f"{h} slots={nproc_per_node}\n" for h in dict.fromkeys(hosts))
+    ds = (f"deepspeed --hostfile hostfile --master_addr {hosts[0]} --master_port {port} "
+          f"--module largetrain_core.train {shlex.quote(str(config_path))}")
+    return {"torchrun": cmds, "hostfile": hostfile, "deepspeed": ds}
+
+
 # ----------------------------------------------------------------------------------------------
 # checkpoints
 
@@ -394,6 +427,54 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+
+
+def read_metrics(metrics_file: Path) -> list[dict]:
+    """metrics.jsonl rows by step, ascending; where a step ran twice (work lost after a crash and redone
+    after the resume), the last row wins."""
+    rows = {}
+    for line in Path(metrics_file).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            rows[r["step"]] = r
+    return [rows[k] for k in sorted(rows)]
+
+
+def loss_curve_svg(rows: list[dict], out: Path, title: str = "training loss") -> Path:
+    """Write the loss curve (x: optimizer step, y: loss in nats, linear axes, min/max labelled) as a
+    standalone SVG (no plotting library needed; any browser shows it). Atomic write. Returns ``out``."""
+    pts = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None and math.isfinite(r["loss"])]
+    w, h, left, right, top, bottom = 640, 360, 60, 20, 30, 40
+    if pts:
+        x0, x1 = pts[0][0], max(pts[-1][0], pts[0][0] + 1)
+        y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+        y1 = y1 if y1 > y0 else y0 + 1
+        sx = lambda x: left + (x - x0) / (x1 - x0) * (w - left - right)  # noqa: E731
+        sy = lambda y: top + (y1 - y) / (y1 - y0) * (h - top - bottom)  # noqa: E731
+        path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(pts))
+    else:
+        x0 = x1 = 0
+        y0 = y1 = float("nan")
+        path = ""
+    svg = f"""<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="{w}" height="{h}" fill="white"/>
+<text x="{w / 2}" y="18" text-anchor="middle" font-size="14">{title}</text>
+<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>
+<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>
+<text x="{left}" y="{h - bottom + 16}" text-anchor="middle">{x0}</text>
+<text x="{w - right}" y="{h - bottom + 16}" text-anchor="middle">{x1}</text>
+<text x="{w / 2}" y="{h - 8}" text-anchor="middle">step</text>
+<text x="{left - 6}" y="{top + 4}" text-anchor="end">{y1:.3f}</text>
+<text x="{left - 6}" y="{h - bottom}" text-anchor="end">{y0:.3f}</text>
+<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">loss (nats)</text>
+<path d="{path}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>
+</svg>
+"""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(svg)
+    os.replace(tmp, out)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -605,7 +686,12 @@ def run(cfg: TrainConfig) -> dict:
                    "world_size": world, "zero_stage": cfg.zero_stage, "parameters": n_params,
                    "trainable_parameters": n_trainable, "output": str(export_dir), "train_seconds": elapsed}
         if rank == 0:
-            (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            rows = read_metrics(out / "metrics.jsonl")
+            summary["mean_mfu"] = (sum(r["mfu"] for r in rows if r.get("mfu")) / len(rows)) if peak and rows else None
+            summary["loss_curve"] = str(loss_curve_svg(rows, out / "loss_curve.svg", f"{cfg.mode} loss"))
+            tmp = out / ".summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=2))
+            os.replace(tmp, out / "summary.json")
         rep.done({k: v for k, v in summary.items() if v is not None})
         return summary
     finally:

@@ -355,3 +355,79 @@ def test_import_pretrained_then_lora_resume_named_adapter_and_merged_export(pret
         plain = AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert (want - plain).abs().max() > 1e-3  # the adapter does change the output
+
+
+def test_two_nodes_on_loopback(shards, tmp_path):
+    """A 2-node job for real: two torchrun agents (--nnodes 2, node ranks 0 and 1, one rank each) on
+    127.0.0.1, started from the commands launch_commands generates; the ranks meet over TCP, train and export."""
+    import shlex
+    import socket
+
+    from largetrain_core.train import launch_commands
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "two_nodes"
+    out.mkdir()
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=4, lr=5e-3, warmup_steps=1,
+                      checkpoint_every=4, keep_checkpoints=1, wandb_mode="disabled", tokenizer=str(shards))
+    path = out / "config.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    cmds = launch_commands(str(path), ["127.0.0.1", "127.0.0.1"], 1, port=port, python=sys.executable)
+    assert cmds["hostfile"] == "127.0.0.1 slots=1\n"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LARGETRAIN_FAULT", None)
+    procs = [subprocess.Popen(shlex.split(c), env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True) for c in cmds["torchrun"]]
+    try:
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 4
+    assert summary["peak_flops_source"].startswith("2 host(s)")
+    assert (out / "model" / "model.safetensors").exists()
+    assert all(np.isfinite(r["loss"]) for r in metrics(out).values())
+
+
+def test_launcher_stop_reaches_ranks_in_their_own_sessions(tmp_path):
+    """torchrun starts every rank with start_new_session=True: a child outside the agent's process group
+    must still be stopped by stop_process_group (here a stand-in agent with one such child)."""
+    from largetrain_dagster.resources import stop_process_group
+
+    code = ("import subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+            "print(c.pid, flush=True)\n"
+            "time.sleep(300)\n")
+    agent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(agent.stdout.readline())
+    assert os.getpgid(child) != os.getpgid(agent.pid)
+    stop_process_group(agent, grace_seconds=5)
+    assert agent.poll() is not None
+    state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{child}").exists() else "gone"
+    assert state in ("Z", "X", "gone"), state
+
+
+def test_launch_commands_and_mfu_inputs():
+    from largetrain_core.train import cpu_peak_flops, launch_commands, model_flops_per_token
+
+    c = launch_commands("cfg.json", ["n0", "n1", "n1"], 8, port=1234, rdzv_backend="c10d")
+    assert c["torchrun"][2].startswith("python -m torch.distributed.run --nnodes 3 --rdzv_backend c10d --rdzv_endpoint n0:1234")
+    assert c["hostfile"] == "n0 slots=8\nn1 slots=8\n"
+    assert "--hostfile hostfile --master_addr n0 --master_port 1234 --module largetrain_core.train cfg.json" in c["deepspeed"]
+    s = launch_commands("cfg.json", ["a", "b"], 4)["torchrun"]
+    assert "--node_rank 1 --master_addr a --master_port 29500" in s[1]
+    assert "--standalone" in launch_commands("cfg.json", ["a"], 2)["torchrun"][0]
+    # PaLM appendix B: 6N + 12 L H S
+    assert model_flops_per_token(1000, 2, 64, 32) == 6 * 1000 + 12 * 2 * 64 * 32
+    intel = "model name\t: Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz\nflags\t\t: fpu avx2 fma avx512f\n"
+    peak, how = cpu_peak_flops(cores=4, cpuinfo=intel)
+    assert peak == pytest.approx(4 * 2.3e9 * 64) and "AVX-512" in how
+    amd = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2600.000\nflags\t\t: avx2 fma avx512f\n"
+    assert cpu_peak_flops(cores=2, cpuinfo=amd)[0] == pytest.approx(2 * 2.6e9 * 32)
