@@ -431,3 +431,50 @@ def test_launch_commands_and_mfu_inputs():
     assert peak == pytest.approx(4 * 2.3e9 * 64) and "AVX-512" in how
     amd = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2600.000\nflags\t\t: avx2 fma avx512f\n"
     assert cpu_peak_flops(cores=2, cpuinfo=amd)[0] == pytest.approx(2 * 2.6e9 * 32)
+
+
+def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
+    """Through Dagster: tokenizer and base_checkpoint take an existing local HF model (pretrained_model in
+    their config); both corpora are tokenized with its tokenizer (its EOS </s>, its BOS <s>); no pretraining
+    runs; the LoRA adapter trains on the imported model; evaluation reports perplexities and generations."""
+    from dagster import AssetKey, DagsterInstance, materialize
+
+    from largetrain_dagster.definitions import build_definitions
+
+    corpora = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"
+    if not (corpora / "shakespeare").is_dir() or not (corpora / "linux-doc").is_dir():
+        pytest.fail(f"real corpora missing at {corpora}: run `make corpora`")
+    lora = {"max_steps": 4, "warmup_steps": 1, "lr": 1e-2, "micro_batch_size": 2, "checkpoint_every": 4,
+            "log_every": 2, "lora_rank": 4, "lora_alpha": 8.0}
+    run_config = {"ops": {
+        "pretrain__raw_corpus": {"config": {"path": str(corpora / "linux-doc" / "admin-guide"), "max_documents": 10}},
+        "domain__raw_corpus": {"config": {"path": str(corpora / "shakespeare" / "comedies"), "max_documents": 2}},
+        "tokenizer": {"config": {"pretrained_model": str(pretrained)}},
+        "pretrain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
+        "domain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
+        "base_checkpoint": {"config": {"pretrained_model": str(pretrained)}},
+        "lora_adapter": {"config": lora},
+        "evaluation": {"config": {"max_sequences": 4, "prompts": ["Good morrow"], "max_new_tokens": 4}},
+    }}
+    defs = build_definitions(root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="disabled")
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize(list(defs.assets), resources=defs.resources, instance=instance, run_config=run_config)
+        assert result.success
+
+        def md(*key):
+            ev = instance.get_latest_materialization_event(AssetKey(list(key)))
+            return {k: getattr(v, "value", v) for k, v in ev.asset_materialization.metadata.items()}
+
+        base = md("base_checkpoint")
+        assert base["imported_from"] == str(pretrained) and base["model_vocab_size"] == 320
+        assert not (Path(base["output"]).parent / "metrics.jsonl").exists()  # nothing was pretrained
+        eos = json.loads((pretrained / "tokenizer.json").read_text())["added_tokens"][1]
+        assert eos["content"] == "</s>"
+        for role in ("pretrain", "domain"):
+            assert md(role, "token_shards")["vocab_size"] == 300
+            manifest = json.loads((Path(md(role, "token_shards")["path"]) / "manifest.json").read_text())
+            assert manifest["eos_id"] == eos["id"]
+        adapter = md("lora_adapter")
+        assert adapter["steps"] == 4 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
+        ev = md("evaluation")
+        assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
