@@ -116,6 +116,8 @@ class TrainingConfig(Config):
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     log_every: int = 10
+    resume: str = Field(default="auto", description="auto (newest complete checkpoint), never, or a checkpoint directory.")
+    peak_flops: Optional[float] = Field(default=None, description="Peak FLOP/s of the job's hardware for MFU; null = derive.")
 
 
 class BaseCheckpointConfig(TrainingConfig):
@@ -134,6 +136,8 @@ class LoraAdapterConfig(TrainingConfig):
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target_modules: Optional[list[str]] = Field(default=None, description="Default: every linear layer in the blocks.")
+    lora_adapter_name: str = Field(default="default", description="The adapter's name inside the PEFT model.")
+    lora_merge_export: bool = Field(default=False, description="Also write merged/: base + adapter merged (merge_and_unload).")
 
 
 class EvaluationConfig(Config):
@@ -343,6 +347,9 @@ def _train_output(out: Path, version: str, summary: dict, config: Config, reused
     return _output(out, version, {**summary}, config, reused, extra)
 
 
+# Settings that do not change the trained weights stay out of the data version, so that changing them
+# (e.g. resume: never after a bad checkpoint) reuses the same output directory and its checkpoints.
+NOT_VERSIONED = {"resume", "peak_flops"}
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
 
 
@@ -356,7 +363,7 @@ def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig
     if config.pretrained_model:
         yield from _import_base(context, config, storage, shards)
         return
-    version = data_version(CODE_VERSIONS["base_checkpoint"], config.model_dump(), shards["data_version"],
+    version = data_version(CODE_VERSIONS["base_checkpoint"], config.model_dump(exclude=NOT_VERSIONED), shards["data_version"],
                            launcher.nproc_per_node)
     train_cfg = {**config.model_dump(exclude={"pretrained_model"}), "mode": "pretrain", "train_shards": shards["path"],
                  "tokenizer": shards["path"]}
@@ -403,11 +410,12 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
     if problem:
         raise Failure(f"domain shards {shards['path']} do not fit the base model {base['stats']['output']}: {problem}; "
                       f"re-materialize tokenizer and domain/token_shards")
-    version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(), base["data_version"],
+    version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(exclude=NOT_VERSIONED), base["data_version"],
                            shards["data_version"], launcher.nproc_per_node)
     fields = config.model_dump()
     lora = LoraSettings(rank=fields.pop("lora_rank"), alpha=fields.pop("lora_alpha"), dropout=fields.pop("lora_dropout"),
-                        target_modules=fields.pop("lora_target_modules"))
+                        target_modules=fields.pop("lora_target_modules"), adapter_name=fields.pop("lora_adapter_name"),
+                        merge_export=fields.pop("lora_merge_export"))
     train_cfg = {**fields, "mode": "lora", "train_shards": shards["path"], "base_model": base["stats"]["output"],
                  "lora": lora.__dict__}
     out, summary, reused = _train(context, storage, launcher, wandb, "lora_adapter", version, train_cfg, config)

@@ -86,6 +86,13 @@ def test_validate_names_what_to_change():
     with pytest.raises(ValueError, match="zero_stage must be"):
         TrainConfig(output_dir="o", train_shards="s", zero_stage=4).validate(cuda=False)
     TrainConfig(output_dir="o", train_shards="s", precision="fp16").validate(cuda=True)
+    with pytest.raises(ValueError, match="adapter_name must be an identifier"):
+        TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "mode": "lora", "base_model": "b",
+                               "lora": {"adapter_name": "my adapter"}}).validate(cuda=False)
+    with pytest.raises(ValueError, match="merge_export applies to mode 'lora' only"):
+        TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "lora": {"merge_export": True}}).validate(cuda=False)
+    with pytest.raises(ValueError, match="peak_flops must be > 0"):
+        TrainConfig(output_dir="o", train_shards="s", peak_flops=0.0).validate(cuda=False)
     with pytest.raises(ValueError, match="unknown training config keys"):
         TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "zero": 2})
 
@@ -478,3 +485,22 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
         assert adapter["steps"] == 4 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
         ev = md("evaluation")
         assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
+
+
+def test_wandb_offline_run_continues_after_resume(tmp_path, monkeypatch):
+    """Rank 0's reporter opens W&B offline; a second start in the same output directory (a resume)
+    continues the same run id, and metrics.jsonl is appended to, not replaced."""
+    from largetrain_core.train import _Reporter
+
+    monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = TrainConfig(output_dir=str(tmp_path), train_shards="-", wandb_mode="offline", wandb_project="p")
+    ids = []
+    for step in (1, 2):
+        rep = _Reporter(cfg, 0, tmp_path)
+        ids.append(rep.wandb_run.id)
+        rep.metric({"step": step, "loss": 1.0 / step})
+        rep.close()
+    assert ids[0] == ids[1] == (tmp_path / "wandb_run_id").read_text()
+    assert [r["step"] for r in metrics(tmp_path).values()] == [1, 2]
+    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{ids[0]}"))) >= 1
