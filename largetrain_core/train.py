@@ -672,7 +672,7 @@ def run(cfg: TrainConfig) -> dict:
                 rep.info(f"step {step}/{cfg.max_steps} loss {step_loss:.4f} lr {row['lr']:.2e} "
                          f"{row['tokens_per_s']:.0f} tokens/s")
             if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-                _save(engine, ckpt_root, step, consumed, cfg, rank, world, dist)
+                _save(engine, ckpt_root, step, consumed, cfg, rank, world, dist, len(data))
                 rep.info(f"checkpoint step-{step:06d} complete")
         elapsed = time.perf_counter() - t_run
 
@@ -698,12 +698,17 @@ def run(cfg: TrainConfig) -> dict:
         rep.close()
 
 
-def _save(engine, ckpt_root: Path, step: int, consumed: int, cfg: TrainConfig, rank: int, world: int, dist) -> None:
-    """save_checkpoint on every rank, then the completion marker (rank 0, after a barrier), then pruning."""
+def _save(engine, ckpt_root: Path, step: int, consumed: int, cfg: TrainConfig, rank: int, world: int, dist,
+          num_samples: int) -> None:
+    """save_checkpoint on every rank, then the completion marker (rank 0, after a barrier), then pruning.
+
+    Client state: step, consumed samples, the sampler's seed and epoch (consumed // num_samples, as
+    DistributedSampler derives it), every rank's RNG states (python, numpy, torch) and the config hash."""
     tag = f"step-{step:06d}"
     gathered: list = [None] * world
     dist.all_gather_object(gathered, _rng_state())
-    client = {"step": step, "consumed_samples": consumed, "sampler_seed": cfg.seed, "rng": gathered,
+    client = {"step": step, "consumed_samples": consumed, "sampler_seed": cfg.seed,
+              "sampler_epoch": consumed // num_samples, "rng": gathered,
               "config_hash": cfg.config_hash()}
     engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client)
     _maybe_fault("mid_save", step, rank)  # this rank's files written, the others' maybe not, no marker yet

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from largetrain_core.shards import build_token_shards
+from largetrain_core.shards import TokenShards, build_token_shards
 from largetrain_core.tokenizer import train_bpe
 from largetrain_core.train import (
     TrainConfig,
@@ -203,6 +203,12 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
     assert max(metrics(out)) == 4
     assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists()
     assert not (out / "model").exists()
+    # client state, in DeepSpeed's model-states file (our own checkpoint: loading it with pickle is fine here)
+    client = torch.load(out / "checkpoints" / "step-000003" / "mp_rank_00_model_states.pt", weights_only=False)
+    assert client["step"] == 3 and client["consumed_samples"] == 3 * 2 * 2 and client["sampler_seed"] == 0
+    assert client["sampler_epoch"] == 12 // len(TokenShards(shards, "train"))
+    assert len(client["rng"]) == 2 and set(client["rng"][1]) == {"python", "numpy", "torch"}
+    assert client["config_hash"] == cfg.config_hash()
 
     torchrun(cfg, tmp_path, fault="mid_save:6")
     step6 = out / "checkpoints" / "step-000006"
