@@ -14,7 +14,12 @@ Outputs under ``output_dir``:
 * ``model/`` (pretrain): a Hugging Face directory (config.json, model.safetensors, tokenizer files)
   for ``AutoModelForCausalLM.from_pretrained``; ``adapter/`` (lora): a PEFT directory for
   ``PeftModel.from_pretrained``. Both are written to a temporary directory and renamed.
-* ``metrics.jsonl``: one JSON object per optimizer step (rank 0).
+* ``merged/`` (lora with ``lora.merge_export``): base + adapter merged, a HF directory.
+* ``metrics.jsonl``: one JSON object per optimizer step (rank 0): loss, lr, grad_norm, tokens_per_s,
+  mfu, step_time_s, consumed_samples, peak memory, and in fp16 loss_scale and skipped_steps.
+* ``summary.json`` and ``loss_curve.svg`` (rank 0, at the end).
+
+Tests inject crashes with ``LARGETRAIN_FAULT=after_step:N`` or ``mid_save:N`` (see ``_maybe_fault``).
 
 Only rank 0 talks to Dagster Pipes (when started by Dagster) and to Weights & Biases.
 Checkpoint files are our own and are loaded by DeepSpeed with ``torch.load``; never point
