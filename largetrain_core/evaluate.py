@@ -47,3 +47,25 @@ def perplexity(model, shards_dir: Path, split: str = "validation", max_sequences
         count += batch[:, 1:].numel()
     loss = total / count
     return {"perplexity": math.exp(loss), "loss_nats": loss, "sequences": n, "tokens": count}
+
+
+@torch.no_grad()
+def sample_generations(model, tokenizer_dir: Path, prompts: list[str], max_new_tokens: int = 24) -> list[dict]:
+    """Greedy continuations (deterministic: no sampling) of each prompt, ``max_new_tokens`` new tokens at most.
+
+    The prompt is encoded with the tokenizer of ``tokenizer_dir`` (a HF directory) after its BOS when it
+    has one; generation stops at EOS. Returns ``[{"prompt", "completion"}]`` with the completion decoded
+    without special tokens.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    out = []
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        if tok.bos_token_id is not None:
+            ids = torch.cat([torch.tensor([[tok.bos_token_id]]), ids], dim=1)
+        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+        out.append({"prompt": prompt, "completion": tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)})
+    return out

@@ -138,3 +138,16 @@ def save_hf_tokenizer(info: TokenizerInfo, out_dir: Path) -> None:
     if info.bos_id is not None:
         kwargs["bos_token"] = tok.id_to_token(info.bos_id)
     PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs).save_pretrained(str(out_dir))
+
+
+def copy_tokenizer(src: Path, out_dir: Path) -> TokenizerInfo:
+    """Take the tokenizer of an existing model instead of training one: copy ``tokenizer.json`` and
+    ``tokenizer_config.json`` (when present: it names EOS/BOS) from the local directory ``src`` into
+    ``out_dir``. Raises FileNotFoundError / ValueError as :func:`load_tokenizer_info`."""
+    src, out_dir = Path(src), Path(out_dir)
+    load_tokenizer_info(src)  # validate before copying
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (src / name).exists():
+            (out_dir / name).write_bytes((src / name).read_bytes())
+    return load_tokenizer_info(out_dir)

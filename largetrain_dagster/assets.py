@@ -43,9 +43,10 @@ from largetrain_core.accounting import corpus_accounting, markdown_table, outcom
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
 from largetrain_core.dedup import DedupConfig, deduplicate
+from largetrain_core.model import import_pretrained, tokenizer_mismatch
 from largetrain_core.shards import TokenShards, build_token_shards
 from largetrain_core.storage import atomic_dir, data_version, write_json_atomic
-from largetrain_core.tokenizer import train_bpe
+from largetrain_core.tokenizer import copy_tokenizer, train_bpe
 from largetrain_core.train import LoraSettings, TrainConfig
 from largetrain_dagster.resources import Storage, TorchrunLauncher, WandbSettings
 
@@ -54,7 +55,7 @@ ROLES = {
     "domain": ("corpora/shakespeare", "Domain corpus for the LoRA adapter (demo: Shakespeare's plays, markdown)."),
 }
 CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "3", "deduplicated_text": "3", "tokenizer": "1",
-                 "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "1"}
+                 "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "2"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -122,6 +123,9 @@ class DeduplicatedTextConfig(Config):
 class TokenizerConfig(Config):
     vocab_size: int = Field(default=8192, description="BPE vocabulary size including the EOS token.")
     min_frequency: int = 2
+    pretrained_model: Optional[str] = Field(default=None, description=(
+        "A local Hugging Face model directory: take its tokenizer instead of training one (set the same "
+        "directory as base_checkpoint's pretrained_model, so that the shards speak the model's vocabulary)."))
 
 
 class TokenShardsConfig(Config):
@@ -148,10 +152,15 @@ class TrainingConfig(Config):
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     log_every: int = 10
+    resume: str = Field(default="auto", description="auto (newest complete checkpoint), never, or a checkpoint directory.")
+    peak_flops: Optional[float] = Field(default=None, description="Peak FLOP/s of the job's hardware for MFU; null = derive.")
 
 
 class BaseCheckpointConfig(TrainingConfig):
     preset: str = Field(default="llama-20m", description="Model preset (largetrain_core.model.PRESETS).")
+    pretrained_model: Optional[str] = Field(default=None, description=(
+        "A local Hugging Face causal-LM directory (config.json, safetensors, tokenizer) to import instead of "
+        "pretraining; the tokenizer asset must then take the same directory's tokenizer."))
 
 
 class LoraAdapterConfig(TrainingConfig):
@@ -163,10 +172,15 @@ class LoraAdapterConfig(TrainingConfig):
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target_modules: Optional[list[str]] = Field(default=None, description="Default: every linear layer in the blocks.")
+    lora_adapter_name: str = Field(default="default", description="The adapter's name inside the PEFT model.")
+    lora_merge_export: bool = Field(default=False, description="Also write merged/: base + adapter merged (merge_and_unload).")
 
 
 class EvaluationConfig(Config):
     max_sequences: int = Field(default=64, description="Validation sequences evaluated per corpus.")
+    prompts: list[str] = Field(default=["To be, or not to be,", "My lord, the king", "The kernel"],
+                               description="Prompts continued greedily by the base and by base + adapter.")
+    max_new_tokens: int = 24
 
 
 # ------------------------------------------------------------------------------------------------
@@ -313,7 +327,10 @@ def tokenizer(context: AssetExecutionContext, config: TokenizerConfig, storage: 
     version = data_version(CODE_VERSIONS["tokenizer"], config.model_dump(), text["data_version"])
 
     def build(out: Path) -> dict:
-        info = train_bpe(_texts(Path(text["path"])), config.vocab_size, out, config.min_frequency)
+        if config.pretrained_model:
+            info = copy_tokenizer(Path(config.pretrained_model), out)
+        else:
+            info = train_bpe(_texts(Path(text["path"])), config.vocab_size, out, config.min_frequency)
         return {"vocab_size": info.vocab_size, "eos_id": info.eos_id, "sha256": info.sha256}
 
     path, stats, reused = _stage(context, storage, ["tokenizer"], version, build)
@@ -357,16 +374,29 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
 
 
 def _train_output(out: Path, version: str, summary: dict, config: Config, reused: bool) -> Output:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    import base64
+
+    from largetrain_core.train import read_metrics
+
+    rows = read_metrics(out / "metrics.jsonl")
     every = max(1, len(rows) // 20)
-    curve = "\n".join(f"| {r['step']} | {r['loss']:.4f} | {r['lr']:.2e} |" for r in rows[::every])
+    curve = "\n".join(f"| {r['step']} | {r['loss']:.4f} | {r['lr']:.2e} | {r.get('mfu') or float('nan'):.3f} |"
+                      for r in rows[::every])
     stats = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return _output(out, version, {**summary}, config, reused, {
-        **stats, "loss_curve": MetadataValue.md(f"| step | loss | lr |\n|---|---|---|\n{curve}"),
-        "precision": summary["precision"], "precision_reason": summary["precision_reason"],
-        "output": MetadataValue.path(summary["output"])})
+    extra = {**stats, "loss_curve": MetadataValue.md(f"| step | loss | lr | MFU |\n|---|---|---|---|\n{curve}"),
+             "precision": summary["precision"], "precision_reason": summary["precision_reason"],
+             "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"])}
+    svg = Path(summary.get("loss_curve") or out / "loss_curve.svg")
+    if svg.exists():
+        extra["loss_curve_svg"] = MetadataValue.path(str(svg))
+        b64 = base64.b64encode(svg.read_bytes()).decode()
+        extra["loss_curve_plot"] = MetadataValue.md(f"![loss curve](data:image/svg+xml;base64,{b64})")
+    return _output(out, version, {**summary}, config, reused, extra)
 
 
+# Settings that do not change the trained weights stay out of the data version, so that changing them
+# (e.g. resume: never after a bad checkpoint) reuses the same output directory and its checkpoints.
+NOT_VERSIONED = {"resume", "peak_flops"}
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
 
 
@@ -377,12 +407,42 @@ TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
        description="A causal LM pretrained from a preset with DeepSpeed (torchrun, ZeRO, activation checkpointing); a Hugging Face directory.")
 def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage,
                     launcher: TorchrunLauncher, wandb: WandbSettings, shards: dict):
-    version = data_version(CODE_VERSIONS["base_checkpoint"], config.model_dump(), shards["data_version"],
+    if config.pretrained_model:
+        yield from _import_base(context, config, storage, shards)
+        return
+    version = data_version(CODE_VERSIONS["base_checkpoint"], config.model_dump(exclude=NOT_VERSIONED), shards["data_version"],
                            launcher.nproc_per_node)
-    train_cfg = {**config.model_dump(), "mode": "pretrain", "train_shards": shards["path"], "tokenizer": shards["path"]}
+    train_cfg = {**config.model_dump(exclude={"pretrained_model"}), "mode": "pretrain", "train_shards": shards["path"],
+                 "tokenizer": shards["path"]}
     out, summary, reused = _train(context, storage, launcher, wandb, "base_checkpoint", version, train_cfg, config)
     yield _train_output(out, version, summary, config, reused)
     yield _loss_check(out / "metrics.jsonl")
+
+
+def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage, shards: dict):
+    """base_checkpoint from an existing local HF model: checked against the shards' tokenizer, copied as
+    config.json + model.safetensors + tokenizer into ``<version>/model/``; no training, so the loss
+    check passes vacuously with the reason in its metadata."""
+    src = Path(config.pretrained_model)
+    files = sorted((f.relative_to(src).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in src.rglob("*") if f.is_file())
+    version = data_version(CODE_VERSIONS["base_checkpoint"], {"pretrained_model": str(src.resolve()), "files": files},
+                           shards["data_version"])
+    manifest = TokenShards(Path(shards["path"]), "train").manifest
+    problem = tokenizer_mismatch(src, manifest, Path(shards["path"]))
+    if problem:
+        raise Failure(f"base_checkpoint imports {src}, but pretrain/token_shards do not use its tokenizer: {problem}. "
+                      f"Set the tokenizer asset's pretrained_model to {src} and re-materialize the shards.")
+
+    def build(out: Path) -> dict:
+        info = import_pretrained(src, out / "model")
+        return {**info, "imported_from": str(src)}
+
+    path, stats, reused = _stage(context, storage, ["base_checkpoint"], version, build)
+    stats["output"] = str(path / "model")
+    yield _output(path, version, stats, config, reused, {"output": MetadataValue.path(stats["output"]),
+                                                         "imported_from": MetadataValue.path(str(src))})
+    yield AssetCheckResult(check_name="loss_finite_and_decreasing", passed=True,
+                           metadata={"note": "imported pretrained model: no training run to check"})
 
 
 @asset(key="lora_adapter", group_name="training", code_version=CODE_VERSIONS["lora_adapter"],
@@ -392,17 +452,17 @@ def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig
        description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.")
 def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, storage: Storage,
                  launcher: TorchrunLauncher, wandb: WandbSettings, base: dict, shards: dict):
-    base_tok = json.loads((Path(base["stats"]["output"]).parent / "train_config.json").read_text())["train_shards"]
-    base_sha = TokenShards(Path(base_tok), "train").manifest["tokenizer_sha256"]
-    dom_sha = TokenShards(Path(shards["path"]), "train").manifest["tokenizer_sha256"]
-    if base_sha != dom_sha:
-        raise Failure(f"domain shards {shards['path']} were made with tokenizer {dom_sha[:12]}, "
-                      f"the base model with {base_sha[:12]}: re-materialize domain/token_shards")
-    version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(), base["data_version"],
+    problem = tokenizer_mismatch(Path(base["stats"]["output"]), TokenShards(Path(shards["path"]), "train").manifest,
+                                 Path(shards["path"]))
+    if problem:
+        raise Failure(f"domain shards {shards['path']} do not fit the base model {base['stats']['output']}: {problem}; "
+                      f"re-materialize tokenizer and domain/token_shards")
+    version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(exclude=NOT_VERSIONED), base["data_version"],
                            shards["data_version"], launcher.nproc_per_node)
     fields = config.model_dump()
     lora = LoraSettings(rank=fields.pop("lora_rank"), alpha=fields.pop("lora_alpha"), dropout=fields.pop("lora_dropout"),
-                        target_modules=fields.pop("lora_target_modules"))
+                        target_modules=fields.pop("lora_target_modules"), adapter_name=fields.pop("lora_adapter_name"),
+                        merge_export=fields.pop("lora_merge_export"))
     train_cfg = {**fields, "mode": "lora", "train_shards": shards["path"], "base_model": base["stats"]["output"],
                  "lora": lora.__dict__}
     out, summary, reused = _train(context, storage, launcher, wandb, "lora_adapter", version, train_cfg, config)
@@ -418,7 +478,7 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
        kinds={"pytorch"}, description="Held-out perplexity: base on both corpora, base + adapter on the domain corpus.")
 def evaluation(context: AssetExecutionContext, config: EvaluationConfig, storage: Storage, base: dict, adapter: dict,
                pretrain_shards: dict, domain_shards: dict):
-    from largetrain_core.evaluate import load_for_eval, perplexity
+    from largetrain_core.evaluate import load_for_eval, perplexity, sample_generations
 
     version = data_version(CODE_VERSIONS["evaluation"], config.model_dump(), base["data_version"], adapter["data_version"],
                            pretrain_shards["data_version"], domain_shards["data_version"])
@@ -430,11 +490,19 @@ def evaluation(context: AssetExecutionContext, config: EvaluationConfig, storage
         tuned = load_for_eval(Path(base["stats"]["output"]), Path(adapter["stats"]["output"]))
         res["adapter_domain"] = perplexity(tuned, Path(domain_shards["path"]), max_sequences=config.max_sequences)
         write_json_atomic(out / "perplexity.json", res)
+        tok_dir = Path(base["stats"]["output"])
+        samples = {"base": sample_generations(model, tok_dir, config.prompts, config.max_new_tokens),
+                   "adapter": sample_generations(tuned, tok_dir, config.prompts, config.max_new_tokens)}
+        write_json_atomic(out / "samples.json", samples)
         return {f"{k}_perplexity": v["perplexity"] for k, v in res.items()}
 
     path, stats, reused = _stage(context, storage, ["evaluation"], version, build)
     gain = 1 - stats["adapter_domain_perplexity"] / stats["base_domain_perplexity"]
-    yield _output(path, version, {**stats, "adapter_domain_perplexity_reduction": gain}, config, reused)
+    samples = json.loads((path / "samples.json").read_text())
+    table = "\n".join(f"| {b['prompt']!r} | {b['completion']!r} | {a['completion']!r} |"
+                      for b, a in zip(samples["base"], samples["adapter"]))
+    yield _output(path, version, {**stats, "adapter_domain_perplexity_reduction": gain}, config, reused, {
+        "sample_generations": MetadataValue.md(f"| prompt | base | base + adapter |\n|---|---|---|\n{table}")})
     yield AssetCheckResult(check_name="adapter_beats_base_on_domain", passed=gain > 0,
                            severity=AssetCheckSeverity.WARN,
                            metadata={"reduction": gain, "base": stats["base_domain_perplexity"],

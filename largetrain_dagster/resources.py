@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from dagster import (
 )
 
 from largetrain_core.storage import write_json_atomic
+from largetrain_core.train import launch_commands, process_tree
 
 
 class Storage(ConfigurableResource):
@@ -74,10 +77,15 @@ class TorchrunLauncher(ConfigurableResource):
     nproc_per_node: int = 2
     threads_per_rank: int = 0
     kill_grace_seconds: float = 10.0
+    hosts: list[str] = []  # several nodes: every node's address, the first holds the rendezvous; [] = this host alone
+    node_rank: int = 0  # this node's position in hosts (one Dagster run per node starts its torchrun agent)
+    master_port: int = 29500
 
     def command(self, config_path: Path) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc_per_node}",
-                "-m", "largetrain_core.train", str(config_path)]
+        """This node's torchrun command (largetrain_core.train.launch_commands, static rendezvous)."""
+        cmds = launch_commands(str(config_path), self.hosts or ["localhost"], self.nproc_per_node, self.master_port,
+                               python=sys.executable)["torchrun"]
+        return shlex.split(cmds[self.node_rank])
 
     def run(self, context, config_path: Path, log_path: Path) -> dict:
         """Run the training to completion; return the metadata rank 0 reported through Pipes.
@@ -112,25 +120,41 @@ class TorchrunLauncher(ConfigurableResource):
 
 
 def stop_process_group(proc: subprocess.Popen, grace_seconds: float) -> None:
-    """SIGTERM the process group led by ``proc``, wait up to ``grace_seconds``, then SIGKILL it."""
+    """SIGTERM the process group led by ``proc`` and every descendant (torchrun starts each rank in a
+    session of its own, out of the group), wait up to ``grace_seconds``, then SIGKILL what is left."""
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
         pgid = proc.pid
+    tree = set(process_tree(proc.pid))  # before any signal: orphaned ranks can no longer be found from the agent
     for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 5.0)):
-        try:
+        tree |= set(process_tree(proc.pid)) if proc.poll() is None else set()
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
+        for pid in tree - {proc.pid}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
         deadline = time.time() + wait
-        while time.time() < deadline and _group_alive(pgid):
+        while time.time() < deadline and (_group_alive(pgid) or _any_alive(tree - {proc.pid})):
             proc.poll()  # reap the leader, or a zombie keeps the group "alive"
             time.sleep(0.1)
         proc.poll()
-        if not _group_alive(pgid):
+        if not _group_alive(pgid) and not _any_alive(tree - {proc.pid}):
             break
     if proc.poll() is None:
         proc.wait(timeout=5)
+
+
+def _any_alive(pids) -> bool:
+    """Whether any of ``pids`` still runs (a zombie, dead but not yet reaped by its parent, does not count)."""
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            return True
+    return False
 
 
 def _group_alive(pgid: int) -> bool:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from largetrain_core.shards import build_token_shards
+from largetrain_core.shards import TokenShards, build_token_shards
 from largetrain_core.tokenizer import train_bpe
 from largetrain_core.train import (
     TrainConfig,
@@ -51,16 +51,29 @@ def shards(tmp_path_factory) -> Path:
     return out
 
 
-def torchrun(cfg: TrainConfig, tmp: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+def torchrun(cfg: TrainConfig, tmp: Path, nproc: int = 2, fault: str | None = None) -> subprocess.CompletedProcess:
+    """Run the entry point under torchrun; assert success, or, with ``fault`` (LARGETRAIN_FAULT), that it was killed."""
     tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / f"config-{cfg.mode}.json"
+    path = tmp / f"config-{cfg.mode}-{Path(cfg.output_dir).name}.json"
     path.write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LARGETRAIN_FAULT", None)
+    if fault:
+        env["LARGETRAIN_FAULT"] = fault
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "largetrain_core.train", str(path)]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
+    (Path(cfg.output_dir) / f"torchrun-{fault or 'run'}.log").write_text(proc.stdout + proc.stderr)
+    if fault:
+        assert proc.returncode == -9, f"expected SIGKILL from LARGETRAIN_FAULT={fault}: " + proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
+
+
+def metrics(out: Path) -> dict[int, dict]:
+    """metrics.jsonl by step; a step run again after a resume overrides the killed run's row."""
+    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
 def test_validate_names_what_to_change():
@@ -73,6 +86,13 @@ def test_validate_names_what_to_change():
     with pytest.raises(ValueError, match="zero_stage must be"):
         TrainConfig(output_dir="o", train_shards="s", zero_stage=4).validate(cuda=False)
     TrainConfig(output_dir="o", train_shards="s", precision="fp16").validate(cuda=True)
+    with pytest.raises(ValueError, match="adapter_name must be an identifier"):
+        TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "mode": "lora", "base_model": "b",
+                               "lora": {"adapter_name": "my adapter"}}).validate(cuda=False)
+    with pytest.raises(ValueError, match="merge_export applies to mode 'lora' only"):
+        TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "lora": {"merge_export": True}}).validate(cuda=False)
+    with pytest.raises(ValueError, match="peak_flops must be > 0"):
+        TrainConfig(output_dir="o", train_shards="s", peak_flops=0.0).validate(cuda=False)
     with pytest.raises(ValueError, match="unknown training config keys"):
         TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "zero": 2})
 
@@ -161,3 +181,332 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
     assert not torch.allclose(tuned(ids).logits, model(ids).logits)
     lsum = json.loads((lora_dir / "summary.json").read_text())
     assert lsum["trainable_parameters"] < 0.2 * lsum["parameters"]
+
+
+def _resume_cfg(out: Path, shards: Path) -> TrainConfig:
+    return TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                       precision="fp32", activation_checkpointing=False, micro_batch_size=2, max_steps=8, lr=5e-3,
+                       warmup_steps=2, checkpoint_every=3, keep_checkpoints=3, log_every=4, wandb_mode="disabled",
+                       tokenizer=str(shards))
+
+
+def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
+    """2 ranks, ZeRO-2, fp32 on CPU, 8 steps, checkpoints at 3, 6, 8. Uninterrupted run vs a run whose
+    whole torchrun tree is SIGKILLed after step 4, resumed (from step 3), SIGKILLed again in the middle of
+    the step-6 save (rank 0's files written, no marker), resumed again (from step 3, skipping step 6):
+    every loss and grad norm of steps 4..8 and the final weights are bitwise equal."""
+    ref = tmp_path / "uninterrupted"
+    torchrun(_resume_cfg(ref, shards), tmp_path)
+    out = tmp_path / "crashed"
+    cfg = _resume_cfg(out, shards)
+    torchrun(cfg, tmp_path, fault="after_step:4")
+    assert max(metrics(out)) == 4
+    assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists()
+    assert not (out / "model").exists()
+    # client state, in DeepSpeed's model-states file (our own checkpoint: loading it with pickle is fine here)
+    client = torch.load(out / "checkpoints" / "step-000003" / "mp_rank_00_model_states.pt", weights_only=False)
+    assert client["step"] == 3 and client["consumed_samples"] == 3 * 2 * 2 and client["sampler_seed"] == 0
+    assert client["sampler_epoch"] == 12 // len(TokenShards(shards, "train"))
+    assert len(client["rng"]) == 2 and set(client["rng"][1]) == {"python", "numpy", "torch"}
+    assert client["config_hash"] == cfg.config_hash()
+
+    torchrun(cfg, tmp_path, fault="mid_save:6")
+    step6 = out / "checkpoints" / "step-000006"
+    assert step6.is_dir() and any(step6.rglob("*.pt")) and not (step6 / "COMPLETE.json").exists()
+
+    proc = torchrun(cfg, tmp_path)
+    assert f"skipped {step6}: no COMPLETE.json" in proc.stderr
+    assert "resumed from" in proc.stderr and "step-000003 at step 3" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-000003") and summary["steps_this_run"] == 5
+
+    want, got = metrics(ref), metrics(out)
+    assert sorted(got) == list(range(1, 9))
+    for step in range(1, 9):  # bitwise: the same floats, not merely close
+        assert got[step]["loss"] == want[step]["loss"], (step, got[step]["loss"], want[step]["loss"])
+        assert got[step]["grad_norm"] == want[step]["grad_norm"], step
+        assert got[step]["consumed_samples"] == want[step]["consumed_samples"]
+    a, b = load_file(ref / "model" / "model.safetensors"), load_file(out / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if (p / "COMPLETE.json").exists())
+    assert ckpts == ["step-000003", "step-000006", "step-000008"]
+
+
+def test_gradient_accumulation_equals_larger_micro_batch(shards, tmp_path):
+    """2 ranks, ZeRO-2: micro-batch 2 x 2 accumulation steps gives the same losses and weights as micro-batch 4
+    (same samples per step, by the sampler's global positions; DeepSpeed scales each micro-loss by 1/2).
+    Equal within fp32 rounding of the summation order: 1e-6 relative on losses, 1e-6 absolute on weights."""
+    outs = {}
+    for mb, ga in ((4, 1), (2, 2)):
+        out = tmp_path / f"mb{mb}-ga{ga}"
+        cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                          activation_checkpointing=False, micro_batch_size=mb, gradient_accumulation_steps=ga,
+                          max_steps=4, lr=5e-3, warmup_steps=1, checkpoint_every=4, keep_checkpoints=1,
+                          wandb_mode="disabled", tokenizer=str(shards))
+        torchrun(cfg, tmp_path)
+        outs[(mb, ga)] = out
+    m1, m2 = metrics(outs[(4, 1)]), metrics(outs[(2, 2)])
+    for step in range(1, 5):
+        assert m1[step]["loss"] == pytest.approx(m2[step]["loss"], rel=1e-6, abs=0)
+        assert m1[step]["consumed_samples"] == m2[step]["consumed_samples"] == step * 8
+    w1 = load_file(outs[(4, 1)] / "model" / "model.safetensors")
+    w2 = load_file(outs[(2, 2)] / "model" / "model.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=0, atol=1e-6)
+    from largetrain_core.model import build_model
+
+    m = _manifest(shards)
+    init = build_model("llama-tiny", m["vocab_size"], m["seq_len"], m["eos_id"], m.get("bos_id")).state_dict()
+    assert any((w1[k] - init[k]).abs().max() > 1e-3 for k in w1 if k in init)  # the steps did move the weights
+
+
+def _manifest(shards: Path) -> dict:
+    from largetrain_core.shards import TokenShards
+
+    return TokenShards(shards, "train").manifest
+
+
+def test_zero3_exports_consolidated_safetensors(shards, tmp_path):
+    """ZeRO-3 on 2 ranks partitions every parameter; the export gathers them on rank 0 into one
+    model.safetensors with full shapes, equal to the fp32 weights DeepSpeed's zero_to_fp32 rebuilds
+    from the two ranks' partitions of the last checkpoint (the live model at that step)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "z3"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=3,
+                      activation_checkpointing=True, micro_batch_size=2, max_steps=3, lr=5e-3, warmup_steps=1,
+                      checkpoint_every=3, keep_checkpoints=1, wandb_mode="disabled", tokenizer=str(shards))
+    torchrun(cfg, tmp_path)
+    saved = load_file(out / "model" / "model.safetensors")
+    live = get_fp32_state_dict_from_zero_checkpoint(str(out / "checkpoints"), tag="step-000003")
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    expected = model.state_dict()
+    for k, v in expected.items():
+        assert k in live, k
+        assert live[k].shape == v.shape and v.numel() > 0
+        torch.testing.assert_close(v, live[k].float(), rtol=0, atol=0)
+    assert set(saved) <= set(expected)
+    m = _manifest(shards)
+    assert model.get_input_embeddings().weight.shape == (m["vocab_size"], 64)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, shards) -> Path:
+    """A stand-in for a model someone already has: a tiny Llama saved with save_pretrained next to its own
+    byte-level BPE whose EOS is ``</s>`` and BOS ``<s>`` (not this project's ``<|endoftext|>``), and whose
+    embedding is padded past the tokenizer's vocabulary, as many released models are. No hub access."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from largetrain_core.model import build_model
+
+    src = tmp_path_factory.mktemp("someones_model")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.permutation(SENTENCES)) for _ in range(40)]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    tok.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    model = build_model("llama-tiny", 320, 64, eos_id=tok.token_to_id("</s>"), bos_id=tok.token_to_id("<s>"), seed=7)
+    model.save_pretrained(src)
+    return src
+
+
+def test_import_pretrained_then_lora_resume_named_adapter_and_merged_export(pretrained, shards, tmp_path):
+    """base_checkpoint imports an existing HF model; the domain data is tokenized with ITS tokenizer (its
+    EOS/BOS, its vocabulary); a LoRA adapter named "shakespeare" trains on it with activation checkpointing
+    under 2 ranks, is SIGKILLed after step 4 and resumed from step 3: step 4's loss equals the killed run's
+    step 4 (computed before the crash), bitwise. The adapter loads with peft under its name; the merged
+    export (merge_and_unload) gives the logits of base + adapter within 1e-5."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from largetrain_core.model import import_pretrained, tokenizer_mismatch
+    from largetrain_core.shards import TokenShards
+
+    base = tmp_path / "base" / "model"
+    info = import_pretrained(pretrained, base)
+    assert info["model_vocab_size"] == 320 and info["tokenizer_vocab_size"] == 300  # specials included
+    assert AutoModelForCausalLM.from_pretrained(base).config.vocab_size == 320
+    dom = tmp_path / "domain_shards"
+    dom.mkdir()
+    build_token_shards(shards.parent / "docs", base, dom, seq_len=32, validation_fraction=0.1)
+    m = TokenShards(dom, "train").manifest
+    assert (m["eos_id"], m["bos_id"], m["dtype"]) == (info["eos_id"], info["bos_id"], "uint16")
+    assert tokenizer_mismatch(base, m, dom) is None
+    assert "another vocabulary" in tokenizer_mismatch(base, TokenShards(shards, "train").manifest, shards)
+
+    out = tmp_path / "lora"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(dom), mode="lora", base_model=str(base), zero_stage=2,
+                      activation_checkpointing=True, micro_batch_size=2, max_steps=6, lr=1e-2, warmup_steps=1,
+                      checkpoint_every=3, log_every=3, wandb_mode="disabled",
+                      lora={"rank": 4, "alpha": 8.0, "adapter_name": "shakespeare", "merge_export": True})
+    cfg = TrainConfig.from_dict(cfg.to_dict())
+    torchrun(cfg, tmp_path, fault="after_step:4")
+    before_crash = metrics(out)[4]["loss"]
+    proc = torchrun(cfg, tmp_path)
+    assert "step-000003 at step 3" in proc.stderr
+    rows = metrics(out)
+    assert rows[4]["loss"] == before_crash and sorted(rows) == list(range(1, 7))
+
+    adapter = out / "adapter"
+    assert (adapter / "adapter_name.txt").read_text().strip() == "shakespeare"
+    weights = load_file(adapter / "adapter_model.safetensors")
+    lora_b = {k: v for k, v in weights.items() if "lora_B" in k}
+    assert len(lora_b) == 7 * 2 and all(v.abs().sum() > 0 for v in lora_b.values())
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter, adapter_name="shakespeare")
+    assert tuned.active_adapter == "shakespeare"
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged")
+    ids = torch.from_numpy(TokenShards(dom, "validation").take(np.arange(2)).astype(np.int64))
+    with torch.no_grad():
+        want, got = tuned.eval()(input_ids=ids).logits, merged.eval()(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert (want - plain).abs().max() > 1e-3  # the adapter does change the output
+
+
+def test_two_nodes_on_loopback(shards, tmp_path):
+    """A 2-node job for real: two torchrun agents (--nnodes 2, node ranks 0 and 1, one rank each) on
+    127.0.0.1, started from the commands launch_commands generates; the ranks meet over TCP, train and export."""
+    import shlex
+    import socket
+
+    from largetrain_core.train import launch_commands
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "two_nodes"
+    out.mkdir()
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=4, lr=5e-3, warmup_steps=1,
+                      checkpoint_every=4, keep_checkpoints=1, wandb_mode="disabled", tokenizer=str(shards))
+    path = out / "config.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    cmds = launch_commands(str(path), ["127.0.0.1", "127.0.0.1"], 1, port=port, python=sys.executable)
+    assert cmds["hostfile"] == "127.0.0.1 slots=1\n"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LARGETRAIN_FAULT", None)
+    procs = [subprocess.Popen(shlex.split(c), env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True) for c in cmds["torchrun"]]
+    try:
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 4
+    assert summary["peak_flops_source"].startswith("2 host(s)")
+    assert (out / "model" / "model.safetensors").exists()
+    assert all(np.isfinite(r["loss"]) for r in metrics(out).values())
+
+
+def test_launcher_stop_reaches_ranks_in_their_own_sessions(tmp_path):
+    """torchrun starts every rank with start_new_session=True: a child outside the agent's process group
+    must still be stopped by stop_process_group (here a stand-in agent with one such child)."""
+    from largetrain_dagster.resources import stop_process_group
+
+    code = ("import subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+            "print(c.pid, flush=True)\n"
+            "time.sleep(300)\n")
+    agent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(agent.stdout.readline())
+    assert os.getpgid(child) != os.getpgid(agent.pid)
+    stop_process_group(agent, grace_seconds=5)
+    assert agent.poll() is not None
+    state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{child}").exists() else "gone"
+    assert state in ("Z", "X", "gone"), state
+
+
+def test_launch_commands_and_mfu_inputs():
+    from largetrain_core.train import cpu_peak_flops, launch_commands, model_flops_per_token
+
+    c = launch_commands("cfg.json", ["n0", "n1", "n1"], 8, port=1234, rdzv_backend="c10d")
+    assert c["torchrun"][2].startswith("python -m torch.distributed.run --nnodes 3 --rdzv_backend c10d --rdzv_endpoint n0:1234")
+    assert c["hostfile"] == "n0 slots=8\nn1 slots=8\n"
+    assert "--hostfile hostfile --master_addr n0 --master_port 1234 --module largetrain_core.train cfg.json" in c["deepspeed"]
+    s = launch_commands("cfg.json", ["a", "b"], 4)["torchrun"]
+    assert "--node_rank 1 --master_addr a --master_port 29500" in s[1]
+    assert "--standalone" in launch_commands("cfg.json", ["a"], 2)["torchrun"][0]
+    # PaLM appendix B: 6N + 12 L H S
+    assert model_flops_per_token(1000, 2, 64, 32) == 6 * 1000 + 12 * 2 * 64 * 32
+    intel = "model name\t: Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz\nflags\t\t: fpu avx2 fma avx512f\n"
+    peak, how = cpu_peak_flops(cores=4, cpuinfo=intel)
+    assert peak == pytest.approx(4 * 2.3e9 * 64) and "AVX-512" in how
+    amd = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2600.000\nflags\t\t: avx2 fma avx512f\n"
+    assert cpu_peak_flops(cores=2, cpuinfo=amd)[0] == pytest.approx(2 * 2.6e9 * 32)
+
+
+def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
+    """Through Dagster: tokenizer and base_checkpoint take an existing local HF model (pretrained_model in
+    their config); both corpora are tokenized with its tokenizer (its EOS </s>, its BOS <s>); no pretraining
+    runs; the LoRA adapter trains on the imported model; evaluation reports perplexities and generations."""
+    from dagster import AssetKey, DagsterInstance, materialize
+
+    from largetrain_dagster.definitions import build_definitions
+
+    corpora = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"
+    if not (corpora / "shakespeare").is_dir() or not (corpora / "linux-doc").is_dir():
+        pytest.fail(f"real corpora missing at {corpora}: run `make corpora`")
+    lora = {"max_steps": 4, "warmup_steps": 1, "lr": 1e-2, "micro_batch_size": 2, "checkpoint_every": 4,
+            "log_every": 2, "lora_rank": 4, "lora_alpha": 8.0}
+    run_config = {"ops": {
+        "pretrain__raw_corpus": {"config": {"path": str(corpora / "linux-doc" / "admin-guide"), "max_documents": 10}},
+        "domain__raw_corpus": {"config": {"path": str(corpora / "shakespeare" / "comedies"), "max_documents": 2}},
+        "tokenizer": {"config": {"pretrained_model": str(pretrained)}},
+        "pretrain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
+        "domain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
+        "base_checkpoint": {"config": {"pretrained_model": str(pretrained)}},
+        "lora_adapter": {"config": lora},
+        "evaluation": {"config": {"max_sequences": 4, "prompts": ["Good morrow"], "max_new_tokens": 4}},
+    }}
+    defs = build_definitions(root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="disabled")
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize(list(defs.assets), resources=defs.resources, instance=instance, run_config=run_config)
+        assert result.success
+
+        def md(*key):
+            ev = instance.get_latest_materialization_event(AssetKey(list(key)))
+            return {k: getattr(v, "value", v) for k, v in ev.asset_materialization.metadata.items()}
+
+        base = md("base_checkpoint")
+        assert base["imported_from"] == str(pretrained) and base["model_vocab_size"] == 320
+        assert not (Path(base["output"]).parent / "metrics.jsonl").exists()  # nothing was pretrained
+        eos = json.loads((pretrained / "tokenizer.json").read_text())["added_tokens"][1]
+        assert eos["content"] == "</s>"
+        for role in ("pretrain", "domain"):
+            assert md(role, "token_shards")["vocab_size"] == 300
+            manifest = json.loads((Path(md(role, "token_shards")["path"]) / "manifest.json").read_text())
+            assert manifest["eos_id"] == eos["id"]
+        adapter = md("lora_adapter")
+        assert adapter["steps"] == 4 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
+        ev = md("evaluation")
+        assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
+
+
+def test_wandb_offline_run_continues_after_resume(tmp_path, monkeypatch):
+    """Rank 0's reporter opens W&B offline; a second start in the same output directory (a resume)
+    continues the same run id, and metrics.jsonl is appended to, not replaced."""
+    from largetrain_core.train import _Reporter
+
+    monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = TrainConfig(output_dir=str(tmp_path), train_shards="-", wandb_mode="offline", wandb_project="p")
+    ids = []
+    for step in (1, 2):
+        rep = _Reporter(cfg, 0, tmp_path)
+        ids.append(rep.wandb_run.id)
+        rep.metric({"step": step, "loss": 1.0 / step})
+        rep.close()
+    assert ids[0] == ids[1] == (tmp_path / "wandb_run_id").read_text()
+    assert [r["step"] for r in metrics(tmp_path).values()] == [1, 2]
+    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{ids[0]}"))) >= 1
