@@ -17,10 +17,16 @@ from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLaunc
 from largetrain_dagster.schedules import retrain_lora_adapter
 
 
+def lineage_assets() -> list:
+    """The unpartitioned lineage (both corpus chains, tokenizer, training, evaluation): what the
+    ``lineage`` job and ``make demo`` materialize, without the dynamically partitioned landed chain."""
+    return [a for role in ROLES for a in corpus_assets(role)] + [tokenizer, base_checkpoint, lora_adapter, evaluation]
+
+
 def build_definitions(root: str | None = None, nproc_per_node: int | None = None, wandb_mode: str | None = None) -> Definitions:
     root = root or os.environ.get("LARGETRAIN_ROOT", ".largetrain")
     nproc = nproc_per_node or int(os.environ.get("LARGETRAIN_NPROC", "2"))
-    assets = [a for role in ROLES for a in corpus_assets(role)] + [tokenizer, base_checkpoint, lora_adapter, evaluation]
+    assets = lineage_assets()
     # The landed chain (dynamically partitioned, largetrain_dagster.landing) is not part of the lineage job.
     lineage = define_asset_job("lineage", selection=AssetSelection.all() - AssetSelection.groups("landed_data"),
                                description="raw corpus -> cleaned text -> token shards -> base checkpoint -> LoRA adapter -> evaluation")

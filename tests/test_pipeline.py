@@ -14,7 +14,7 @@ import pytest
 import torch
 from dagster import AssetKey, DagsterInstance, materialize
 
-from largetrain_dagster.definitions import build_definitions
+from largetrain_dagster.definitions import build_definitions, lineage_assets
 
 REPO = Path(__file__).resolve().parents[1]
 CORPORA = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"
@@ -52,7 +52,7 @@ def test_whole_lineage_materializes(tmp_path):
     corpus("linux-doc"), corpus("shakespeare")
     root = tmp_path / "root"
     defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled")
-    assets = [a for a in defs.assets if a.key.path[0] != "landed"]  # the lineage; not the landed chain (test_landing.py)
+    assets = lineage_assets()  # not the landed chain (test_landing.py)
     resources = defs.resources
     with DagsterInstance.ephemeral() as instance:
         result = materialize(assets, resources=resources, instance=instance, run_config=tiny_run_config(CORPORA))

@@ -452,7 +452,7 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
     runs; the LoRA adapter trains on the imported model; evaluation reports perplexities and generations."""
     from dagster import AssetKey, DagsterInstance, materialize
 
-    from largetrain_dagster.definitions import build_definitions
+    from largetrain_dagster.definitions import build_definitions, lineage_assets
 
     corpora = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"
     if not (corpora / "shakespeare").is_dir() or not (corpora / "linux-doc").is_dir():
@@ -471,7 +471,7 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
     }}
     defs = build_definitions(root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
-        result = materialize(list(defs.assets), resources=defs.resources, instance=instance, run_config=run_config)
+        result = materialize(lineage_assets(), resources=defs.resources, instance=instance, run_config=run_config)
         assert result.success
 
         def md(*key):

@@ -53,17 +53,19 @@ def _wait(predicate, what: str, timeout: float, every: float = 1.0, proc=None, l
 
 
 def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL the server's process group, each time waiting until no
+    member of the group is left (the leader may exit before its children do)."""
     for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        if not _group_members(proc.pid):
-            return
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            proc.poll()
+            if not _group_members(proc.pid):
+                return
+            time.sleep(0.2)
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
