@@ -18,7 +18,7 @@ rule; an empty or whitespace-only document always gets ``empty``, so no rule div
 * Gopher quality rules (Rae et al. 2021, "Scaling Language Models: Methods, Analysis & Insights
   from Training Gopher", appendix A.1.1), thresholds and order as datatrove's ``GopherQualityFilter``:
   word count, mean word length, '#' and ellipsis per word, bullet lines, ellipsis-ending lines,
-  alphabetic words, stop words.
+  alphabetic words, stop words (distinct, case-sensitive tokens, as datatrove).
 * Gopher repetition rules (same paper, Table A1), as datatrove's ``GopherRepetitionFilter``:
   duplicate paragraphs / lines (share of elements and of characters), top 2/3/4-gram character
   share, duplicate 5..10-gram character share (datatrove's greedy count: a repeated n-gram's
@@ -38,7 +38,6 @@ spaCy's sentencizer splits at the same characters.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -72,8 +71,11 @@ class QualityConfig:
       max_bullet_lines_ratio: <= 90% of lines start with '•' or '-' (after leading whitespace).
       max_ellipsis_lines_ratio: <= 30% of lines end with '...' or '…'.
       min_alpha_word_fraction: >= 80% of words contain an alphabetic character.
-      min_stop_words: >= 2 occurrences of words of ``stop_words``, any case (the skeleton's choice;
-        datatrove 0.10 counts *distinct*, case-sensitive stop-word tokens).
+      min_stop_words: >= 2 *distinct* words of ``stop_words`` among the word tokens, compared exactly
+        (case-sensitive: "The" is not "the"; "the," is one whitespace token and no stop word), as
+        datatrove 0.10.1 ``GopherQualityFilter.filter``:
+        ``len(self.stop_words.intersection(set(words))) < self.min_stop_words`` (the Gopher paper
+        says "at least two of the following English words", A.1.1).
     Gopher repetition (``gopher_repetition``, Gopher Table A1; datatrove GopherRepetitionFilter):
       dup_para_fraction 0.3, dup_para_char_fraction 0.2, dup_line_fraction 0.3,
       dup_line_char_fraction 0.2, top_ngram_char_fractions {2: 0.20, 3: 0.18, 4: 0.16},
@@ -155,8 +157,8 @@ def _gopher_quality_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
         n_words=counted.list.len(),
         mean_len=counted.list.eval(pl.element().str.len_chars()).list.mean(),
         alpha=words.list.eval(pl.element().str.contains(r"[^\W\d_]")).list.mean(),
-        stops=text.str.to_lowercase()
-        .str.extract_all(r"\b(?:" + "|".join(re.escape(w) for w in cfg.stop_words) + r")\b").list.len(),
+        # datatrove 0.10.1 GopherQualityFilter: len(set(stop_words) & set(words)), distinct and case-sensitive
+        stops=words.list.eval(pl.element().filter(pl.element().is_in(list(cfg.stop_words)))).list.n_unique(),
         hashes=text.str.count_matches("#", literal=True),
         ellipses=text.str.count_matches("...", literal=True) + text.str.count_matches("\u2026", literal=True),
         bullets=lines.list.eval(pl.element().str.contains(r"^\s*[\u2022-]")).list.mean(),

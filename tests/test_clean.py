@@ -88,15 +88,24 @@ def test_alpha_word_fraction_boundary():
         None, "gopher_alpha_word_fraction", None, "gopher_alpha_word_fraction"]
 
 
-def test_stop_words_need_two_whole_word_occurrences_any_case():
-    """Occurrences are counted, as datatrove's GopherQualityFilter does (sum(w in stop_words for w in words))."""
+def test_stop_words_need_two_distinct_case_sensitive_whole_tokens():
+    """datatrove 0.10.1 GopherQualityFilter.filter (pipeline/filters/gopher_quality_filter.py):
+    ``len(self.stop_words.intersection(set(words))) < self.min_stop_words`` -> distinct stop words
+    among the word tokens, exact (case-sensitive) match; the Gopher paper (A.1.1): "at least two of".
+    """
     no_stops = "quick brown fox jumps over lazy dog near old mill " * 6
     one_once = no_stops + "the "
-    one_repeated = no_stops + "the " * 2
+    one_repeated = no_stops + "the " * 5          # 5 occurrences, 1 distinct: dropped
     substrings_only = no_stops + "theory another bother tooth offer "
-    two_upper = no_stops + "The AND"
-    assert reasons([no_stops, one_once, one_repeated, substrings_only, two_upper]) == [
-        "gopher_stop_words", "gopher_stop_words", None, "gopher_stop_words", None]
+    two_upper = no_stops + "The AND"               # case-sensitive: neither counts
+    with_punct = no_stops + "the, and."            # whitespace tokens "the," and "and." are no stop words
+    two_distinct = no_stops + "the and"
+    assert reasons([no_stops, one_once, one_repeated, substrings_only, two_upper, with_punct, two_distinct]) == [
+        "gopher_stop_words", "gopher_stop_words", "gopher_stop_words", "gopher_stop_words", "gopher_stop_words",
+        "gopher_stop_words", None]
+    # with the spaCy-like tokenization punctuation is split off, so "the," and "and." count
+    spacy = replace(DEFAULT, words="spacy_like")
+    assert reasons([with_punct, one_repeated], spacy) == [None, "gopher_stop_words"]
 
 
 CRAFTED = [  # (document, the one rule it fails, the QualityConfig field that switches that rule off)
