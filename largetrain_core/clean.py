@@ -51,8 +51,10 @@ C4_POLICY_SUBSTRINGS = ("terms of use", "privacy policy", "cookie policy", "uses
 
 # Word tokenization. "whitespace": \S+ runs (the Gopher paper's words). "spacy_like": approximates the
 # spaCy English tokenizer datatrove uses (punctuation characters become tokens of their own, "..." one
-# token, word-internal . and ' kept as in "e.g" or "3.14"); word counts and mean length then use only
-# tokens holding a character that is not punctuation or a symbol, as datatrove's non_symbol_words.
+# token, word-internal . and ' kept as in "e.g" or "3.14"). With either, the word count and the mean word
+# length use only tokens holding a character that is not punctuation or a symbol (so "--", "::" or "==="
+# do not count), as datatrove 0.10.1 GopherQualityFilter's non_symbol_words (its PUNCTUATION_SET; ours is
+# the Unicode classes P and S); the hash/ellipsis ratios and the alphabetic share divide by all tokens, as there.
 WORD_PATTERNS = {"whitespace": r"\S+", "spacy_like": r"\.\.\.|\w+(?:[.'\u2019]\w+)*|[^\w\s]"}
 _NON_SYMBOL = r"[^\p{P}\p{S}]"
 
@@ -66,7 +68,8 @@ class QualityConfig:
 
     words: the word tokenization, a key of WORD_PATTERNS.
     Gopher quality (Gopher A.1.1; datatrove GopherQualityFilter defaults):
-      min_words/max_words: 50..100,000 words. min/max_mean_word_length: 3..10 characters per word.
+      min_words/max_words: 50..100,000 words. min/max_mean_word_length: 3..10 characters per word
+        (words: tokens with a character outside Unicode P/S, as datatrove non_symbol_words).
       max_hash_word_ratio / max_ellipsis_word_ratio: '#' / ('...' + '…') occurrences per word <= 0.1.
       max_bullet_lines_ratio: <= 90% of lines start with '•' or '-' (after leading whitespace).
       max_ellipsis_lines_ratio: <= 30% of lines end with '...' or '…'.
@@ -150,7 +153,7 @@ def _gopher_quality_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
     if cfg.words not in WORD_PATTERNS:
         raise ValueError(f"words must be one of {sorted(WORD_PATTERNS)}, got {cfg.words!r}")
     words = text.str.extract_all(WORD_PATTERNS[cfg.words])
-    counted = words.list.eval(pl.element().filter(pl.element().str.contains(_NON_SYMBOL))) if cfg.words == "spacy_like" else words
+    counted = words.list.eval(pl.element().filter(pl.element().str.contains(_NON_SYMBOL)))
     lines = text.str.strip_suffix("\n").str.split("\n")  # str.splitlines(): no empty last line after a final \n
     stats = df.lazy().select(
         n_tokens=words.list.len(),

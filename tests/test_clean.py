@@ -83,7 +83,8 @@ def test_alpha_word_fraction_boundary():
     at_80 = " ".join(base + ["1234"] * 12)  # 48 / 60 = 0.8 exactly: passes
     below = " ".join(base + ["1234"] * 13)  # 48 / 61
     mixed = " ".join(base + ["x1", "\u65e5\u672c", "caf\u00e9"] * 4)  # a letter anywhere makes an alphabetic word
-    underscores = " ".join(base + ["___"] * 13)  # "_" is not a letter
+    # "_" is not a letter; "___" is punctuation-only, so it is no word for the word count (64 words remain)
+    underscores = " ".join(SENT_WORDS * 4 + ["___"] * 17)  # 64 / 81 = 0.79
     assert reasons([at_80, below, mixed, underscores]) == [
         None, "gopher_alpha_word_fraction", None, "gopher_alpha_word_fraction"]
 
@@ -175,3 +176,15 @@ def test_clean_corpus_counts_and_keeps_input_order(tmp_path: Path):
     assert kept["text"].to_list() == [words(64), SENT * 4 + "\n", words(70)]
     assert totals["bytes_kept"] == sum(len(t.encode()) for t in kept["text"].to_list())
     assert set(kept.columns) == {"doc_id", "source", "text"}
+
+
+def test_punctuation_only_tokens_do_not_count_as_words():
+    """datatrove 0.10.1 GopherQualityFilter counts words and mean length over non_symbol_words (tokens
+    with a character outside its PUNCTUATION_SET), even with a whitespace tokenizer."""
+    base = words(48)                                   # 48 words: too short
+    padded = base + " -- :: === ** |" * 4              # 20 punctuation-only tokens: still 48 words
+    assert reasons([base, padded]) == ["gopher_min_words", "gopher_min_words"]
+    long_words = "the and " + "extraordinarily " * 58  # mean length 14.5 over words
+    # 200 "-" tokens would pull the mean under 10 if they counted
+    assert reasons([long_words + "- " * 200], replace(DEFAULT, max_bullet_lines_ratio=None)) == [
+        "gopher_mean_word_length_high"]
