@@ -55,7 +55,8 @@ C4_POLICY_SUBSTRINGS = ("terms of use", "privacy policy", "cookie policy", "uses
 # length use only tokens holding a character that is not punctuation or a symbol (so "--", "::" or "==="
 # do not count), as datatrove 0.10.1 GopherQualityFilter's non_symbol_words (its PUNCTUATION_SET; ours is
 # the Unicode classes P and S); the hash/ellipsis ratios and the alphabetic share divide by all tokens, as there.
-WORD_PATTERNS = {"whitespace": r"\S+", "spacy_like": r"\.\.\.|\w+(?:[.'\u2019]\w+)*|[^\w\s]"}
+# Runs of "-", "~" or "^" stay one token, as in spaCy 3.8 (rst underlines "-----"; "=====" and "****" split).
+WORD_PATTERNS = {"whitespace": r"\S+", "spacy_like": r"\.\.\.|\w+(?:[.'\u2019]\w+)*|-+|~+|\^+|[^\w\s]"}
 _NON_SYMBOL = r"[^\p{P}\p{S}]"
 
 _CONTROL = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F]"

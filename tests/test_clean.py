@@ -188,3 +188,12 @@ def test_punctuation_only_tokens_do_not_count_as_words():
     # 200 "-" tokens would pull the mean under 10 if they counted
     assert reasons([long_words + "- " * 200], replace(DEFAULT, max_bullet_lines_ratio=None)) == [
         "gopher_mean_word_length_high"]
+
+
+def test_spacy_like_keeps_dash_runs_as_one_token_as_spacy():
+    """spaCy 3.8 blank("en") tokenizes "-----" as one token but "=====" as five (checked by hand);
+    datatrove's alphabetic share divides by all tokens, so rst underlines weigh accordingly."""
+    spacy = replace(DEFAULT, words="spacy_like")
+    dashes = words(64) + "\n----------" * 8      # 64 alphabetic of 72 tokens: passes
+    equals = words(64) + "\n==========" * 8      # 64 of 144 tokens: fails
+    assert reasons([dashes, equals], spacy) == [None, "gopher_alpha_word_fraction"]
