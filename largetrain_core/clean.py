@@ -33,7 +33,10 @@ rule; an empty or whitespace-only document always gets ``empty``, so no rule div
 Words are whitespace-separated tokens (``\\S+``). datatrove splits words with spaCy's English
 tokenizer (punctuation becomes separate tokens); see benchmarks/prep.py for the agreement this gives.
 Sentences (C4) are counted as runs of ``. ! ?`` followed by whitespace and more text, plus one:
-spaCy's sentencizer splits at the same characters.
+spaCy's sentencizer (datatrove's English sentence splitter) splits at the same characters, except
+after an ellipsis ``...`` or a letter-dot abbreviation such as ``e.g.``/``i.e.`` (one token each for
+spaCy's tokenizer, not a sentence-final one), which we skip too. Other abbreviations ("etc.", "Dr.")
+still end a sentence here and not in spaCy: benchmarks/prep.py measures what remains.
 """
 
 from __future__ import annotations
@@ -305,7 +308,13 @@ def _c4(df: pl.DataFrame, cfg: QualityConfig) -> pl.DataFrame:
     curly = cand & ~lorem & ~js & pl.col("c").str.contains("{", literal=True) if cfg.c4_curly_bracket else pl.lit(False)
     policy = pl.any_horizontal([low.str.contains(p, literal=True) for p in C4_POLICY_SUBSTRINGS]) if cfg.c4_policy else pl.lit(False)
     L = L.with_columns(lorem=lorem, curly=curly, keep=cand & ~lorem & ~js & ~curly & ~policy)
-    L = L.with_columns(sent=pl.when("keep").then(pl.col("c").str.count_matches(r"[.!?]+[\"')\]]*\s+\S") + 1).otherwise(0))
+    # a sentence ends at a run of . ! ? (then closing quotes/brackets) followed by more text, except where
+    # spaCy's sentencizer sees no sentence end: an ellipsis "..." and a letter-dot abbreviation ("e.g.",
+    # "i.e."), which its tokenizer keeps as one token that is not a sentence-final punctuation token
+    end = r"[\"')\]]*\s+\S"
+    sent = (pl.col("c").str.count_matches(r"[.!?]+" + end) - pl.col("c").str.count_matches(r"(?:^|[^.!?])\.{3,}" + end)
+            - pl.col("c").str.count_matches(r"\b\p{L}\.\p{L}\." + end) + 1)
+    L = L.with_columns(sent=pl.when("keep").then(sent).otherwise(0))
     big = 1 << 40
     per = L.group_by("i").agg(
         first_lorem=pl.when("lorem").then("ln").otherwise(big).min(),

@@ -97,6 +97,16 @@ def test_c4_document_rules_first_failure_wins():
     assert run([curly], replace(C4, c4_curly_bracket=False))["reason"].to_list() == ["c4_lorem_ipsum"]
 
 
+def test_c4_sentences_not_ended_by_ellipsis_or_letter_abbreviation():
+    """spaCy's sentencizer (datatrove's English splitter) sees one sentence in each of these lines
+    (kernel docs hwmon/sht21, leds/leds-sc27xx, peci/peci, checked with datatrove 0.10.1)."""
+    three = "One is here. Two is here. Three is here."  # + 1 = 4 < 5; + 2 = 5 would pass
+    abbrev = three + "\nWe use it e.g. maximum two measurements per second."
+    ellipsis = three + "\nA multiplier of 125, like 125ms, 250ms ... 31875ms."
+    five = three + "\nThen a fourth one. And a fifth."
+    assert run([abbrev, ellipsis, five], C4)["reason"].to_list() == ["c4_too_few_sentences", "c4_too_few_sentences", None]
+
+
 def test_other_gopher_quality_rules():
     base = distinct(60)
     hashes = base + " #" * 7  # 7 '#' / 67 words > 0.1
