@@ -48,7 +48,8 @@ DUP_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "duplicate_of": pl.Utf8, "cl
 class DedupConfig:
     """near: run MinHash-LSH (else exact only). ngram: words per shingle (5, datatrove default).
     bands x rows: 14 x 8 = 112 permutations (datatrove MinhashConfig defaults). seed: hashing seed.
-    chunk_shingles: shingles hashed per numpy block (memory: chunk_shingles * bands * rows * 8 bytes)."""
+    chunk_shingles: shingles hashed per numpy block; two threads each hold one block (memory:
+    2 * chunk_shingles * bands * rows * 8 bytes = 58 MiB at the defaults) and one signature array per part."""
 
     near: bool = True
     ngram: int = 5
