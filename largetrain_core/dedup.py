@@ -122,45 +122,27 @@ def _shingle_hashes(wh: np.ndarray, doc: np.ndarray, n_words: np.ndarray, ngram:
 
 
 def _permute_min(h: np.ndarray, sdoc: np.ndarray, n_docs: int, cfg: DedupConfig) -> np.ndarray:
-    """Per document and permutation i: min over its shingles of a_i * h + b_i (mod 2^64). The shingles
-    are split into two halves computed in two threads (numpy releases the GIL), then combined."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Per document and permutation i: min over its shingles of a_i * h + b_i (mod 2^64), in blocks of
+    ``cfg.chunk_shingles`` shingles with one preallocated buffer."""
     a, b = _permutations(cfg)
     p = len(a)
-
-    def run(lo: int, hi: int) -> np.ndarray:
-        sig = np.full((n_docs, p), np.iinfo(np.uint64).max, dtype=np.uint64)
-        buf = np.empty((cfg.chunk_shingles, p), dtype=np.uint64)
-        for c0 in range(lo, hi, cfg.chunk_shingles):
-            c1 = min(c0 + cfg.chunk_shingles, hi)
-            hc, dc, v = h[c0:c1], sdoc[c0:c1], buf[:c1 - c0]
-            np.multiply(hc[:, None], a[None, :], out=v)
-            np.add(v, b[None, :], out=v)
-            bounds = np.flatnonzero(np.r_[True, dc[1:] != dc[:-1]])
-            np.minimum.at(sig, dc[bounds], np.minimum.reduceat(v, bounds, axis=0))
-        return sig
-
-    mid = len(h) // 2
-    if mid < cfg.chunk_shingles:
-        return run(0, len(h))
-    with ThreadPoolExecutor(2) as ex:
-        s1, s2 = ex.map(lambda r: run(*r), [(0, mid), (mid, len(h))])
-    return np.minimum(s1, s2)
+    sig = np.full((n_docs, p), np.iinfo(np.uint64).max, dtype=np.uint64)
+    buf = np.empty((min(cfg.chunk_shingles, len(h)), p), dtype=np.uint64)
+    for c0 in range(0, len(h), cfg.chunk_shingles):
+        c1 = min(c0 + cfg.chunk_shingles, len(h))
+        hc, dc, v = h[c0:c1], sdoc[c0:c1], buf[:c1 - c0]
+        np.multiply(hc[:, None], a[None, :], out=v)
+        np.add(v, b[None, :], out=v)
+        bounds = np.flatnonzero(np.r_[True, dc[1:] != dc[:-1]])
+        np.minimum.at(sig, dc[bounds], np.minimum.reduceat(v, bounds, axis=0))
+    return sig
 
 
-def minhash(texts: pl.Series, cfg: DedupConfig = DedupConfig(), keys: pl.Series | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """MinHash signatures of a Utf8 Series of N texts (``keys``: their ``dedup_key`` if already computed).
-
-    Returns ``(signatures, n_words)``: uint64 (N, bands*rows) and int64 (N,). Rows of documents
-    without words are all 2^64-1 and must not be banded (``n_words == 0``).
-    """
-    n, p = len(texts), cfg.bands * cfg.rows
-    if keys is None:
-        keys = pl.select(dedup_key(pl.lit(texts))).to_series()
-    words = pl.DataFrame({"t": keys}).with_row_index("d").select(
-        "d", w=pl.col("t").str.replace_all(r"[^\w\s]", " ").str.extract_all(r"\S+")
-    ).explode("w").drop_nulls("w")
+def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
+    n, p = len(keys), cfg.bands * cfg.rows
+    # words = runs of \w in the key: the same as turning punctuation into spaces and splitting at whitespace
+    words = pl.DataFrame({"t": keys}).with_row_index("d").select("d", w=pl.col("t").str.extract_all(r"\w+")
+                                                                ).explode("w").drop_nulls("w")
     n_words = np.bincount(words["d"].to_numpy(), minlength=n).astype(np.int64) if words.height else np.zeros(n, np.int64)
     if not words.height:
         return np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64), n_words
@@ -171,6 +153,42 @@ def minhash(texts: pl.Series, cfg: DedupConfig = DedupConfig(), keys: pl.Series 
     doc = words["d"].to_numpy().astype(np.int64)
     h, sdoc = _shingle_hashes(wh, doc, n_words, cfg.ngram)
     return _permute_min(h, sdoc, n, cfg), n_words
+
+
+def _in_two_threads(texts: pl.Series, fn):
+    """fn(first half of texts) and fn(second half) in two threads (polars and numpy release the GIL);
+    returns the two results in order (one call on the whole Series under 64 texts)."""
+    n = len(texts)
+    if n < 64:
+        return [fn(texts)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        return list(ex.map(fn, [texts.slice(0, n // 2), texts.slice(n // 2)]))
+
+
+def minhash(texts: pl.Series, cfg: DedupConfig = DedupConfig()) -> tuple[np.ndarray, np.ndarray]:
+    """MinHash signatures of a Utf8 Series of N texts.
+
+    Returns ``(signatures, n_words)``: uint64 (N, bands*rows) and int64 (N,). Rows of documents
+    without words are all 2^64-1 and must not be banded (``n_words == 0``). The two halves of the
+    documents are hashed in two threads; the result does not depend on the split.
+    """
+    halves = _in_two_threads(texts, lambda t: _minhash_serial(pl.select(dedup_key(pl.lit(t))).to_series(), cfg))
+    return np.concatenate([h[0] for h in halves]), np.concatenate([h[1] for h in halves])
+
+
+def _signature_columns(texts: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(key hashes, signatures, n_words) of texts, the dedup key computed once, halves in two threads."""
+    def half(t: pl.Series):
+        keys = pl.select(dedup_key(pl.lit(t))).to_series()
+        kh = key_hashes(t, keys).to_numpy()
+        return (kh, *_minhash_serial(keys, cfg)) if cfg.near else (kh, None, None)
+
+    parts = _in_two_threads(texts, half)
+    if not cfg.near:
+        return np.concatenate([p[0] for p in parts]), None, None
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -184,11 +202,9 @@ def write_signatures(part_files: list[Path], out_file: Path, cfg: DedupConfig = 
     tables = []
     for part in part_files:
         df = pl.read_parquet(part, columns=["doc_id", "text"])
-        keys = df.select(dedup_key(pl.col("text")))["text"]
-        cols = {"doc_id": pa.array(df["doc_id"].to_list(), pa.large_string()),
-                "key_hash": key_hashes(df["text"], keys).to_arrow()}
+        kh, sig, n_words = _signature_columns(df["text"], cfg)
+        cols = {"doc_id": pa.array(df["doc_id"].to_list(), pa.large_string()), "key_hash": pa.array(kh, pa.uint64())}
         if cfg.near:
-            sig, n_words = minhash(df["text"], cfg, keys)
             cols["n_words"] = pa.array(n_words, pa.int64())
             cols["signature"] = pa.FixedSizeListArray.from_arrays(pa.array(sig.ravel(), pa.uint64()), sig.shape[1])
         tables.append(pa.table(cols))
