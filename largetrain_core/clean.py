@@ -200,6 +200,15 @@ def _dup_elements(df: pl.DataFrame, pieces: pl.Expr) -> pl.DataFrame:
     return per.group_by("i").agg(total=pl.col("n").sum(), dup=pl.col("d").sum(), dup_chars=pl.col("dc").sum())
 
 
+def _mix(x: np.ndarray) -> np.ndarray:
+    """murmur3's 64-bit finalizer (fmix64), elementwise on uint64: spreads a combined key's bits."""
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xFF51AFD7ED558CCD)
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xC4CEB9FE1A85EC53)
+    return x ^ (x >> np.uint64(33))
+
+
 def _greedy_dup_chars(keys: np.ndarray, lens: np.ndarray, n: int) -> int:
     """datatrove find_all_duplicate on n-gram keys of one document (keys[j]: n-gram starting at word j)."""
     seen: set = set()
@@ -243,28 +252,42 @@ def _repetition_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
     wl = w["w"].str.len_chars().to_numpy().astype(np.int64)
     W = len(doc)
     keys, lens = wh.copy(), wl.copy()
+    top = dict(cfg.top_ngram_char_fractions)
+    dupf = dict(cfg.dup_ngram_char_fractions)
+    cand = None  # per n-gram start: does this n-gram occur more than once in its document?
     for n in range(2, 11):
         if W < n:
             break
         keys = keys[:-1] * np.uint64(0x100000001B3) ^ wh[n - 1:]
         lens = lens[:-1] + wl[n - 1:]
         valid = doc[n - 1:] == doc[:W - n + 1]
+        # an n-gram can repeat only where both of its (n-1)-grams repeat: only those are hashed and grouped
+        cs = np.flatnonzero(valid if cand is None else valid & cand[:-1] & cand[1:])
+        sd = doc[cs]
+        # one 64-bit key per (document, n-gram): hashing a single column is much cheaper than a struct
+        dk = _mix(keys[cs] ^ _mix(sd.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
+        dup = pl.Series(dk, dtype=pl.UInt64).is_duplicated().to_numpy() if len(cs) else np.zeros(0, bool)
+        ds, dkd = cs[dup], dk[dup]  # every occurrence of a repeated n-gram, in text order
+        cand = np.zeros(len(valid), dtype=bool)
+        cand[ds] = True
         starts = np.flatnonzero(valid)
-        g = pl.DataFrame({"d": doc[starts], "k": keys[starts], "pos": starts, "l": lens[starts]})
-        top = dict(cfg.top_ngram_char_fractions)
-        dupf = dict(cfg.dup_ngram_char_fractions)
         if n in top:
-            # datatrove find_top_duplicate: the most frequent n-gram (first seen among ties), len(" ".join) * count
-            t = (g.group_by("d", "k").agg(c=pl.len(), first=pl.col("pos").min(), l=pl.col("l").first())
-                 .with_columns(score=pl.col("c").cast(pl.Int64) * (1 << 40) - pl.col("first"))
-                 .group_by("d").agg(c=pl.col("c").get(pl.col("score").arg_max()), l=pl.col("l").get(pl.col("score").arg_max())))
+            # datatrove find_top_duplicate: the most frequent n-gram (first seen among ties), len(" ".join) * count;
+            # without a repeated n-gram that is the document's first n-gram, seen once
             val = np.zeros(n_docs)
-            val[t["d"].to_numpy()] = t["c"].to_numpy() * (t["l"].to_numpy() + n - 1)
+            sdoc = doc[starts]
+            first = starts[np.r_[True, sdoc[1:] != sdoc[:-1]]] if len(starts) else starts
+            val[doc[first]] = lens[first] + n - 1
+            if len(ds):
+                g = pl.DataFrame({"d": doc[ds], "k": dkd, "pos": ds, "l": lens[ds]})
+                t = (g.group_by("k").agg(d=pl.col("d").first(), c=pl.len(), first=pl.col("pos").min(), l=pl.col("l").first())
+                     .with_columns(score=pl.col("c").cast(pl.Int64) * (1 << 40) - pl.col("first"))
+                     .group_by("d").agg(c=pl.col("c").get(pl.col("score").arg_max()), l=pl.col("l").get(pl.col("score").arg_max())))
+                val[t["d"].to_numpy()] = t["c"].to_numpy() * (t["l"].to_numpy() + n - 1)
             fails.append((val > top[n] * chars, f"gopher_top_{n}_gram"))
         if n in dupf:
             # upper bound: characters of words inside any repeated occurrence; exact greedy count only where it matters
-            rep = ~g.select(pl.struct("d", "k").is_first_distinct()).to_series().to_numpy()
-            s = starts[rep]
+            s = ds[~pl.Series(dkd, dtype=pl.UInt64).is_first_distinct().to_numpy()] if len(ds) else ds
             cover = np.cumsum(np.bincount(s, minlength=W + 1)[:W] - np.bincount(s + n, minlength=W + n + 1)[:W]) > 0
             bound = np.bincount(doc[cover], weights=wl[cover], minlength=n_docs)
             exact = np.zeros(n_docs)
