@@ -155,16 +155,24 @@ def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.n
     return _permute_min(h, sdoc, n, cfg), n_words
 
 
+_POOL: list = []
+
+
 def _in_two_threads(texts: pl.Series, fn):
     """fn(first half of texts) and fn(second half) in two threads (polars and numpy release the GIL);
-    returns the two results in order (one call on the whole Series under 64 texts)."""
+    returns the two results in order (one call on the whole Series under 64 texts).
+
+    The two threads are created once per process and reused: fresh threads per part made glibc hand
+    out new malloc arenas whose freed memory stayed resident (peak RSS grew with the number of parts;
+    benchmarks/prep_memory.py)."""
     n = len(texts)
     if n < 64:
         return [fn(texts)]
-    from concurrent.futures import ThreadPoolExecutor
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(2) as ex:
-        return list(ex.map(fn, [texts.slice(0, n // 2), texts.slice(n // 2)]))
+        _POOL.append(ThreadPoolExecutor(2, thread_name_prefix="minhash"))
+    return list(_POOL[0].map(fn, [texts.slice(0, n // 2), texts.slice(n // 2)]))
 
 
 def minhash(texts: pl.Series, cfg: DedupConfig = DedupConfig()) -> tuple[np.ndarray, np.ndarray]:
