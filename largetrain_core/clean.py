@@ -18,7 +18,7 @@ rule; an empty or whitespace-only document always gets ``empty``, so no rule div
 * Gopher quality rules (Rae et al. 2021, "Scaling Language Models: Methods, Analysis & Insights
   from Training Gopher", appendix A.1.1), thresholds and order as datatrove's ``GopherQualityFilter``:
   word count, mean word length, '#' and ellipsis per word, bullet lines, ellipsis-ending lines,
-  alphabetic words, stop words.
+  alphabetic words, stop words (distinct, case-sensitive tokens, as datatrove).
 * Gopher repetition rules (same paper, Table A1), as datatrove's ``GopherRepetitionFilter``:
   duplicate paragraphs / lines (share of elements and of characters), top 2/3/4-gram character
   share, duplicate 5..10-gram character share (datatrove's greedy count: a repeated n-gram's
@@ -33,12 +33,14 @@ rule; an empty or whitespace-only document always gets ``empty``, so no rule div
 Words are whitespace-separated tokens (``\\S+``). datatrove splits words with spaCy's English
 tokenizer (punctuation becomes separate tokens); see benchmarks/prep.py for the agreement this gives.
 Sentences (C4) are counted as runs of ``. ! ?`` followed by whitespace and more text, plus one:
-spaCy's sentencizer splits at the same characters.
+spaCy's sentencizer (datatrove's English sentence splitter) splits at the same characters, except
+after an ellipsis ``...`` or a letter-dot abbreviation such as ``e.g.``/``i.e.`` (one token each for
+spaCy's tokenizer, not a sentence-final one), which we skip too. Other abbreviations ("etc.", "Dr.")
+still end a sentence here and not in spaCy: benchmarks/prep.py measures what remains.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,9 +54,12 @@ C4_POLICY_SUBSTRINGS = ("terms of use", "privacy policy", "cookie policy", "uses
 
 # Word tokenization. "whitespace": \S+ runs (the Gopher paper's words). "spacy_like": approximates the
 # spaCy English tokenizer datatrove uses (punctuation characters become tokens of their own, "..." one
-# token, word-internal . and ' kept as in "e.g" or "3.14"); word counts and mean length then use only
-# tokens holding a character that is not punctuation or a symbol, as datatrove's non_symbol_words.
-WORD_PATTERNS = {"whitespace": r"\S+", "spacy_like": r"\.\.\.|\w+(?:[.'\u2019]\w+)*|[^\w\s]"}
+# token, word-internal . and ' kept as in "e.g" or "3.14"). With either, the word count and the mean word
+# length use only tokens holding a character that is not punctuation or a symbol (so "--", "::" or "==="
+# do not count), as datatrove 0.10.1 GopherQualityFilter's non_symbol_words (its PUNCTUATION_SET; ours is
+# the Unicode classes P and S); the hash/ellipsis ratios and the alphabetic share divide by all tokens, as there.
+# Runs of "-", "~" or "^" stay one token, as in spaCy 3.8 (rst underlines "-----"; "=====" and "****" split).
+WORD_PATTERNS = {"whitespace": r"\S+", "spacy_like": r"\.\.\.|\w+(?:[.'\u2019]\w+)*|-+|~+|\^+|[^\w\s]"}
 _NON_SYMBOL = r"[^\p{P}\p{S}]"
 
 _CONTROL = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F]"
@@ -67,13 +72,17 @@ class QualityConfig:
 
     words: the word tokenization, a key of WORD_PATTERNS.
     Gopher quality (Gopher A.1.1; datatrove GopherQualityFilter defaults):
-      min_words/max_words: 50..100,000 words. min/max_mean_word_length: 3..10 characters per word.
+      min_words/max_words: 50..100,000 words. min/max_mean_word_length: 3..10 characters per word
+        (words: tokens with a character outside Unicode P/S, as datatrove non_symbol_words).
       max_hash_word_ratio / max_ellipsis_word_ratio: '#' / ('...' + '…') occurrences per word <= 0.1.
       max_bullet_lines_ratio: <= 90% of lines start with '•' or '-' (after leading whitespace).
       max_ellipsis_lines_ratio: <= 30% of lines end with '...' or '…'.
       min_alpha_word_fraction: >= 80% of words contain an alphabetic character.
-      min_stop_words: >= 2 occurrences of words of ``stop_words``, any case (the skeleton's choice;
-        datatrove 0.10 counts *distinct*, case-sensitive stop-word tokens).
+      min_stop_words: >= 2 *distinct* words of ``stop_words`` among the word tokens, compared exactly
+        (case-sensitive: "The" is not "the"; "the," is one whitespace token and no stop word), as
+        datatrove 0.10.1 ``GopherQualityFilter.filter``:
+        ``len(self.stop_words.intersection(set(words))) < self.min_stop_words`` (the Gopher paper
+        says "at least two of the following English words", A.1.1).
     Gopher repetition (``gopher_repetition``, Gopher Table A1; datatrove GopherRepetitionFilter):
       dup_para_fraction 0.3, dup_para_char_fraction 0.2, dup_line_fraction 0.3,
       dup_line_char_fraction 0.2, top_ngram_char_fractions {2: 0.20, 3: 0.18, 4: 0.16},
@@ -148,15 +157,15 @@ def _gopher_quality_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
     if cfg.words not in WORD_PATTERNS:
         raise ValueError(f"words must be one of {sorted(WORD_PATTERNS)}, got {cfg.words!r}")
     words = text.str.extract_all(WORD_PATTERNS[cfg.words])
-    counted = words.list.eval(pl.element().filter(pl.element().str.contains(_NON_SYMBOL))) if cfg.words == "spacy_like" else words
+    counted = words.list.eval(pl.element().filter(pl.element().str.contains(_NON_SYMBOL)))
     lines = text.str.strip_suffix("\n").str.split("\n")  # str.splitlines(): no empty last line after a final \n
     stats = df.lazy().select(
         n_tokens=words.list.len(),
         n_words=counted.list.len(),
         mean_len=counted.list.eval(pl.element().str.len_chars()).list.mean(),
         alpha=words.list.eval(pl.element().str.contains(r"[^\W\d_]")).list.mean(),
-        stops=text.str.to_lowercase()
-        .str.extract_all(r"\b(?:" + "|".join(re.escape(w) for w in cfg.stop_words) + r")\b").list.len(),
+        # datatrove 0.10.1 GopherQualityFilter: len(set(stop_words) & set(words)), distinct and case-sensitive
+        stops=words.list.eval(pl.element().filter(pl.element().is_in(list(cfg.stop_words)))).list.n_unique(),
         hashes=text.str.count_matches("#", literal=True),
         ellipses=text.str.count_matches("...", literal=True) + text.str.count_matches("\u2026", literal=True),
         bullets=lines.list.eval(pl.element().str.contains(r"^\s*[\u2022-]")).list.mean(),
@@ -189,6 +198,15 @@ def _dup_elements(df: pl.DataFrame, pieces: pl.Expr) -> pl.DataFrame:
     ex = df.select("i", p=pieces).explode("p")
     per = ex.group_by("i", "p").agg(n=pl.len()).with_columns(d=pl.col("n") - 1, dc=(pl.col("n") - 1) * pl.col("p").str.len_chars())
     return per.group_by("i").agg(total=pl.col("n").sum(), dup=pl.col("d").sum(), dup_chars=pl.col("dc").sum())
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """murmur3's 64-bit finalizer (fmix64), elementwise on uint64: spreads a combined key's bits."""
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xFF51AFD7ED558CCD)
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xC4CEB9FE1A85EC53)
+    return x ^ (x >> np.uint64(33))
 
 
 def _greedy_dup_chars(keys: np.ndarray, lens: np.ndarray, n: int) -> int:
@@ -234,28 +252,42 @@ def _repetition_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
     wl = w["w"].str.len_chars().to_numpy().astype(np.int64)
     W = len(doc)
     keys, lens = wh.copy(), wl.copy()
+    top = dict(cfg.top_ngram_char_fractions)
+    dupf = dict(cfg.dup_ngram_char_fractions)
+    cand = None  # per n-gram start: does this n-gram occur more than once in its document?
     for n in range(2, 11):
         if W < n:
             break
         keys = keys[:-1] * np.uint64(0x100000001B3) ^ wh[n - 1:]
         lens = lens[:-1] + wl[n - 1:]
         valid = doc[n - 1:] == doc[:W - n + 1]
+        # an n-gram can repeat only where both of its (n-1)-grams repeat: only those are hashed and grouped
+        cs = np.flatnonzero(valid if cand is None else valid & cand[:-1] & cand[1:])
+        sd = doc[cs]
+        # one 64-bit key per (document, n-gram): hashing a single column is much cheaper than a struct
+        dk = _mix(keys[cs] ^ _mix(sd.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
+        dup = pl.Series(dk, dtype=pl.UInt64).is_duplicated().to_numpy() if len(cs) else np.zeros(0, bool)
+        ds, dkd = cs[dup], dk[dup]  # every occurrence of a repeated n-gram, in text order
+        cand = np.zeros(len(valid), dtype=bool)
+        cand[ds] = True
         starts = np.flatnonzero(valid)
-        g = pl.DataFrame({"d": doc[starts], "k": keys[starts], "pos": starts, "l": lens[starts]})
-        top = dict(cfg.top_ngram_char_fractions)
-        dupf = dict(cfg.dup_ngram_char_fractions)
         if n in top:
-            # datatrove find_top_duplicate: the most frequent n-gram (first seen among ties), len(" ".join) * count
-            t = (g.group_by("d", "k").agg(c=pl.len(), first=pl.col("pos").min(), l=pl.col("l").first())
-                 .with_columns(score=pl.col("c").cast(pl.Int64) * (1 << 40) - pl.col("first"))
-                 .group_by("d").agg(c=pl.col("c").get(pl.col("score").arg_max()), l=pl.col("l").get(pl.col("score").arg_max())))
+            # datatrove find_top_duplicate: the most frequent n-gram (first seen among ties), len(" ".join) * count;
+            # without a repeated n-gram that is the document's first n-gram, seen once
             val = np.zeros(n_docs)
-            val[t["d"].to_numpy()] = t["c"].to_numpy() * (t["l"].to_numpy() + n - 1)
+            sdoc = doc[starts]
+            first = starts[np.r_[True, sdoc[1:] != sdoc[:-1]]] if len(starts) else starts
+            val[doc[first]] = lens[first] + n - 1
+            if len(ds):
+                g = pl.DataFrame({"d": doc[ds], "k": dkd, "pos": ds, "l": lens[ds]})
+                t = (g.group_by("k").agg(d=pl.col("d").first(), c=pl.len(), first=pl.col("pos").min(), l=pl.col("l").first())
+                     .with_columns(score=pl.col("c").cast(pl.Int64) * (1 << 40) - pl.col("first"))
+                     .group_by("d").agg(c=pl.col("c").get(pl.col("score").arg_max()), l=pl.col("l").get(pl.col("score").arg_max())))
+                val[t["d"].to_numpy()] = t["c"].to_numpy() * (t["l"].to_numpy() + n - 1)
             fails.append((val > top[n] * chars, f"gopher_top_{n}_gram"))
         if n in dupf:
             # upper bound: characters of words inside any repeated occurrence; exact greedy count only where it matters
-            rep = ~g.select(pl.struct("d", "k").is_first_distinct()).to_series().to_numpy()
-            s = starts[rep]
+            s = ds[~pl.Series(dkd, dtype=pl.UInt64).is_first_distinct().to_numpy()] if len(ds) else ds
             cover = np.cumsum(np.bincount(s, minlength=W + 1)[:W] - np.bincount(s + n, minlength=W + n + 1)[:W]) > 0
             bound = np.bincount(doc[cover], weights=wl[cover], minlength=n_docs)
             exact = np.zeros(n_docs)
@@ -299,7 +331,13 @@ def _c4(df: pl.DataFrame, cfg: QualityConfig) -> pl.DataFrame:
     curly = cand & ~lorem & ~js & pl.col("c").str.contains("{", literal=True) if cfg.c4_curly_bracket else pl.lit(False)
     policy = pl.any_horizontal([low.str.contains(p, literal=True) for p in C4_POLICY_SUBSTRINGS]) if cfg.c4_policy else pl.lit(False)
     L = L.with_columns(lorem=lorem, curly=curly, keep=cand & ~lorem & ~js & ~curly & ~policy)
-    L = L.with_columns(sent=pl.when("keep").then(pl.col("c").str.count_matches(r"[.!?]+[\"')\]]*\s+\S") + 1).otherwise(0))
+    # a sentence ends at a run of . ! ? (then closing quotes/brackets) followed by more text, except where
+    # spaCy's sentencizer sees no sentence end: an ellipsis "..." and a letter-dot abbreviation ("e.g.",
+    # "i.e."), which its tokenizer keeps as one token that is not a sentence-final punctuation token
+    end = r"[\"')\]]*\s+\S"
+    sent = (pl.col("c").str.count_matches(r"[.!?]+" + end) - pl.col("c").str.count_matches(r"(?:^|[^.!?])\.{3,}" + end)
+            - pl.col("c").str.count_matches(r"\b\p{L}\.\p{L}\." + end) + 1)
+    L = L.with_columns(sent=pl.when("keep").then(sent).otherwise(0))
     big = 1 << 40
     per = L.group_by("i").agg(
         first_lorem=pl.when("lorem").then("ln").otherwise(big).min(),

@@ -48,7 +48,8 @@ DUP_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "duplicate_of": pl.Utf8, "cl
 class DedupConfig:
     """near: run MinHash-LSH (else exact only). ngram: words per shingle (5, datatrove default).
     bands x rows: 14 x 8 = 112 permutations (datatrove MinhashConfig defaults). seed: hashing seed.
-    chunk_shingles: shingles hashed per numpy block (memory: chunk_shingles * bands * rows * 8 bytes)."""
+    chunk_shingles: shingles hashed per numpy block; two threads each hold one block (memory:
+    2 * chunk_shingles * bands * rows * 8 bytes = 58 MiB at the defaults) and one signature array per part."""
 
     near: bool = True
     ngram: int = 5
@@ -67,9 +68,10 @@ def dedup_key(text: pl.Expr) -> pl.Expr:
     return text.str.normalize("NFKC").str.to_lowercase().str.replace_all(r"\s+", " ").str.strip_chars()
 
 
-def key_hashes(texts: pl.Series) -> pl.Series:
-    """UInt64 xxh3_64 hash of each text's dedup key."""
-    keys = pl.select(dedup_key(pl.lit(texts))).to_series()
+def key_hashes(texts: pl.Series, keys: pl.Series | None = None) -> pl.Series:
+    """UInt64 xxh3_64 hash of each text's dedup key (``keys``: ``dedup_key`` of ``texts`` if already computed)."""
+    if keys is None:
+        keys = pl.select(dedup_key(pl.lit(texts))).to_series()
     return pl.Series("key_hash", [xxhash.xxh3_64_intdigest(unicodedata.normalize("NFKC", k.casefold()).encode())
                                   for k in keys.to_list()], dtype=pl.UInt64)
 
@@ -91,44 +93,110 @@ def _permutations(cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def minhash(texts: pl.Series, cfg: DedupConfig = DedupConfig()) -> tuple[np.ndarray, np.ndarray]:
-    """MinHash signatures of a Utf8 Series of N texts.
+def _shingle_hashes(wh: np.ndarray, doc: np.ndarray, n_words: np.ndarray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of the word n-grams (fold h = h * M ^ word_hash over the n-gram's words, then fmix64) and
+    their documents; a document with fewer than ``ngram`` words has one shingle of all its words."""
+    W = len(doc)
+    hs, ds = [], []
+    if W >= ngram:
+        h = wh[:W - ngram + 1].copy()
+        for i in range(1, ngram):  # sliding windows by slices: no gathers
+            h = h * _M ^ wh[i:W - ngram + 1 + i]
+        inside = doc[:W - ngram + 1] == doc[ngram - 1:]
+        hs.append(h[inside])
+        ds.append(doc[:W - ngram + 1][inside])
+    short = np.flatnonzero((n_words > 0) & (n_words < ngram))
+    if len(short):
+        first = np.searchsorted(doc, short)
+        h = wh[first].copy()
+        for i in range(1, ngram - 1):
+            more = i < n_words[short]
+            h = np.where(more, h * _M ^ wh[np.minimum(first + i, W - 1)], h)
+        hs.append(h)
+        ds.append(short)
+    if not hs:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    h, d = np.concatenate(hs), np.concatenate(ds)
+    order = np.argsort(d, kind="stable")  # short documents' shingles back into document order
+    return _fmix64(h[order]), d[order]
 
-    Returns ``(signatures, n_words)``: uint64 (N, bands*rows) and int64 (N,). Rows of documents
-    without words are all 2^64-1 and must not be banded (``n_words == 0``).
-    """
-    n, p = len(texts), cfg.bands * cfg.rows
-    sig = np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64)
-    words = pl.DataFrame({"t": texts}).with_row_index("d").select(
-        "d", w=dedup_key(pl.col("t")).str.replace_all(r"[^\w\s]", " ").str.extract_all(r"\S+")
-    ).explode("w").drop_nulls("w")
+
+def _permute_min(h: np.ndarray, sdoc: np.ndarray, n_docs: int, cfg: DedupConfig) -> np.ndarray:
+    """Per document and permutation i: min over its shingles of a_i * h + b_i (mod 2^64), in blocks of
+    ``cfg.chunk_shingles`` shingles with one preallocated buffer."""
+    a, b = _permutations(cfg)
+    p = len(a)
+    sig = np.full((n_docs, p), np.iinfo(np.uint64).max, dtype=np.uint64)
+    buf = np.empty((min(cfg.chunk_shingles, len(h)), p), dtype=np.uint64)
+    for c0 in range(0, len(h), cfg.chunk_shingles):
+        c1 = min(c0 + cfg.chunk_shingles, len(h))
+        hc, dc, v = h[c0:c1], sdoc[c0:c1], buf[:c1 - c0]
+        np.multiply(hc[:, None], a[None, :], out=v)
+        np.add(v, b[None, :], out=v)
+        bounds = np.flatnonzero(np.r_[True, dc[1:] != dc[:-1]])
+        np.minimum.at(sig, dc[bounds], np.minimum.reduceat(v, bounds, axis=0))
+    return sig
+
+
+def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
+    n, p = len(keys), cfg.bands * cfg.rows
+    # words = runs of \w in the key: the same as turning punctuation into spaces and splitting at whitespace
+    words = pl.DataFrame({"t": keys}).with_row_index("d").select("d", w=pl.col("t").str.extract_all(r"\w+")
+                                                                ).explode("w").drop_nulls("w")
     n_words = np.bincount(words["d"].to_numpy(), minlength=n).astype(np.int64) if words.height else np.zeros(n, np.int64)
     if not words.height:
-        return sig, n_words
+        return np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64), n_words
     uniq = words["w"].unique()
     table = pl.DataFrame({"w": uniq, "h": pl.Series([xxhash.xxh3_64_intdigest(w.encode(), cfg.seed) for w in uniq.to_list()],
                                                     dtype=pl.UInt64)})
     wh = words.join(table, on="w", how="left", maintain_order="left")["h"].to_numpy()
     doc = words["d"].to_numpy().astype(np.int64)
-    W = len(doc)
-    # shingle starting at word j covers j..j+k-1 with k = min(ngram, words of the document)
-    k = np.minimum(cfg.ngram, n_words[doc])
-    pos = np.arange(W) - np.searchsorted(doc, doc)  # position of the word inside its document
-    starts = np.flatnonzero(pos + k <= n_words[doc])
-    h = wh[starts].copy()
-    for i in range(1, cfg.ngram):
-        more = i < k[starts]
-        idx = np.minimum(starts + i, W - 1)
-        h = np.where(more, h * _M ^ wh[idx], h)
-    h = _fmix64(h)
-    sdoc = doc[starts]
-    a, b = _permutations(cfg)
-    for c0 in range(0, len(h), cfg.chunk_shingles):
-        hc, dc = h[c0:c0 + cfg.chunk_shingles], sdoc[c0:c0 + cfg.chunk_shingles]
-        vals = hc[:, None] * a[None, :] + b[None, :]
-        bounds = np.flatnonzero(np.r_[True, dc[1:] != dc[:-1]])
-        np.minimum.at(sig, dc[bounds], np.minimum.reduceat(vals, bounds, axis=0))
-    return sig, n_words
+    h, sdoc = _shingle_hashes(wh, doc, n_words, cfg.ngram)
+    return _permute_min(h, sdoc, n, cfg), n_words
+
+
+_POOL: list = []
+
+
+def _in_two_threads(texts: pl.Series, fn):
+    """fn(first half of texts) and fn(second half) in two threads (polars and numpy release the GIL);
+    returns the two results in order (one call on the whole Series under 64 texts).
+
+    The two threads are created once per process and reused: fresh threads per part made glibc hand
+    out new malloc arenas whose freed memory stayed resident (peak RSS grew with the number of parts;
+    benchmarks/prep_memory.py)."""
+    n = len(texts)
+    if n < 64:
+        return [fn(texts)]
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(2, thread_name_prefix="minhash"))
+    return list(_POOL[0].map(fn, [texts.slice(0, n // 2), texts.slice(n // 2)]))
+
+
+def minhash(texts: pl.Series, cfg: DedupConfig = DedupConfig()) -> tuple[np.ndarray, np.ndarray]:
+    """MinHash signatures of a Utf8 Series of N texts.
+
+    Returns ``(signatures, n_words)``: uint64 (N, bands*rows) and int64 (N,). Rows of documents
+    without words are all 2^64-1 and must not be banded (``n_words == 0``). The two halves of the
+    documents are hashed in two threads; the result does not depend on the split.
+    """
+    halves = _in_two_threads(texts, lambda t: _minhash_serial(pl.select(dedup_key(pl.lit(t))).to_series(), cfg))
+    return np.concatenate([h[0] for h in halves]), np.concatenate([h[1] for h in halves])
+
+
+def _signature_columns(texts: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(key hashes, signatures, n_words) of texts, the dedup key computed once, halves in two threads."""
+    def half(t: pl.Series):
+        keys = pl.select(dedup_key(pl.lit(t))).to_series()
+        kh = key_hashes(t, keys).to_numpy()
+        return (kh, *_minhash_serial(keys, cfg)) if cfg.near else (kh, None, None)
+
+    parts = _in_two_threads(texts, half)
+    if not cfg.near:
+        return np.concatenate([p[0] for p in parts]), None, None
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -142,10 +210,9 @@ def write_signatures(part_files: list[Path], out_file: Path, cfg: DedupConfig = 
     tables = []
     for part in part_files:
         df = pl.read_parquet(part, columns=["doc_id", "text"])
-        cols = {"doc_id": pa.array(df["doc_id"].to_list(), pa.large_string()),
-                "key_hash": key_hashes(df["text"]).to_arrow()}
+        kh, sig, n_words = _signature_columns(df["text"], cfg)
+        cols = {"doc_id": pa.array(df["doc_id"].to_list(), pa.large_string()), "key_hash": pa.array(kh, pa.uint64())}
         if cfg.near:
-            sig, n_words = minhash(df["text"], cfg)
             cols["n_words"] = pa.array(n_words, pa.int64())
             cols["signature"] = pa.FixedSizeListArray.from_arrays(pa.array(sig.ravel(), pa.uint64()), sig.shape[1])
         tables.append(pa.table(cols))

@@ -54,7 +54,7 @@ ROLES = {
     "pretrain": ("corpora/linux-doc", "Pretraining corpus (demo: Linux kernel documentation, rst sources)."),
     "domain": ("corpora/shakespeare", "Domain corpus for the LoRA adapter (demo: Shakespeare's plays, markdown)."),
 }
-CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "3", "deduplicated_text": "3", "tokenizer": "1",
+CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "4", "deduplicated_text": "3", "tokenizer": "1",
                  "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "2"}
 
 

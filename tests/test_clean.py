@@ -83,20 +83,30 @@ def test_alpha_word_fraction_boundary():
     at_80 = " ".join(base + ["1234"] * 12)  # 48 / 60 = 0.8 exactly: passes
     below = " ".join(base + ["1234"] * 13)  # 48 / 61
     mixed = " ".join(base + ["x1", "\u65e5\u672c", "caf\u00e9"] * 4)  # a letter anywhere makes an alphabetic word
-    underscores = " ".join(base + ["___"] * 13)  # "_" is not a letter
+    # "_" is not a letter; "___" is punctuation-only, so it is no word for the word count (64 words remain)
+    underscores = " ".join(SENT_WORDS * 4 + ["___"] * 17)  # 64 / 81 = 0.79
     assert reasons([at_80, below, mixed, underscores]) == [
         None, "gopher_alpha_word_fraction", None, "gopher_alpha_word_fraction"]
 
 
-def test_stop_words_need_two_whole_word_occurrences_any_case():
-    """Occurrences are counted, as datatrove's GopherQualityFilter does (sum(w in stop_words for w in words))."""
+def test_stop_words_need_two_distinct_case_sensitive_whole_tokens():
+    """datatrove 0.10.1 GopherQualityFilter.filter (pipeline/filters/gopher_quality_filter.py):
+    ``len(self.stop_words.intersection(set(words))) < self.min_stop_words`` -> distinct stop words
+    among the word tokens, exact (case-sensitive) match; the Gopher paper (A.1.1): "at least two of".
+    """
     no_stops = "quick brown fox jumps over lazy dog near old mill " * 6
     one_once = no_stops + "the "
-    one_repeated = no_stops + "the " * 2
+    one_repeated = no_stops + "the " * 5          # 5 occurrences, 1 distinct: dropped
     substrings_only = no_stops + "theory another bother tooth offer "
-    two_upper = no_stops + "The AND"
-    assert reasons([no_stops, one_once, one_repeated, substrings_only, two_upper]) == [
-        "gopher_stop_words", "gopher_stop_words", None, "gopher_stop_words", None]
+    two_upper = no_stops + "The AND"               # case-sensitive: neither counts
+    with_punct = no_stops + "the, and."            # whitespace tokens "the," and "and." are no stop words
+    two_distinct = no_stops + "the and"
+    assert reasons([no_stops, one_once, one_repeated, substrings_only, two_upper, with_punct, two_distinct]) == [
+        "gopher_stop_words", "gopher_stop_words", "gopher_stop_words", "gopher_stop_words", "gopher_stop_words",
+        "gopher_stop_words", None]
+    # with the spaCy-like tokenization punctuation is split off, so "the," and "and." count
+    spacy = replace(DEFAULT, words="spacy_like")
+    assert reasons([with_punct, one_repeated], spacy) == [None, "gopher_stop_words"]
 
 
 CRAFTED = [  # (document, the one rule it fails, the QualityConfig field that switches that rule off)
@@ -166,3 +176,24 @@ def test_clean_corpus_counts_and_keeps_input_order(tmp_path: Path):
     assert kept["text"].to_list() == [words(64), SENT * 4 + "\n", words(70)]
     assert totals["bytes_kept"] == sum(len(t.encode()) for t in kept["text"].to_list())
     assert set(kept.columns) == {"doc_id", "source", "text"}
+
+
+def test_punctuation_only_tokens_do_not_count_as_words():
+    """datatrove 0.10.1 GopherQualityFilter counts words and mean length over non_symbol_words (tokens
+    with a character outside its PUNCTUATION_SET), even with a whitespace tokenizer."""
+    base = words(48)                                   # 48 words: too short
+    padded = base + " -- :: === ** |" * 4              # 20 punctuation-only tokens: still 48 words
+    assert reasons([base, padded]) == ["gopher_min_words", "gopher_min_words"]
+    long_words = "the and " + "extraordinarily " * 58  # mean length 14.5 over words
+    # 200 "-" tokens would pull the mean under 10 if they counted
+    assert reasons([long_words + "- " * 200], replace(DEFAULT, max_bullet_lines_ratio=None)) == [
+        "gopher_mean_word_length_high"]
+
+
+def test_spacy_like_keeps_dash_runs_as_one_token_as_spacy():
+    """spaCy 3.8 blank("en") tokenizes "-----" as one token but "=====" as five (checked by hand);
+    datatrove's alphabetic share divides by all tokens, so rst underlines weigh accordingly."""
+    spacy = replace(DEFAULT, words="spacy_like")
+    dashes = words(64) + "\n----------" * 8      # 64 alphabetic of 72 tokens: passes
+    equals = words(64) + "\n==========" * 8      # 64 of 144 tokens: fails
+    assert reasons([dashes, equals], spacy) == [None, "gopher_alpha_word_fraction"]

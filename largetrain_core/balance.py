@@ -1,0 +1,75 @@
+"""Class histograms and seeded class balancing for corpora with a label column.
+
+Not yet wired to the readers: the caller passes a frame with a label column (e.g. read from a
+JSONL/Parquet field). Plain re-sampling (as imbalanced-learn's RandomUnderSampler / RandomOverSampler):
+
+* ``mode="down"``: every class is sampled *without* replacement to ``n_c = floor(N * p_c)`` rows with
+  ``N = min_c(count_c / p_c)``, the largest total the scarcest class (relative to its target share)
+  allows; no row appears twice.
+* ``mode="up"``: every original row is kept and class ``c`` gets ``n_c - count_c`` extra rows drawn
+  *with* replacement from its own rows, ``n_c = max(count_c, round(N * p_c))`` with
+  ``N = max_c(count_c / p_c)``.
+
+``p`` is the target distribution (default: uniform over the classes present); a class with target 0
+is dropped. The draw uses numpy's PCG64 seeded with ``seed``, classes in sorted order, so the result
+is a pure function of (frame, label column, target, mode, seed). Output rows keep input order
+(extra up-sampled copies follow their original).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+NULL_LABEL = "<null>"
+
+
+def class_histogram(labels: pl.Series) -> dict[str, int]:
+    """Documents per class, classes sorted by name; a null label counts as ``"<null>"``."""
+    counts = labels.cast(pl.Utf8).fill_null(NULL_LABEL).value_counts(sort=False)
+    return dict(sorted(zip(counts[counts.columns[0]].to_list(), counts["count"].to_list())))
+
+
+def balance(df: pl.DataFrame, label: str, target: dict[str, float] | None = None, mode: str = "down",
+            seed: int = 0) -> tuple[pl.DataFrame, dict]:
+    """Re-sample ``df`` so that column ``label`` follows ``target`` (see module docstring).
+
+    Returns ``(sample, metadata)`` with metadata ``{"before": histogram, "after": histogram,
+    "target": shares, "mode": mode, "seed": seed}``. Raises ValueError on an unknown mode, a negative
+    or all-zero target, a target class missing from the data, or an empty frame.
+    """
+    if mode not in ("down", "up"):
+        raise ValueError(f"mode must be 'down' or 'up', got {mode!r}")
+    if df.height == 0:
+        raise ValueError("cannot balance an empty frame")
+    labels = df[label].cast(pl.Utf8).fill_null(NULL_LABEL)
+    before = class_histogram(df[label])
+    if target is None:
+        target = {c: 1.0 for c in before}
+    if any(v < 0 for v in target.values()) or sum(target.values()) <= 0:
+        raise ValueError(f"target shares must be >= 0 and not all 0, got {target}")
+    missing = [c for c, v in target.items() if v > 0 and c not in before]
+    if missing:
+        raise ValueError(f"target classes absent from the data: {missing}")
+    total = sum(target.values())
+    p = {c: target.get(c, 0.0) / total for c in before}
+    live = [c for c in before if p[c] > 0]
+    ratios = [before[c] / p[c] for c in live]
+    rng = np.random.default_rng(seed)
+    lab = labels.to_numpy()
+    take: list[np.ndarray] = []
+    if mode == "down":
+        n_total = min(ratios)
+        for c in live:
+            rows = np.flatnonzero(lab == c)
+            n = min(before[c], int(np.floor(n_total * p[c] + 1e-9)))
+            take.append(np.sort(rng.choice(rows, size=n, replace=False)))
+    else:
+        n_total = max(ratios)
+        for c in live:
+            rows = np.flatnonzero(lab == c)
+            n = max(before[c], int(round(n_total * p[c])))
+            take.append(np.sort(np.concatenate([rows, rng.choice(rows, size=n - before[c], replace=True)])))
+    idx = np.sort(np.concatenate(take), kind="stable") if take else np.zeros(0, np.int64)
+    out = df[idx]
+    return out, {"before": before, "after": class_histogram(out[label]), "target": p, "mode": mode, "seed": seed}
