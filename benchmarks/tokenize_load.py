@@ -120,7 +120,7 @@ def main() -> None:
         "tokens_per_s": {"ours": n_tokens / t_ours, "encode_batch": n_tokens / t_lib, "encode_batch_fast": n_tokens / t_fast},
         "batches_per_s": {"ours": batches / t_load, "memmap": batches / t_mm},
         "raw_seconds": {**tok_times, **load_times},
-        "quick": args.quick, "threads": threads, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+        "quick": args.quick, "threads": threads, "load_average_at_end": os.getloadavg(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
     }
     try:
         import datasets
