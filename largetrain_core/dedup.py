@@ -297,13 +297,15 @@ def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConf
 def write_deduplicated(part_files: list[Path], assignment: pl.DataFrame, first_row: int, out_dir: Path,
                        first_part: int = 0) -> tuple[int, pl.DataFrame]:
     """Write the kept documents of ``part_files`` (whose first document has global row ``first_row``)
-    to ``out_dir/part-NNNNN.parquet`` numbered from ``first_part``. Returns (rows read, duplicates frame)."""
+    to ``out_dir/part-NNNNN.parquet`` numbered from ``first_part`` (doc_id, source, text, and label where
+    the input has one). Returns (rows read, duplicates frame)."""
     dups, row = [], first_row
     for i, part in enumerate(part_files):
         df = pl.read_parquet(part)
         a = assignment.slice(row, df.height)
         df = df.with_columns(a["duplicate_of"], a["cluster_id"], a["kind"], a["key_hash"])
-        df.filter(pl.col("duplicate_of").is_null()).select("doc_id", "source", "text").write_parquet(
+        keep = ["doc_id", "source", "text", *(["label"] if "label" in df.columns else [])]
+        df.filter(pl.col("duplicate_of").is_null()).select(keep).write_parquet(
             out_dir / f"part-{first_part + i:05d}.parquet")
         dups.append(df.filter(pl.col("duplicate_of").is_not_null()).select(*DUP_SCHEMA))
         row += df.height
