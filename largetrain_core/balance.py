@@ -124,7 +124,8 @@ def balance_parts(directory: Path, target: dict[str, float] | None = None, mode:
 
 
 def histogram_markdown(before: dict[str, int], after: dict[str, int]) -> str:
-    """| class | before | after | as markdown, classes sorted, with a total row."""
-    rows = [f"| {c} | {before.get(c, 0)} | {after.get(c, 0)} |" for c in sorted(set(before) | set(after))]
+    """| class | before | after | as markdown, classes sorted, with a total row; class names in code
+    spans, so that ``<null>`` is not read as an HTML tag by the Dagster UI."""
+    rows = [f"| `{c}` | {before.get(c, 0)} | {after.get(c, 0)} |" for c in sorted(set(before) | set(after))]
     return "\n".join(["| class | before | after |", "|---|---|---|", *rows,
                       f"| **total** | **{sum(before.values())}** | **{sum(after.values())}** |"])

@@ -147,8 +147,8 @@ def test_dagster_balance_downsample_and_upsample(tmp_path):
     md, checks = _materialize(tmp_path / "root", src, {"balance_target": {"a": 1, "b": 1, "c": 1}, "balance_seed": 7})
     assert [(c.check_name, c.passed) for c in checks] == [("accounting", True)]
     table = md["class_histogram"].value
-    assert "| <null> | 1 | 0 |" in table and "| a | 6 | 2 |" in table and "| b | 2 | 2 |" in table
-    assert "| c | 3 | 2 |" in table and "| **total** | **12** | **6** |" in table
+    assert "| `<null>` | 1 | 0 |" in table and "| `a` | 6 | 2 |" in table and "| `b` | 2 | 2 |" in table
+    assert "| `c` | 3 | 2 |" in table and "| **total** | **12** | **6** |" in table
     # 15 records: 1 rejected, 1 filtered by min_words, 1 exact duplicate, 6 dropped by the balance, 6 kept
     assert (md["documents_input"].value, md["documents_rejected"].value, md["documents_duplicate"].value,
             md["documents_filtered"].value, md["documents_kept"].value) == (15, 1, 1, 7, 6)
@@ -161,5 +161,5 @@ def test_dagster_balance_downsample_and_upsample(tmp_path):
     # up-sampling to uniform over every class present (<null> included): each class to 6 rows
     md, checks = _materialize(tmp_path / "root", src, {"balance_target": {}, "balance_mode": "upsample"})
     assert [(c.check_name, c.passed) for c in checks] == [("accounting", True)]
-    assert "| <null> | 1 | 6 |" in md["class_histogram"].value and "| **total** | **12** | **24** |" in md["class_histogram"].value
+    assert "| `<null>` | 1 | 6 |" in md["class_histogram"].value and "| **total** | **12** | **24** |" in md["class_histogram"].value
     assert (md["documents_kept"].value, md["documents_filtered"].value, md["balance_repeats"].value) == (12, 1, 12)
