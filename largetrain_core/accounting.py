@@ -1,6 +1,11 @@
 """The accounting rule (DESIGN.md section 3): every input document ends in exactly one of
 ``kept``, ``filtered``, ``duplicate`` or ``rejected``, and ``kept + filtered + duplicate + rejected == input``.
 
+Class balancing (largetrain_core.balance, in deduplicated_text) adds two files to the dedup
+directory: documents left out by down-sampling are *filtered* (reason ``balance_downsample``,
+``balance_dropped.parquet``); extra up-sampled copies (``balance_repeats.parquet``) are repeats of
+kept documents, not input documents, so ``kept`` counts the part rows minus those copies.
+
 Counts are taken from the stage outputs on disk (Parquet row counts from the file footers), not
 from what the stages said they wrote, so a lost or double-written part file breaks the balance.
 """
@@ -13,6 +18,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
+from largetrain_core.balance import BALANCE_DROPPED, BALANCE_REPEATS
+
 
 def _rows(files) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
@@ -22,24 +29,34 @@ def corpus_accounting(raw_dir: Path, cleaned_dir: Path, dedup_dir: Path) -> dict
     """Recount one corpus's chain raw_corpus -> cleaned_text -> deduplicated_text.
 
     Returns ``input`` (documents read + records rejected), ``kept``, ``filtered``, ``duplicate``,
-    ``rejected``, ``balanced`` (the rule holds for the whole chain and for each stage) and
-    ``problems`` (one message per stage that does not balance).
+    ``rejected``, ``repeats`` (up-sampled copies in the part files, not counted in ``kept``),
+    ``balanced`` (the rule holds for the whole chain and for each stage) and ``problems`` (one
+    message per stage that does not balance).
     """
     raw_dir, cleaned_dir, dedup_dir = Path(raw_dir), Path(cleaned_dir), Path(dedup_dir)
     read = _rows(sorted(raw_dir.glob("part-*.parquet")))
     rejected = _rows([raw_dir / "rejected.parquet"])
     cleaned = _rows(sorted(cleaned_dir.glob("part-*.parquet")))
     filtered = _rows([cleaned_dir / "filtered.parquet"])
-    kept = _rows(sorted(dedup_dir.glob("part-*.parquet")))
+    repeats = _rows(_present(dedup_dir / BALANCE_REPEATS))
+    kept = _rows(sorted(dedup_dir.glob("part-*.parquet"))) - repeats
     duplicate = _rows([dedup_dir / "duplicates.parquet"])
+    downsampled = _rows(_present(dedup_dir / BALANCE_DROPPED))
     problems = []
     if cleaned + filtered != read:
         problems.append(f"cleaned_text: {cleaned} kept + {filtered} filtered != {read} read by raw_corpus")
-    if kept + duplicate != cleaned:
-        problems.append(f"deduplicated_text: {kept} kept + {duplicate} duplicate != {cleaned} from cleaned_text")
+    if kept + duplicate + downsampled != cleaned:
+        problems.append(f"deduplicated_text: {kept} kept + {duplicate} duplicate + {downsampled} balance_downsample"
+                        f" != {cleaned} from cleaned_text")
     total = read + rejected
+    filtered += downsampled
     return {"input": total, "kept": kept, "filtered": filtered, "duplicate": duplicate, "rejected": rejected,
+            "repeats": repeats,
             "balanced": not problems and kept + filtered + duplicate + rejected == total, "problems": problems}
+
+
+def _present(path: Path) -> list[Path]:
+    return [path] if path.exists() else []
 
 
 def _reject_code(reason: str) -> str:
@@ -49,15 +66,19 @@ def _reject_code(reason: str) -> str:
 
 
 def outcome_table(raw_dir: Path, cleaned_dir: Path, dedup_dir: Path) -> pl.DataFrame:
-    """Documents per (outcome, reason): kept (reason null), filtered (the rule's code), duplicate
+    """Documents per (outcome, reason): kept (reason null; up-sampled copies not counted), filtered
+    (the rule's code, or ``balance_downsample``), duplicate
     ("exact"/"near"), rejected (the reader's reason without positions). Columns outcome, reason (Utf8),
     documents (Int64), sorted; the documents column sums to the accounting ``input``."""
+    kept = _rows(sorted(Path(dedup_dir).glob("part-*.parquet"))) - _rows(_present(Path(dedup_dir) / BALANCE_REPEATS))
     frames = [
-        pl.DataFrame({"outcome": ["kept"], "reason": [None],
-                      "documents": [_rows(sorted(Path(dedup_dir).glob("part-*.parquet")))]},
+        pl.DataFrame({"outcome": ["kept"], "reason": [None], "documents": [kept]},
                      schema={"outcome": pl.Utf8, "reason": pl.Utf8, "documents": pl.Int64}),
         pl.read_parquet(Path(cleaned_dir) / "filtered.parquet", columns=["reason"]).group_by("reason").len()
         .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
+        *[pl.read_parquet(f, columns=["reason"]).group_by("reason").len()
+          .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64))
+          for f in _present(Path(dedup_dir) / BALANCE_DROPPED)],
         pl.read_parquet(Path(dedup_dir) / "duplicates.parquet").group_by(
             pl.col("kind") if "kind" in pl.read_parquet_schema(Path(dedup_dir) / "duplicates.parquet") else pl.lit("exact").alias("kind")
         ).len().select(outcome=pl.lit("duplicate"), reason="kind", documents=pl.col("len").cast(pl.Int64)),

@@ -1,7 +1,7 @@
 """Class histograms and seeded class balancing for corpora with a label column.
 
-Not yet wired to the readers: the caller passes a frame with a label column (e.g. read from a
-JSONL/Parquet field). Plain re-sampling (as imbalanced-learn's RandomUnderSampler / RandomOverSampler):
+The label column comes from the reader (``ReaderConfig.label_field``); :func:`balance_parts` balances
+the part files of a deduplicated_text directory in place. Plain re-sampling (as imbalanced-learn's RandomUnderSampler / RandomOverSampler):
 
 * ``mode="down"``: every class is sampled *without* replacement to ``n_c = floor(N * p_c)`` rows with
   ``N = min_c(count_c / p_c)``, the largest total the scarcest class (relative to its target share)
@@ -17,6 +17,8 @@ is a pure function of (frame, label column, target, mode, seed). Output rows kee
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -73,3 +75,57 @@ def balance(df: pl.DataFrame, label: str, target: dict[str, float] | None = None
     idx = np.sort(np.concatenate(take), kind="stable") if take else np.zeros(0, np.int64)
     out = df[idx]
     return out, {"before": before, "after": class_histogram(out[label]), "target": p, "mode": mode, "seed": seed}
+
+
+BALANCE_DROPPED = "balance_dropped.parquet"
+BALANCE_REPEATS = "balance_repeats.parquet"
+_ROW_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "label": pl.Utf8}
+
+
+def balance_parts(directory: Path, target: dict[str, float] | None = None, mode: str = "down",
+                  seed: int = 0) -> dict:
+    """Balance the ``part-*.parquet`` files of ``directory`` (columns doc_id, source, text, label) in place.
+
+    The class histogram is taken over all parts together (global row order = sorted part files,
+    rows in order) and :func:`balance` picks the rows, so the result equals balancing the
+    concatenated corpus. Each part is rewritten with its chosen rows (up-sampled copies right after
+    their original). Writes ``balance_dropped.parquet`` (doc_id, source, label, reason
+    ``"balance_downsample"``: one row per document left out by down-sampling, an outcome *filtered*
+    in the accounting) and ``balance_repeats.parquet`` (doc_id, source, label: one row per extra
+    up-sampled copy; the original stays *kept*, copies are not input documents and so are outside the
+    accounting sum). Returns ``{"before", "after", "target", "mode", "seed", "balance_dropped",
+    "balance_repeats"}``. Raises ValueError when the parts have no ``label`` column and as :func:`balance`.
+    """
+    directory = Path(directory)
+    parts = sorted(directory.glob("part-*.parquet"))
+    if not parts or any("label" not in pl.read_parquet_schema(p) for p in parts):
+        raise ValueError(f"{directory}: no label column to balance on (set the reader's label_field)")
+    labels = pl.concat([pl.read_parquet(p, columns=["label"]) for p in parts]).with_row_index("row")
+    chosen, meta = balance(labels, "label", target, mode, seed)
+    picks = chosen["row"].to_numpy()
+    dropped, repeats, start = [], [], 0
+    for p in parts:
+        df = pl.read_parquet(p)
+        mine = picks[(picks >= start) & (picks < start + df.height)] - start
+        out = df[mine]
+        out.write_parquet(p)
+        kept_once = np.zeros(df.height, dtype=bool)
+        kept_once[mine] = True
+        dropped.append(df.filter(pl.Series(~kept_once)).select("doc_id", "source", "label"))
+        first = np.ones(len(mine), dtype=bool)
+        first[1:] = mine[1:] != mine[:-1]
+        repeats.append(out.filter(pl.Series(~first)).select("doc_id", "source", "label"))
+        start += df.height
+    drop = pl.concat(dropped).cast(_ROW_SCHEMA).with_columns(reason=pl.lit("balance_downsample", pl.Utf8))
+    rep = pl.concat(repeats).cast(_ROW_SCHEMA)
+    drop.write_parquet(directory / BALANCE_DROPPED)
+    rep.write_parquet(directory / BALANCE_REPEATS)
+    return {**meta, "balance_dropped": drop.height, "balance_repeats": rep.height}
+
+
+def histogram_markdown(before: dict[str, int], after: dict[str, int]) -> str:
+    """| class | before | after | as markdown, classes sorted, with a total row; class names in code
+    spans, so that ``<null>`` is not read as an HTML tag by the Dagster UI."""
+    rows = [f"| `{c}` | {before.get(c, 0)} | {after.get(c, 0)} |" for c in sorted(set(before) | set(after))]
+    return "\n".join(["| class | before | after |", "|---|---|---|", *rows,
+                      f"| **total** | **{sum(before.values())}** | **{sum(after.values())}** |"])

@@ -399,7 +399,8 @@ def quality_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
 def clean_corpus(in_dir: Path, out_dir: Path, cfg: QualityConfig) -> dict:
     """Normalize and filter every ``part-*.parquet`` of a raw_corpus directory, one part at a time.
 
-    Writes ``out_dir/part-NNNNN.parquet`` (doc_id, source, text of kept documents, in input order)
+    Writes ``out_dir/part-NNNNN.parquet`` (doc_id, source, text, and label where the raw parts have
+    one, of kept documents, in input order)
     and ``out_dir/filtered.parquet`` (doc_id, source, reason). Returns counts: ``input``, ``kept``,
     ``filtered``, ``filtered_by_reason``, ``nul_removed``, ``control_removed``, ``c4_lines_removed``,
     ``bytes_kept``.
@@ -412,7 +413,8 @@ def clean_corpus(in_dir: Path, out_dir: Path, cfg: QualityConfig) -> dict:
         df = apply_rules(normalize(pl.read_parquet(part)), cfg)
         kept = df.filter(pl.col("reason").is_null())
         removed = df.filter(pl.col("reason").is_not_null()).select("doc_id", "source", "reason")
-        kept.select("doc_id", "source", "text").write_parquet(out_dir / f"part-{i:05d}.parquet")
+        kept.select("doc_id", "source", "text", *(["label"] if "label" in df.columns else [])).write_parquet(
+            out_dir / f"part-{i:05d}.parquet")
         filtered.append(removed)
         totals["input"] += df.height
         totals["kept"] += kept.height

@@ -1,5 +1,6 @@
 """Corpus readers: text/markdown/rst directories, JSONL (plain, .gz or .zst) and Parquet, read in bounded
-batches into Arrow tables with the columns ``doc_id``, ``source`` and ``text`` (all ``large_string``).
+batches into Arrow tables with the columns ``doc_id``, ``source`` and ``text`` (all ``large_string``), plus
+``label`` (``large_string``, null when a record lacks the field) when ``ReaderConfig.label_field`` is set.
 
 Encoding policy (documented, tested in tests/test_corpus.py against ../shared/cases):
 
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 DOC_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("source", pa.large_string()), ("text", pa.large_string())])
+LABELLED_DOC_SCHEMA = DOC_SCHEMA.append(pa.field("label", pa.large_string()))
 REJECT_SCHEMA = pa.schema([("source", pa.large_string()), ("position", pa.int64()), ("reason", pa.large_string())])
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
@@ -46,13 +48,24 @@ class ReaderConfig:
     ``path`` is a directory (walked recursively, files in sorted order) or a single file.
     ``text_field``/``id_field`` name the JSONL keys / Parquet columns; without an id field the
     document id is ``<relative path>:<line or row>``. ``batch_size`` is the number of documents per
-    Arrow batch, which bounds memory.
+    Arrow batch, which bounds memory. ``label_field`` (a JSONL key / Parquet column) adds a ``label``
+    column (:data:`LABELLED_DOC_SCHEMA`): a string value as is, any other JSON value as its JSON text
+    (``1`` -> ``"1"``, ``true`` -> ``"true"``), a Parquet column cast to string; null where the record
+    lacks the field, holds null, or the file (a text file, a Parquet file without the column) has none.
     """
 
     path: str
     text_field: str = "text"
     id_field: str | None = None
     batch_size: int = 1024
+    label_field: str | None = None
+
+
+def _label_text(value) -> str | None:
+    """A label value as a string: str as is, None as None, anything else as its JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 @dataclass
@@ -84,15 +97,18 @@ def _valid_utf8(text: str) -> str | None:
 
 
 class _Collector:
-    def __init__(self, batch_size: int):
+    def __init__(self, batch_size: int, labelled: bool = False):
         self.batch_size = batch_size
-        self.docs: dict[str, list] = {"doc_id": [], "source": [], "text": []}
+        self.schema = LABELLED_DOC_SCHEMA if labelled else DOC_SCHEMA
+        self.docs: dict[str, list] = {name: [] for name in self.schema.names}
         self.rejects: dict[str, list] = {"source": [], "position": [], "reason": []}
 
-    def doc(self, doc_id: str, source: str, text: str) -> None:
+    def doc(self, doc_id: str, source: str, text: str, label: str | None = None) -> None:
         self.docs["doc_id"].append(doc_id)
         self.docs["source"].append(source)
         self.docs["text"].append(text)
+        if "label" in self.docs:
+            self.docs["label"].append(label)
 
     def reject(self, source: str, position: int, reason: str) -> None:
         self.rejects["source"].append(source)
@@ -103,7 +119,7 @@ class _Collector:
         return len(self.docs["doc_id"]) >= self.batch_size or len(self.rejects["source"]) >= self.batch_size
 
     def flush(self) -> Batch:
-        batch = Batch(pa.table(self.docs, schema=DOC_SCHEMA), pa.table(self.rejects, schema=REJECT_SCHEMA))
+        batch = Batch(pa.table(self.docs, schema=self.schema), pa.table(self.rejects, schema=REJECT_SCHEMA))
         self.docs = {k: [] for k in self.docs}
         self.rejects = {k: [] for k in self.rejects}
         return batch
@@ -121,7 +137,7 @@ def read_corpus(config: ReaderConfig) -> Iterator[Batch]:
     if not files:
         raise ValueError(f"no .txt/.md/.rst/.jsonl(.gz/.zst)/.parquet files under {root}")
     base = root if root.is_dir() else root.parent
-    out = _Collector(config.batch_size)
+    out = _Collector(config.batch_size, labelled=config.label_field is not None)
     for f in files:
         rel = f.relative_to(base).as_posix()
         if f.name.endswith(PARQUET_SUFFIXES):
@@ -178,11 +194,12 @@ def _read_jsonl(f: Path, rel: str, config: ReaderConfig, out: _Collector) -> Ite
                     continue
                 text = record[config.text_field]
                 doc_id = str(record[config.id_field]) if config.id_field and config.id_field in record else f"{rel}:{pos}"
-                bad = _valid_utf8(text) or _valid_utf8(doc_id)
+                label = _label_text(record.get(config.label_field)) if config.label_field else None
+                bad = _valid_utf8(text) or _valid_utf8(doc_id) or (label is not None and _valid_utf8(label))
                 if bad:
                     out.reject(rel, pos, f"line {pos}: {bad}")
                     continue
-                out.doc(doc_id, rel, text)
+                out.doc(doc_id, rel, text, label)
                 if out.full():
                     yield out.flush()
     except Exception as e:  # noqa: BLE001 -- truncated gzip (EOFError), corrupt zstd (zstandard.ZstdError), unreadable file (OSError)
@@ -199,16 +216,26 @@ def _read_parquet(f: Path, rel: str, config: ReaderConfig, out: _Collector) -> I
     if config.text_field not in names:
         out.reject(rel, -1, f"no column {config.text_field!r} (columns: {names})")
         return
-    columns = [config.text_field] + ([config.id_field] if config.id_field and config.id_field in names else [])
+    has_id = bool(config.id_field and config.id_field in names)
+    has_label = bool(config.label_field and config.label_field in names)
+    columns = list(dict.fromkeys([config.text_field] + ([config.id_field] if has_id else [])
+                                 + ([config.label_field] if has_label else [])))
     row = 0
     for rb in pf.iter_batches(batch_size=config.batch_size, columns=columns):
         texts = rb.column(config.text_field).to_pylist()
-        ids = rb.column(config.id_field).to_pylist() if len(columns) == 2 else None
+        ids = rb.column(config.id_field).to_pylist() if has_id else None
+        if has_label:
+            col = rb.column(config.label_field)
+            labels = (col.cast(pa.large_string()) if pa.types.is_primitive(col.type) or pa.types.is_string(col.type)
+                      or pa.types.is_large_string(col.type) else col).to_pylist()
+        else:
+            labels = None
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 out.reject(rel, row + i, f"row {row + i}: text is {type(text).__name__}, not a string")
                 continue
-            out.doc(str(ids[i]) if ids is not None else f"{rel}:{row + i}", rel, text)
+            out.doc(str(ids[i]) if ids is not None else f"{rel}:{row + i}", rel, text,
+                    _label_text(labels[i]) if labels is not None else None)
             if out.full():  # per document: the collector may already hold documents of earlier files
                 yield out.flush()
         row += rb.num_rows

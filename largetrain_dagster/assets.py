@@ -40,6 +40,7 @@ from dagster import (
 from pydantic import Field
 
 from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table
+from largetrain_core.balance import balance_parts, histogram_markdown
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
 from largetrain_core.dedup import DedupConfig, deduplicate
@@ -66,6 +67,9 @@ class RawCorpusConfig(Config):
     path: str = Field(default="", description="Corpus directory or file; empty = <storage root>/<the role's default corpus>.")
     text_field: str = Field(default="text", description="JSONL key / Parquet column holding the text.")
     id_field: Optional[str] = Field(default=None, description="JSONL key / Parquet column holding the document id.")
+    label_field: Optional[str] = Field(default=None, description=(
+        "JSONL key / Parquet column holding a class label: adds a `label` column (null where a record lacks it), "
+        "kept through cleaned_text and deduplicated_text; needed by deduplicated_text's balance_target."))
     batch_size: int = Field(default=1024, description="Documents per batch (bounds memory).")
     max_documents: Optional[int] = Field(default=None, description="Subset: keep at most this many documents.")
     sample_fraction: float = Field(default=1.0, description="Subset: seeded hash sample of this share of documents.")
@@ -118,6 +122,27 @@ class DeduplicatedTextConfig(Config):
     bands: int = Field(default=14, description="LSH bands; bands x rows permutations (14 x 8: Jaccard ~0.72).")
     rows: int = 8
     seed: int = 1
+    balance_target: Optional[dict[str, float]] = Field(default=None, description=(
+        "Class balancing after dedup (largetrain_core.balance; needs raw_corpus label_field): target share per "
+        "label (normalized; `<null>` names documents without a label; a class left out or at 0 is dropped). "
+        "{} = uniform over the classes present. null = no balancing."))
+    balance_mode: str = Field(default="downsample", description=(
+        "downsample: sample every class without replacement, dropped documents count as filtered "
+        "(balance_downsample); upsample: keep every document and add seeded repeats (balance_repeats.parquet)."))
+    balance_seed: int = Field(default=0, description="Seed of the balancing draw (numpy PCG64).")
+
+    def dedup(self) -> DedupConfig:
+        return DedupConfig(near=self.near, ngram=self.ngram, bands=self.bands, rows=self.rows, seed=self.seed)
+
+    def balancing(self) -> Optional[dict]:
+        """The balance settings (None without a target); raises Failure on an unknown balance_mode."""
+        if self.balance_target is None:
+            return None
+        modes = {"downsample": "down", "upsample": "up"}
+        if self.balance_mode not in modes:
+            raise Failure(f"balance_mode must be downsample or upsample, got {self.balance_mode!r}")
+        return {"target": dict(sorted(self.balance_target.items())) or None, "mode": modes[self.balance_mode],
+                "seed": self.balance_seed}
 
 
 class TokenizerConfig(Config):
@@ -238,8 +263,11 @@ def corpus_assets(role: str) -> list:
         source = config.path or str(storage.path(default_source))
         if not Path(source).exists():
             raise Failure(f"{role} corpus not found at {source}: run `make corpora` or set config path")
-        version = data_version(CODE_VERSIONS["raw_corpus"], config.model_dump(), fingerprint(source))
-        reader = ReaderConfig(source, config.text_field, config.id_field, config.batch_size)
+        settings = config.model_dump()
+        if settings["label_field"] is None:  # unlabelled corpora keep the versions they had before label_field
+            del settings["label_field"]
+        version = data_version(CODE_VERSIONS["raw_corpus"], settings, fingerprint(source))
+        reader = ReaderConfig(source, config.text_field, config.id_field, config.batch_size, config.label_field)
         path, stats, reused = _stage(context, storage, [role, "raw_corpus"], version, lambda out: ingest(
             reader, out, max_documents=config.max_documents, sample_fraction=config.sample_fraction, seed=config.seed))
         total = stats["documents"] + stats["rejected"]
@@ -266,15 +294,29 @@ def corpus_assets(role: str) -> list:
            description="Exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH near duplicates removed; the first copy in corpus order is kept per cluster.")
     def deduplicated_text(context: AssetExecutionContext, config: DeduplicatedTextConfig, storage: Storage,
                           raw: dict, cleaned: dict):
-        dcfg = DedupConfig(**config.model_dump())
-        version = data_version(CODE_VERSIONS["deduplicated_text"], dcfg.to_dict(), cleaned["data_version"])
+        dcfg, bal = config.dedup(), config.balancing()
+        # the balance settings enter the version only when set, so unbalanced versions stay as they were
+        version = data_version(CODE_VERSIONS["deduplicated_text"], {**dcfg.to_dict(), **({"balance": bal} if bal else {})},
+                               cleaned["data_version"])
 
         def build(out: Path) -> dict:
             stats = deduplicate(Path(cleaned["path"]), out, dcfg)
+            if bal:
+                try:
+                    stats["balance"] = balance_parts(out, bal["target"], bal["mode"], bal["seed"])
+                except ValueError as e:
+                    raise Failure(f"{role} deduplicated_text: cannot balance: {e}") from e
+                stats["kept"] = stats["kept"] - stats["balance"]["balance_dropped"]
             outcome_table(Path(raw["path"]), Path(cleaned["path"]), out).write_parquet(out / "outcomes.parquet")
             return stats
 
         path, stats, reused = _stage(context, storage, [role, "deduplicated_text"], version, build)
+        extra = {}
+        if "balance" in stats:
+            b = stats["balance"]
+            extra = {"class_histogram": MetadataValue.md(histogram_markdown(b["before"], b["after"])),
+                     "balance": MetadataValue.json(b), "balance_dropped": b["balance_dropped"],
+                     "balance_repeats": b["balance_repeats"]}
         acc = corpus_accounting(Path(raw["path"]), Path(cleaned["path"]), path)
         summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
         outcomes = pl.read_parquet(path / "outcomes.parquet")
@@ -282,7 +324,7 @@ def corpus_assets(role: str) -> list:
             "accounting": _md_counts(summary, ("outcome", "documents")),
             "outcomes_by_reason": MetadataValue.md(markdown_table(outcomes)),
             "outcomes_table": MetadataValue.path(str(path / "outcomes.parquet")),
-            **{f"documents_{k}": v for k, v in summary.items()}})
+            **{f"documents_{k}": v for k, v in summary.items()}, **extra})
         yield AssetCheckResult(check_name="accounting", passed=acc["balanced"],
                                metadata={**summary, "problems": MetadataValue.json(acc["problems"])})
 

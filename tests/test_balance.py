@@ -1,5 +1,7 @@
 """largetrain_core.balance: class histogram and seeded down/up-sampling to a target distribution."""
 
+from pathlib import Path
+
 import polars as pl
 import pytest
 
@@ -44,3 +46,120 @@ def test_errors():
         balance(DF, "y", mode="sideways")
     with pytest.raises(ValueError, match="empty"):
         balance(DF.clear(), "y")
+
+
+# ---------------------------------------------------------------------------------------------
+# balance_parts (a deduplicated_text directory) and the accounting with balancing
+
+
+def _parts(d, labels_per_part):
+    d.mkdir()
+    n = 0
+    for i, labels in enumerate(labels_per_part):
+        ids = [f"d{n + j}" for j in range(len(labels))]
+        n += len(labels)
+        pl.DataFrame({"doc_id": ids, "source": ["s"] * len(ids), "text": [f"text {x}" for x in ids], "label": labels},
+                     schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8, "label": pl.Utf8}
+                     ).write_parquet(d / f"part-{i:05d}.parquet")
+    return d
+
+
+def test_balance_parts_down_equals_balancing_the_concatenation(tmp_path):
+    from largetrain_core.balance import balance_parts
+
+    labels = [["a", "a", "b", "a"], ["c", "a", None], ["b", "a", "c"]]
+    d = _parts(tmp_path / "d", labels)
+    whole = pl.concat([pl.read_parquet(p) for p in sorted(d.glob("part-*.parquet"))])
+    expect, _ = balance(whole, "label", {"a": 1, "b": 1, "c": 1}, "down", seed=5)
+    meta = balance_parts(d, {"a": 1, "b": 1, "c": 1}, "down", seed=5)
+    assert meta["before"] == {"<null>": 1, "a": 5, "b": 2, "c": 2} and meta["after"] == {"a": 2, "b": 2, "c": 2}
+    got = pl.concat([pl.read_parquet(p) for p in sorted(d.glob("part-*.parquet"))])
+    assert got.equals(expect) and got.height == 6
+    dropped = pl.read_parquet(d / "balance_dropped.parquet")
+    assert meta["balance_dropped"] == dropped.height == 4 and dropped["reason"].unique().to_list() == ["balance_downsample"]
+    assert set(dropped["doc_id"]) | set(got["doc_id"]) == set(whole["doc_id"]) and pl.read_parquet(d / "balance_repeats.parquet").height == 0
+
+
+def test_balance_parts_up_repeats_follow_originals(tmp_path):
+    from largetrain_core.balance import balance_parts
+
+    d = _parts(tmp_path / "d", [["a", "a", "b"], ["a", "b"], ["c"]])
+    meta = balance_parts(d, None, "up", seed=2)
+    # N = max(3 / (1/3), ...) = 9: a keeps its 3, b gets 1 extra copy, c 2
+    assert meta["after"] == {"a": 3, "b": 3, "c": 3} and meta["balance_repeats"] == 3 and meta["balance_dropped"] == 0
+    rep = pl.read_parquet(d / "balance_repeats.parquet")
+    assert sorted(rep["label"].to_list()) == ["b", "c", "c"]
+    assert pl.read_parquet(d / "part-00002.parquet")["doc_id"].to_list() == ["d5"] * 3   # copies follow the original
+    assert sum(pl.read_parquet(p).height for p in d.glob("part-*.parquet")) == 9
+
+
+def test_balance_parts_needs_a_label_column(tmp_path):
+    from largetrain_core.balance import balance_parts
+
+    d = tmp_path / "d"
+    d.mkdir()
+    pl.DataFrame({"doc_id": ["x"], "source": ["s"], "text": ["t"]}).write_parquet(d / "part-00000.parquet")
+    with pytest.raises(ValueError, match="label"):
+        balance_parts(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dagster: raw_corpus -> cleaned_text -> deduplicated_text of one role with a label field
+
+
+def _labelled_corpus(path):
+    import json
+
+    def doc(i, label=...):
+        rec = {"text": f"the cat and the dog of " + " ".join(f"w{i}x{j}" for j in range(10))}
+        if label is not ...:
+            rec["y"] = label
+        return json.dumps(rec)
+
+    lines = [doc(i, "a") for i in range(6)] + [doc(0, "a")]                 # 6 a + an exact duplicate of doc 0
+    lines += [doc(10, "b"), doc(11, "b"), doc(20, "c"), doc(21, "c"), doc(22, "c")]
+    lines += [doc(30), json.dumps({"text": "the and", "y": "b"}), "{not json"]  # no label; too short; rejected
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _materialize(root, src, dedup_config):
+    from dagster import DagsterInstance, materialize
+
+    from largetrain_dagster.assets import corpus_assets
+    from largetrain_dagster.definitions import build_definitions
+
+    defs = build_definitions(root=str(root), wandb_mode="disabled")
+    run_config = {"ops": {
+        "domain__raw_corpus": {"config": {"path": str(src), "label_field": "y", "max_rejected_fraction": 0.5}},
+        "domain__cleaned_text": {"config": {"min_words": 3}},
+        "domain__deduplicated_text": {"config": dedup_config}}}
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize(corpus_assets("domain")[:3], resources=defs.resources, instance=instance, run_config=run_config)
+        assert result.success
+        md = result.asset_materializations_for_node("domain__deduplicated_text")[0].metadata
+        checks = result.get_asset_check_evaluations()
+    return md, checks
+
+
+def test_dagster_balance_downsample_and_upsample(tmp_path):
+    src = _labelled_corpus(tmp_path / "labelled.jsonl")
+    md, checks = _materialize(tmp_path / "root", src, {"balance_target": {"a": 1, "b": 1, "c": 1}, "balance_seed": 7})
+    assert [(c.check_name, c.passed) for c in checks] == [("accounting", True)]
+    table = md["class_histogram"].value
+    assert "| `<null>` | 1 | 0 |" in table and "| `a` | 6 | 2 |" in table and "| `b` | 2 | 2 |" in table
+    assert "| `c` | 3 | 2 |" in table and "| **total** | **12** | **6** |" in table
+    # 15 records: 1 rejected, 1 filtered by min_words, 1 exact duplicate, 6 dropped by the balance, 6 kept
+    assert (md["documents_input"].value, md["documents_rejected"].value, md["documents_duplicate"].value,
+            md["documents_filtered"].value, md["documents_kept"].value) == (15, 1, 1, 7, 6)
+    assert "| filtered | balance_downsample | 6 |" in md["outcomes_by_reason"].value
+    out = Path(md["path"].value)
+    parts = pl.concat([pl.read_parquet(p) for p in sorted(out.glob("part-*.parquet"))])
+    assert sorted(parts["label"].to_list()) == ["a", "a", "b", "b", "c", "c"]
+    assert pl.read_parquet(out / "balance_dropped.parquet").height == 6
+
+    # up-sampling to uniform over every class present (<null> included): each class to 6 rows
+    md, checks = _materialize(tmp_path / "root", src, {"balance_target": {}, "balance_mode": "upsample"})
+    assert [(c.check_name, c.passed) for c in checks] == [("accounting", True)]
+    assert "| `<null>` | 1 | 6 |" in md["class_histogram"].value and "| **total** | **12** | **24** |" in md["class_histogram"].value
+    assert (md["documents_kept"].value, md["documents_filtered"].value, md["balance_repeats"].value) == (12, 1, 12)

@@ -232,3 +232,45 @@ def test_ingest_max_documents_keeps_first_n_in_corpus_order(forty_docs, tmp_path
 def test_ingest_rejects_bad_fraction(forty_docs, tmp_path, fraction):
     with pytest.raises(ValueError):
         ingest(ReaderConfig(str(forty_docs)), tmp_path, sample_fraction=fraction)
+
+
+# ---------------------------------------------------------------------------------------------
+# label_field
+
+
+def test_label_field_jsonl_and_parquet(tmp_path):
+    from largetrain_core.corpus import LABELLED_DOC_SCHEMA
+
+    d = tmp_path / "c"
+    d.mkdir()
+    write_jsonl(d / "a.jsonl", [{"text": "one", "y": "pos"}, {"text": "two"}, {"text": "three", "y": 1},
+                                {"text": "four", "y": None}, {"text": "five", "y": True}])
+    pq.write_table(pa.table({"text": ["six", "seven"], "y": [3, None]}), d / "b.parquet")
+    pq.write_table(pa.table({"text": ["eight"]}), d / "c.parquet")   # no label column: null
+    (d / "d.txt").write_text("nine")                                   # text files carry no label
+    docs, rej = read_all(d, label_field="y")
+    assert rej.num_rows == 0 and docs.schema == LABELLED_DOC_SCHEMA
+    assert docs.column("text").to_pylist() == ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    assert docs.column("label").to_pylist() == ["pos", None, "1", None, "true", "3", None, None, None]
+    # without label_field the schema is unchanged and the field is ignored
+    docs, _ = read_all(d)
+    assert docs.schema == DOC_SCHEMA
+
+
+def test_label_column_survives_clean_and_dedup(tmp_path):
+    from largetrain_core.clean import QualityConfig, clean_corpus
+    from largetrain_core.dedup import deduplicate
+
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "same words here", "y": "a"}, {"text": "same words here", "y": "b"},
+                                              {"text": "other words there", "y": "c"}])
+    raw, clean, dedup = (tmp_path / n for n in ("raw", "clean", "dedup"))
+    for p in (raw, clean, dedup):
+        p.mkdir()
+    ingest(ReaderConfig(str(src), label_field="y"), raw)
+    off = {k: None for k in ("min_words", "max_words", "min_mean_word_length", "max_mean_word_length",
+                             "max_hash_word_ratio", "max_ellipsis_word_ratio", "max_bullet_lines_ratio",
+                             "max_ellipsis_lines_ratio", "min_alpha_word_fraction", "min_stop_words")}
+    clean_corpus(raw, clean, QualityConfig(**off))
+    deduplicate(clean, dedup)
+    out = pl.read_parquet(dedup / "part-00000.parquet")
+    assert out.columns == ["doc_id", "source", "text", "label"] and out["label"].to_list() == ["a", "c"]

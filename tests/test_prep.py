@@ -197,3 +197,21 @@ def test_outcomes_per_reason_sum_to_input_with_zst_reader(tmp_path):
                         ("kept", None, 1), ("rejected", "cannot read file", 1), ("rejected", "invalid JSON", 1)]
     assert t["documents"].sum() == corpus_accounting(raw, cleaned, dd)["input"] == 6
     assert "| **total** | | **6** |" in markdown_table(t)
+
+
+def test_minhash_is_exact_min_whatever_the_block_size():
+    """Signatures equal a direct min over each document's shingles, for blocks that split documents."""
+    import numpy as np
+
+    from largetrain_core.dedup import DedupConfig, _permutations, _permute_min
+
+    rng = np.random.default_rng(0)
+    sdoc = np.sort(rng.integers(0, 7, size=50)).astype(np.int64)     # doc 7 (and any unlucky one) has no shingle
+    h = rng.integers(0, 2**64, size=50, dtype=np.uint64)
+    a, b = _permutations(DedupConfig(bands=2, rows=3))
+    expect = np.full((8, 6), np.iinfo(np.uint64).max, dtype=np.uint64)
+    for d in range(8):
+        if (sdoc == d).any():
+            expect[d] = (h[sdoc == d][:, None] * a[None, :] + b[None, :]).min(axis=0)
+    for chunk in (1, 3, 8, 50, 8192):
+        assert np.array_equal(_permute_min(h, sdoc, 8, DedupConfig(bands=2, rows=3, chunk_shingles=chunk)), expect)
