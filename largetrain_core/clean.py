@@ -47,6 +47,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from largetrain_core.dedup import fmix64
+
 # Gopher paper, A.1.1; datatrove GopherQualityFilter.stop_words default.
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 # datatrove c4_filters.POLICY_SUBSTRINGS
@@ -200,15 +202,6 @@ def _dup_elements(df: pl.DataFrame, pieces: pl.Expr) -> pl.DataFrame:
     return per.group_by("i").agg(total=pl.col("n").sum(), dup=pl.col("d").sum(), dup_chars=pl.col("dc").sum())
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """murmur3's 64-bit finalizer (fmix64), elementwise on uint64: spreads a combined key's bits."""
-    x = x ^ (x >> np.uint64(33))
-    x = x * np.uint64(0xFF51AFD7ED558CCD)
-    x = x ^ (x >> np.uint64(33))
-    x = x * np.uint64(0xC4CEB9FE1A85EC53)
-    return x ^ (x >> np.uint64(33))
-
-
 def _greedy_dup_chars(keys: np.ndarray, lens: np.ndarray, n: int) -> int:
     """datatrove find_all_duplicate on n-gram keys of one document (keys[j]: n-gram starting at word j)."""
     seen: set = set()
@@ -265,7 +258,7 @@ def _repetition_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
         cs = np.flatnonzero(valid if cand is None else valid & cand[:-1] & cand[1:])
         sd = doc[cs]
         # one 64-bit key per (document, n-gram): hashing a single column is much cheaper than a struct
-        dk = _mix(keys[cs] ^ _mix(sd.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
+        dk = fmix64(keys[cs] ^ fmix64(sd.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
         dup = pl.Series(dk, dtype=pl.UInt64).is_duplicated().to_numpy() if len(cs) else np.zeros(0, bool)
         ds, dkd = cs[dup], dk[dup]  # every occurrence of a repeated n-gram, in text order
         cand = np.zeros(len(valid), dtype=bool)

@@ -77,7 +77,7 @@ def key_hashes(texts: pl.Series, keys: pl.Series | None = None) -> pl.Series:
                                   for k in keys.to_list()], dtype=pl.UInt64)
 
 
-def _fmix64(x: np.ndarray) -> np.ndarray:
+def fmix64(x: np.ndarray) -> np.ndarray:
     """murmur3's 64-bit finalizer (Appleby, MurmurHash3 fmix64), elementwise on uint64."""
     x = x ^ (x >> np.uint64(33))
     x = x * np.uint64(0xFF51AFD7ED558CCD)
@@ -119,7 +119,7 @@ def _shingle_hashes(wh: np.ndarray, doc: np.ndarray, n_words: np.ndarray, ngram:
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)
     h, d = np.concatenate(hs), np.concatenate(ds)
     order = np.argsort(d, kind="stable")  # short documents' shingles back into document order
-    return _fmix64(h[order]), d[order]
+    return fmix64(h[order]), d[order]
 
 
 def _permute_min(h: np.ndarray, sdoc: np.ndarray, n_docs: int, cfg: DedupConfig) -> np.ndarray:
@@ -291,7 +291,7 @@ def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConf
             cols = sig[live, band * cfg.rows:(band + 1) * cfg.rows]
             h = np.zeros(len(live), dtype=np.uint64)
             for r in range(cfg.rows):
-                h = _fmix64(h * _M ^ cols[:, r])
+                h = fmix64(h * _M ^ cols[:, r])
             u, v = _same_value_edges(h, live)
             us.append(u)
             vs.append(v)
