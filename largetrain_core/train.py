@@ -587,7 +587,7 @@ def run(cfg: TrainConfig) -> dict:
                 raise ValueError(f"{cfg.train_shards}: token ids up to {data.manifest['vocab_size'] - 1} "
                                  f"do not fit the base model's vocabulary of {model.config.vocab_size}")
         if cfg.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if cfg.mode == "lora":
             from peft import LoraConfig, get_peft_model
 
