@@ -25,19 +25,24 @@ def _rows(files) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
-def corpus_accounting(raw_dir: Path, cleaned_dir: Path, dedup_dir: Path) -> dict:
-    """Recount one corpus's chain raw_corpus -> cleaned_text -> deduplicated_text.
+def _dirs(d: Path | list[Path]) -> list[Path]:
+    return [Path(d)] if isinstance(d, (str, Path)) else [Path(x) for x in d]
+
+
+def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path) -> dict:
+    """Recount one corpus's chain raw_corpus -> cleaned_text -> deduplicated_text (raw and cleaned:
+    one directory, or one per partition).
 
     Returns ``input`` (documents read + records rejected), ``kept``, ``filtered``, ``duplicate``,
     ``rejected``, ``repeats`` (up-sampled copies in the part files, not counted in ``kept``),
     ``balanced`` (the rule holds for the whole chain and for each stage) and ``problems`` (one
     message per stage that does not balance).
     """
-    raw_dir, cleaned_dir, dedup_dir = Path(raw_dir), Path(cleaned_dir), Path(dedup_dir)
-    read = _rows(sorted(raw_dir.glob("part-*.parquet")))
-    rejected = _rows([raw_dir / "rejected.parquet"])
-    cleaned = _rows(sorted(cleaned_dir.glob("part-*.parquet")))
-    filtered = _rows([cleaned_dir / "filtered.parquet"])
+    raw_dirs, cleaned_dirs, dedup_dir = _dirs(raw_dir), _dirs(cleaned_dir), Path(dedup_dir)
+    read = _rows(p for d in raw_dirs for p in d.glob("part-*.parquet"))
+    rejected = _rows(d / "rejected.parquet" for d in raw_dirs)
+    cleaned = _rows(p for d in cleaned_dirs for p in d.glob("part-*.parquet"))
+    filtered = _rows(d / "filtered.parquet" for d in cleaned_dirs)
     repeats = _rows(_present(dedup_dir / BALANCE_REPEATS))
     kept = _rows(sorted(dedup_dir.glob("part-*.parquet"))) - repeats
     duplicate = _rows([dedup_dir / "duplicates.parquet"])
@@ -65,7 +70,7 @@ def _reject_code(reason: str) -> str:
     return re.split(r"[:(]| at ", reason, maxsplit=1)[0].strip()
 
 
-def outcome_table(raw_dir: Path, cleaned_dir: Path, dedup_dir: Path) -> pl.DataFrame:
+def outcome_table(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path) -> pl.DataFrame:
     """Documents per (outcome, reason): kept (reason null; up-sampled copies not counted), filtered
     (the rule's code, or ``balance_downsample``), duplicate
     ("exact"/"near"), rejected (the reader's reason without positions). Columns outcome, reason (Utf8),
@@ -74,7 +79,7 @@ def outcome_table(raw_dir: Path, cleaned_dir: Path, dedup_dir: Path) -> pl.DataF
     frames = [
         pl.DataFrame({"outcome": ["kept"], "reason": [None], "documents": [kept]},
                      schema={"outcome": pl.Utf8, "reason": pl.Utf8, "documents": pl.Int64}),
-        pl.read_parquet(Path(cleaned_dir) / "filtered.parquet", columns=["reason"]).group_by("reason").len()
+        pl.read_parquet([d / "filtered.parquet" for d in _dirs(cleaned_dir)], columns=["reason"]).group_by("reason").len()
         .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
         *[pl.read_parquet(f, columns=["reason"]).group_by("reason").len()
           .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64))
@@ -82,7 +87,7 @@ def outcome_table(raw_dir: Path, cleaned_dir: Path, dedup_dir: Path) -> pl.DataF
         pl.read_parquet(Path(dedup_dir) / "duplicates.parquet").group_by(
             pl.col("kind") if "kind" in pl.read_parquet_schema(Path(dedup_dir) / "duplicates.parquet") else pl.lit("exact").alias("kind")
         ).len().select(outcome=pl.lit("duplicate"), reason="kind", documents=pl.col("len").cast(pl.Int64)),
-        pl.read_parquet(Path(raw_dir) / "rejected.parquet", columns=["reason"])
+        pl.read_parquet([d / "rejected.parquet" for d in _dirs(raw_dir)], columns=["reason"])
         .select(reason=pl.col("reason").map_elements(_reject_code, return_dtype=pl.Utf8)).group_by("reason").len()
         .select(outcome=pl.lit("rejected"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
     ]

@@ -52,6 +52,10 @@ class ReaderConfig:
     column (:data:`LABELLED_DOC_SCHEMA`): a string value as is, any other JSON value as its JSON text
     (``1`` -> ``"1"``, ``true`` -> ``"true"``), a Parquet column cast to string; null where the record
     lacks the field, holds null, or the file (a text file, a Parquet file without the column) has none.
+
+    ``partition`` / ``partitions``: read only the files that :func:`partition_of` assigns to
+    ``partition`` of ``partitions`` (hash partitioning of relative paths; a single-file corpus lives
+    in one partition).
     """
 
     path: str
@@ -59,6 +63,12 @@ class ReaderConfig:
     id_field: str | None = None
     batch_size: int = 1024
     label_field: str | None = None
+    partition: int = 0
+    partitions: int = 1
+
+    def __post_init__(self):
+        if not 0 <= self.partition < self.partitions:
+            raise ValueError(f"partition must be in [0, {self.partitions}), got {self.partition}")
 
 
 def _label_text(value) -> str | None:
@@ -74,17 +84,31 @@ class Batch:
     rejected: pa.Table  # REJECT_SCHEMA
 
 
-def list_files(path: Path) -> list[Path]:
-    """All readable corpus files under ``path`` (sorted), or ``[path]`` for a file.
+def partition_of(relative_path: str, partitions: int) -> int:
+    """The partition of a corpus file: xxh3-64 of its UTF-8 relative path (seed 0) modulo ``partitions``.
+
+    Hash partitioning, not ranges of the sorted list: a file added to the corpus changes only the
+    partition it falls into, so the other partitions keep their data versions and are not redone.
+    """
+    return xxhash.xxh3_64_intdigest(relative_path.encode()) % partitions
+
+
+def list_files(path: Path, partition: int = 0, partitions: int = 1) -> list[Path]:
+    """The readable corpus files under ``path`` (sorted), or ``[path]`` for a file; with
+    ``partitions > 1`` only those that :func:`partition_of` assigns to ``partition``.
 
     Raises FileNotFoundError when ``path`` does not exist.
     """
     if not path.exists():
         raise FileNotFoundError(f"corpus path does not exist: {path}")
     if path.is_file():
-        return [path]
-    suffixes = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
-    return sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes))
+        files, base = [path], path.parent
+    else:
+        suffixes = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
+        files, base = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes)), path
+    if partitions == 1:
+        return files
+    return [f for f in files if partition_of(f.relative_to(base).as_posix(), partitions) == partition]
 
 
 def _valid_utf8(text: str) -> str | None:
@@ -130,12 +154,12 @@ def read_corpus(config: ReaderConfig) -> Iterator[Batch]:
 
     Every document and every unreadable record appears exactly once, either in ``documents`` or in
     ``rejected``. Raises FileNotFoundError if the path is missing and ValueError if it holds no
-    corpus file.
+    corpus file (in any partition). A partition that no file falls into yields nothing.
     """
     root = Path(config.path)
-    files = list_files(root)
-    if not files:
+    if not list_files(root):
         raise ValueError(f"no .txt/.md/.rst/.jsonl(.gz/.zst)/.parquet files under {root}")
+    files = list_files(root, config.partition, config.partitions)
     base = root if root.is_dir() else root.parent
     out = _Collector(config.batch_size, labelled=config.label_field is not None)
     for f in files:
@@ -256,14 +280,16 @@ def ingest(config: ReaderConfig, out_dir: Path, *, max_documents: int | None = N
 
     Subsetting for early experiments: ``sample_fraction`` keeps a seeded hash sample of documents
     (deterministic, independent of file order), then ``max_documents`` keeps the first N of those
-    in corpus order. Documents left out by the subset are counted (``not_sampled``), not stored.
+    in corpus order (of ``config.partition`` alone when the corpus is partitioned: each partition
+    keeps at most ``max_documents``). Documents left out by the subset are counted (``not_sampled``),
+    not stored.
     Returns counts: ``documents``, ``rejected``, ``bytes``, ``files``, ``not_sampled``, ``parts``.
     """
     if not 0.0 < sample_fraction <= 1.0:
         raise ValueError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
     out_dir = Path(out_dir)
     stats = {"documents": 0, "rejected": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
-             "files": len(list_files(Path(config.path)))}
+             "files": len(list_files(Path(config.path), config.partition, config.partitions))}
     rejected: list[pa.Table] = []
     for batch in read_corpus(config):
         docs = batch.documents
@@ -283,14 +309,15 @@ def ingest(config: ReaderConfig, out_dir: Path, *, max_documents: int | None = N
     return stats
 
 
-def fingerprint(path: str | Path) -> str:
-    """Cheap content version of a corpus: sha256 over (relative path, size, mtime in ns) of every file."""
+def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1) -> str:
+    """Cheap content version of a corpus (or of one partition of it): sha256 over (relative path,
+    size, mtime in ns) of every file."""
     import hashlib
 
     root = Path(path)
     h = hashlib.sha256()
     base = root if root.is_dir() else root.parent
-    for f in list_files(root):
+    for f in list_files(root, partition, partitions):
         st = f.stat()
         h.update(f"{f.relative_to(base).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:16]

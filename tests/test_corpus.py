@@ -274,3 +274,47 @@ def test_label_column_survives_clean_and_dedup(tmp_path):
     deduplicate(clean, dedup)
     out = pl.read_parquet(dedup / "part-00000.parquet")
     assert out.columns == ["doc_id", "source", "text", "label"] and out["label"].to_list() == ["a", "c"]
+
+
+# ---------------------------------------------------------------------------------------------
+# hash partitions (the raw_corpus partitions of the Dagster chains)
+
+
+def test_hash_partitions_cover_the_corpus_once_and_a_new_file_changes_one_partition(tmp_path):
+    from largetrain_core.corpus import fingerprint, list_files, partition_of
+
+    src = tmp_path / "corpus"
+    (src / "sub").mkdir(parents=True)
+    for i in range(24):
+        (src / ("sub" if i % 3 else ".") / f"doc{i:02d}.txt").write_text(f"document number {i}\n")
+    n = 4
+    parts = [list_files(src, i, n) for i in range(n)]
+    assert sorted(f for p in parts for f in p) == list_files(src)  # every file in exactly one partition
+    assert sum(bool(p) for p in parts) >= 2
+    assert all(partition_of(f.relative_to(src).as_posix(), n) == i for i, p in enumerate(parts) for f in p)
+
+    # ingest partition by partition reads every document once, with the ids of the unpartitioned read
+    whole = pq.read_table(_ingest(src, tmp_path / "whole", ReaderConfig(str(src)))).column("doc_id").to_pylist()
+    parted = []
+    for i in range(n):
+        out = tmp_path / f"p{i}"
+        stats = ingest(ReaderConfig(str(src), partition=i, partitions=n), out.mkdir() or out)
+        assert stats["files"] == len(parts[i]) and stats["documents"] == len(parts[i])
+        parted += [d for f in sorted(out.glob("part-*.parquet")) for d in pq.read_table(f).column("doc_id").to_pylist()]
+        assert pq.read_table(out / "rejected.parquet").num_rows == 0
+    assert sorted(parted) == sorted(whole) and len(parted) == 24
+
+    # a new file changes the fingerprint (so the data version) of the one partition it falls into
+    before = [fingerprint(src, i, n) for i in range(n)]
+    (src / "sub" / "new.txt").write_text("a new document\n")
+    after = [fingerprint(src, i, n) for i in range(n)]
+    assert [i for i in range(n) if before[i] != after[i]] == [partition_of("sub/new.txt", n)]
+
+    with pytest.raises(ValueError, match="partition must be in"):
+        ReaderConfig(str(src), partition=4, partitions=4)
+
+
+def _ingest(src, out, cfg):
+    out.mkdir()
+    ingest(cfg, out)
+    return [str(f) for f in sorted(out.glob("part-*.parquet"))]
