@@ -3,20 +3,29 @@
 For each corpus role (``pretrain``: the pretraining corpus, ``domain``: the corpus the LoRA
 adapter specializes on) the same chain of assets, keyed ``<role>/<asset>``:
 
-    raw_corpus -> cleaned_text -> deduplicated_text -> token_shards
+    raw_corpus [partition] -> cleaned_text [partition] -> deduplicated_text -> token_shards
 
 then ``tokenizer`` (trained on pretrain/deduplicated_text, used by both chains),
 ``base_checkpoint`` (pretrained on pretrain/token_shards), ``lora_adapter`` (on domain/token_shards)
 and ``evaluation`` (held-out perplexities). Each asset body reads its config, calls one function of
 largetrain_core and returns a small JSON handle (output path, data version, counts).
 
+Partitions (DESIGN.md section 2): raw_corpus and cleaned_text, the per-document steps, are
+partitioned by ``DATA_PARTITIONS``: partition ``i`` of ``n`` holds the corpus files that
+largetrain_core.corpus.partition_of hashes to ``i`` (``n`` = LARGETRAIN_DATA_PARTITIONS, default 4;
+a terabyte corpus of ~1,000 files of ~1 GB sets e.g. 256), so each partition is its own run (its
+own pod on Kubernetes) and a new or changed file redoes one partition. deduplicated_text is the
+global step: it reads every partition (MinHash-LSH clustering over all of them, then the
+accounting over all of them); token_shards, the tokenizer and training are unpartitioned.
+
 Versioning: each asset's data version is a hash of its code version, its config and its inputs'
-data versions; its files live at ``<root>/<asset key>/<data version>/``. A directory already
+data versions; its files live at ``<root>/<asset key>/[<partition>/]<data version>/``. A directory already
 complete for the same version is reused instead of recomputed (and the metadata says so).
 """
 
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -24,7 +33,6 @@ from typing import Callable, Optional
 import polars as pl
 from dagster import (
     AssetCheckResult,
-    AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetIn,
@@ -35,6 +43,7 @@ from dagster import (
     MetadataValue,
     Output,
     RetryPolicy,
+    StaticPartitionsDefinition,
     asset,
 )
 from pydantic import Field
@@ -55,9 +64,21 @@ ROLES = {
     "pretrain": ("corpora/linux-doc", "Pretraining corpus (demo: Linux kernel documentation, rst sources)."),
     "domain": ("corpora/shakespeare", "Domain corpus for the LoRA adapter (demo: Shakespeare's plays, markdown)."),
 }
-CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "4", "deduplicated_text": "3", "tokenizer": "1",
+CODE_VERSIONS = {"raw_corpus": "3", "cleaned_text": "4", "deduplicated_text": "4", "tokenizer": "1",
                  "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "2"}
 
+
+
+
+def data_partitions(count: int) -> StaticPartitionsDefinition:
+    """``count`` partitions keyed ``000``, ``001``, ... (zero-padded to at least 3 digits). Raises ValueError for count < 1."""
+    if count < 1:
+        raise ValueError(f"LARGETRAIN_DATA_PARTITIONS must be >= 1, got {count}")
+    width = max(3, len(str(count - 1)))
+    return StaticPartitionsDefinition([f"{i:0{width}d}" for i in range(count)])
+
+
+DATA_PARTITIONS = data_partitions(int(os.environ.get("LARGETRAIN_DATA_PARTITIONS", "4")))
 
 # ------------------------------------------------------------------------------------------------
 # configs
@@ -71,7 +92,7 @@ class RawCorpusConfig(Config):
         "JSONL key / Parquet column holding a class label: adds a `label` column (null where a record lacks it), "
         "kept through cleaned_text and deduplicated_text; needed by deduplicated_text's balance_target."))
     batch_size: int = Field(default=1024, description="Documents per batch (bounds memory).")
-    max_documents: Optional[int] = Field(default=None, description="Subset: keep at most this many documents.")
+    max_documents: Optional[int] = Field(default=None, description="Subset: keep at most this many documents per partition.")
     sample_fraction: float = Field(default=1.0, description="Subset: seeded hash sample of this share of documents.")
     seed: int = 0
     max_rejected_fraction: float = Field(default=0.05, description="Fail the run when more records than this share are unreadable.")
@@ -257,32 +278,36 @@ def corpus_assets(role: str) -> list:
     default_source, description = ROLES[role]
     group = f"{role}_data"
 
-    @asset(key=[role, "raw_corpus"], group_name=group, code_version=CODE_VERSIONS["raw_corpus"],
-           io_manager_key="handles", kinds={"parquet"}, description=f"{description} Read into Parquet {{doc_id, source, text}}.")
+    @asset(key=[role, "raw_corpus"], group_name=group, code_version=CODE_VERSIONS["raw_corpus"], partitions_def=DATA_PARTITIONS,
+           io_manager_key="handles", kinds={"parquet"},
+           description=f"{description} One hash partition of its files read into Parquet {{doc_id, source, text}}.")
     def raw_corpus(context: AssetExecutionContext, config: RawCorpusConfig, storage: Storage) -> Output:
         source = config.path or str(storage.path(default_source))
         if not Path(source).exists():
             raise Failure(f"{role} corpus not found at {source}: run `make corpora` or set config path")
+        pk, keys = context.partition_key, DATA_PARTITIONS.get_partition_keys()
+        part = {"partition": keys.index(pk), "partitions": len(keys)}
         settings = config.model_dump()
         if settings["label_field"] is None:  # unlabelled corpora keep the versions they had before label_field
             del settings["label_field"]
-        version = data_version(CODE_VERSIONS["raw_corpus"], settings, fingerprint(source))
-        reader = ReaderConfig(source, config.text_field, config.id_field, config.batch_size, config.label_field)
-        path, stats, reused = _stage(context, storage, [role, "raw_corpus"], version, lambda out: ingest(
+        version = data_version(CODE_VERSIONS["raw_corpus"], settings, part, fingerprint(source, **part))
+        reader = ReaderConfig(source, config.text_field, config.id_field, config.batch_size, config.label_field, **part)
+        path, stats, reused = _stage(context, storage, [role, "raw_corpus", pk], version, lambda out: ingest(
             reader, out, max_documents=config.max_documents, sample_fraction=config.sample_fraction, seed=config.seed))
         total = stats["documents"] + stats["rejected"]
         if total and stats["rejected"] / total > config.max_rejected_fraction:
-            raise Failure(f"{source}: {stats['rejected']} of {total} records rejected, more than "
+            raise Failure(f"{source} (partition {pk}): {stats['rejected']} of {total} records rejected, more than "
                           f"max_rejected_fraction={config.max_rejected_fraction}; see {path / 'rejected.parquet'}")
-        return _output(path, version, stats, config, reused, {"source": MetadataValue.path(source)})
+        return _output(path, version, stats, config, reused, {"source": MetadataValue.path(source), **part})
 
     @asset(key=[role, "cleaned_text"], ins={"raw": AssetIn(key=[role, "raw_corpus"])}, group_name=group,
-           code_version=CODE_VERSIONS["cleaned_text"], io_manager_key="handles", kinds={"parquet", "polars"},
+           code_version=CODE_VERSIONS["cleaned_text"], partitions_def=DATA_PARTITIONS, io_manager_key="handles",
+           kinds={"parquet", "polars"},
            description="NFC, control characters and NUL removed, LF line endings; Gopher quality/repetition and C4 line rules with a reason code per removed document.")
     def cleaned_text(context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, raw: dict) -> Output:
         quality = config.quality()
         version = data_version(CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
-        path, stats, reused = _stage(context, storage, [role, "cleaned_text"], version,
+        path, stats, reused = _stage(context, storage, [role, "cleaned_text", context.partition_key], version,
                                      lambda out: clean_corpus(Path(raw["path"]), out, quality))
         return _output(path, version, stats, config, reused, {"filtered_by_reason": _md_counts(stats["filtered_by_reason"])})
 
@@ -291,23 +316,26 @@ def corpus_assets(role: str) -> list:
            io_manager_key="handles", kinds={"parquet"},
            check_specs=[AssetCheckSpec("accounting", asset=[role, "deduplicated_text"], blocking=True,
                                        description="kept + filtered + duplicate + rejected == input, recounted from the files")],
-           description="Exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH near duplicates removed; the first copy in corpus order is kept per cluster.")
+           description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH near duplicates removed; the first copy in corpus order (partition, file, row) is kept per cluster.")
     def deduplicated_text(context: AssetExecutionContext, config: DeduplicatedTextConfig, storage: Storage,
                           raw: dict, cleaned: dict):
+        # raw and cleaned: {partition: handle} for every partition
+        keys = sorted(cleaned)
+        raw_dirs, cleaned_dirs = [Path(raw[k]["path"]) for k in keys], [Path(cleaned[k]["path"]) for k in keys]
         dcfg, bal = config.dedup(), config.balancing()
         # the balance settings enter the version only when set, so unbalanced versions stay as they were
         version = data_version(CODE_VERSIONS["deduplicated_text"], {**dcfg.to_dict(), **({"balance": bal} if bal else {})},
-                               cleaned["data_version"])
+                               [(k, cleaned[k]["data_version"]) for k in keys])
 
         def build(out: Path) -> dict:
-            stats = deduplicate(Path(cleaned["path"]), out, dcfg)
+            stats = {**deduplicate(cleaned_dirs, out, dcfg), "partitions": len(keys)}
             if bal:
                 try:
                     stats["balance"] = balance_parts(out, bal["target"], bal["mode"], bal["seed"])
                 except ValueError as e:
                     raise Failure(f"{role} deduplicated_text: cannot balance: {e}") from e
                 stats["kept"] = stats["kept"] - stats["balance"]["balance_dropped"]
-            outcome_table(Path(raw["path"]), Path(cleaned["path"]), out).write_parquet(out / "outcomes.parquet")
+            outcome_table(raw_dirs, cleaned_dirs, out).write_parquet(out / "outcomes.parquet")
             return stats
 
         path, stats, reused = _stage(context, storage, [role, "deduplicated_text"], version, build)
@@ -317,7 +345,7 @@ def corpus_assets(role: str) -> list:
             extra = {"class_histogram": MetadataValue.md(histogram_markdown(b["before"], b["after"])),
                      "balance": MetadataValue.json(b), "balance_dropped": b["balance_dropped"],
                      "balance_repeats": b["balance_repeats"]}
-        acc = corpus_accounting(Path(raw["path"]), Path(cleaned["path"]), path)
+        acc = corpus_accounting(raw_dirs, cleaned_dirs, path)
         summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
         outcomes = pl.read_parquet(path / "outcomes.parquet")
         yield _output(path, version, stats, config, reused, {
@@ -515,8 +543,9 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
 @asset(key="evaluation", group_name="training", code_version=CODE_VERSIONS["evaluation"], io_manager_key="handles",
        ins={"base": AssetIn(key="base_checkpoint"), "adapter": AssetIn(key="lora_adapter"),
             "pretrain_shards": AssetIn(key=["pretrain", "token_shards"]), "domain_shards": AssetIn(key=["domain", "token_shards"])},
-       check_specs=[AssetCheckSpec("adapter_beats_base_on_domain", asset="evaluation",
-                                   description="base + adapter has lower held-out domain perplexity than the base")],
+       check_specs=[AssetCheckSpec("adapter_beats_base_on_domain", asset="evaluation", blocking=True,
+                                   description="base + adapter has lower held-out domain perplexity than the base "
+                                               "(blocking: a run whose adapter does not help fails)")],
        kinds={"pytorch"}, description="Held-out perplexity: base on both corpora, base + adapter on the domain corpus.")
 def evaluation(context: AssetExecutionContext, config: EvaluationConfig, storage: Storage, base: dict, adapter: dict,
                pretrain_shards: dict, domain_shards: dict):
@@ -546,6 +575,5 @@ def evaluation(context: AssetExecutionContext, config: EvaluationConfig, storage
     yield _output(path, version, {**stats, "adapter_domain_perplexity_reduction": gain}, config, reused, {
         "sample_generations": MetadataValue.md(f"| prompt | base | base + adapter |\n|---|---|---|\n{table}")})
     yield AssetCheckResult(check_name="adapter_beats_base_on_domain", passed=gain > 0,
-                           severity=AssetCheckSeverity.WARN,
                            metadata={"reduction": gain, "base": stats["base_domain_perplexity"],
                                      "adapter": stats["adapter_domain_perplexity"]})

@@ -7,9 +7,11 @@
   ``<pod>-0.<headless service>.<namespace>.svc``, on ``rdzv_port``, with the Dagster run id as
   rendezvous id. All pods and the service are deleted when the step ends, fails or is cancelled
   (pod deletion sends SIGTERM to torchrun, which stops its ranks, then SIGKILL after the grace period).
-* Data preparation: ``landed_partitions_k8s``, a partitioned job over the landed chain with
+* Data preparation: ``data_partitions_k8s`` (the main chains' raw_corpus + cleaned_text, partitioned
+  by DATA_PARTITIONS) and ``landed_partitions_k8s`` (the landed chain), partitioned jobs with
   dagster-k8s's ``k8s_job_executor``: every step (one partition of raw_corpus or cleaned_text) runs
-  in its own Kubernetes Job/pod with the CPU and memory below.
+  in its own Kubernetes Job/pod with the CPU and memory below. A backfill over all partitions is
+  one run per partition; every pod gets the same LARGETRAIN_DATA_PARTITIONS.
 * Storage: a ReadWriteMany volume (``storage_claim``) mounted at ``mount_path`` on every pod is the
   storage root; the instance is the PostgreSQL profile (deploy/dagster.postgres.yaml).
 
@@ -26,6 +28,7 @@ from typing import Any
 
 from dagster import AssetSelection, Definitions, define_asset_job
 
+from largetrain_dagster.assets import DATA_PARTITIONS
 from largetrain_dagster.resources import TorchrunLauncher
 
 K8S_NAME = re.compile(r"[^a-z0-9-]")
@@ -171,14 +174,14 @@ def data_prep_executor_config(root: str, namespace: str, storage_claim: str) -> 
         "step_k8s_config": data_prep_step_k8s_config(),
         "volume_mounts": [{"name": "storage", "mount_path": root}],
         "volumes": [{"name": "storage", "persistent_volume_claim": {"claim_name": storage_claim}}],
-        "env_vars": [f"LARGETRAIN_ROOT={root}"],
+        "env_vars": [f"LARGETRAIN_ROOT={root}", f"LARGETRAIN_DATA_PARTITIONS={len(DATA_PARTITIONS.get_partition_keys())}"],
     }
 
 
 def build_k8s_definitions(root: str = "/data", image: str | None = None) -> Definitions:
     from dagster_k8s import k8s_job_executor
 
-    from largetrain_dagster.definitions import build_definitions
+    from largetrain_dagster.definitions import PARTITION_STEPS, build_definitions
     from largetrain_dagster.landing import landed_batches
 
     image = image or os.environ.get("LARGETRAIN_IMAGE", "largetrain:latest")
@@ -191,7 +194,10 @@ def build_k8s_definitions(root: str = "/data", image: str | None = None) -> Defi
     landed_job = define_asset_job("landed_partitions_k8s", partitions_def=landed_batches, executor_def=executor,
                                   selection=AssetSelection.assets(["landed", "raw_corpus"], ["landed", "cleaned_text"]),
                                   description="One landed partition: raw_corpus then cleaned_text, each step in its own pod.")
-    return Definitions(assets=base.assets, jobs=[*base.jobs, landed_job], sensors=base.sensors, schedules=base.schedules,
+    data_job = define_asset_job("data_partitions_k8s", partitions_def=DATA_PARTITIONS, executor_def=executor,
+                                selection=PARTITION_STEPS,
+                                description="One data partition of both corpora: raw_corpus then cleaned_text, each step in its own pod.")
+    return Definitions(assets=base.assets, jobs=[*base.jobs, data_job, landed_job], sensors=base.sensors, schedules=base.schedules,
                        resources={**base.resources, "launcher": launcher})
 
 

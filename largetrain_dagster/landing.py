@@ -25,7 +25,6 @@ Artefacts: ``<root>/landed/<asset>/<partition>/<data version>/``; handles in
 
 import json
 import re
-import tempfile
 from pathlib import Path
 
 from dagster import (
@@ -33,13 +32,10 @@ from dagster import (
     AssetIn,
     AssetKey,
     AutomationCondition,
-    ConfigurableIOManager,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
     Failure,
-    InputContext,
     Output,
-    OutputContext,
     RunRequest,
     SensorEvaluationContext,
     SensorResult,
@@ -51,7 +47,7 @@ from dagster import (
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
 from largetrain_core.dedup import exact_dedup
-from largetrain_core.storage import data_version, write_json_atomic
+from largetrain_core.storage import data_version
 from largetrain_dagster.assets import _output, _stage
 from largetrain_dagster.resources import Storage
 
@@ -77,38 +73,8 @@ def landed_files(landing: Path) -> dict[str, Path]:
     return out
 
 
-class PartitionedHandleIOManager(ConfigurableIOManager):
-    """JSON handles per partition at ``<root>/_handles/<asset key>/<partition>.json``. A partitioned
-    downstream asset loads the handle of its own partition; an unpartitioned one loads
-    ``{partition: handle}`` for every partition of its input. Raises Failure for a missing handle."""
-
-    root: str = ".largetrain"
-
-    def _file(self, key: AssetKey, partition: str | None) -> Path:
-        base = Path(self.root).resolve() / "_handles" / "/".join(key.path)
-        return base / f"{partition}.json" if partition is not None else base.with_suffix(".json")
-
-    def handle_output(self, context: OutputContext, obj: dict) -> None:
-        write_json_atomic(self._file(context.asset_key, context.partition_key if context.has_partition_key else None), obj)
-
-    def load_input(self, context: InputContext):
-        key = context.asset_key
-        if not context.has_asset_partitions:
-            return json.loads(self._file(key, None).read_text())
-        out = {}
-        for pk in context.asset_partition_keys:
-            f = self._file(key, pk)
-            if not f.exists():
-                raise Failure(f"partition {pk} of {key.to_user_string()} has not been materialized (no {f})")
-            out[pk] = json.loads(f.read_text())
-        if context.has_partition_key:  # partition -> same partition: the one handle
-            (handle,) = out.values()
-            return handle
-        return out
-
-
 @asset(key=["landed", "raw_corpus"], group_name="landed_data", partitions_def=landed_batches,
-       code_version=LANDED_CODE_VERSIONS["raw_corpus"], io_manager_key="landed_handles", kinds={"parquet"},
+       code_version=LANDED_CODE_VERSIONS["raw_corpus"], io_manager_key="handles", kinds={"parquet"},
        description="One landed file (<root>/landing/<corpus>/<file>) read into Parquet {doc_id, source, text}.")
 def landed_raw_corpus(context: AssetExecutionContext, storage: Storage) -> Output:
     pk = context.partition_key
@@ -123,7 +89,7 @@ def landed_raw_corpus(context: AssetExecutionContext, storage: Storage) -> Outpu
 
 @asset(key=["landed", "cleaned_text"], group_name="landed_data", partitions_def=landed_batches,
        ins={"raw": AssetIn(key=["landed", "raw_corpus"])}, code_version=LANDED_CODE_VERSIONS["cleaned_text"],
-       io_manager_key="landed_handles", automation_condition=AutomationCondition.eager(), kinds={"parquet", "polars"},
+       io_manager_key="handles", automation_condition=AutomationCondition.eager(), kinds={"parquet", "polars"},
        description="A landed partition normalized and filtered by the Gopher rules (defaults of largetrain_core.clean).")
 def landed_cleaned_text(context: AssetExecutionContext, storage: Storage, raw: dict) -> Output:
     quality = QualityConfig()
@@ -134,7 +100,7 @@ def landed_cleaned_text(context: AssetExecutionContext, storage: Storage, raw: d
 
 
 @asset(key=["landed", "deduplicated_text"], group_name="landed_data", ins={"cleaned": AssetIn(key=["landed", "cleaned_text"])},
-       code_version=LANDED_CODE_VERSIONS["deduplicated_text"], io_manager_key="landed_handles",
+       code_version=LANDED_CODE_VERSIONS["deduplicated_text"], io_manager_key="handles",
        automation_condition=AutomationCondition.eager(), kinds={"parquet"},
        description="Global exact dedup over every landed partition (first copy in partition order kept).")
 def landed_deduplicated_text(context: AssetExecutionContext, storage: Storage, cleaned: dict) -> Output:
@@ -142,13 +108,7 @@ def landed_deduplicated_text(context: AssetExecutionContext, storage: Storage, c
     version = data_version(LANDED_CODE_VERSIONS["deduplicated_text"], [(k, cleaned[k]["data_version"]) for k in keys])
 
     def build(out: Path) -> dict:
-        with tempfile.TemporaryDirectory(dir=out.parent) as view:  # all partitions' parts as one directory
-            n = 0
-            for k in keys:
-                for part in sorted(Path(cleaned[k]["path"]).glob("part-*.parquet")):
-                    (Path(view) / f"part-{n:05d}.parquet").symlink_to(part)
-                    n += 1
-            return {**exact_dedup(Path(view), out), "partitions": len(keys)}
+        return {**exact_dedup([Path(cleaned[k]["path"]) for k in keys], out), "partitions": len(keys)}
 
     path, stats, reused = _stage(context, storage, ["landed", "deduplicated_text"], version, build)
     return _output(path, version, stats, {"partitions": keys}, reused)

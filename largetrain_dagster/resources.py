@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from dagster import (
+    AssetKey,
     ConfigurableIOManager,
     ConfigurableResource,
     Failure,
@@ -39,22 +40,41 @@ class Storage(ConfigurableResource):
 
 class HandleIOManager(ConfigurableIOManager):
     """Stores what an asset returns, a small JSON *handle* (output path, data version, counts), under
-    ``<root>/_handles/<asset key path>.json``. The data itself never passes through the IO manager
-    and nothing is pickled."""
+    ``<root>/_handles/<asset key path>.json``, or ``<root>/_handles/<asset key path>/<partition>.json``
+    for a partitioned asset. The data itself never passes through the IO manager and nothing is pickled.
+
+    Loading: an unpartitioned input gives its handle; a partitioned input of a downstream asset of the
+    same partitioning gives the handle of that partition; a partitioned input of an unpartitioned
+    downstream asset (a global step) gives ``{partition: handle}`` for every partition, in partition
+    order. Raises Failure naming the missing file when an input (or one partition of it) has not
+    been materialized."""
 
     root: str = ".largetrain"
 
-    def _file(self, key_path: list[str]) -> Path:
-        return Path(self.root).resolve() / "_handles" / ("/".join(key_path) + ".json")
+    def _file(self, key: AssetKey, partition: str | None) -> Path:
+        base = Path(self.root).resolve() / "_handles" / "/".join(key.path)
+        return base / f"{partition}.json" if partition is not None else base.with_suffix(".json")
 
     def handle_output(self, context: OutputContext, obj: dict) -> None:
-        write_json_atomic(self._file(context.asset_key.path), obj)
+        write_json_atomic(self._file(context.asset_key, context.partition_key if context.has_partition_key else None), obj)
 
-    def load_input(self, context: InputContext) -> dict:
-        f = self._file(context.asset_key.path)
-        if not f.exists():
-            raise Failure(f"{context.asset_key.to_user_string()} has not been materialized under {self.root} (no {f})")
-        return json.loads(f.read_text())
+    def load_input(self, context: InputContext):
+        key = context.asset_key
+        if not context.has_asset_partitions:
+            f = self._file(key, None)
+            if not f.exists():
+                raise Failure(f"{key.to_user_string()} has not been materialized under {self.root} (no {f})")
+            return json.loads(f.read_text())
+        out = {}
+        for pk in context.asset_partition_keys:
+            f = self._file(key, pk)
+            if not f.exists():
+                raise Failure(f"partition {pk} of {key.to_user_string()} has not been materialized (no {f})")
+            out[pk] = json.loads(f.read_text())
+        if context.has_partition_key:  # partition -> the same partition: its one handle
+            (handle,) = out.values()
+            return handle
+        return out
 
 
 class WandbSettings(ConfigurableResource):

@@ -35,7 +35,7 @@ def render(instance: DagsterInstance) -> str:
         lines.append(f"{role} ({label}; source {raw.get('source', 'n/a')})")
         lines.append(f"  documents read {_fmt(dedup.get('documents_input'))} / kept {_fmt(dedup.get('documents_kept'))} / "
                      f"filtered {_fmt(dedup.get('documents_filtered'))} / duplicates {_fmt(dedup.get('documents_duplicate'))} / "
-                     f"rejected {_fmt(dedup.get('documents_rejected'))}")
+                     f"rejected {_fmt(dedup.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")
         lines.append(f"  token shards: {_fmt(shards.get('total_tokens'))} tokens; sequences train {_fmt(shards.get('train_sequences'))}, "
                      f"validation {_fmt(shards.get('validation_sequences'))}; {shards.get('path', 'n/a')}")
     for key, label in (("base_checkpoint", "base model"), ("lora_adapter", "LoRA adapter")):
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render(instance))
     if args.log:
         m = re.findall(r"RUN_SUCCESS|RUN_FAILURE", open(args.log).read())
-        print(f"run result: {m[-1] if m else 'unknown'} (log: {args.log})")
+        print(f"runs: {m.count('RUN_SUCCESS')} succeeded, {m.count('RUN_FAILURE')} failed (log: {args.log})")
     if args.seconds is not None:
         print(f"pipeline wall time: {args.seconds // 60} min {args.seconds % 60} s")
     return 0

@@ -8,6 +8,8 @@ dagster-k8s's k8s_job_executor creates for one partition step, from the job's ex
 
 import yaml
 
+from lineage import PARTITION_KEYS
+
 
 def test_training_pods_render_with_gpus_and_one_rendezvous(monkeypatch):
     import kubernetes
@@ -57,6 +59,11 @@ def test_data_prep_partition_steps_run_as_separate_k8s_jobs():
     assert job.executor_def.name == "k8s"
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {"landed/raw_corpus", "landed/cleaned_text"}
     assert job.partitions_def is not None and job.partitions_def.name == "landed_batches"
+    data_job = defs.resolve_job_def("data_partitions_k8s")
+    assert data_job.executor_def.name == "k8s"
+    assert {k.to_user_string() for k in data_job.asset_layer.executable_asset_keys} == {
+        f"{r}/{n}" for r in ("pretrain", "domain") for n in ("raw_corpus", "cleaned_text")}
+    assert data_job.partitions_def.get_partition_keys() == PARTITION_KEYS
     assert type(defs.resources["launcher"]).__name__ == "K8sTorchrunLauncher"
 
     # The executor config is valid for dagster-k8s's k8s_job_executor ...
@@ -81,5 +88,6 @@ def test_data_prep_partition_steps_run_as_separate_k8s_jobs():
     assert c.resources.limits == {"cpu": "4", "memory": "16Gi"} and c.args[:3] == ["dagster", "api", "execute_step"]
     assert c.image == "registry.example/largetrain:1"
     assert any(e.name == "LARGETRAIN_ROOT" and e.value == "/data" for e in c.env)
+    assert any(e.name == "LARGETRAIN_DATA_PARTITIONS" and e.value == str(len(PARTITION_KEYS)) for e in c.env)
     assert any(v.persistent_volume_claim and v.persistent_volume_claim.claim_name == "largetrain-storage"
                for v in k8s_job.spec.template.spec.volumes)

@@ -8,14 +8,15 @@
 
 Dagster's staleness is one level deep: an asset is STALE when its code version changed or an input's
 data version changed since it was materialized. So "materialize the stale assets" is a loop, the
-way the UI's "Materialize stale" button is pressed until nothing is stale.
+way the UI's "Materialize stale" button is pressed until nothing is stale. raw_corpus and
+cleaned_text are partitioned: their status is the worst of their partitions' statuses.
 """
 
 import shutil
 
 import polars as pl
 
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import AssetKey, DagsterInstance
 from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.definitions.temporal_context import TemporalContext
@@ -24,6 +25,7 @@ from dagster._time import get_current_datetime
 
 from largetrain_dagster import assets as asset_module
 from largetrain_dagster.definitions import build_definitions
+from lineage import PARTITION_KEYS, is_partitioned, materialize_lineage
 from test_pipeline import CORPORA, corpus, tiny_run_config
 
 DATA_KEYS = [f"{role}/{name}" for role in ("pretrain", "domain")
@@ -47,11 +49,8 @@ def run_config(overrides=None):
 
 
 def run(instance, assets, resources, config, keys=None, **kw):
-    """materialize() of ``keys`` (all data assets when None) with the run config cut down to them."""
-    keys = keys or DATA_KEYS
-    ops = {op: c for op, c in config["ops"].items() if op.replace("__", "/") in keys}
-    return materialize(assets, resources=resources, instance=instance, run_config={"ops": ops},
-                       selection=[AssetKey.from_user_string(k) for k in keys], **kw)
+    """Materialize ``keys`` (all data assets when None; partitioned ones in every partition)."""
+    return materialize_lineage(assets, resources, instance, config, keys or DATA_KEYS, **kw)
 
 
 def statuses(instance, assets) -> dict[str, StaleStatus]:
@@ -59,7 +58,13 @@ def statuses(instance, assets) -> dict[str, StaleStatus]:
     view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
                           instance=instance, asset_graph=graph)
     resolver = CachingStaleStatusResolver(instance=instance, asset_graph=graph, loading_context=view)
-    return {k: resolver.get_status(AssetKey.from_user_string(k)) for k in DATA_KEYS}
+    def status(k: str) -> StaleStatus:
+        if not is_partitioned(k):
+            return resolver.get_status(AssetKey.from_user_string(k))
+        each = {resolver.get_status(AssetKey.from_user_string(k), pk) for pk in PARTITION_KEYS}
+        return next(s for s in (StaleStatus.MISSING, StaleStatus.STALE, StaleStatus.FRESH) if s in each)
+
+    return {k: status(k) for k in DATA_KEYS}
 
 
 def materialize_stale_until_fresh(instance, assets, resources, config) -> tuple[list[set[str]], dict[str, bool]]:
@@ -89,14 +94,14 @@ def test_config_and_code_changes_mark_exactly_downstream_stale(tmp_path, monkeyp
 
         # Unchanged code, config and inputs: materializing again does no work (same data versions, reused).
         again = run(instance, assets, resources, run_config(), ["domain/cleaned_text"])
-        assert [m.metadata["reused"].value for m in again.asset_materializations_for_node("domain__cleaned_text")] == [True]
+        assert [m.metadata["reused"].value for m in again.asset_materializations_for_node("domain__cleaned_text")] == [True] * len(PARTITION_KEYS)
         assert set(statuses(instance, assets).values()) == {StaleStatus.FRESH}
 
         # A config value changes: domain/cleaned_text rematerialized with another min_words.
         changed = run_config({"domain__cleaned_text": {"min_words": 20}})
         result = run(instance, assets, resources, changed, ["domain/cleaned_text"])
         assert result.success
-        assert [m.metadata["reused"].value for m in result.asset_materializations_for_node("domain__cleaned_text")] == [False]
+        assert [m.metadata["reused"].value for m in result.asset_materializations_for_node("domain__cleaned_text")] == [False] * len(PARTITION_KEYS)
         st = statuses(instance, assets)
         assert {k for k, s in st.items() if s == StaleStatus.STALE} == {"domain/deduplicated_text"}
         rounds, reused = materialize_stale_until_fresh(instance, assets, resources, changed)

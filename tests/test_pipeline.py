@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import AssetKey, DagsterInstance
 
 from largetrain_dagster.definitions import build_definitions, lineage_assets
+from lineage import PARTITION_KEYS, materialize_lineage
 
 REPO = Path(__file__).resolve().parents[1]
 CORPORA = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"
@@ -28,14 +29,15 @@ def corpus(name: str) -> Path:
 
 
 def tiny_run_config(corpora_root: Path) -> dict:
-    """A few kernel docs and two plays, vocab 512, seq_len 64, llama-tiny, a few steps."""
+    """A few kernel docs (at most 10 per data partition) and a few plays (at most 1 per partition),
+    vocab 512, seq_len 64, llama-tiny, a few steps."""
     train = {"preset": "llama-tiny", "max_steps": 12, "warmup_steps": 2, "lr": 5e-3, "micro_batch_size": 4,
              "checkpoint_every": 6, "log_every": 6, "zero_stage": 2}
     lora = {"max_steps": 6, "warmup_steps": 1, "lr": 1e-2, "micro_batch_size": 4, "checkpoint_every": 3,
             "log_every": 3, "lora_rank": 4, "lora_alpha": 8.0}
     return {"ops": {
-        "pretrain__raw_corpus": {"config": {"path": str(corpora_root / "linux-doc" / "admin-guide"), "max_documents": 40}},
-        "domain__raw_corpus": {"config": {"path": str(corpora_root / "shakespeare" / "comedies"), "max_documents": 2}},
+        "pretrain__raw_corpus": {"config": {"path": str(corpora_root / "linux-doc" / "admin-guide"), "max_documents": 10}},
+        "domain__raw_corpus": {"config": {"path": str(corpora_root / "shakespeare" / "comedies"), "max_documents": 1}},
         "tokenizer": {"config": {"vocab_size": 512}},
         "pretrain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.1}},
         "domain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.1}},
@@ -55,8 +57,9 @@ def test_whole_lineage_materializes(tmp_path):
     assets = lineage_assets()  # not the landed chain (test_landing.py)
     resources = defs.resources
     with DagsterInstance.ephemeral() as instance:
-        result = materialize(assets, resources=resources, instance=instance, run_config=tiny_run_config(CORPORA))
+        result = materialize_lineage(assets, resources, instance, tiny_run_config(CORPORA))
         assert result.success
+        assert len(result.results) == len(PARTITION_KEYS) + 1  # one run per data partition, then the rest
         keys = {k.to_user_string() for k in instance.get_asset_keys()}
         for name in ("raw_corpus", "cleaned_text", "deduplicated_text", "token_shards"):
             assert {f"pretrain/{name}", f"domain/{name}"} <= keys
@@ -66,10 +69,16 @@ def test_whole_lineage_materializes(tmp_path):
             ev = instance.get_latest_materialization_event(AssetKey(list(key)))
             return {k: getattr(v, "value", v) for k, v in ev.asset_materialization.metadata.items()}
 
+        # every data partition of both chains materialized, and the global step read them all
+        for key in ("pretrain/raw_corpus", "pretrain/cleaned_text", "domain/raw_corpus", "domain/cleaned_text"):
+            assert instance.get_materialized_partitions(AssetKey.from_user_string(key)) == set(PARTITION_KEYS)
         dedup = md("pretrain", "deduplicated_text")
-        assert dedup["documents_input"] == 40
+        assert dedup["partitions"] == len(PARTITION_KEYS)
+        read = [m.metadata["documents"].value for m in result.asset_materializations_for_node("pretrain__raw_corpus")]
+        assert len(read) == len(PARTITION_KEYS) and sum(read) == dedup["documents_input"] == 40
         assert dedup["documents_kept"] + dedup["documents_filtered"] + dedup["documents_duplicate"] + dedup["documents_rejected"] == 40
-        assert md("domain", "deduplicated_text")["documents_kept"] == 2
+        plays = sum(m.metadata["documents"].value for m in result.asset_materializations_for_node("domain__raw_corpus"))
+        assert 1 <= plays <= len(PARTITION_KEYS) and md("domain", "deduplicated_text")["documents_kept"] == plays
         base = md("base_checkpoint")
         assert base["steps"] == 12 and base["precision"] == "fp32" and base["last_loss"] < base["first_loss"]
         checks = {(e.asset_key.to_user_string(), e.check_name): e.passed
@@ -77,6 +86,7 @@ def test_whole_lineage_materializes(tmp_path):
         assert checks[("pretrain/deduplicated_text", "accounting")]
         assert checks[("domain/token_shards", "token_ids_below_vocab")]
         assert checks[("base_checkpoint", "loss_finite_and_decreasing")]
+        assert checks[("evaluation", "adapter_beats_base_on_domain")]  # blocking: the run would have failed
         ev = md("evaluation")
         assert all(ev[k] > 1 for k in ("base_pretrain_perplexity", "base_domain_perplexity", "adapter_domain_perplexity"))
 
@@ -89,7 +99,7 @@ def test_whole_lineage_materializes(tmp_path):
 
     # Materializing again with the same config and inputs reuses every artefact (same data versions).
     with DagsterInstance.ephemeral() as instance:
-        again = materialize(assets, resources=resources, instance=instance, run_config=tiny_run_config(CORPORA))
+        again = materialize_lineage(assets, resources, instance, tiny_run_config(CORPORA))
         assert again.success
         reused = [m.metadata["reused"].value for m in again.asset_materializations_for_node("base_checkpoint")]
         assert reused == [True]
@@ -112,10 +122,10 @@ def test_cli_validate_and_materialize_subset(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(json.dumps({"ops": {"domain__raw_corpus": {"config": {"path": str(CORPORA / "shakespeare"), "max_documents": 3}}}}))
     m = subprocess.run([dagster, "asset", "materialize", "-m", "largetrain_dagster.definitions",
-                        "--select", "domain/raw_corpus,domain/cleaned_text", "-c", str(cfg)],
+                        "--select", "domain/raw_corpus,domain/cleaned_text", "--partition", PARTITION_KEYS[0], "-c", str(cfg)],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert m.returncode == 0, m.stderr[-3000:]
     assert "RUN_SUCCESS" in m.stderr + m.stdout
-    handle = json.loads((tmp_path / "root" / "_handles" / "domain" / "cleaned_text.json").read_text())
-    assert handle["stats"]["input"] == 3
+    handle = json.loads((tmp_path / "root" / "_handles" / "domain" / "cleaned_text" / f"{PARTITION_KEYS[0]}.json").read_text())
+    assert 1 <= handle["stats"]["input"] <= 3
     assert Path(handle["path"]).is_dir()

@@ -10,9 +10,10 @@ import signal
 import threading
 import time
 
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import AssetKey, DagsterInstance
 
 from largetrain_dagster.definitions import build_definitions, lineage_assets
+from lineage import materialize_lineage
 from test_pipeline import CORPORA, corpus, tiny_run_config
 from test_webserver import _processes_mentioning
 
@@ -43,10 +44,9 @@ def test_crashed_training_retries_and_resumes_from_checkpoint(tmp_path):
     watcher = threading.Thread(target=crash_rank_after_first_checkpoint, daemon=True)
     watcher.start()
     with DagsterInstance.ephemeral() as instance:
-        result = materialize(assets, resources=defs.resources, instance=instance,
-                             run_config={"ops": {**ops, "base_checkpoint": {"config": train}}},
-                             selection=[k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text",
-                                                                             "base_checkpoint"])
+        result = materialize_lineage(assets, defs.resources, instance, {"ops": {**ops, "base_checkpoint": {"config": train}}},
+                                     [k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text",
+                                                                           "base_checkpoint"])
         watcher.join(timeout=5)
         assert killed, "the crash was not injected"
         assert result.success

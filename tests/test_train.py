@@ -450,18 +450,19 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
     """Through Dagster: tokenizer and base_checkpoint take an existing local HF model (pretrained_model in
     their config); both corpora are tokenized with its tokenizer (its EOS </s>, its BOS <s>); no pretraining
     runs; the LoRA adapter trains on the imported model; evaluation reports perplexities and generations."""
-    from dagster import AssetKey, DagsterInstance, materialize
+    from dagster import AssetKey, DagsterInstance
 
     from largetrain_dagster.definitions import build_definitions, lineage_assets
+    from lineage import materialize_lineage
 
     corpora = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"
     if not (corpora / "shakespeare").is_dir() or not (corpora / "linux-doc").is_dir():
         pytest.fail(f"real corpora missing at {corpora}: run `make corpora`")
-    lora = {"max_steps": 4, "warmup_steps": 1, "lr": 1e-2, "micro_batch_size": 2, "checkpoint_every": 4,
+    lora = {"max_steps": 8, "warmup_steps": 1, "lr": 1e-2, "micro_batch_size": 2, "checkpoint_every": 4,
             "log_every": 2, "lora_rank": 4, "lora_alpha": 8.0}
     run_config = {"ops": {
-        "pretrain__raw_corpus": {"config": {"path": str(corpora / "linux-doc" / "admin-guide"), "max_documents": 10}},
-        "domain__raw_corpus": {"config": {"path": str(corpora / "shakespeare" / "comedies"), "max_documents": 2}},
+        "pretrain__raw_corpus": {"config": {"path": str(corpora / "linux-doc" / "admin-guide"), "max_documents": 3}},
+        "domain__raw_corpus": {"config": {"path": str(corpora / "shakespeare" / "comedies"), "max_documents": 1}},
         "tokenizer": {"config": {"pretrained_model": str(pretrained)}},
         "pretrain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
         "domain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
@@ -471,7 +472,7 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
     }}
     defs = build_definitions(root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
-        result = materialize(lineage_assets(), resources=defs.resources, instance=instance, run_config=run_config)
+        result = materialize_lineage(lineage_assets(), defs.resources, instance, run_config)
         assert result.success
 
         def md(*key):
@@ -488,7 +489,7 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
             manifest = json.loads((Path(md(role, "token_shards")["path"]) / "manifest.json").read_text())
             assert manifest["eos_id"] == eos["id"]
         adapter = md("lora_adapter")
-        assert adapter["steps"] == 4 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
+        assert adapter["steps"] == 8 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
         ev = md("evaluation")
         assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
 

@@ -1,8 +1,8 @@
 """Against a real ``dagster dev`` (webserver + daemon + code server) on 127.0.0.1, one server for the module:
 
 * the web UI in headless Chromium (Debian chromium + chromium-driver, through selenium): the asset
-  graph shows the stage names; a cheap asset is materialized by clicking in the UI; GraphQL says
-  the run succeeded;
+  graph shows the stage names; a cheap partitioned asset is materialized by clicking in the UI (a
+  backfill of every data partition, run by the daemon); GraphQL says every partition's run succeeded;
 * cancellation: a training launched through GraphQL is terminated through GraphQL while torchrun
   and its ranks run; no process of the training's process group survives, and the run is CANCELED;
 * the concurrency pool: while the training runs, the instance shows the ``accelerators`` pool with
@@ -24,9 +24,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance
 
 from largetrain_dagster.definitions import build_definitions
+from lineage import PARTITION_KEYS, materialize_lineage
 from test_pipeline import CORPORA, REPO, corpus, tiny_run_config
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -213,6 +214,13 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
         data = server.graphql("""{ runsOrError { ... on Runs { results { runId status assetSelection { path } } } } }""")
         return [r for r in data["runsOrError"]["results"] if {"path": ["domain", "raw_corpus"]} in (r["assetSelection"] or [])]
 
+    def backfills():
+        data = server.graphql("""{ partitionBackfillsOrError { ... on PartitionBackfills { results { id numPartitions } } } }""")
+        return data["partitionBackfillsOrError"]["results"]
+
+    def shown(label: str) -> bool:
+        return any(b.is_displayed() for b in driver.find_elements(By.XPATH, f"//button[normalize-space(.)='{label}']"))
+
     driver = _chrome(tmp_path / "chromium-profile")
     try:
         # The pretrain_data group's graph: its four stages and their neighbours downstream.
@@ -222,31 +230,38 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
               "the asset graph to show the stages", 120)
         _dismiss_community_dialog(driver)
 
+        # raw_corpus is partitioned: "Materialize…" opens the partition dialog; "All", then "Launch
+        # backfill" hands every partition to the daemon, one run each.
         driver.get(f"{server.url}/assets/domain/raw_corpus")
         body = lambda: driver.find_element(By.TAG_NAME, "body").text  # noqa: E731
-        _wait(lambda: "domain_data" in body() and "Never materialized" in body(), "the asset page", 60)
+        _wait(lambda: "domain_data" in body() and "Materialize" in body(), "the asset page", 60)
         for attempt in range(3):  # a click that lands while the page re-renders is lost: click again
             _dismiss_community_dialog(driver)
-            _click_button(driver, "Materialize", 60)
+            _click_button(driver, "Materialize\u2026", 60)  # the ellipsis: a dialog follows
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not run_ids():
-                time.sleep(1)
-            if run_ids():
+            while time.monotonic() < deadline and not shown("Launch backfill"):
+                time.sleep(0.5)
+            if shown("Launch backfill"):
                 break
+        _click_button(driver, "All", 30)  # the dialog opens on "Custom" with no partition chosen
+        _wait(lambda: f"{len(PARTITION_KEYS)} partitions" in body(), "all partitions to be selected", 30)
+        _click_button(driver, "Launch backfill", 30)
+        _wait(backfills, "the backfill to be created", 60)
     finally:
         driver.quit()
 
-    runs = run_ids()
-    assert len(runs) == 1, f"expected one run launched from the UI, got {runs}"
-    run = runs[0]
-    status = _wait(lambda: (s := server.run_status(run["runId"])) in ("SUCCESS", "FAILURE", "CANCELED") and s,
-                   "the UI-launched run to finish", 240, every=2)
-    assert status == "SUCCESS", server.log.read_text(errors="replace")[-3000:]
+    (backfill,) = backfills()
+    assert backfill["numPartitions"] == len(PARTITION_KEYS)
+    runs = _wait(lambda: len(r := run_ids()) == len(PARTITION_KEYS) and all(x["status"] in ("SUCCESS", "FAILURE", "CANCELED") for x in r) and r,
+                 "the daemon to run one run per partition", 400, every=3)
+    assert all(r["status"] == "SUCCESS" for r in runs), server.log.read_text(errors="replace")[-3000:]
     data = server.graphql("""{ assetOrError(assetKey: {path: ["domain", "raw_corpus"]}) { ... on Asset {
-        assetMaterializations(limit: 1) { runId metadataEntries { label ... on IntMetadataEntry { intValue } } } } } }""")
-    mat = data["assetOrError"]["assetMaterializations"][0]
-    assert mat["runId"] == run["runId"]
-    assert {e["label"]: e.get("intValue") for e in mat["metadataEntries"]}["documents"] == 38
+        assetMaterializations(limit: 20) { runId partition metadataEntries { label ... on IntMetadataEntry { intValue } } } } } }""")
+    mats = data["assetOrError"]["assetMaterializations"]
+    assert sorted(m["partition"] for m in mats) == PARTITION_KEYS
+    assert {m["runId"] for m in mats} == {r["runId"] for r in runs}
+    # the 38 plays, spread over the partitions
+    assert sum({e["label"]: e.get("intValue") for e in m["metadataEntries"]}["documents"] for m in mats) == 38
 
 
 def test_pool_and_terminating_training_runs_leaves_no_process(server):
@@ -254,8 +269,8 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server):
     defs = build_definitions(root=str(server.root), nproc_per_node=2, wandb_mode="disabled")
     ops = {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith("pretrain__") or k == "tokenizer"}
     with DagsterInstance.ephemeral() as instance:
-        assert materialize(list(defs.assets), resources=defs.resources, instance=instance, run_config={"ops": ops},
-                           selection=[k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text"]).success
+        assert materialize_lineage(list(defs.assets), defs.resources, instance, {"ops": ops},
+                                   [k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text"]).success
 
     train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 1_000_000, "checkpoint_every": 1000}
     marker = str(server.root / "base_checkpoint")  # in the command line of torchrun and of every rank
