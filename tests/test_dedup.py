@@ -13,18 +13,11 @@ from largetrain_core.accounting import corpus_accounting
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, ingest
 from largetrain_core.dedup import exact_dedup, key_hashes
+from parts import write_parts
 
 OFF = QualityConfig(min_words=None, max_words=None, min_mean_word_length=None, max_mean_word_length=None,
                     min_alpha_word_fraction=None, min_stop_words=None)
 SENT = "The quick brown fox jumps over the lazy dog and then runs to the old mill. "
-
-
-def write_parts(d: Path, parts: list[list[tuple[str, str]]]) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    for i, rows in enumerate(parts):
-        pl.DataFrame({"doc_id": [r[0] for r in rows], "source": ["src"] * len(rows), "text": [r[1] for r in rows]},
-                     schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8}).write_parquet(d / f"part-{i:05d}.parquet")
-    return d
 
 
 def read_parts(d: Path) -> pl.DataFrame:

@@ -17,16 +17,9 @@ from tokenizers import Tokenizer
 from largetrain_core.corpus import ReaderConfig, ingest
 from largetrain_core.shards import DistributedSampler, ShardError, TokenShards, build_token_shards
 from largetrain_core.tokenizer import EOS_TOKEN
+from parts import write_parts
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def write_docs(d: Path, parts: list[list[tuple[str, str]]]) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    for i, rows in enumerate(parts):
-        pl.DataFrame({"doc_id": [r[0] for r in rows], "source": ["s"] * len(rows), "text": [r[1] for r in rows]},
-                     schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8}).write_parquet(d / f"part-{i:05d}.parquet")
-    return d
 
 
 def is_validation(doc_id: str, fraction: float, seed: int) -> bool:
@@ -85,7 +78,7 @@ def test_short_docs_with_seq_len_beyond_the_whole_stream(short_docs, tmp_path):
 @pytest.fixture
 def built(tmp_path, bpe_dir, sentences):
     docs = [(f"doc-{i:02d}", " ".join(sentences[i * 7:(i + 1) * 7 - i % 5])) for i in range(30)]
-    src = write_docs(tmp_path / "dedup", [docs[:11], docs[11:12], docs[12:]])
+    src = write_parts(tmp_path / "dedup", [docs[:11], docs[11:12], docs[12:]])
     out = tmp_path / "shards"
     out.mkdir()
     m = build_token_shards(src, bpe_dir, out, seq_len=16, validation_fraction=0.3, seed=1, sequences_per_shard=3,
@@ -258,7 +251,7 @@ def test_validation_gets_a_document_when_there_are_two(tmp_path, make_word_token
     smallest = min((d for d, _ in docs), key=lambda d: xxhash.xxh64_intdigest(d.encode(), 0))
     out = tmp_path / "out"
     out.mkdir()
-    m = build_token_shards(write_docs(tmp_path / "in", [docs]), tok, out, seq_len=2, validation_fraction=fraction)
+    m = build_token_shards(write_parts(tmp_path / "in", [docs]), tok, out, seq_len=2, validation_fraction=fraction)
     assert (m["splits"]["train"]["documents"], m["splits"]["validation"]["documents"]) == (1, 1)
     expected_val = {"first": [0, 1, 2, 0, 3], "second": [2, 2, 1, 3]}[smallest]  # EOS id 3
     assert m["splits"]["validation"]["document_tokens"] == len(expected_val)
@@ -267,7 +260,7 @@ def test_validation_gets_a_document_when_there_are_two(tmp_path, make_word_token
     for name, d, frac in (("one", docs[:1], fraction), ("zero", docs, 0.0)):
         o = tmp_path / name
         o.mkdir()
-        m = build_token_shards(write_docs(tmp_path / f"in-{name}", [d]), tok, o, seq_len=2, validation_fraction=frac)
+        m = build_token_shards(write_parts(tmp_path / f"in-{name}", [d]), tok, o, seq_len=2, validation_fraction=frac)
         assert m["splits"]["validation"]["documents"] == 0
         assert m["splits"]["train"]["documents"] == len(d)
 
@@ -284,7 +277,7 @@ def test_vocabulary_size_sets_the_dtype_and_every_id_round_trips(tmp_path, make_
     docs = [("d0", " ".join(f"w{i}" for i in top[:5])), ("d1", " ".join(f"w{i}" for i in top[5:]) + " w0")]
     out = tmp_path / "out"
     out.mkdir()
-    m = build_token_shards(write_docs(tmp_path / "in", [docs]), tok, out, seq_len=3, validation_fraction=0.0)
+    m = build_token_shards(write_parts(tmp_path / "in", [docs]), tok, out, seq_len=3, validation_fraction=0.0)
     assert (m["dtype"], m["vocab_size"], m["eos_id"]) == (np.dtype(dtype).name, base + 1, eos)
     stream = top[:5] + [eos] + top[5:] + [0, eos]  # 11 tokens -> 2 windows of 4, 3 dropped
     shards = TokenShards(out, "train", verify_checksums=True)

@@ -79,17 +79,26 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_writer_killed_before_rename_leaves_nothing_a_reader_accepts(small, tmp_path):
-    final = tmp_path / "token_shards" / "v1"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(small / "docs"), str(small / "tok"), str(final)],
+def kill_writer_when(docs: Path, tok: Path, final: Path, ready) -> None:
+    """Start WRITER in its own process group; SIGKILL the group once ``ready(proc)`` returns."""
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(docs), str(tok), str(final)],
                             cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert proc.stdout.readline().strip() == "written"
+        ready(proc)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_writer_killed_before_rename_leaves_nothing_a_reader_accepts(small, tmp_path):
+    final = tmp_path / "token_shards" / "v1"
+
+    def written(proc):
+        assert proc.stdout.readline().strip() == "written"
+
+    kill_writer_when(small / "docs", small / "tok", final, written)
     assert not final.exists()
     leftovers = list(final.parent.iterdir())
     assert leftovers and all(p.name.startswith(".tmp-v1-") for p in leftovers)
@@ -105,17 +114,13 @@ def test_writer_killed_mid_shard_leaves_nothing_a_reader_accepts(tmp_path):
     pl.DataFrame({"doc_id": [str(i) for i in range(4000)], "source": ["s"] * 4000, "text": texts}).write_parquet(docs / "part-00000.parquet")
     train_bpe([texts[:50]], 300, tmp_path / "tok")
     final = tmp_path / "out" / "v1"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(docs), str(tmp_path / "tok"), str(final)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, start_new_session=True)
-    try:
+
+    def first_shard_file_appears(proc):
         deadline = time.time() + 120
         while time.time() < deadline and not list((tmp_path / "out").glob(".tmp-v1-*/train-*.arrow")):
             time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    kill_writer_when(docs, tmp_path / "tok", final, first_shard_file_appears)
     assert not final.exists()
     with pytest.raises(ShardError):
         TokenShards(final, "train")
