@@ -70,15 +70,20 @@ CODE_VERSIONS = {"raw_corpus": "3", "cleaned_text": "4", "deduplicated_text": "4
 
 
 
-def data_partitions(count: int) -> StaticPartitionsDefinition:
-    """``count`` partitions keyed ``000``, ``001``, ... (zero-padded to at least 3 digits). Raises ValueError for count < 1."""
-    if count < 1:
-        raise ValueError(f"LARGETRAIN_DATA_PARTITIONS must be >= 1, got {count}")
-    width = max(3, len(str(count - 1)))
-    return StaticPartitionsDefinition([f"{i:0{width}d}" for i in range(count)])
+def data_partitions(count: str | int) -> StaticPartitionsDefinition:
+    """``count`` partitions keyed ``000``, ``001``, ... (zero-padded to at least 3 digits).
+    Raises ValueError naming LARGETRAIN_DATA_PARTITIONS unless count is an integer >= 1."""
+    try:
+        n = int(count)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"LARGETRAIN_DATA_PARTITIONS must be an integer >= 1, got {count!r}")
+    width = max(3, len(str(n - 1)))
+    return StaticPartitionsDefinition([f"{i:0{width}d}" for i in range(n)])
 
 
-DATA_PARTITIONS = data_partitions(int(os.environ.get("LARGETRAIN_DATA_PARTITIONS", "4")))
+DATA_PARTITIONS = data_partitions(os.environ.get("LARGETRAIN_DATA_PARTITIONS", "4"))
 
 # ------------------------------------------------------------------------------------------------
 # configs

@@ -129,3 +129,14 @@ def test_cli_validate_and_materialize_subset(tmp_path):
     handle = json.loads((tmp_path / "root" / "_handles" / "domain" / "cleaned_text" / f"{PARTITION_KEYS[0]}.json").read_text())
     assert 1 <= handle["stats"]["input"] <= 3
     assert Path(handle["path"]).is_dir()
+
+
+def test_data_partition_keys_and_bad_counts():
+    from largetrain_dagster.assets import data_partitions
+
+    assert data_partitions("3").get_partition_keys() == ["000", "001", "002"]
+    keys = data_partitions(1500).get_partition_keys()
+    assert (keys[0], keys[-1], len(keys)) == ("0000", "1499", 1500)  # sortable: one width for all keys
+    for bad in ("0", "-2", "abc", ""):
+        with pytest.raises(ValueError, match="LARGETRAIN_DATA_PARTITIONS must be an integer >= 1"):
+            data_partitions(bad)
