@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -39,6 +40,12 @@ REJECT_SCHEMA = pa.schema([("source", pa.large_string()), ("position", pa.int64(
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
+CORPUS_SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
+
+
+def is_corpus_file(name: str) -> bool:
+    """Whether a file name has a suffix the readers know (case-insensitive: ``A.TXT`` is text)."""
+    return name.lower().endswith(CORPUS_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -85,30 +92,54 @@ class Batch:
 
 
 def partition_of(relative_path: str, partitions: int) -> int:
-    """The partition of a corpus file: xxh3-64 of its UTF-8 relative path (seed 0) modulo ``partitions``.
+    """The partition of a corpus file: xxh3-64 of its relative path's bytes (seed 0) modulo ``partitions``.
 
     Hash partitioning, not ranges of the sorted list: a file added to the corpus changes only the
     partition it falls into, so the other partitions keep their data versions and are not redone.
+    A path that is not valid UTF-8 (a name Python decoded with surrogate escapes) hashes its raw bytes.
     """
-    return xxhash.xxh3_64_intdigest(relative_path.encode()) % partitions
+    return xxhash.xxh3_64_intdigest(relative_path.encode("utf-8", "surrogateescape")) % partitions
 
 
-def list_files(path: Path, partition: int = 0, partitions: int = 1) -> list[Path]:
-    """The readable corpus files under ``path`` (sorted), or ``[path]`` for a file; with
-    ``partitions > 1`` only those that :func:`partition_of` assigns to ``partition``.
+def _walk(root: Path) -> list[Path]:
+    """Every file under ``root``, sorted, following symbolic links to directories (each real
+    directory visited once, so a link cycle ends)."""
+    out, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        out += [Path(dirpath) / f for f in filenames]
+    return sorted(f for f in out if f.is_file())
 
-    Raises FileNotFoundError when ``path`` does not exist.
+
+def scan(path: Path, partition: int = 0, partitions: int = 1) -> tuple[list[Path], list[Path]]:
+    """(corpus files, other files) under ``path``, sorted; with ``partitions > 1`` only those that
+    :func:`partition_of` assigns to ``partition``. A directory is walked recursively (links to
+    directories followed); files whose suffix no reader knows are returned second, so that the
+    caller counts them instead of dropping them silently.
+
+    Raises FileNotFoundError when ``path`` does not exist and ValueError when ``path`` is a single
+    file whose suffix no reader knows.
     """
     if not path.exists():
         raise FileNotFoundError(f"corpus path does not exist: {path}")
     if path.is_file():
+        if not is_corpus_file(path.name):
+            raise ValueError(f"{path}: not a corpus file: the suffix is none of {', '.join(CORPUS_SUFFIXES)}")
         files, base = [path], path.parent
     else:
-        suffixes = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
-        files, base = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes)), path
-    if partitions == 1:
-        return files
-    return [f for f in files if partition_of(f.relative_to(base).as_posix(), partitions) == partition]
+        files, base = _walk(path), path
+    if partitions > 1:
+        files = [f for f in files if partition_of(f.relative_to(base).as_posix(), partitions) == partition]
+    return [f for f in files if is_corpus_file(f.name)], [f for f in files if not is_corpus_file(f.name)]
+
+
+def list_files(path: Path, partition: int = 0, partitions: int = 1) -> list[Path]:
+    """The corpus files of :func:`scan` (same arguments and errors)."""
+    return scan(path, partition, partitions)[0]
 
 
 def _valid_utf8(text: str) -> str | None:
@@ -164,9 +195,13 @@ def read_corpus(config: ReaderConfig) -> Iterator[Batch]:
     out = _Collector(config.batch_size, labelled=config.label_field is not None)
     for f in files:
         rel = f.relative_to(base).as_posix()
-        if f.name.endswith(PARQUET_SUFFIXES):
+        name = f.name.lower()
+        if _valid_utf8(rel) is not None:  # document ids and sources must be UTF-8: the file becomes one rejected record
+            shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            out.reject(shown, -1, "file name is not valid UTF-8 (undecodable bytes shown as \\x escapes): rename the file")
+        elif name.endswith(PARQUET_SUFFIXES):
             yield from _read_parquet(f, rel, config, out)
-        elif f.name.endswith(JSONL_SUFFIXES):
+        elif name.endswith(JSONL_SUFFIXES):
             yield from _read_jsonl(f, rel, config, out)
         else:
             _read_text(f, rel, out)
@@ -283,13 +318,20 @@ def ingest(config: ReaderConfig, out_dir: Path, *, max_documents: int | None = N
     in corpus order (of ``config.partition`` alone when the corpus is partitioned: each partition
     keeps at most ``max_documents``). Documents left out by the subset are counted (``not_sampled``),
     not stored.
-    Returns counts: ``documents``, ``rejected``, ``bytes``, ``files``, ``not_sampled``, ``parts``.
+    Files whose suffix no reader knows are not read but counted (``skipped_files``) and listed in
+    ``out_dir/skipped_files.txt`` (one relative path per line).
+    Returns counts: ``documents``, ``rejected``, ``bytes``, ``files``, ``skipped_files``, ``not_sampled``, ``parts``.
     """
     if not 0.0 < sample_fraction <= 1.0:
         raise ValueError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
     out_dir = Path(out_dir)
+    root = Path(config.path)
+    files, skipped = scan(root, config.partition, config.partitions)
     stats = {"documents": 0, "rejected": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
-             "files": len(list_files(Path(config.path), config.partition, config.partitions))}
+             "files": len(files), "skipped_files": len(skipped)}
+    (out_dir / "skipped_files.txt").write_text("".join(
+        f.relative_to(root).as_posix().encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") + "\n"
+        for f in skipped))
     rejected: list[pa.Table] = []
     for batch in read_corpus(config):
         docs = batch.documents
@@ -319,5 +361,5 @@ def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1) -> st
     base = root if root.is_dir() else root.parent
     for f in list_files(root, partition, partitions):
         st = f.stat()
-        h.update(f"{f.relative_to(base).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(f"{f.relative_to(base).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:16]

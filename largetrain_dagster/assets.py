@@ -64,7 +64,7 @@ ROLES = {
     "pretrain": ("corpora/linux-doc", "Pretraining corpus (demo: Linux kernel documentation, rst sources)."),
     "domain": ("corpora/shakespeare", "Domain corpus for the LoRA adapter (demo: Shakespeare's plays, markdown)."),
 }
-CODE_VERSIONS = {"raw_corpus": "3", "cleaned_text": "4", "deduplicated_text": "4", "tokenizer": "1",
+CODE_VERSIONS = {"raw_corpus": "4", "cleaned_text": "5", "deduplicated_text": "4", "tokenizer": "1",
                  "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "2"}
 
 
@@ -297,13 +297,18 @@ def corpus_assets(role: str) -> list:
             del settings["label_field"]
         version = data_version(CODE_VERSIONS["raw_corpus"], settings, part, fingerprint(source, **part))
         reader = ReaderConfig(source, config.text_field, config.id_field, config.batch_size, config.label_field, **part)
-        path, stats, reused = _stage(context, storage, [role, "raw_corpus", pk], version, lambda out: ingest(
-            reader, out, max_documents=config.max_documents, sample_fraction=config.sample_fraction, seed=config.seed))
-        total = stats["documents"] + stats["rejected"]
+        path, stats, reused = _stage(context, storage, [role, "raw_corpus", pk], version, lambda out: {**ingest(
+            reader, out, max_documents=config.max_documents, sample_fraction=config.sample_fraction, seed=config.seed), **part})
+        total = stats["documents"] + stats["not_sampled"] + stats["rejected"]  # every record read, before subsetting
         if total and stats["rejected"] / total > config.max_rejected_fraction:
             raise Failure(f"{source} (partition {pk}): {stats['rejected']} of {total} records rejected, more than "
                           f"max_rejected_fraction={config.max_rejected_fraction}; see {path / 'rejected.parquet'}")
-        return _output(path, version, stats, config, reused, {"source": MetadataValue.path(source), **part})
+        extra = {"source": MetadataValue.path(source)}
+        if stats["skipped_files"]:
+            context.log.warning(f"{source} (partition {pk}): {stats['skipped_files']} files with a suffix no reader knows "
+                                f"were not read; listed in {path / 'skipped_files.txt'}")
+            extra["skipped_files_list"] = MetadataValue.path(str(path / "skipped_files.txt"))
+        return _output(path, version, stats, config, reused, extra)
 
     @asset(key=[role, "cleaned_text"], ins={"raw": AssetIn(key=[role, "raw_corpus"])}, group_name=group,
            code_version=CODE_VERSIONS["cleaned_text"], partitions_def=DATA_PARTITIONS, io_manager_key="handles",
@@ -312,8 +317,9 @@ def corpus_assets(role: str) -> list:
     def cleaned_text(context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, raw: dict) -> Output:
         quality = config.quality()
         version = data_version(CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
+        part = {k: raw["stats"][k] for k in ("partition", "partitions")}
         path, stats, reused = _stage(context, storage, [role, "cleaned_text", context.partition_key], version,
-                                     lambda out: clean_corpus(Path(raw["path"]), out, quality))
+                                     lambda out: {**clean_corpus(Path(raw["path"]), out, quality), **part})
         return _output(path, version, stats, config, reused, {"filtered_by_reason": _md_counts(stats["filtered_by_reason"])})
 
     @asset(key=[role, "deduplicated_text"], group_name=group, code_version=CODE_VERSIONS["deduplicated_text"],
@@ -324,8 +330,15 @@ def corpus_assets(role: str) -> list:
            description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH near duplicates removed; the first copy in corpus order (partition, file, row) is kept per cluster.")
     def deduplicated_text(context: AssetExecutionContext, config: DeduplicatedTextConfig, storage: Storage,
                           raw: dict, cleaned: dict):
-        # raw and cleaned: {partition: handle} for every partition
+        # raw and cleaned: {partition: handle} for every partition, each made with this deployment's partitioning
         keys = sorted(cleaned)
+        for name, handles in (("raw_corpus", raw), ("cleaned_text", cleaned)):
+            for i, k in enumerate(keys):
+                made = (handles[k]["stats"].get("partition"), handles[k]["stats"].get("partitions"))
+                if made != (i, len(keys)):
+                    raise Failure(f"partition {k} of {role}/{name} was made as partition {made[0]} of {made[1]}, but "
+                                  f"LARGETRAIN_DATA_PARTITIONS is now {len(keys)}: its files belong to other partitions. "
+                                  f"Re-materialize {role}/raw_corpus and {role}/cleaned_text for every partition.")
         raw_dirs, cleaned_dirs = [Path(raw[k]["path"]) for k in keys], [Path(cleaned[k]["path"]) for k in keys]
         dcfg, bal = config.dedup(), config.balancing()
         # the balance settings enter the version only when set, so unbalanced versions stay as they were

@@ -318,3 +318,47 @@ def _ingest(src, out, cfg):
     out.mkdir()
     ingest(cfg, out)
     return [str(f) for f in sorted(out.glob("part-*.parquet"))]
+
+
+def test_files_no_reader_knows_are_counted_and_listed_not_dropped(tmp_path):
+    from largetrain_core.corpus import list_files, scan
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for name in ("a.txt", "B.TXT", "c.json", "d.txt.gz", "e.markdown", ".gitignore"):
+        (src / name).write_text("some words in a file\n")
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / "f.md").write_text("a linked directory's file\n")
+    (src / "linked").symlink_to(real, target_is_directory=True)
+    (real / "loop").symlink_to(src, target_is_directory=True)  # a cycle ends: each real directory once
+
+    files, skipped = scan(src)
+    assert [f.relative_to(src).as_posix() for f in files] == ["B.TXT", "a.txt", "linked/f.md"]
+    assert sorted(f.name for f in skipped) == [".gitignore", "c.json", "d.txt.gz", "e.markdown"]
+    out = tmp_path / "raw"
+    out.mkdir()
+    stats = ingest(ReaderConfig(str(src)), out)
+    assert (stats["files"], stats["documents"], stats["skipped_files"]) == (3, 3, 4)
+    assert sorted((out / "skipped_files.txt").read_text().split()) == [".gitignore", "c.json", "d.txt.gz", "e.markdown"]
+    # a single file is held to the same suffix rules as a directory's files
+    with pytest.raises(ValueError, match=r"c\.json: not a corpus file"):
+        list_files(src / "c.json")
+
+
+def test_a_file_name_that_is_not_utf8_becomes_a_rejected_record(tmp_path):
+    import os
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    (src / "good.txt").write_text("a readable document\n")
+    with open(os.path.join(os.fsencode(src), b"caf\xe9.txt"), "w") as f:
+        f.write("the name is Latin-1\n")
+    for partitions in (1, 4):
+        docs = pa.concat_tables([b.documents for i in range(partitions)
+                                 for b in read_corpus(ReaderConfig(str(src), partition=i, partitions=partitions))])
+        rej = pa.concat_tables([b.rejected for i in range(partitions)
+                                for b in read_corpus(ReaderConfig(str(src), partition=i, partitions=partitions))])
+        assert docs.column("doc_id").to_pylist() == ["good.txt"]
+        assert rej.column("source").to_pylist() == ["caf\\xe9.txt"]
+        assert rej.column("position").to_pylist() == [-1] and "file name is not valid UTF-8" in rej.column("reason")[0].as_py()

@@ -140,3 +140,32 @@ def test_data_partition_keys_and_bad_counts():
     for bad in ("0", "-2", "abc", ""):
         with pytest.raises(ValueError, match="LARGETRAIN_DATA_PARTITIONS must be an integer >= 1"):
             data_partitions(bad)
+
+
+def test_rejected_share_counts_every_record_read_and_a_changed_partition_count_fails(tmp_path, monkeypatch):
+    """max_rejected_fraction is a share of the records read (subsetting does not inflate it); the global
+    step refuses partitions made under another LARGETRAIN_DATA_PARTITIONS instead of losing their files."""
+    from largetrain_dagster import assets as asset_module
+    from largetrain_dagster.assets import corpus_assets, data_partitions
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i in range(99):
+        (src / f"doc{i:02d}.txt").write_text(f"document {i} with a few words in it\n")
+    (src / "bad.txt").write_bytes(b"not utf-8 \xff\n")  # 1 of 100 records rejected: under the 5% limit
+    defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
+    ops = {"domain__raw_corpus": {"config": {"path": str(src), "sample_fraction": 0.1}},
+           "domain__cleaned_text": {"config": {"min_words": 1}}}
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops})
+        assert result.success  # a 10% sample keeps ~10 documents; the one rejected record is still 1 of 100
+        md = result.asset_materializations_for_node("domain__deduplicated_text")[0].metadata
+        assert md["documents_rejected"].value == 1 and md["partitions"].value == len(PARTITION_KEYS)
+
+        # the deployment now says 2 partitions: partitions 000 and 001 hold a 4-way split of the files
+        monkeypatch.setattr(asset_module, "DATA_PARTITIONS", data_partitions(2))
+        again = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops},
+                                    ["domain/deduplicated_text"], raise_on_error=False)
+        assert not again.success
+        errors = [e.event_specific_data.error.message for e in again.last.all_events if e.is_step_failure]
+        assert any("was made as partition 0 of 4, but LARGETRAIN_DATA_PARTITIONS is now 2" in m for m in errors), errors
