@@ -19,14 +19,11 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from largetrain_core.balance import BALANCE_DROPPED, BALANCE_REPEATS
+from largetrain_core.storage import as_dirs, part_files
 
 
 def _rows(files) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-
-
-def _dirs(d: Path | list[Path]) -> list[Path]:
-    return [Path(d)] if isinstance(d, (str, Path)) else [Path(x) for x in d]
 
 
 def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path) -> dict:
@@ -38,13 +35,13 @@ def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path]
     ``balanced`` (the rule holds for the whole chain and for each stage) and ``problems`` (one
     message per stage that does not balance).
     """
-    raw_dirs, cleaned_dirs, dedup_dir = _dirs(raw_dir), _dirs(cleaned_dir), Path(dedup_dir)
-    read = _rows(p for d in raw_dirs for p in d.glob("part-*.parquet"))
-    rejected = _rows(d / "rejected.parquet" for d in raw_dirs)
-    cleaned = _rows(p for d in cleaned_dirs for p in d.glob("part-*.parquet"))
-    filtered = _rows(d / "filtered.parquet" for d in cleaned_dirs)
+    dedup_dir = Path(dedup_dir)
+    read = _rows(part_files(raw_dir))
+    rejected = _rows(d / "rejected.parquet" for d in as_dirs(raw_dir))
+    cleaned = _rows(part_files(cleaned_dir))
+    filtered = _rows(d / "filtered.parquet" for d in as_dirs(cleaned_dir))
     repeats = _rows(_present(dedup_dir / BALANCE_REPEATS))
-    kept = _rows(sorted(dedup_dir.glob("part-*.parquet"))) - repeats
+    kept = _rows(part_files(dedup_dir)) - repeats
     duplicate = _rows([dedup_dir / "duplicates.parquet"])
     downsampled = _rows(_present(dedup_dir / BALANCE_DROPPED))
     problems = []
@@ -75,11 +72,11 @@ def outcome_table(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], de
     (the rule's code, or ``balance_downsample``), duplicate
     ("exact"/"near"), rejected (the reader's reason without positions). Columns outcome, reason (Utf8),
     documents (Int64), sorted; the documents column sums to the accounting ``input``."""
-    kept = _rows(sorted(Path(dedup_dir).glob("part-*.parquet"))) - _rows(_present(Path(dedup_dir) / BALANCE_REPEATS))
+    kept = _rows(part_files(dedup_dir)) - _rows(_present(Path(dedup_dir) / BALANCE_REPEATS))
     frames = [
         pl.DataFrame({"outcome": ["kept"], "reason": [None], "documents": [kept]},
                      schema={"outcome": pl.Utf8, "reason": pl.Utf8, "documents": pl.Int64}),
-        pl.read_parquet([d / "filtered.parquet" for d in _dirs(cleaned_dir)], columns=["reason"]).group_by("reason").len()
+        pl.read_parquet([d / "filtered.parquet" for d in as_dirs(cleaned_dir)], columns=["reason"]).group_by("reason").len()
         .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
         *[pl.read_parquet(f, columns=["reason"]).group_by("reason").len()
           .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64))
@@ -87,7 +84,7 @@ def outcome_table(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], de
         pl.read_parquet(Path(dedup_dir) / "duplicates.parquet").group_by(
             pl.col("kind") if "kind" in pl.read_parquet_schema(Path(dedup_dir) / "duplicates.parquet") else pl.lit("exact").alias("kind")
         ).len().select(outcome=pl.lit("duplicate"), reason="kind", documents=pl.col("len").cast(pl.Int64)),
-        pl.read_parquet([d / "rejected.parquet" for d in _dirs(raw_dir)], columns=["reason"])
+        pl.read_parquet([d / "rejected.parquet" for d in as_dirs(raw_dir)], columns=["reason"])
         .select(reason=pl.col("reason").map_elements(_reject_code, return_dtype=pl.Utf8)).group_by("reason").len()
         .select(outcome=pl.lit("rejected"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
     ]

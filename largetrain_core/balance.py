@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from largetrain_core.storage import part_files
+
 NULL_LABEL = "<null>"
 
 
@@ -97,7 +99,7 @@ def balance_parts(directory: Path, target: dict[str, float] | None = None, mode:
     "balance_repeats"}``. Raises ValueError when the parts have no ``label`` column and as :func:`balance`.
     """
     directory = Path(directory)
-    parts = sorted(directory.glob("part-*.parquet"))
+    parts = part_files(directory)
     if not parts or any("label" not in pl.read_parquet_schema(p) for p in parts):
         raise ValueError(f"{directory}: no label column to balance on (set the reader's label_field)")
     labels = pl.concat([pl.read_parquet(p, columns=["label"]) for p in parts]).with_row_index("row")

@@ -48,6 +48,7 @@ import numpy as np
 import polars as pl
 
 from largetrain_core.dedup import fmix64
+from largetrain_core.storage import part_files
 
 # Gopher paper, A.1.1; datatrove GopherQualityFilter.stop_words default.
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
@@ -398,7 +399,7 @@ def clean_corpus(in_dir: Path, out_dir: Path, cfg: QualityConfig) -> dict:
     ``filtered``, ``filtered_by_reason``, ``nul_removed``, ``control_removed``, ``c4_lines_removed``,
     ``bytes_kept``.
     """
-    parts = sorted(Path(in_dir).glob("part-*.parquet"))
+    parts = part_files(in_dir)
     totals = {"input": 0, "kept": 0, "filtered": 0, "nul_removed": 0, "control_removed": 0, "c4_lines_removed": 0,
               "bytes_kept": 0}
     filtered: list[pl.DataFrame] = []

@@ -121,8 +121,8 @@ def scan(path: Path, partition: int = 0, partitions: int = 1) -> tuple[list[Path
     directories followed); files whose suffix no reader knows are returned second, so that the
     caller counts them instead of dropping them silently.
 
-    Raises FileNotFoundError when ``path`` does not exist and ValueError when ``path`` is a single
-    file whose suffix no reader knows.
+    Raises FileNotFoundError when ``path`` does not exist, and ValueError when ``path`` is a single
+    file whose suffix no reader knows or a directory holding no corpus file (in any partition).
     """
     if not path.exists():
         raise FileNotFoundError(f"corpus path does not exist: {path}")
@@ -132,6 +132,8 @@ def scan(path: Path, partition: int = 0, partitions: int = 1) -> tuple[list[Path
         files, base = [path], path.parent
     else:
         files, base = _walk(path), path
+        if not any(is_corpus_file(f.name) for f in files):
+            raise ValueError(f"no corpus file under {path}: no file has a suffix of {', '.join(CORPUS_SUFFIXES)}")
     if partitions > 1:
         files = [f for f in files if partition_of(f.relative_to(base).as_posix(), partitions) == partition]
     return [f for f in files if is_corpus_file(f.name)], [f for f in files if not is_corpus_file(f.name)]
@@ -180,25 +182,29 @@ class _Collector:
         return batch
 
 
-def read_corpus(config: ReaderConfig) -> Iterator[Batch]:
+def _shown(relative_path: str) -> str:
+    """A relative path as printable UTF-8: bytes that are not UTF-8 as ``\\x`` escapes."""
+    return relative_path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def read_corpus(config: ReaderConfig, files: list[Path] | None = None) -> Iterator[Batch]:
     """Stream a corpus as :class:`Batch` es of at most ``config.batch_size`` documents.
 
     Every document and every unreadable record appears exactly once, either in ``documents`` or in
-    ``rejected``. Raises FileNotFoundError if the path is missing and ValueError if it holds no
-    corpus file (in any partition). A partition that no file falls into yields nothing.
+    ``rejected``. ``files``: the partition's corpus files when the caller has listed them already
+    (:func:`list_files`), else listed here, with its errors (FileNotFoundError, ValueError). A
+    partition that no file falls into yields nothing.
     """
     root = Path(config.path)
-    if not list_files(root):
-        raise ValueError(f"no .txt/.md/.rst/.jsonl(.gz/.zst)/.parquet files under {root}")
-    files = list_files(root, config.partition, config.partitions)
+    if files is None:
+        files = list_files(root, config.partition, config.partitions)
     base = root if root.is_dir() else root.parent
     out = _Collector(config.batch_size, labelled=config.label_field is not None)
     for f in files:
         rel = f.relative_to(base).as_posix()
         name = f.name.lower()
         if _valid_utf8(rel) is not None:  # document ids and sources must be UTF-8: the file becomes one rejected record
-            shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            out.reject(shown, -1, "file name is not valid UTF-8 (undecodable bytes shown as \\x escapes): rename the file")
+            out.reject(_shown(rel), -1, "file name is not valid UTF-8 (undecodable bytes shown as \\x escapes): rename the file")
         elif name.endswith(PARQUET_SUFFIXES):
             yield from _read_parquet(f, rel, config, out)
         elif name.endswith(JSONL_SUFFIXES):
@@ -329,11 +335,9 @@ def ingest(config: ReaderConfig, out_dir: Path, *, max_documents: int | None = N
     files, skipped = scan(root, config.partition, config.partitions)
     stats = {"documents": 0, "rejected": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
              "files": len(files), "skipped_files": len(skipped)}
-    (out_dir / "skipped_files.txt").write_text("".join(
-        f.relative_to(root).as_posix().encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") + "\n"
-        for f in skipped))
+    (out_dir / "skipped_files.txt").write_text("".join(_shown(f.relative_to(root).as_posix()) + "\n" for f in skipped))
     rejected: list[pa.Table] = []
-    for batch in read_corpus(config):
+    for batch in read_corpus(config, files):
         docs = batch.documents
         keep = _in_sample(docs.column("doc_id").to_pylist(), sample_fraction, seed)
         docs = docs.filter(pa.array(keep, pa.bool_()))

@@ -39,6 +39,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from largetrain_core.storage import part_files
+
 _M = np.uint64(0x100000001B3)
 DUP_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "duplicate_of": pl.Utf8, "cluster_id": pl.Int64,
               "kind": pl.Utf8, "key_hash": pl.UInt64}
@@ -332,11 +334,6 @@ def write_deduplicated(part_files: list[Path], assignment: pl.DataFrame, first_r
         dups.append(df.filter(pl.col("duplicate_of").is_not_null()).select(*DUP_SCHEMA))
         row += df.height
     return row - first_row, pl.concat(dups) if dups else pl.DataFrame(schema=DUP_SCHEMA)
-
-
-def part_files(dirs: Path | list[Path]) -> list[Path]:
-    """The ``part-*.parquet`` files of one directory or of several (partitions, in the order given), sorted within each."""
-    return [p for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs) for p in sorted(Path(d).glob("part-*.parquet"))]
 
 
 def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = DedupConfig()) -> dict:

@@ -34,6 +34,7 @@ import pyarrow as pa
 import xxhash
 from tokenizers import Tokenizer
 
+from largetrain_core.storage import part_files
 from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info
 
 FORMAT = "largetrain.token_shards/1"
@@ -140,7 +141,7 @@ def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq
     info = load_tokenizer_info(tokenizer_path)
     tok = Tokenizer.from_file(str(info.path))
     out_dir = Path(out_dir)
-    parts = sorted(Path(in_dir).glob("part-*.parquet"))
+    parts = part_files(in_dir)
     # The split is decided on doc ids before tokenizing, so the fallback (smallest hash) needs one pass over ids.
     ids = pl.concat([pl.read_parquet(p, columns=["doc_id"]) for p in parts])["doc_id"].to_list() if parts else []
     forced = None

@@ -48,6 +48,17 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise
 
 
+def as_dirs(dirs: str | Path | list) -> list[Path]:
+    """One stage directory, or several (one per partition, in the order given), as a list of Paths."""
+    return [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
+
+
+def part_files(dirs: str | Path | list) -> list[Path]:
+    """The ``part-*.parquet`` files of a stage directory (or of several, in the order given), sorted
+    within each: the document order of a stage's output."""
+    return [p for d in as_dirs(dirs) for p in sorted(d.glob("part-*.parquet"))]
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as indented JSON to ``path`` via a temporary file and ``os.replace``."""
     path = Path(path)

@@ -55,7 +55,7 @@ from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
 from largetrain_core.dedup import DedupConfig, deduplicate
 from largetrain_core.model import import_pretrained, tokenizer_mismatch
 from largetrain_core.shards import TokenShards, build_token_shards
-from largetrain_core.storage import atomic_dir, data_version, write_json_atomic
+from largetrain_core.storage import atomic_dir, data_version, part_files, write_json_atomic
 from largetrain_core.tokenizer import copy_tokenizer, train_bpe
 from largetrain_core.train import LoraSettings, TrainConfig
 from largetrain_dagster.resources import Storage, TorchrunLauncher, WandbSettings
@@ -66,8 +66,6 @@ ROLES = {
 }
 CODE_VERSIONS = {"raw_corpus": "4", "cleaned_text": "5", "deduplicated_text": "4", "tokenizer": "1",
                  "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "2"}
-
-
 
 
 def data_partitions(count: str | int) -> StaticPartitionsDefinition:
@@ -270,7 +268,7 @@ def _md_counts(counts: dict, header=("reason", "documents")) -> MetadataValue:
 
 
 def _texts(directory: Path, batch: int = 1000):
-    for part in sorted(Path(directory).glob("part-*.parquet")):
+    for part in part_files(directory):
         for df in pl.read_parquet(part, columns=["text"]).iter_slices(batch):
             yield df["text"].to_list()
 

@@ -6,6 +6,7 @@ import polars as pl
 from dagster import AssetCheckResult, MetadataValue, asset_check
 
 from largetrain_core.dedup import key_hashes
+from largetrain_core.storage import part_files
 
 
 def count_exact_duplicates(directory: Path, batch: int = 10_000) -> tuple[int, int, list[str]]:
@@ -13,7 +14,7 @@ def count_exact_duplicates(directory: Path, batch: int = 10_000) -> tuple[int, i
     before, up to 5 of their doc ids). Memory: 8 bytes per distinct key (a set of xxh3-64 hashes)."""
     seen: set[int] = set()
     docs, dups, examples = 0, 0, []
-    for part in sorted(Path(directory).glob("part-*.parquet")):
+    for part in part_files(directory):
         for df in pl.read_parquet(part, columns=["doc_id", "text"]).iter_slices(batch):
             for doc_id, h in zip(df["doc_id"].to_list(), key_hashes(df["text"]).to_list()):
                 docs += 1

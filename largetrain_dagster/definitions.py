@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from dagster import AssetSelection, Definitions, define_asset_job
+from dagster import AssetKey, AssetSelection, Definitions, define_asset_job
 
 from largetrain_dagster.assets import DATA_PARTITIONS, ROLES, base_checkpoint, corpus_assets, evaluation, lora_adapter, tokenizer
 from largetrain_dagster.checks import dedup_checks
@@ -28,7 +28,9 @@ def lineage_assets() -> list:
     return [a for role in ROLES for a in corpus_assets(role)] + [tokenizer, base_checkpoint, lora_adapter, evaluation]
 
 
-PARTITION_STEPS = AssetSelection.assets(*[[role, name] for role in ROLES for name in ("raw_corpus", "cleaned_text")])
+# the partitioned per-document steps of both chains (DATA_PARTITIONS)
+PARTITIONED_KEYS = [AssetKey([role, name]) for role in ROLES for name in ("raw_corpus", "cleaned_text")]
+PARTITION_STEPS = AssetSelection.assets(*PARTITIONED_KEYS)
 
 
 def build_definitions(root: str | None = None, nproc_per_node: int | None = None, wandb_mode: str | None = None) -> Definitions:

@@ -6,14 +6,14 @@ from __future__ import annotations
 from dagster import AssetKey, materialize
 
 from largetrain_dagster.assets import DATA_PARTITIONS
+from largetrain_dagster.definitions import PARTITIONED_KEYS
 
 PARTITION_KEYS = DATA_PARTITIONS.get_partition_keys()
 
 
 def is_partitioned(key: str) -> bool:
-    """Whether ``key`` (``role/name``) is one of the main chain's partitioned steps."""
-    role, _, name = key.rpartition("/")
-    return role in ("pretrain", "domain") and name in ("raw_corpus", "cleaned_text")
+    """Whether ``key`` (``role/name``) is one of the main chains' partitioned steps."""
+    return AssetKey.from_user_string(key) in PARTITIONED_KEYS
 
 
 class Runs:
