@@ -299,6 +299,16 @@ def job_peak_flops(cfg: TrainConfig, cuda: bool, world: int, local_world: int) -
 # processes; fault injection (tests)
 
 
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, process group id) of ``pid`` from Linux ``/proc/<pid>/stat``; None once it
+    has ended. State ``Z`` is a zombie: dead, not yet reaped by its parent."""
+    try:
+        fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields_[0], int(fields_[1]), int(fields_[2])
+
+
 def process_tree(root: int) -> list[int]:
     """``root`` and every descendant process (Linux ``/proc/<pid>/stat``), parents before children.
 
@@ -306,12 +316,10 @@ def process_tree(root: int) -> list[int]:
     torch.distributed.elastic's SubprocessHandler): signalling the agent's process group misses the ranks.
     """
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields_ = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while we looked
-        children.setdefault(int(fields_[1]), []).append(int(stat.parent.name))
+    for d in Path("/proc").glob("[0-9]*"):
+        st = proc_stat(int(d.name))
+        if st is not None:  # else the process ended while we looked
+            children.setdefault(st[1], []).append(int(d.name))
     out, todo = [], [root]
     while todo:
         pid = todo.pop(0)

@@ -26,7 +26,7 @@ from dagster import (
 )
 
 from largetrain_core.storage import write_json_atomic
-from largetrain_core.train import launch_commands, process_tree
+from largetrain_core.train import launch_commands, proc_stat, process_tree
 
 
 class Storage(ConfigurableResource):
@@ -167,14 +167,7 @@ def stop_process_group(proc: subprocess.Popen, grace_seconds: float) -> None:
 
 def _any_alive(pids) -> bool:
     """Whether any of ``pids`` still runs (a zombie, dead but not yet reaped by its parent, does not count)."""
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            return True
-    return False
+    return any((st := proc_stat(pid)) is not None and st[0] not in ("Z", "X") for pid in pids)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
+from largetrain_core.train import proc_stat
 from largetrain_dagster.definitions import build_definitions
 from lineage import PARTITION_KEYS, materialize_lineage
 from test_pipeline import CORPORA, REPO, corpus, tiny_run_config
@@ -69,23 +70,13 @@ def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
             time.sleep(0.2)
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, pgid) of a live process from /proc, or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return fields[0], int(fields[2])
-
-
 def _group_members(pgid: int) -> list[int]:
     """Processes (not zombies) whose process group is ``pgid``."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
-            st = _proc_stat(int(d.name))
-            if st and st[1] == pgid and st[0] != "Z":
+            st = proc_stat(int(d.name))
+            if st and st[2] == pgid and st[0] != "Z":
                 out.append(int(d.name))
     return out
 
@@ -100,7 +91,7 @@ def _processes_mentioning(text: str) -> dict[int, str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        st = _proc_stat(int(d.name))
+        st = proc_stat(int(d.name))
         if text in cmd and st and st[0] != "Z":
             out[int(d.name)] = cmd
     return out
@@ -289,7 +280,7 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server):
 
     def terminate_and_check(run_id: str, procs: dict[int, str]) -> None:
         # torchrun leads the group the launcher created; torch's elastic agent starts each rank in a session of its own.
-        groups = {st[1] for p in procs if (st := _proc_stat(p))}
+        groups = {st[2] for p in procs if (st := proc_stat(p))}
         data = server.graphql("""mutation($id: String!) { terminateRun(runId: $id) { __typename
             ... on TerminateRunFailure { message } ... on PythonError { message } } }""", {"id": run_id})
         assert data["terminateRun"]["__typename"] == "TerminateRunSuccess", data
@@ -299,7 +290,7 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server):
         survivors = {g: _group_members(g) for g in groups if _group_members(g)}
         assert not survivors, f"processes left in the training's process groups: {survivors}"
         assert not _processes_mentioning(marker)
-        assert all(_proc_stat(p) is None or _proc_stat(p)[0] == "Z" for p in procs)
+        assert all(proc_stat(p) is None or proc_stat(p)[0] == "Z" for p in procs)
 
     first = server.launch([["base_checkpoint"]], {"base_checkpoint": {"config": train}})
     procs = _wait(training_processes, "torchrun and both ranks to start", 300, every=1)
