@@ -2,7 +2,7 @@
 batches into Arrow tables with the columns ``doc_id``, ``source`` and ``text`` (all ``large_string``), plus
 ``label`` (``large_string``, null when a record lacks the field) when ``ReaderConfig.label_field`` is set.
 
-Encoding policy (documented, tested in tests/test_corpus.py against ../shared/cases):
+Encoding policy (documented, tested in tests/test_corpus.py against tests/cases):
 
 * Files are decoded as strict UTF-8; a leading byte-order mark is dropped.
 * A text file that is not valid UTF-8 becomes one *rejected* record naming the file, the byte offset

@@ -1,4 +1,4 @@
-"""largetrain_core.corpus: readers, the encoding policy (against ../shared/cases) and ingest subsetting."""
+"""largetrain_core.corpus: readers, the encoding policy (against tests/cases) and ingest subsetting."""
 
 import gzip
 import json

@@ -109,7 +109,7 @@ def test_precision_auto():
 
 
 def test_resume_skips_truncated_checkpoint(tmp_path):
-    """../shared/cases: the newest checkpoint holds zero-byte files and no marker, as after a power cut."""
+    """tests/cases: the newest checkpoint holds zero-byte files and no marker, as after a power cut."""
     from largetrain_core.train import _mark_complete
 
     root = tmp_path / "checkpoints"
