@@ -38,7 +38,7 @@ REST = not group:landed_data and not key:"*/raw_corpus" and not key:"*/cleaned_t
 demo: install corpora $(DAGSTER_HOME)/dagster.yaml
 	@start=$$(date +%s); : > $(DATA)/demo.log; \
 	fail() { tail -n 60 $(DATA)/demo.log; echo "demo failed; full log: $(DATA)/demo.log"; exit 1; }; \
-	for p in $$($(PY) -c 'from largetrain_dagster.assets import DATA_PARTITIONS as d; print(*d.get_partition_keys())'); do \
+	for p in $$($(PY) -c 'from largetrain_dagster.partitions import DATA_PARTITIONS as d; print(*d.get_partition_keys())'); do \
 	  echo "data partition $$p: raw_corpus, cleaned_text"; \
 	  $(DAGSTER_CLI) --select '$(PREP)' --partition $$p >> $(DATA)/demo.log 2>&1 || fail; \
 	done; \

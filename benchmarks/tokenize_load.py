@@ -1,4 +1,4 @@
-"""Tokenization and loading speed, as ratios measured side by side in one run (DESIGN.md section 7).
+"""Tokenization and loading speed, as ratios measured side by side in one run (docs/ARCHITECTURE.md, Measuring speed).
 
     python benchmarks/tokenize_load.py [--quick] [--out benchmarks/results/tokenize_load.json]
 

@@ -1,4 +1,4 @@
-"""The accounting rule (DESIGN.md section 3): every input document ends in exactly one of
+"""The accounting rule (docs/ARCHITECTURE.md, Accounting): every input document ends in exactly one of
 ``kept``, ``filtered``, ``duplicate`` or ``rejected``, and ``kept + filtered + duplicate + rejected == input``.
 
 Class balancing (largetrain_core.balance, in deduplicated_text) adds two files to the dedup

@@ -1,5 +1,5 @@
 """Token shards: packing documents into fixed-length sequences, the shard files, the manifest, the
-zero-copy reader and the distributed sampler (DESIGN.md section 4).
+zero-copy reader and the distributed sampler (docs/ARCHITECTURE.md, Shard format).
 
 Packing: each document is encoded with the EOS/BOS policy of largetrain_core.tokenizer, the token
 streams of one split are concatenated in corpus order and cut into consecutive, non-overlapping

@@ -1,6 +1,6 @@
 """Where artefacts live and how they are written.
 
-Layout (DESIGN.md section 2): ``<root>/<asset path>/<data_version>/``. Every artefact directory is
+Layout (docs/ARCHITECTURE.md, Lineage): ``<root>/<asset path>/<data_version>/``. Every artefact directory is
 built under a temporary sibling (``.tmp-<name>-<pid>-<random>``) and renamed into place only when
 complete, so a killed run never leaves a directory that a later run trusts; a reader only ever
 looks at final names. A directory that already exists for the same data version is replaced (the

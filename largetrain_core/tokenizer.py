@@ -43,7 +43,7 @@ class TokenizerInfo:
 
 
 def storage_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id (0..vocab_size-1) fits in 16 bits, else uint32 (DESIGN.md section 4)."""
+    """uint16 when every id (0..vocab_size-1) fits in 16 bits, else uint32 (docs/ARCHITECTURE.md, Shard format)."""
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)

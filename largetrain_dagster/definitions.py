@@ -1,4 +1,6 @@
-"""The code location: ``dagster dev`` (workspace.yaml) and the dagster CLI load ``defs`` from here.
+"""The code location: ``dagster dev`` (workspace.yaml) and the dagster CLI load ``defs`` from here. It only
+assembles: each stage's assets and checks live in the module named after the stage (corpus, tokenizer,
+shards, training, evaluation, landing).
 
 LARGETRAIN_ROOT sets the storage root (default ``.largetrain`` under the working directory);
 LARGETRAIN_NPROC the training ranks per node (default 2); LARGETRAIN_WANDB_MODE offline/online/disabled;
@@ -13,24 +15,25 @@ from __future__ import annotations
 
 import os
 
-from dagster import AssetKey, AssetSelection, Definitions, define_asset_job
+from dagster import AssetSelection, Definitions, define_asset_job
 
-from largetrain_dagster.assets import DATA_PARTITIONS, ROLES, base_checkpoint, corpus_assets, evaluation, lora_adapter, tokenizer
-from largetrain_dagster.checks import dedup_checks
+from largetrain_dagster import partitions
+from largetrain_dagster.corpus import corpus_assets, dedup_checks
+from largetrain_dagster.evaluation import evaluation
 from largetrain_dagster.landing import LANDED_ASSETS, landing_sensor
+from largetrain_dagster.partitions import PARTITION_STEPS, PARTITIONED_KEYS, ROLES  # noqa: F401 (PARTITIONED_KEYS: public)
 from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, WandbSettings
 from largetrain_dagster.schedules import retrain_lora_adapter
+from largetrain_dagster.shards import token_shards_asset
+from largetrain_dagster.tokenizer import tokenizer
+from largetrain_dagster.training import base_checkpoint, lora_adapter
 
 
 def lineage_assets() -> list:
     """The lineage (both corpus chains, tokenizer, training, evaluation): what ``make demo``
     materializes, without the dynamically partitioned landed chain."""
-    return [a for role in ROLES for a in corpus_assets(role)] + [tokenizer, base_checkpoint, lora_adapter, evaluation]
-
-
-# the partitioned per-document steps of both chains (DATA_PARTITIONS)
-PARTITIONED_KEYS = [AssetKey([role, name]) for role in ROLES for name in ("raw_corpus", "cleaned_text")]
-PARTITION_STEPS = AssetSelection.assets(*PARTITIONED_KEYS)
+    chains = [a for role in ROLES for a in [*corpus_assets(role), token_shards_asset(role)]]
+    return chains + [tokenizer, base_checkpoint, lora_adapter, evaluation]
 
 
 def build_definitions(root: str | None = None, nproc_per_node: int | None = None, wandb_mode: str | None = None) -> Definitions:
@@ -38,7 +41,7 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
     nproc = nproc_per_node or int(os.environ.get("LARGETRAIN_NPROC", "2"))
     assets = lineage_assets()
     # The landed chain (dynamically partitioned, largetrain_dagster.landing) is in neither job.
-    prepare = define_asset_job("prepare_partitions", selection=PARTITION_STEPS, partitions_def=DATA_PARTITIONS,
+    prepare = define_asset_job("prepare_partitions", selection=PARTITION_STEPS, partitions_def=partitions.DATA_PARTITIONS,
                                description="raw corpus -> cleaned text of both corpora, one partition per run (backfill all partitions)")
     lineage = define_asset_job("lineage", selection=AssetSelection.all() - AssetSelection.groups("landed_data") - PARTITION_STEPS,
                                description="deduplicated text (all partitions) -> token shards -> base checkpoint -> LoRA adapter -> evaluation")

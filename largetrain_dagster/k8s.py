@@ -28,7 +28,7 @@ from typing import Any
 
 from dagster import AssetSelection, Definitions, define_asset_job
 
-from largetrain_dagster.assets import DATA_PARTITIONS
+from largetrain_dagster.partitions import DATA_PARTITIONS
 from largetrain_dagster.resources import TorchrunLauncher
 
 K8S_NAME = re.compile(r"[^a-z0-9-]")
@@ -181,7 +181,8 @@ def data_prep_executor_config(root: str, namespace: str, storage_claim: str) -> 
 def build_k8s_definitions(root: str = "/data", image: str | None = None) -> Definitions:
     from dagster_k8s import k8s_job_executor
 
-    from largetrain_dagster.definitions import PARTITION_STEPS, build_definitions
+    from largetrain_dagster.definitions import build_definitions
+    from largetrain_dagster.partitions import PARTITION_STEPS
     from largetrain_dagster.landing import landed_batches
 
     image = image or os.environ.get("LARGETRAIN_IMAGE", "largetrain:latest")

@@ -48,7 +48,7 @@ from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
 from largetrain_core.dedup import exact_dedup
 from largetrain_core.storage import data_version
-from largetrain_dagster.assets import _output, _stage
+from largetrain_dagster.artefacts import asset_output, build_or_reuse
 from largetrain_dagster.resources import Storage
 
 landed_batches = DynamicPartitionsDefinition(name="landed_batches")
@@ -82,9 +82,9 @@ def landed_raw_corpus(context: AssetExecutionContext, storage: Storage) -> Outpu
     if source is None:
         raise Failure(f"no landed file for partition {pk} under {storage.path('landing')}")
     version = data_version(LANDED_CODE_VERSIONS["raw_corpus"], fingerprint(source))
-    path, stats, reused = _stage(context, storage, ["landed", "raw_corpus", *pk.split("/")], version,
+    path, stats, reused = build_or_reuse(context, storage, ["landed", "raw_corpus", *pk.split("/")], version,
                                  lambda out: ingest(ReaderConfig(str(source)), out))
-    return _output(path, version, stats, {"source": str(source)}, reused)
+    return asset_output(path, version, stats, {"source": str(source)}, reused)
 
 
 @asset(key=["landed", "cleaned_text"], group_name="landed_data", partitions_def=landed_batches,
@@ -94,9 +94,9 @@ def landed_raw_corpus(context: AssetExecutionContext, storage: Storage) -> Outpu
 def landed_cleaned_text(context: AssetExecutionContext, storage: Storage, raw: dict) -> Output:
     quality = QualityConfig()
     version = data_version(LANDED_CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
-    path, stats, reused = _stage(context, storage, ["landed", "cleaned_text", *context.partition_key.split("/")], version,
+    path, stats, reused = build_or_reuse(context, storage, ["landed", "cleaned_text", *context.partition_key.split("/")], version,
                                  lambda out: clean_corpus(Path(raw["path"]), out, quality))
-    return _output(path, version, stats, quality.to_dict(), reused)
+    return asset_output(path, version, stats, quality.to_dict(), reused)
 
 
 @asset(key=["landed", "deduplicated_text"], group_name="landed_data", ins={"cleaned": AssetIn(key=["landed", "cleaned_text"])},
@@ -110,8 +110,8 @@ def landed_deduplicated_text(context: AssetExecutionContext, storage: Storage, c
     def build(out: Path) -> dict:
         return {**exact_dedup([Path(cleaned[k]["path"]) for k in keys], out), "partitions": len(keys)}
 
-    path, stats, reused = _stage(context, storage, ["landed", "deduplicated_text"], version, build)
-    return _output(path, version, stats, {"partitions": keys}, reused)
+    path, stats, reused = build_or_reuse(context, storage, ["landed", "deduplicated_text"], version, build)
+    return asset_output(path, version, stats, {"partitions": keys}, reused)
 
 
 LANDED_ASSETS = [landed_raw_corpus, landed_cleaned_text, landed_deduplicated_text]

@@ -30,7 +30,7 @@ from largetrain_core.train import launch_commands, proc_stat, process_tree
 
 
 class Storage(ConfigurableResource):
-    """The storage root (DESIGN.md section 2). Artefacts go to ``<root>/<asset key path>/<data_version>/``."""
+    """The storage root (docs/ARCHITECTURE.md, Lineage). Artefacts go to ``<root>/<asset key path>/<data_version>/``."""
 
     root: str = ".largetrain"
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dagster import AssetKey, materialize
 
-from largetrain_dagster.assets import DATA_PARTITIONS
-from largetrain_dagster.definitions import PARTITIONED_KEYS
+from largetrain_dagster.partitions import DATA_PARTITIONS, PARTITIONED_KEYS
 
 PARTITION_KEYS = DATA_PARTITIONS.get_partition_keys()
 

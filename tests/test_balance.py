@@ -128,7 +128,7 @@ def _materialize(root, src, dedup_config):
 
     from lineage import materialize_lineage
 
-    from largetrain_dagster.assets import corpus_assets
+    from largetrain_dagster.corpus import corpus_assets
     from largetrain_dagster.definitions import build_definitions
 
     defs = build_definitions(root=str(root), wandb_mode="disabled")

@@ -23,7 +23,7 @@ from dagster._core.definitions.temporal_context import TemporalContext
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView
 from dagster._time import get_current_datetime
 
-from largetrain_dagster import assets as asset_module
+from largetrain_dagster import artefacts
 from largetrain_dagster.definitions import build_definitions
 from lineage import PARTITION_KEYS, is_partitioned, materialize_lineage
 from test_pipeline import CORPORA, corpus, tiny_run_config
@@ -110,7 +110,7 @@ def test_config_and_code_changes_mark_exactly_downstream_stale(tmp_path, monkeyp
 
         # A cleaning rule changes (the code version of cleaned_text): both cleaned_text assets are stale,
         # then exactly their downstream; raw_corpus never reruns.
-        monkeypatch.setitem(asset_module.CODE_VERSIONS, "cleaned_text", asset_module.CODE_VERSIONS["cleaned_text"] + "-rule")
+        monkeypatch.setitem(artefacts.CODE_VERSIONS, "cleaned_text", artefacts.CODE_VERSIONS["cleaned_text"] + "-rule")
         new_assets, resources = data_assets(tmp_path / "root")
         st = statuses(instance, new_assets)
         assert {k for k, s in st.items() if s == StaleStatus.STALE} == {"pretrain/cleaned_text", "domain/cleaned_text"}

@@ -132,7 +132,7 @@ def test_cli_validate_and_materialize_subset(tmp_path):
 
 
 def test_data_partition_keys_and_bad_counts():
-    from largetrain_dagster.assets import data_partitions
+    from largetrain_dagster.partitions import data_partitions
 
     assert data_partitions("3").get_partition_keys() == ["000", "001", "002"]
     keys = data_partitions(1500).get_partition_keys()
@@ -145,8 +145,9 @@ def test_data_partition_keys_and_bad_counts():
 def test_rejected_share_counts_every_record_read_and_a_changed_partition_count_fails(tmp_path, monkeypatch):
     """max_rejected_fraction is a share of the records read (subsetting does not inflate it); the global
     step refuses partitions made under another LARGETRAIN_DATA_PARTITIONS instead of losing their files."""
-    from largetrain_dagster import assets as asset_module
-    from largetrain_dagster.assets import corpus_assets, data_partitions
+    from largetrain_dagster import partitions
+    from largetrain_dagster.corpus import corpus_assets
+    from largetrain_dagster.partitions import data_partitions
 
     src = tmp_path / "corpus"
     src.mkdir()
@@ -163,7 +164,7 @@ def test_rejected_share_counts_every_record_read_and_a_changed_partition_count_f
         assert md["documents_rejected"].value == 1 and md["partitions"].value == len(PARTITION_KEYS)
 
         # the deployment now says 2 partitions: partitions 000 and 001 hold a 4-way split of the files
-        monkeypatch.setattr(asset_module, "DATA_PARTITIONS", data_partitions(2))
+        monkeypatch.setattr(partitions, "DATA_PARTITIONS", data_partitions(2))
         again = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops},
                                     ["domain/deduplicated_text"], raise_on_error=False)
         assert not again.success

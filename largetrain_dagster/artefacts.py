@@ -1,0 +1,66 @@
+"""Shared by every stage: build an artefact directory (or reuse a complete one), and the Output and
+metadata an asset returns.
+
+Every asset writes to ``<root>/<asset key>/[<partition>/]<data version>/``, built in a temporary
+directory renamed into place when complete; the data version is a hash of the asset's code version
+(CODE_VERSIONS), its config and its inputs' data versions (docs/ARCHITECTURE.md, Lineage).
+"""
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import polars as pl
+from dagster import AssetExecutionContext, Config, DataVersion, MetadataValue, Output
+
+from largetrain_core.storage import atomic_dir, part_files, write_json_atomic
+from largetrain_dagster.resources import Storage
+
+# Bump an asset's code version when its code changes what it writes: Dagster then marks it stale.
+CODE_VERSIONS = {"raw_corpus": "4", "cleaned_text": "5", "deduplicated_text": "4", "tokenizer": "1",
+                 "token_shards": "2", "base_checkpoint": "1", "lora_adapter": "1", "evaluation": "2"}
+
+
+
+def build_or_reuse(context: AssetExecutionContext, storage: Storage, key: list[str], version: str,
+           build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
+    """Build ``<root>/<key>/<version>/`` atomically with ``build(tmp_dir) -> stats``, or reuse it if complete.
+
+    Returns (directory, stats, reused)."""
+    final = storage.path(*key, version)
+    stats_file = final / "stats.json"
+    if stats_file.exists():
+        context.log.info(f"{'/'.join(key)} {version} is already complete at {final}: reusing it")
+        return final, json.loads(stats_file.read_text()), True
+    t0 = time.perf_counter()
+    with atomic_dir(final) as tmp:
+        stats = build(tmp)
+        stats["seconds"] = round(time.perf_counter() - t0, 3)
+        write_json_atomic(tmp / "stats.json", stats)
+    return final, stats, False
+
+
+def asset_output(path: Path, version: str, stats: dict, config: Config | dict, reused: bool, extra: dict | None = None) -> Output:
+    """The asset's Output: the JSON handle (path, data version, stats) and metadata (path, data version,
+    reused, config, every numeric stat, ``extra``), with the data version Dagster records."""
+    cfg = config if isinstance(config, dict) else config.model_dump()
+    handle = {"path": str(path), "data_version": version, "stats": stats}
+    md = {"path": MetadataValue.path(str(path)), "data_version": version, "reused": reused,
+          "config": MetadataValue.json(cfg)}
+    md.update({k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    md.update(extra or {})
+    return Output(handle, metadata=md, data_version=DataVersion(version))
+
+
+def md_table(counts: dict, header=("reason", "documents")) -> MetadataValue:
+    """A two-column markdown table of ``counts`` (sorted by key), or "none"."""
+    rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(counts.items()))
+    return MetadataValue.md(f"| {header[0]} | {header[1]} |\n|---|---|\n{rows}" if counts else "none")
+
+
+def texts(directory: Path, batch: int = 1000):
+    """The ``text`` column of every part file under ``directory``, in lists of up to ``batch`` strings."""
+    for part in part_files(directory):
+        for df in pl.read_parquet(part, columns=["text"]).iter_slices(batch):
+            yield df["text"].to_list()

@@ -1,0 +1,115 @@
+"""Dagster run-config classes derived from the core's dataclasses, so every setting is defined once.
+
+A stage's settings live in a ``largetrain_core`` dataclass; each field's default, type and
+``metadata={"description": ...}`` become the Dagster ``Config`` field that the launchpad shows.
+``dagster_config(QualityConfig, "CleanedTextConfig")`` returns such a class; an instance's
+``to_core(**extra)`` gives the dataclass back (``extra``: fields excluded from the Dagster config,
+such as paths the asset fills in).
+
+Types: ``tuple[X, ...]`` becomes ``list[X]`` (and back), a nested dataclass a nested Config, ``X | None``
+``Optional[X]``; other types are passed to pydantic as they are (Dagster accepts str, int, float, bool,
+list, dict with str keys, Optional and nested Config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Optional, Union
+
+from dagster import Config
+from pydantic import Field, create_model
+
+_CACHE: dict[tuple, type] = {}
+
+
+def _config_type(tp: Any) -> Any:
+    """The pydantic/Dagster type for a dataclass field type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return dagster_config(tp)
+    if origin in (Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        inner = _config_type(rest[0]) if len(rest) == 1 else Union[tuple(_config_type(a) for a in rest)]
+        return Optional[inner] if len(rest) < len(args) else inner
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return list[_config_type(args[0])]
+        raise TypeError(f"fixed-length tuple {tp} has no Dagster config type; use tuple[X, ...] or a dataclass")
+    if origin in (list, dict):
+        return origin[tuple(_config_type(a) for a in args)] if args else origin
+    return tp
+
+
+def _to_core_value(tp: Any, value: Any) -> Any:
+    """A config value (plain JSON-like data) as the dataclass field type wants it."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{k: _to_core_value(hints[k], v) for k, v in value.items()})
+    if origin in (Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return _to_core_value(rest[0], value) if len(rest) == 1 else value
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_to_core_value(args[0], v) for v in value)
+    if origin is list and args:
+        return [_to_core_value(args[0], v) for v in value]
+    return value
+
+
+def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None = None,
+                   exclude: tuple[str, ...] = ()) -> type[Config]:
+    """A ``dagster.Config`` subclass with the fields of dataclass ``cls`` (minus ``exclude``).
+
+    ``defaults`` overrides a field's default for this stage (e.g. a LoRA run's learning rate); a
+    field without a default stays required. Raises TypeError for a field type Dagster cannot show.
+    The class has ``to_core(**extra) -> cls``. Classes are cached per (cls, name, defaults, exclude).
+    """
+    defaults = defaults or {}
+    unknown = set(defaults) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise TypeError(f"defaults for fields {sorted(unknown)} that {cls.__name__} does not have")
+    key = (cls, name, tuple(sorted(defaults.items(), key=lambda kv: kv[0])), tuple(exclude))
+    try:
+        if key in _CACHE:
+            return _CACHE[key]
+    except TypeError:  # unhashable default value: build a fresh class
+        key = None
+    hints = typing.get_type_hints(cls)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        tp = _config_type(hints[f.name])
+        desc = f.metadata.get("description")
+        if f.name in defaults:
+            default = defaults[f.name]
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            fields[f.name] = (tp, Field(description=desc))
+            continue
+        if dataclasses.is_dataclass(default):
+            nested = tp
+            fields[f.name] = (tp, Field(default_factory=lambda d=default, n=nested: n(**dataclasses.asdict(d)),
+                                        description=desc))
+        elif isinstance(default, tuple):
+            fields[f.name] = (tp, Field(default=list(default), description=desc))
+        else:
+            fields[f.name] = (tp, Field(default=default, description=desc))
+
+    def to_core(self, **extra) -> Any:
+        values = {**self.model_dump(), **extra}
+        return cls(**{k: _to_core_value(hints[k], v) for k, v in values.items()})
+
+    model = create_model(name or f"{cls.__name__}Dagster", __base__=Config,
+                         __doc__=(cls.__doc__ or "").strip() or None, **fields)
+    model.to_core = to_core
+    if key is not None:
+        _CACHE[key] = model
+    return model

@@ -1,0 +1,59 @@
+"""Token shards of one corpus role: every document + EOS packed into ``seq_len + 1`` windows, Arrow IPC
+shards + manifest.json, train/validation split by document (largetrain_core.shards); blocking check
+``token_ids_below_vocab``."""
+
+from pathlib import Path
+
+from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetIn, Config, MetadataValue, asset
+from pydantic import Field
+
+from largetrain_core.shards import TokenShards, build_token_shards
+from largetrain_core.storage import data_version
+from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
+from largetrain_dagster.resources import Storage
+
+
+class TokenShardsConfig(Config):
+    seq_len: int = Field(default=1024, description="Sequence length in tokens; windows hold seq_len + 1.")
+    validation_fraction: float = Field(default=0.05, description="Share of documents held out for validation.")
+    seed: int = 0
+    sequences_per_shard: int = 8192
+
+
+
+def token_shards_asset(role: str):
+    """``<role>/token_shards`` from ``<role>/deduplicated_text`` and the shared tokenizer."""
+    group = f"{role}_data"
+
+    @asset(key=[role, "token_shards"], group_name=group, code_version=CODE_VERSIONS["token_shards"],
+           ins={"text": AssetIn(key=[role, "deduplicated_text"]), "tokenizer": AssetIn(key="tokenizer")},
+           io_manager_key="handles", kinds={"arrow"},
+           check_specs=[AssetCheckSpec("token_ids_below_vocab", asset=[role, "token_shards"], blocking=True,
+                                       description="every id < vocab size; shard sizes and checksums match manifest.json")],
+           description="EOS after every document, packed into seq_len+1 windows, Arrow IPC shards + manifest.json, train/validation split by document.")
+    def token_shards(context: AssetExecutionContext, config: TokenShardsConfig, storage: Storage, text: dict, tokenizer: dict):
+        version = data_version(CODE_VERSIONS["token_shards"], config.model_dump(), text["data_version"], tokenizer["data_version"])
+
+        def build(out: Path) -> dict:
+            m = build_token_shards(Path(text["path"]), Path(tokenizer["path"]), out, seq_len=config.seq_len,
+                                   validation_fraction=config.validation_fraction, seed=config.seed,
+                                   sequences_per_shard=config.sequences_per_shard, source_data_version=text["data_version"])
+            return {"total_tokens": m["total_tokens"], "dtype": m["dtype"], "vocab_size": m["vocab_size"],
+                    **{f"{s}_{k}": v for s, d in m["splits"].items() for k, v in d.items() if k != "shards"}}
+
+        path, stats, reused = build_or_reuse(context, storage, [role, "token_shards"], version, build)
+        yield asset_output(path, version, stats, config, reused)
+        max_id, vocab = -1, stats["vocab_size"]
+        problems = []
+        for split in ("train", "validation"):
+            try:
+                shards = TokenShards(path, split, verify_checksums=True)
+            except ValueError as e:
+                problems.append(str(e))
+                continue
+            for i in range(0, len(shards), 4096):
+                max_id = max(max_id, int(shards.take(range(i, min(len(shards), i + 4096))).max()))
+        yield AssetCheckResult(check_name="token_ids_below_vocab", passed=not problems and max_id < vocab,
+                               metadata={"max_id": max_id, "vocab_size": vocab, "problems": MetadataValue.json(problems)})
+
+    return token_shards

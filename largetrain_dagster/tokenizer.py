@@ -1,0 +1,39 @@
+"""The tokenizer: a byte-level BPE trained on the cleaned pretraining corpus (or a pretrained model's
+tokenizer), shared by both corpus chains."""
+
+from pathlib import Path
+from typing import Optional
+
+from dagster import AssetExecutionContext, AssetIn, Config, Output, asset
+from pydantic import Field
+
+from largetrain_core.storage import data_version
+from largetrain_core.tokenizer import copy_tokenizer, train_bpe
+from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse, texts
+from largetrain_dagster.resources import Storage
+
+
+class TokenizerConfig(Config):
+    vocab_size: int = Field(default=8192, description="BPE vocabulary size including the EOS token.")
+    min_frequency: int = 2
+    pretrained_model: Optional[str] = Field(default=None, description=(
+        "A local Hugging Face model directory: take its tokenizer instead of training one (set the same "
+        "directory as base_checkpoint's pretrained_model, so that the shards speak the model's vocabulary)."))
+
+
+
+@asset(key="tokenizer", group_name="tokenizer", code_version=CODE_VERSIONS["tokenizer"],
+       ins={"text": AssetIn(key=["pretrain", "deduplicated_text"])}, io_manager_key="handles", kinds={"huggingface"},
+       description="Byte-level BPE trained with Hugging Face tokenizers on the cleaned pretraining corpus; EOS <|endoftext|>.")
+def tokenizer(context: AssetExecutionContext, config: TokenizerConfig, storage: Storage, text: dict) -> Output:
+    version = data_version(CODE_VERSIONS["tokenizer"], config.model_dump(), text["data_version"])
+
+    def build(out: Path) -> dict:
+        if config.pretrained_model:
+            info = copy_tokenizer(Path(config.pretrained_model), out)
+        else:
+            info = train_bpe(texts(Path(text["path"])), config.vocab_size, out, config.min_frequency)
+        return {"vocab_size": info.vocab_size, "eos_id": info.eos_id, "sha256": info.sha256}
+
+    path, stats, reused = build_or_reuse(context, storage, ["tokenizer"], version, build)
+    return asset_output(path, version, stats, config, reused)
