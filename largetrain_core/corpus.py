@@ -355,15 +355,16 @@ def ingest(config: ReaderConfig, out_dir: Path, *, max_documents: int | None = N
     return stats
 
 
-def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1) -> str:
-    """Cheap content version of a corpus (or of one partition of it): sha256 over (relative path,
-    size, mtime in ns) of every file."""
-    import hashlib
+def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1, cache_file: str | Path | None = None) -> str:
+    """Content version of a corpus (or of one partition of it): largetrain_core.digest.files_digest
+    of its corpus files, i.e. xxh3-128 over (path relative to the corpus, xxh3-128 of the bytes) of
+    every file, 32 hex digits. Independent of where the corpus lies and of file times: a copy
+    elsewhere has the same fingerprint. ``cache_file``: a DigestCache file (one per corpus partition)
+    so that unchanged files are not re-read; None reads every file. Errors as :func:`list_files`."""
+    from largetrain_core.digest import DigestCache, files_digest
 
     root = Path(path)
-    h = hashlib.sha256()
-    base = root if root.is_dir() else root.parent
-    for f in list_files(root, partition, partitions):
-        st = f.stat()
-        h.update(f"{f.relative_to(base).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()[:16]
+    cache = DigestCache(cache_file)
+    digest = files_digest(root if root.is_dir() else root.parent, list_files(root, partition, partitions), cache)
+    cache.save()
+    return digest

@@ -69,3 +69,59 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+RELATIVE_PATHS = "relative_paths"
+
+
+def _pointer_token(key: str | int) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def relative_to_root(obj: dict, root: str | Path) -> dict:
+    """A copy of the JSON object ``obj`` in which every string that is an absolute path equal to or
+    under ``root`` is relative to it (``"."`` for the root itself), with the JSON Pointers (RFC 6901)
+    of those strings listed under ``obj["relative_paths"]``; :func:`resolve_under` reverses it under
+    any root. So a handle or stats file stays true when the root is copied or moved."""
+    root = os.path.normpath(root)
+    found: list[str] = []
+
+    def walk(value, pointer: str):
+        if isinstance(value, dict):
+            return {k: walk(v, f"{pointer}/{_pointer_token(k)}") for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, f"{pointer}/{i}") for i, v in enumerate(value)]
+        if isinstance(value, str) and value.startswith("/"):
+            norm = os.path.normpath(value)
+            if norm == root or norm.startswith(root.rstrip("/") + "/"):
+                found.append(pointer)
+                return os.path.relpath(norm, root)
+        return value
+
+    out = walk({k: v for k, v in obj.items() if k != RELATIVE_PATHS}, "")
+    if found:
+        out[RELATIVE_PATHS] = found
+    return out
+
+
+def resolve_under(obj: dict, root: str | Path) -> dict:
+    """``obj`` (written by :func:`relative_to_root`) with every path listed under ``relative_paths``
+    joined to ``root``, and that list removed. An object without the list is returned as it is.
+    Raises ValueError when a listed pointer does not name a string in ``obj``."""
+    pointers = obj.get(RELATIVE_PATHS)
+    if not pointers:
+        return obj
+    out = json.loads(json.dumps({k: v for k, v in obj.items() if k != RELATIVE_PATHS}))
+    for pointer in pointers:
+        *parents, last = [t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]]
+        node = out
+        try:
+            for token in parents:
+                node = node[int(token)] if isinstance(node, list) else node[token]
+            key = int(last) if isinstance(node, list) else last
+            if not isinstance(node[key], str):
+                raise TypeError
+            node[key] = os.path.normpath(os.path.join(str(root), node[key]))
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise ValueError(f"relative path {pointer!r} does not name a string") from None
+    return out
