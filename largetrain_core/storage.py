@@ -84,7 +84,7 @@ def relative_to_root(obj: dict, root: str | Path) -> dict:
     of those strings listed under ``obj["relative_paths"]``; :func:`resolve_under` reverses it under
     any root. So a handle or stats file stays true when the root is copied or moved."""
     root = os.path.normpath(root)
-    found: list[str] = []
+    found: list[str] = list(obj.get(RELATIVE_PATHS, []))  # paths made relative by an earlier call stay listed
 
     def walk(value, pointer: str):
         if isinstance(value, dict):

@@ -14,7 +14,7 @@ from typing import Callable
 import polars as pl
 from dagster import AssetExecutionContext, Config, DataVersion, MetadataValue, Output
 
-from largetrain_core.storage import atomic_dir, part_files, write_json_atomic
+from largetrain_core.storage import atomic_dir, part_files, relative_to_root, resolve_under, write_json_atomic
 from largetrain_dagster.resources import Storage
 
 # Bump an asset's code version when its code changes what it writes: Dagster then marks it stale.
@@ -27,17 +27,18 @@ def build_or_reuse(context: AssetExecutionContext, storage: Storage, key: list[s
            build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
     """Build ``<root>/<key>/<version>/`` atomically with ``build(tmp_dir) -> stats``, or reuse it if complete.
 
-    Returns (directory, stats, reused)."""
+    Returns (directory, stats, reused). Paths inside the directory are stored in ``stats.json``
+    relative to it (storage.relative_to_root), so a copied or moved directory reads its own files."""
     final = storage.path(*key, version)
     stats_file = final / "stats.json"
     if stats_file.exists():
         context.log.info(f"{'/'.join(key)} {version} is already complete at {final}: reusing it")
-        return final, json.loads(stats_file.read_text()), True
+        return final, resolve_under(json.loads(stats_file.read_text()), final), True
     t0 = time.perf_counter()
     with atomic_dir(final) as tmp:
         stats = build(tmp)
         stats["seconds"] = round(time.perf_counter() - t0, 3)
-        write_json_atomic(tmp / "stats.json", stats)
+        write_json_atomic(tmp / "stats.json", relative_to_root(relative_to_root(stats, tmp), final))
     return final, stats, False
 
 

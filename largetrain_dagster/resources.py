@@ -25,7 +25,7 @@ from dagster import (
     open_pipes_session,
 )
 
-from largetrain_core.storage import write_json_atomic
+from largetrain_core.storage import relative_to_root, resolve_under, write_json_atomic
 from largetrain_core.train import launch_commands, proc_stat, process_tree
 
 
@@ -38,10 +38,25 @@ class Storage(ConfigurableResource):
         return Path(self.root).resolve().joinpath(*parts)
 
 
+def handle_file(root: str | Path, key: AssetKey, partition: str | None = None) -> Path:
+    """Where the handle of ``key`` (of ``partition``, for a partitioned asset) lies under the storage root."""
+    base = Path(root).resolve() / "_handles" / "/".join(key.path)
+    return base / f"{partition}.json" if partition is not None else base.with_suffix(".json")
+
+
+def read_handle(root: str | Path, key: AssetKey, partition: str | None = None) -> dict | None:
+    """The handle of ``key`` (see :class:`HandleIOManager`) with its paths resolved under ``root``, or
+    None when it has not been materialized."""
+    f = handle_file(root, key, partition)
+    return resolve_under(json.loads(f.read_text()), Path(root).resolve()) if f.exists() else None
+
+
 class HandleIOManager(ConfigurableIOManager):
     """Stores what an asset returns, a small JSON *handle* (output path, data version, counts), under
     ``<root>/_handles/<asset key path>.json``, or ``<root>/_handles/<asset key path>/<partition>.json``
     for a partitioned asset. The data itself never passes through the IO manager and nothing is pickled.
+    Paths under the root are stored relative to it (storage.relative_to_root) and resolved under the
+    root of the loading IO manager, so a copied or moved root reads its own files.
 
     Loading: an unpartitioned input gives its handle; a partitioned input of a downstream asset of the
     same partitioning gives the handle of that partition; a partitioned input of an unpartitioned
@@ -52,11 +67,14 @@ class HandleIOManager(ConfigurableIOManager):
     root: str = ".largetrain"
 
     def _file(self, key: AssetKey, partition: str | None) -> Path:
-        base = Path(self.root).resolve() / "_handles" / "/".join(key.path)
-        return base / f"{partition}.json" if partition is not None else base.with_suffix(".json")
+        return handle_file(self.root, key, partition)
+
+    def _read(self, f: Path) -> dict:
+        return resolve_under(json.loads(f.read_text()), Path(self.root).resolve())
 
     def handle_output(self, context: OutputContext, obj: dict) -> None:
-        write_json_atomic(self._file(context.asset_key, context.partition_key if context.has_partition_key else None), obj)
+        write_json_atomic(self._file(context.asset_key, context.partition_key if context.has_partition_key else None),
+                          relative_to_root(obj, Path(self.root).resolve()))
 
     def load_input(self, context: InputContext):
         key = context.asset_key
@@ -64,13 +82,13 @@ class HandleIOManager(ConfigurableIOManager):
             f = self._file(key, None)
             if not f.exists():
                 raise Failure(f"{key.to_user_string()} has not been materialized under {self.root} (no {f})")
-            return json.loads(f.read_text())
+            return self._read(f)
         out = {}
         for pk in context.asset_partition_keys:
             f = self._file(key, pk)
             if not f.exists():
                 raise Failure(f"partition {pk} of {key.to_user_string()} has not been materialized (no {f})")
-            out[pk] = json.loads(f.read_text())
+            out[pk] = self._read(f)
         if context.has_partition_key:  # partition -> the same partition: its one handle
             (handle,) = out.values()
             return handle

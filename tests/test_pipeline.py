@@ -15,6 +15,7 @@ import torch
 from dagster import AssetKey, DagsterInstance
 
 from largetrain_dagster.definitions import build_definitions, lineage_assets
+from largetrain_dagster.resources import read_handle
 from lineage import PARTITION_KEYS, materialize_lineage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,8 +107,7 @@ def test_whole_lineage_materializes(tmp_path):
 
 
 def md_lora_output(root: Path) -> str:
-    handle = json.loads((root / "_handles" / "lora_adapter.json").read_text())
-    return handle["stats"]["output"]
+    return read_handle(root, AssetKey("lora_adapter"))["stats"]["output"]
 
 
 def test_cli_validate_and_materialize_subset(tmp_path):
@@ -126,7 +126,7 @@ def test_cli_validate_and_materialize_subset(tmp_path):
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert m.returncode == 0, m.stderr[-3000:]
     assert "RUN_SUCCESS" in m.stderr + m.stdout
-    handle = json.loads((tmp_path / "root" / "_handles" / "domain" / "cleaned_text" / f"{PARTITION_KEYS[0]}.json").read_text())
+    handle = read_handle(tmp_path / "root", AssetKey(["domain", "cleaned_text"]), PARTITION_KEYS[0])
     assert 1 <= handle["stats"]["input"] <= 3
     assert Path(handle["path"]).is_dir()
 
