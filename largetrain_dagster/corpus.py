@@ -32,6 +32,7 @@ from largetrain_core.balance import balance_parts, histogram_markdown
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
 from largetrain_core.dedup import DedupConfig, deduplicate, key_hashes
+from largetrain_core.provenance import check_provenance, describe, read_provenance
 from largetrain_core.storage import data_version, part_files
 from largetrain_dagster import partitions
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse, md_table
@@ -136,10 +137,16 @@ def corpus_assets(role: str) -> list:
             raise Failure(f"{role} corpus not found at {source}: run `make corpora` or set config path")
         pk, keys = context.partition_key, partitions.DATA_PARTITIONS.get_partition_keys()
         part = {"partition": keys.index(pk), "partitions": len(keys)}
-        settings = config.model_dump()
+        # the version: the settings but not the corpus's location, and the content of this partition's files
+        settings = config.model_dump(exclude={"path"})
         if settings["label_field"] is None:  # unlabelled corpora keep the versions they had before label_field
             del settings["label_field"]
-        version = data_version(CODE_VERSIONS["raw_corpus"], settings, part, fingerprint(source, **part))
+        try:
+            provenance = read_provenance(source)
+        except ValueError as e:
+            raise Failure(str(e)) from e
+        digest = fingerprint(source, **part, cache_file=storage.path("_cache", "digests", role, f"{pk}.json"))
+        version = data_version(CODE_VERSIONS["raw_corpus"], settings, part, digest)
         reader = ReaderConfig(source, config.text_field, config.id_field, config.batch_size, config.label_field, **part)
         path, stats, reused = build_or_reuse(context, storage, [role, "raw_corpus", pk], version, lambda out: {**ingest(
             reader, out, max_documents=config.max_documents, sample_fraction=config.sample_fraction, seed=config.seed), **part})
@@ -147,7 +154,14 @@ def corpus_assets(role: str) -> list:
         if total and stats["rejected"] / total > config.max_rejected_fraction:
             raise Failure(f"{source} (partition {pk}): {stats['rejected']} of {total} records rejected, more than "
                           f"max_rejected_fraction={config.max_rejected_fraction}; see {path / 'rejected.parquet'}")
-        extra = {"source": MetadataValue.path(source)}
+        extra = {"source": MetadataValue.path(source), "content_digest": digest}
+        if provenance:
+            extra.update(provenance=MetadataValue.json(provenance), corpus_version=describe(provenance))
+            mismatch = check_provenance(source, provenance)
+            if mismatch:
+                context.log.warning(f"{source} no longer matches its provenance file: {'; '.join(mismatch)}")
+            extra["provenance_matches"] = not mismatch
+        stats = {**stats, "source": str(Path(source).resolve()), "content_digest": digest, "provenance": provenance}
         if stats["skipped_files"]:
             context.log.warning(f"{source} (partition {pk}): {stats['skipped_files']} files with a suffix no reader knows "
                                 f"were not read; listed in {path / 'skipped_files.txt'}")
@@ -210,7 +224,9 @@ def corpus_assets(role: str) -> list:
         acc = corpus_accounting(raw_dirs, cleaned_dirs, path)
         summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
         outcomes = pl.read_parquet(path / "outcomes.parquet")
-        yield asset_output(path, version, stats, config, reused, {
+        corpus = corpus_lineage(raw, cleaned)
+        stats = {**stats, "documents": summary, "corpus": corpus}  # for the model cards (largetrain_dagster.model_cards)
+        yield asset_output(path, version, stats, config, reused, {"corpus": MetadataValue.json(corpus),
             "accounting": md_table(summary, ("outcome", "documents")),
             "outcomes_by_reason": MetadataValue.md(markdown_table(outcomes)),
             "outcomes_table": MetadataValue.path(str(path / "outcomes.parquet")),
@@ -220,6 +236,18 @@ def corpus_assets(role: str) -> list:
 
     return [raw_corpus, cleaned_text, deduplicated_text]
 
+
+
+def corpus_lineage(raw: dict, cleaned: dict) -> dict:
+    """What deduplicated_text was made from, from the partitions' handles: the corpus source, its
+    provenance (the provenance file beside it, or None), the content digest of each partition's files
+    and the data versions of raw_corpus and cleaned_text per partition."""
+    stats = [raw[k]["stats"] for k in sorted(raw)]
+    return {"source": next((s["source"] for s in stats if s.get("source")), None),
+            "provenance": next((s["provenance"] for s in stats if s.get("provenance")), None),
+            "content_digests": {k: raw[k]["stats"].get("content_digest") for k in sorted(raw)},
+            "data_versions": {"raw_corpus": {k: raw[k]["data_version"] for k in sorted(raw)},
+                              "cleaned_text": {k: cleaned[k]["data_version"] for k in sorted(cleaned)}}}
 
 
 def count_exact_duplicates(directory: Path, batch: int = 10_000) -> tuple[int, int, list[str]]:

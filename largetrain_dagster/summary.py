@@ -12,6 +12,8 @@ import sys
 
 from dagster import AssetKey, DagsterInstance
 
+from largetrain_core.provenance import describe
+
 
 def _metadata(instance: DagsterInstance, *path: str) -> dict:
     event = instance.get_latest_materialization_event(AssetKey(list(path)))
@@ -26,6 +28,17 @@ def _fmt(value, spec: str = ",") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else str(value)
 
 
+def corpus_version(corpus: dict | None) -> str:
+    """The corpus's provenance in one line, or the content digests of the files read when it has none."""
+    if not corpus:
+        return "n/a"
+    if corpus.get("provenance"):
+        line = describe(corpus["provenance"])
+        return line + (f" -- {corpus['provenance']['note']}" if corpus["provenance"].get("note") else "")
+    digests = corpus.get("content_digests") or {}
+    return "no provenance file; content digests " + ", ".join(f"{k} {(d or 'n/a')[:16]}" for k, d in sorted(digests.items()))
+
+
 def render(instance: DagsterInstance) -> str:
     lines = []
     for role, label in (("pretrain", "pretraining corpus"), ("domain", "domain corpus")):
@@ -33,6 +46,7 @@ def render(instance: DagsterInstance) -> str:
         dedup = _metadata(instance, role, "deduplicated_text")
         shards = _metadata(instance, role, "token_shards")
         lines.append(f"{role} ({label}; source {raw.get('source', 'n/a')})")
+        lines.append(f"  corpus version: {corpus_version(dedup.get('corpus'))}")
         lines.append(f"  documents read {_fmt(dedup.get('documents_input'))} / kept {_fmt(dedup.get('documents_kept'))} / "
                      f"filtered {_fmt(dedup.get('documents_filtered'))} / duplicates {_fmt(dedup.get('documents_duplicate'))} / "
                      f"rejected {_fmt(dedup.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")

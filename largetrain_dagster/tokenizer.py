@@ -7,10 +7,14 @@ from typing import Optional
 from dagster import AssetExecutionContext, AssetIn, Config, Output, asset
 from pydantic import Field
 
+from largetrain_core.digest import files_digest
 from largetrain_core.storage import data_version
 from largetrain_core.tokenizer import copy_tokenizer, train_bpe
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse, texts
 from largetrain_dagster.resources import Storage
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what largetrain_core.tokenizer.copy_tokenizer copies
 
 
 class TokenizerConfig(Config):
@@ -26,7 +30,11 @@ class TokenizerConfig(Config):
        ins={"text": AssetIn(key=["pretrain", "deduplicated_text"])}, io_manager_key="handles", kinds={"huggingface"},
        description="Byte-level BPE trained with Hugging Face tokenizers on the cleaned pretraining corpus; EOS <|endoftext|>.")
 def tokenizer(context: AssetExecutionContext, config: TokenizerConfig, storage: Storage, text: dict) -> Output:
-    version = data_version(CODE_VERSIONS["tokenizer"], config.model_dump(), text["data_version"])
+    settings = config.model_dump()
+    if config.pretrained_model:  # the version holds the tokenizer files' content, not the directory's location
+        src = Path(config.pretrained_model)
+        settings["pretrained_model"] = files_digest(src, [src / n for n in TOKENIZER_FILES if (src / n).is_file()])
+    version = data_version(CODE_VERSIONS["tokenizer"], settings, text["data_version"])
 
     def build(out: Path) -> dict:
         if config.pretrained_model:
@@ -36,4 +44,5 @@ def tokenizer(context: AssetExecutionContext, config: TokenizerConfig, storage: 
         return {"vocab_size": info.vocab_size, "eos_id": info.eos_id, "sha256": info.sha256}
 
     path, stats, reused = build_or_reuse(context, storage, ["tokenizer"], version, build)
+    stats = {**stats, "pretrained_model": config.pretrained_model}  # named in the model cards
     return asset_output(path, version, stats, config, reused)
