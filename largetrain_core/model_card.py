@@ -12,7 +12,8 @@ written by huggingface_hub's ModelCard/ModelCardData, then Markdown). The lineag
                     documents {input, kept, filtered, duplicate, rejected}, shards {total_tokens, seq_len,
                     train_sequences, validation_sequences, dtype}}
     tokenizer       {data_version, vocab_size, eos_id, sha256, pretrained_model (or null: a BPE trained here)}
-    training        {config: the hyperparameters, results: the trainer's summary (losses, steps, ...)} or null
+    training        {config: the hyperparameters, results: the trainer's summary (losses, steps, ...),
+                    adapter: {r, lora_alpha, target_modules} of a LoRA adapter} or null
     imported        {from, content_digest} for a base model imported instead of pretrained, else absent
     base            the base model's lineage (an adapter's), or null when unknown
     software        {largetrain, commit, python, torch, transformers, peft, deepspeed, tokenizers}
@@ -37,6 +38,7 @@ LINEAGE = "lineage.json"
 TRAINING_KEYS = ("preset", "mode", "zero_stage", "offload_optimizer", "precision", "activation_checkpointing",
                  "micro_batch_size", "gradient_accumulation_steps", "max_steps", "lr", "min_lr_ratio", "warmup_steps",
                  "weight_decay", "grad_clip", "seed", "seq_len", "lora")
+STAGES = ("raw_corpus", "cleaned_text", "deduplicated_text", "token_shards")
 RESULT_KEYS = ("steps", "first_loss", "last_loss", "tokens_seen", "tokens_per_s", "precision", "precision_reason",
                "world_size", "zero_stage", "parameters", "trainable_parameters", "train_seconds")
 
@@ -68,6 +70,8 @@ def _fmt(value, spec: str = ",") -> str:
         return "unknown"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, float) and spec == ",":
+        return format(value, ",.1f") if abs(value) >= 100 else format(value, ".4g")
     if isinstance(value, (int, float)):
         return format(value, spec)
     return str(value)
@@ -111,7 +115,8 @@ def _corpora_section(corpora: list[dict]) -> list[str]:
                     f"({_fmt(s.get('train_sequences'))} training and {_fmt(s.get('validation_sequences'))} validation "
                     f"sequences, {_fmt(s.get('dtype'))}).", ""]
         if c.get("data_versions"):
-            out += ["Data versions:", ""] + [f"- {k}: {_versions(v)}" for k, v in c["data_versions"].items()] + [""]
+            order = sorted(c["data_versions"], key=lambda k: (STAGES.index(k) if k in STAGES else len(STAGES), k))
+            out += ["Data versions:", ""] + [f"- {k}: {_versions(c['data_versions'][k])}" for k in order] + [""]
     return out
 
 
@@ -122,8 +127,13 @@ def _training_section(lineage: dict) -> list[str]:
                 f"`{imp.get('content_digest')}`) as fp32 safetensors.", ""]
     training = lineage.get("training") or {}
     cfg, res = training.get("config") or {}, training.get("results") or {}
-    out = ["Configuration:", "", _table(("setting", "value"), [(k, json.dumps(cfg[k]) if isinstance(cfg[k], (dict, list))
-                                                                else cfg[k]) for k in TRAINING_KEYS if k in cfg]), ""]
+    keys = [k for k in TRAINING_KEYS if k in cfg and not (k == "preset" and cfg.get("mode") == "lora")]
+    out = ["Configuration:", "", _table(("setting", "value"), [(k, json.dumps(cfg[k], sort_keys=True)
+                                                                if isinstance(cfg[k], (dict, list)) else cfg[k]) for k in keys]), ""]
+    if training.get("adapter"):
+        a = training["adapter"]
+        out += [f"LoRA: r={_fmt(a.get('r'))}, lora_alpha={_fmt(a.get('lora_alpha'))}, target modules "
+                f"{', '.join(f'`{m}`' for m in a.get('target_modules') or []) or 'unknown'} (from adapter_config.json).", ""]
     rows = [(k, res[k]) for k in RESULT_KEYS if res.get(k) is not None]
     last = res.get("last_loss")
     if isinstance(last, (int, float)) and math.isfinite(last):

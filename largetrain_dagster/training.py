@@ -22,11 +22,13 @@ from dagster import (
 )
 from pydantic import Field
 
+from largetrain_core.digest import DigestCache, tree_digest
 from largetrain_core.model import import_pretrained, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
-from largetrain_core.storage import data_version, write_json_atomic
+from largetrain_core.storage import data_version, relative_to_root, resolve_under, write_json_atomic
 from largetrain_core.train import LoraSettings, TrainConfig
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
+from largetrain_dagster.model_cards import write_card
 from largetrain_dagster.resources import Storage, TorchrunLauncher, WandbSettings
 
 
@@ -91,7 +93,7 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
     final = out / ("model" if key == "base_checkpoint" else "adapter")
     if summary_file.exists() and final.exists():
         context.log.info(f"{key} {version} already trained at {out}: reusing it")
-        return out, json.loads(summary_file.read_text()), True
+        return out, moved_summary(out), True
     out.mkdir(parents=True, exist_ok=True)
     cfg = TrainConfig.from_dict({**train_cfg, "output_dir": str(out), "wandb_mode": wandb.mode,
                                  "wandb_project": wandb.project, "wandb_entity": wandb.entity,
@@ -102,6 +104,15 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
     reported = launcher.run(context, cfg_path, out / "train.log")
     context.log.info(f"rank 0 reported {sorted(reported)}")
     return out, json.loads(summary_file.read_text()), False
+
+
+def moved_summary(out: Path) -> dict:
+    """``out/summary.json`` with the paths that the training wrote under its output directory (named in
+    ``train_config.json``) resolved under ``out``: a copied or moved root reads its own model files."""
+    summary = json.loads((out / "summary.json").read_text())
+    cfg = out / "train_config.json"
+    written_in = json.loads(cfg.read_text()).get("output_dir") if cfg.exists() else None
+    return resolve_under(relative_to_root(summary, written_in), out) if written_in else summary
 
 
 def _trainasset_output(out: Path, version: str, summary: dict, config: Config, reused: bool) -> Output:
@@ -146,6 +157,7 @@ def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig
     train_cfg = {**config.model_dump(exclude={"pretrained_model"}), "mode": "pretrain", "train_shards": shards["path"],
                  "tokenizer": shards["path"]}
     out, summary, reused = _train(context, storage, launcher, wandb, "base_checkpoint", version, train_cfg, config)
+    write_card(context, storage, "base_model", Path(summary["output"]), version, shards, train_dir=out)
     yield _trainasset_output(out, version, summary, config, reused)
     yield _loss_check(out / "metrics.jsonl")
 
@@ -155,9 +167,10 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
     config.json + model.safetensors + tokenizer into ``<version>/model/``; no training, so the loss
     check passes vacuously with the reason in its metadata."""
     src = Path(config.pretrained_model)
-    files = sorted((f.relative_to(src).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in src.rglob("*") if f.is_file())
-    version = data_version(CODE_VERSIONS["base_checkpoint"], {"pretrained_model": str(src.resolve()), "files": files},
-                           shards["data_version"])
+    cache = DigestCache(storage.path("_cache", "digests", "pretrained_model.json"))
+    content = tree_digest(src, cache)  # the files' names and bytes, not the directory's location or times
+    cache.save()
+    version = data_version(CODE_VERSIONS["base_checkpoint"], {"pretrained_model": content}, shards["data_version"])
     manifest = TokenShards(Path(shards["path"]), "train").manifest
     problem = tokenizer_mismatch(src, manifest, Path(shards["path"]))
     if problem:
@@ -166,7 +179,9 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
 
     def build(out: Path) -> dict:
         info = import_pretrained(src, out / "model")
-        return {**info, "imported_from": str(src)}
+        write_card(context, storage, "base_model", out / "model", version, shards,
+                   imported={"from": str(src), "content_digest": content})
+        return {**info, "imported_from": str(src), "imported_content_digest": content}
 
     path, stats, reused = build_or_reuse(context, storage, ["base_checkpoint"], version, build)
     stats["output"] = str(path / "model")
@@ -197,6 +212,8 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
     train_cfg = {**fields, "mode": "lora", "train_shards": shards["path"], "base_model": base["stats"]["output"],
                  "lora": lora.__dict__}
     out, summary, reused = _train(context, storage, launcher, wandb, "lora_adapter", version, train_cfg, config)
+    write_card(context, storage, "lora_adapter", Path(summary["output"]), version, shards, train_dir=out,
+               base_model=Path(base["stats"]["output"]))
     yield _trainasset_output(out, version, summary, config, reused)
     yield _loss_check(out / "metrics.jsonl")
 
