@@ -45,9 +45,10 @@ install_corpus() {
 
 offered() { apt-cache madison "$LINUX_DOC_PACKAGE" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}'; }
 pinned_offered() {
-  local v
+  local v list
+  list=$(offered)
   for v in $LINUX_DOC_PIN; do
-    if offered | grep -qxF "$v"; then echo "$v"; return; fi
+    if grep -qxF "$v" <<<"$list"; then echo "$v"; return; fi
   done
 }
 
@@ -68,7 +69,7 @@ if [ ! -d "$dest/linux-doc" ] || [ ! -f "$dest/linux-doc.provenance.json" ]; the
     echo "WARNING: $warning" >&2
   fi
   echo "fetching $LINUX_DOC_PACKAGE $version (Debian) ..."
-  uri=$(cd "$work" && apt-get download --print-uris "$LINUX_DOC_PACKAGE=$version" | head -n 1)
+  uri=$(cd "$work" && apt-get download --print-uris "$LINUX_DOC_PACKAGE=$version" | sed -n 1p)
   # apt checks the archive against the sha256 of the signed package index
   if ! log=$(cd "$work" && apt-get download "$LINUX_DOC_PACKAGE=$version" 2>&1); then
     echo "$log" >&2
