@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import polars as pl
-from dagster import AssetKey, DagsterInstance
+from dagster import DagsterInstance
 from safetensors.numpy import load_file
 
 from largetrain_core.provenance import write_provenance
