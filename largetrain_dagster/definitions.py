@@ -4,8 +4,9 @@ shards, training, evaluation, landing).
 
 LARGETRAIN_ROOT sets the storage root (default ``.largetrain`` under the working directory);
 LARGETRAIN_NPROC the training ranks per node (default 2); LARGETRAIN_REPORT_TO the trackers of the
-training runs, comma-separated (default ``wandb``);
-LARGETRAIN_WANDB_MODE offline/online/disabled;
+training runs, comma-separated (default ``wandb``; ``wandb,mlflow`` adds MLflow);
+LARGETRAIN_WANDB_MODE offline/online/disabled; MLFLOW_TRACKING_URI MLflow's store (default
+``sqlite:///<root>/mlruns.db``);
 LARGETRAIN_DATA_PARTITIONS the number of hash partitions of raw_corpus and cleaned_text (default 4).
 
 Jobs: ``prepare_partitions`` (raw_corpus + cleaned_text of both corpora, one run per partition: a
@@ -61,7 +62,8 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
             "trackers": TrackerSettings(
                 report_to=report_to if report_to is not None else
                 [t.strip() for t in os.environ.get("LARGETRAIN_REPORT_TO", "wandb").split(",") if t.strip()],
-                wandb={"mode": wandb_mode or os.environ.get("LARGETRAIN_WANDB_MODE", "offline")}),
+                wandb={"mode": wandb_mode or os.environ.get("LARGETRAIN_WANDB_MODE", "offline")},
+                mlflow={"tracking_uri": os.environ.get("MLFLOW_TRACKING_URI")}),
         },
     )
 

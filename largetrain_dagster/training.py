@@ -65,8 +65,8 @@ def _loss_check(metrics_file: Path) -> AssetCheckResult:
 def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunLauncher, trackers: TrackerSettings,
            key: str, version: str, config: Config, **set_by_asset) -> tuple[Path, dict, bool]:
     """Run (or resume, or reuse) one training under ``<root>/<key>/<version>/``. Its TrainConfig is the
-    run config, ``set_by_asset`` (mode, paths) and the trackers' settings (``dagster_pipes`` is always
-    added), validated before any process starts."""
+    run config, ``set_by_asset`` (mode, paths) and the trackers' settings (MLflow's store defaults to
+    ``sqlite:///<root>/mlruns.db``; ``dagster_pipes`` is always added), validated before any process starts."""
     out = storage.path(key, version)
     summary_file = out / "summary.json"
     final = out / ("model" if key == "base_checkpoint" else "adapter")
@@ -75,6 +75,7 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
         return out, json.loads(summary_file.read_text()), True
     out.mkdir(parents=True, exist_ok=True)
     tracking = trackers.model_dump()
+    tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
     tracking["report_to"] = [*tracking["report_to"], *(["dagster_pipes"] if "dagster_pipes" not in tracking["report_to"] else [])]
     cfg = TrainConfig.from_dict({**config.model_dump(exclude={"pretrained_model"}), **set_by_asset, **tracking,
                                  "output_dir": str(out), "run_name": f"{key}-{version}"})

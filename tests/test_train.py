@@ -190,11 +190,13 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
     whole torchrun tree is SIGKILLed after step 4, resumed (from step 3), SIGKILLed again in the middle of
     the step-6 save (rank 0's files written, no marker), resumed again (from step 3, skipping step 6):
     every loss and grad norm of steps 4..8 and the final weights are bitwise equal. The crashed run
-    reports to W&B (offline): all three starts continue the same run."""
+    reports to W&B (offline) and MLflow (local SQLite): all three starts continue the same run of each."""
+    from mlflow.tracking import MlflowClient
+
     ref = tmp_path / "uninterrupted"
     torchrun(_resume_cfg(ref, shards), tmp_path)
     out = tmp_path / "crashed"
-    cfg = _resume_cfg(out, shards, report_to=["wandb"])
+    cfg = _resume_cfg(out, shards, report_to=["wandb", "mlflow"])
     torchrun(cfg, tmp_path, fault="after_step:4")
     assert max(metrics(out)) == 4
     assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists()
@@ -230,6 +232,16 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
 
     records = json.loads((out / "trackers.json").read_text())
     assert len(list((out / "wandb").glob(f"offline-run-*-{records['wandb']['run_id']}"))) == 3  # one per start
+    ml = records["mlflow"]
+    client = MlflowClient(tracking_uri=ml["tracking_uri"])
+    assert [r.info.run_id for r in client.search_runs([ml["experiment_id"]])] == [ml["run_id"]]
+    run = client.get_run(ml["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "crashed" and run.data.params["save_steps"] == "3"
+    # steps 4-6 were logged again after each resume, with bitwise the same losses
+    history = {(m.step, m.value) for m in client.get_metric_history(ml["run_id"], "loss")}
+    assert history == {(step, got[step]["loss"]) for step in range(1, 9)}
+    assert {a.path for a in client.list_artifacts(ml["run_id"])} == {"loss_curve.svg", "model", "summary.json"}
+    assert "model/model.safetensors" in {a.path for a in client.list_artifacts(ml["run_id"], "model")}
 
 
 def test_gradient_accumulation_equals_larger_micro_batch(shards, tmp_path):
@@ -449,10 +461,12 @@ def test_launch_commands_and_mfu_inputs():
 def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
     """Through Dagster: tokenizer and base_checkpoint take an existing local HF model (pretrained_model in
     their config); both corpora are tokenized with its tokenizer (its EOS </s>, its BOS <s>); no pretraining
-    runs; the LoRA adapter trains on the imported model, reporting to W&B (offline), whose run the
-    metadata names; evaluation reports perplexities and generations."""
+    runs; the LoRA adapter trains on the imported model, reporting to W&B (offline) and MLflow (the
+    storage root's SQLite store), whose runs the metadata names; evaluation reports perplexities and generations."""
     from dagster import AssetKey, DagsterInstance
+    from mlflow.tracking import MlflowClient
 
+    from largetrain_core.training.trackers import read_metrics
     from largetrain_dagster.definitions import build_definitions, lineage_assets
     from lineage import materialize_lineage
 
@@ -472,7 +486,7 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
         "evaluation": {"config": {"max_sequences": 4, "prompts": ["Good morrow"], "max_new_tokens": 4}},
     }}
     defs = build_definitions(root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="offline",
-                             report_to=["wandb"])
+                             report_to=["wandb", "mlflow"])
     with DagsterInstance.ephemeral() as instance:
         result = materialize_lineage(lineage_assets(), defs.resources, instance, run_config)
         assert result.success
@@ -492,22 +506,38 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
             assert manifest["eos_id"] == eos["id"]
         adapter = md("lora_adapter")
         assert adapter["steps"] == 8 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
-        # each tracker's run in the metadata
+        # each tracker's run in the metadata; MLflow's store under the storage root holds every step's loss
+        out = Path(adapter["path"])
         assert adapter["wandb_run_id"] and adapter["wandb_sync_command"].startswith("`wandb sync --id ")
+        assert adapter["mlflow_tracking_uri"] == f"sqlite:///{tmp_path / 'root' / 'mlruns.db'}"
+        client = MlflowClient(tracking_uri=adapter["mlflow_tracking_uri"])
+        run = client.get_run(adapter["mlflow_run_id"])
+        assert run.info.status == "FINISHED" and run.info.run_name == f"lora_adapter-{adapter['data_version']}"
+        assert run.data.params["mode"] == "lora" and run.data.params["lora.r"] == "4"
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")) == \
+            [(r["step"], r["loss"]) for r in read_metrics(out / "metrics.jsonl")]
+        assert "adapter/adapter_model.safetensors" in {a.path for a in client.list_artifacts(run.info.run_id, "adapter")}
         ev = md("evaluation")
         assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
 
 
 def test_trackers_continue_their_runs_after_a_restart(tmp_path, monkeypatch, caplog):
-    """Rank 0's trackers, W&B offline: a second start in the same output directory (a resume)
-    continues the same W&B run; metrics.jsonl is appended to."""
+    """Rank 0's trackers, W&B offline and MLflow on its default local SQLite store: a second start in
+    the same output directory (a resume) continues the same W&B and MLflow runs; metrics.jsonl is
+    appended to; MLflow holds the params, every step's metrics, the artefacts and the final status."""
+    from mlflow.tracking import MlflowClient
+
     from largetrain_core.training.trackers import Trackers, read_metrics
 
     monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
     out.mkdir()
-    cfg = TrainConfig(output_dir=str(out), train_shards="-", report_to=["wandb", "dagster_pipes"],
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text("{}")
+    cfg = TrainConfig(output_dir=str(out), train_shards="-", report_to=["wandb", "mlflow", "dagster_pipes"],
                       run_name="restarted", wandb=WandbSettings(project="p"))
     cfg = TrainConfig.from_dict(cfg.to_dict())
     records = []
@@ -516,18 +546,35 @@ def test_trackers_continue_their_runs_after_a_restart(tmp_path, monkeypatch, cap
         records.append(trackers.start())
         for step in steps:
             trackers.log_metrics(step, {"loss": 1.0 / step + start, "lr": 1e-3, "grad_norm": None})
+        if start == 2:
+            trackers.log_artifact(out / "model")
         trackers.finish({"steps": 3, "last_loss": 1.0 / 3 + 2} if start == 2 else None)
     assert "not launched through Dagster Pipes" in caplog.text
     assert records[0] == records[1] == json.loads((out / "trackers.json").read_text())
-    assert set(records[0]) == {"wandb"}
-    wb = records[0]["wandb"]
+    assert set(records[0]) == {"wandb", "mlflow"}
+    wb, ml = records[0]["wandb"], records[0]["mlflow"]
     assert len(list((out / "wandb").glob(f"offline-run-*-{wb['run_id']}"))) == 2
     assert wb["sync_command"].startswith(f"wandb sync --id {wb['run_id']} ")
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
 
+    assert ml["tracking_uri"] == f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(tracking_uri=ml["tracking_uri"])
+    run = client.get_run(ml["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "restarted"
+    assert run.data.params["learning_rate"] == "0.001" and run.data.params["lora.r"] == "8"
+    assert run.data.params["report_to"] == '["wandb", "mlflow", "dagster_pipes"]'
+    history = [(m.step, m.value) for m in client.get_metric_history(ml["run_id"], "loss")]
+    assert sorted(history) == [(1, 2.0), (2, 1.5), (2, 2.5), (3, 1.0 / 3 + 2)]
+    assert client.get_metric_history(ml["run_id"], "grad_norm") == []  # None: not measured, not logged
+    assert [a.path for a in client.list_artifacts(ml["run_id"])] == ["model", "summary.json"]
+    assert [a.path for a in client.list_artifacts(ml["run_id"], "model")] == ["model/config.json"]
+    assert Path(client.download_artifacts(ml["run_id"], "model/config.json", str(tmp_path))).read_text() == "{}"
+    assert (tmp_path / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists()  # not MLflow's ./mlruns
+    assert [r.info.run_id for r in client.search_runs([ml["experiment_id"]])] == [ml["run_id"]]
+
 
 def test_unknown_tracker_is_refused():
-    with pytest.raises(ValueError, match=r"report_to must list distinct trackers among \['dagster_pipes', 'wandb'\]"):
+    with pytest.raises(ValueError, match=r"report_to must list distinct trackers among \['dagster_pipes', 'mlflow', 'wandb'\]"):
         TrainConfig(output_dir="o", train_shards="s", report_to=["tensorboard"]).validate(cuda=False)
     with pytest.raises(ValueError, match="unknown training config lora keys \\['rank'\\]"):
         TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "lora": {"rank": 4}})

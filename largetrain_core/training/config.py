@@ -18,7 +18,7 @@ from typing import Optional
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 # Where the run is reported, not what it trains: outside the config hash, and in Dagster a resource.
-TRACKING = ("report_to", "run_name", "wandb")
+TRACKING = ("report_to", "run_name", "wandb", "mlflow")
 MODES = ("pretrain", "lora")
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -52,6 +52,16 @@ class WandbSettings:
         "offline (runs land in <output_dir>/wandb/, upload later with `wandb sync`), online, or disabled."))
     project: str = field(default="largetrain", metadata=_doc("W&B project."))
     entity: Optional[str] = field(default=None, metadata=_doc("W&B entity (user or team); null = the API key's default."))
+
+
+@dataclass
+class MlflowSettings:
+    """MLflow tracking."""
+
+    tracking_uri: Optional[str] = field(default=None, metadata=_doc(
+        "MLflow tracking URI (sqlite:///..., http://..., databricks, ...). null = a local SQLite store "
+        "sqlite:///<output_dir>/../mlruns.db; a SQLite store keeps new experiments' artefacts beside it in mlartifacts/."))
+    experiment_name: str = field(default="largetrain", metadata=_doc("MLflow experiment; created when missing."))
 
 
 @dataclass
@@ -91,10 +101,11 @@ class TrainConfig:
         "Log a progress line every this many steps (metrics go to the trackers every step)."))
     lora: LoraSettings = field(default_factory=LoraSettings, metadata=_doc("LoRA settings (mode lora)."))
     report_to: list[str] = field(default_factory=lambda: ["wandb"], metadata=_doc(
-        "Trackers that receive params, per-step metrics and artefacts: any of wandb, dagster_pipes "
+        "Trackers that receive params, per-step metrics and artefacts: any of wandb, mlflow, dagster_pipes "
         "(largetrain_core.training.trackers.TRACKERS). metrics.jsonl in output_dir is always written."))
     run_name: Optional[str] = field(default=None, metadata=_doc("The trackers' run name; null = each tracker's default."))
     wandb: WandbSettings = field(default_factory=WandbSettings, metadata=_doc("Weights & Biases settings (report_to wandb)."))
+    mlflow: MlflowSettings = field(default_factory=MlflowSettings, metadata=_doc("MLflow settings (report_to mlflow)."))
     peak_flops: Optional[float] = field(default=None, metadata=_doc(
         "Peak FLOP/s of the whole job's hardware, for MFU. null = derive (CPU: cores x clock x FLOPs/cycle; "
         "CUDA: data-sheet figure by device name; else unknown)."))

@@ -4,11 +4,12 @@ its implementations, chosen by ``TrainConfig.report_to``; rank 0 alone tracks.
 * ``metrics.jsonl`` (:class:`JsonlTracker`) is always written: the summary, the loss curve and the
   Dagster loss check read it.
 * ``wandb``: Weights & Biases, offline by default (runs land in ``<output_dir>/wandb/``).
+* ``mlflow``: MLflow, a local SQLite store beside the output directory by default.
 * ``dagster_pipes``: the log lines and the final summary, back to the Dagster asset that launched the run.
 
 A tracker's :meth:`Tracker.start` returns its run record (``run_id`` and where to find the run),
-kept in ``<output_dir>/trackers.json``; a resumed run passes the recorded ``run_id`` back, so W&B
-continues the same run. Adding a tracker: a subclass here, registered in :data:`TRACKERS`,
+kept in ``<output_dir>/trackers.json``; a resumed run passes the recorded ``run_id`` back, so W&B and
+MLflow continue the same run. Adding a tracker: a subclass here, registered in :data:`TRACKERS`,
 plus its settings dataclass in config.py when it has any.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -135,6 +137,109 @@ class WandbTracker(Tracker):
             self.run.finish(exit_code=0 if summary is not None else 1)
 
 
+def mlflow_location(config: TrainConfig) -> tuple[str, str | None]:
+    """(tracking URI, artefact location for a new experiment). The URI: ``config.mlflow.tracking_uri``,
+    else ``sqlite:///<output_dir>/../mlruns.db``. A SQLite store keeps its artefacts in
+    ``mlartifacts/`` beside the database file (MLflow's default would be ``./mlruns`` under the
+    working directory); for other stores the server decides (None)."""
+    uri = config.mlflow.tracking_uri or f"sqlite:///{Path(config.output_dir).resolve().parent / 'mlruns.db'}"
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        return uri, (db.parent / "mlartifacts").as_uri()
+    return uri, None
+
+
+class MlflowTracker(Tracker):
+    """MLflow (``config.mlflow``): the config as params (nested keys joined by '.'), metrics per step,
+    artefacts copied into the run's artefact store (a directory under its own name), the summary as
+    ``summary.json``; the run ends FINISHED or FAILED and is reopened (RUNNING) by a resume."""
+
+    name = "mlflow"
+
+    def __init__(self):
+        self.client = self.run_id = None
+
+    def start(self, config, resume_run_id):
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri, artifacts = mlflow_location(config)
+        self.client = MlflowClient(tracking_uri=uri)
+        exp_id = self._experiment(config.mlflow.experiment_name, artifacts)
+        run = self._reopen(resume_run_id, exp_id)
+        if run is None:
+            run = self.client.create_run(exp_id, run_name=config.run_name)
+        self.run_id = run.info.run_id
+        logged = run.data.params  # MLflow params are immutable: a resumed run logs only the new ones
+        params = [Param(k, v) for k, v in _flat_params(config.to_dict()).items() if k not in logged]
+        for i in range(0, len(params), 100):  # log_batch takes at most 100 params
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        return {"run_id": self.run_id, "tracking_uri": uri, "experiment_id": exp_id,
+                "experiment_name": config.mlflow.experiment_name, "artifact_uri": run.info.artifact_uri,
+                "ui_command": f"mlflow ui --backend-store-uri {uri}"}
+
+    def _experiment(self, name: str, artifacts: str | None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=artifacts)
+        except MlflowException:  # created meanwhile by another process
+            return self.client.get_experiment_by_name(name).experiment_id
+
+    def _reopen(self, run_id: str | None, exp_id: str):
+        from mlflow.exceptions import MlflowException
+
+        if run_id is None:
+            return None
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            log.warning(f"MLflow run {run_id} of the previous start is not in this store: starting a new run")
+            return None
+        if run.info.experiment_id != exp_id:
+            log.warning(f"MLflow run {run_id} belongs to experiment {run.info.experiment_id}, not {exp_id}: starting a new run")
+            return None
+        self.client.update_run(run_id, status="RUNNING")
+        return run
+
+    def log_metrics(self, step, metrics):
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_artifact(self, path):
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)
+        else:
+            self.client.log_artifact(self.run_id, str(path))
+
+    def finish(self, summary):
+        if self.run_id is None:
+            return
+        if summary is not None:
+            self.client.log_dict(self.run_id, summary, "summary.json")
+        self.client.set_terminated(self.run_id, "FINISHED" if summary is not None else "FAILED")
+
+
+def _flat_params(d: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat_params(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, str) else json.dumps(v)
+    return out
+
+
 class DagsterPipesTracker(Tracker):
     """Dagster Pipes, when the run was launched by a Dagster asset: every log line of
     ``largetrain.training`` goes to the Dagster run log, and the summary (values that are not None)
@@ -176,7 +281,7 @@ class _PipesLogHandler(logging.Handler):
         getattr(self.pipes.log, level)(record.getMessage())
 
 
-TRACKERS: dict[str, type[Tracker]] = {t.name: t for t in (WandbTracker, DagsterPipesTracker)}
+TRACKERS: dict[str, type[Tracker]] = {t.name: t for t in (WandbTracker, MlflowTracker, DagsterPipesTracker)}
 
 
 class Trackers:
