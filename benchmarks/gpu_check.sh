@@ -7,7 +7,7 @@
 #
 # ~125M-parameter Llama (preset llama-125m, vocab 16,384, seq_len 1,024), precision auto (= fp16 with
 # dynamic loss scaling on CUDA), ZeRO-2, activation checkpointing, 200 steps of 16 x 1,024 tokens on one
-# GPU. Prints tokens/s, MFU (peak from largetrain_core.train.CUDA_PEAK_FLOPS by device name), peak memory
+# GPU. Prints tokens/s, MFU (peak from largetrain_core.training.flops.CUDA_PEAK_FLOPS by device name), peak memory
 # and the loss-scale history (every change, and the skipped-step count). Budget: well under 8 minutes on
 # one H200 (data prep ~1 min on CPU, training ~1 min).
 set -euo pipefail
@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 from largetrain_core.shards import build_token_shards
 from largetrain_core.tokenizer import train_bpe
-from largetrain_core.train import TrainConfig
+from largetrain_core.training.config import TrainConfig
 out = Path(sys.argv[1]).resolve()
 docs = out / "docs"; docs.mkdir(parents=True, exist_ok=True)
 src = Path(".largetrain/corpora/linux-doc")
@@ -43,14 +43,14 @@ if not (shards / "manifest.json").exists():
     shards.mkdir(exist_ok=True)
     build_token_shards(docs, out / "tok", shards, seq_len=1024, validation_fraction=0.01)
 cfg = TrainConfig(output_dir=str(out / "run"), train_shards=str(shards), preset="llama-125m", zero_stage=2,
-                  precision="auto", activation_checkpointing=True, micro_batch_size=16, max_steps=200, lr=6e-4,
-                  warmup_steps=20, checkpoint_every=200, keep_checkpoints=1, log_every=20, resume="never",
-                  wandb_mode="offline", tokenizer=str(shards))
+                  precision="auto", activation_checkpointing=True, micro_batch_size=16, max_steps=200,
+                  learning_rate=6e-4, warmup_steps=20, save_steps=200, save_total_limit=1, logging_steps=20,
+                  resume_from_checkpoint="never", report_to=["wandb"], tokenizer=str(shards))
 (out / "train_config.json").write_text(json.dumps(cfg.to_dict()))
 PYEOF
 rm -rf "$OUT/run"
 OMP_NUM_THREADS=4 timeout 420 "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 \
-  -m largetrain_core.train "$OUT/train_config.json" 2>&1 | tee "$OUT/train.log" | grep -E "largetrain.train|Error" || true
+  -m largetrain_core.training "$OUT/train_config.json" 2>&1 | tee "$OUT/train.log" | grep -E "largetrain.training|Error" || true
 "$PY" - "$OUT" <<'PYEOF'
 import json, sys
 from pathlib import Path

@@ -21,7 +21,7 @@ non-reentrant checkpointing the checkpointed blocks' tensors are not kept, so th
 Keys and goals (issue 5): deepspeed_vs_plain_tokens_ratio >= 0.95; actckpt_activation_memory_saving
 (1 - saved bytes with / without checkpointing) >= 0.5; actckpt_time_cost (step time with / without - 1)
 <= 0.35; lora_trainable_fraction <= 0.01; cpu_mfu (plain loop: tokens/s x (6N + 12LHS) / CPU fp32 peak
-from largetrain_core.train.cpu_peak_flops) >= 0.4. The machine is shared: the JSON records the load average.
+from largetrain_core.training.flops.cpu_peak_flops) >= 0.4. The machine is shared: the JSON records the load average.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 def settings(quick: bool) -> dict:
     # quick: llama-3m at seq_len 128, micro-batch 8 -> ~1k tokens per step per rank
     return {"preset": "llama-3m", "vocab": 8192, "seq_len": 128, "micro_batch": 8,
-            "warmup": 2 if quick else 5, "steps": 6 if quick else 30, "lora_rank": 8,
+            "warmup": 2 if quick else 5, "steps": 6 if quick else 30, "r": 8,
             "lora_targets": ["q_proj", "v_proj"]}
 
 
@@ -57,7 +57,7 @@ def batches(s: dict, rank: int, world: int, n: int):
 
 def build(s: dict, actckpt: bool, lora: bool, all_linear: bool = False):
     from largetrain_core.model import build_model
-    from largetrain_core.train import lora_target_modules
+    from largetrain_core.training.lora import lora_target_modules
 
     model = build_model(s["preset"], s["vocab"], s["seq_len"], eos_id=0, seed=0)
     if actckpt:
@@ -67,7 +67,7 @@ def build(s: dict, actckpt: bool, lora: bool, all_linear: bool = False):
 
         if actckpt:
             model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(r=s["lora_rank"], lora_alpha=2 * s["lora_rank"],
+        model = get_peft_model(model, LoraConfig(r=s["r"], lora_alpha=2 * s["r"],
                                                  target_modules=lora_target_modules(model) if all_linear else s["lora_targets"],
                                                  task_type="CAUSAL_LM"))
     return model
@@ -130,14 +130,15 @@ def worker(s: dict, variant: str, out: Path) -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from largetrain_core.train import TrainConfig, deepspeed_config
+    from largetrain_core.training.config import TrainConfig
+    from largetrain_core.training.deepspeed_config import deepspeed_config
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     zero = 2 if "zero2" in variant else 0
     model = build(s, "actckpt" in variant, "lora" in variant)
     cfg = TrainConfig(output_dir="-", train_shards="-", zero_stage=zero, micro_batch_size=s["micro_batch"],
-                      max_steps=s["warmup"] + s["steps"], warmup_steps=0, lr=1e-3)
+                      max_steps=s["warmup"] + s["steps"], warmup_steps=0, learning_rate=1e-3)
     ds = deepspeed_config(cfg, world, "fp32")
     ds.pop("scheduler")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -184,8 +185,8 @@ def main() -> int:
 
     import torch
 
-    from largetrain_core.train import cpu_peak_flops, model_flops_per_token
     from largetrain_core.model import PRESETS
+    from largetrain_core.training.flops import cpu_peak_flops, model_flops_per_token
 
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)

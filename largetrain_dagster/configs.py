@@ -61,18 +61,19 @@ def _to_core_value(tp: Any, value: Any) -> Any:
 
 
 def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None = None,
-                   exclude: tuple[str, ...] = ()) -> type[Config]:
-    """A ``dagster.Config`` subclass with the fields of dataclass ``cls`` (minus ``exclude``).
+                   exclude: tuple[str, ...] = (), base: type = Config) -> type[Config]:
+    """A ``dagster.Config`` subclass (or a subclass of ``base``, e.g. ``ConfigurableResource``) with the
+    fields of dataclass ``cls`` (minus ``exclude``).
 
     ``defaults`` overrides a field's default for this stage (e.g. a LoRA run's learning rate); a
     field without a default stays required. Raises TypeError for a field type Dagster cannot show.
-    The class has ``to_core(**extra) -> cls``. Classes are cached per (cls, name, defaults, exclude).
+    The class has ``to_core(**extra) -> cls``. Classes are cached per (cls, name, defaults, exclude, base).
     """
     defaults = defaults or {}
     unknown = set(defaults) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
         raise TypeError(f"defaults for fields {sorted(unknown)} that {cls.__name__} does not have")
-    key = (cls, name, tuple(sorted(defaults.items(), key=lambda kv: kv[0])), tuple(exclude))
+    key = (cls, name, tuple(sorted(defaults.items(), key=lambda kv: kv[0])), tuple(exclude), base)
     try:
         if key in _CACHE:
             return _CACHE[key]
@@ -107,7 +108,7 @@ def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None 
         values = {**self.model_dump(), **extra}
         return cls(**{k: _to_core_value(hints[k], v) for k, v in values.items()})
 
-    model = create_model(name or f"{cls.__name__}Dagster", __base__=Config,
+    model = create_model(name or f"{cls.__name__}Dagster", __base__=base,
                          __doc__=(cls.__doc__ or "").strip() or None, **fields)
     model.to_core = to_core
     if key is not None:

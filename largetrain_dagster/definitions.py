@@ -3,7 +3,10 @@ assembles: each stage's assets and checks live in the module named after the sta
 shards, training, evaluation, landing).
 
 LARGETRAIN_ROOT sets the storage root (default ``.largetrain`` under the working directory);
-LARGETRAIN_NPROC the training ranks per node (default 2); LARGETRAIN_WANDB_MODE offline/online/disabled;
+LARGETRAIN_NPROC the training ranks per node (default 2); LARGETRAIN_REPORT_TO the trackers of the
+training runs, comma-separated (default ``wandb``; ``wandb,mlflow`` adds MLflow);
+LARGETRAIN_WANDB_MODE offline/online/disabled; MLFLOW_TRACKING_URI MLflow's store (default
+``sqlite:///<root>/mlruns.db``);
 LARGETRAIN_DATA_PARTITIONS the number of hash partitions of raw_corpus and cleaned_text (default 4).
 
 Jobs: ``prepare_partitions`` (raw_corpus + cleaned_text of both corpora, one run per partition: a
@@ -22,7 +25,7 @@ from largetrain_dagster.corpus import corpus_assets, dedup_checks
 from largetrain_dagster.evaluation import evaluation
 from largetrain_dagster.landing import LANDED_ASSETS, landing_sensor
 from largetrain_dagster.partitions import PARTITION_STEPS, PARTITIONED_KEYS, ROLES  # noqa: F401 (PARTITIONED_KEYS: public)
-from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, WandbSettings
+from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, TrackerSettings
 from largetrain_dagster.schedules import retrain_lora_adapter
 from largetrain_dagster.shards import token_shards_asset
 from largetrain_dagster.tokenizer import tokenizer
@@ -36,7 +39,8 @@ def lineage_assets() -> list:
     return chains + [tokenizer, base_checkpoint, lora_adapter, evaluation]
 
 
-def build_definitions(root: str | None = None, nproc_per_node: int | None = None, wandb_mode: str | None = None) -> Definitions:
+def build_definitions(root: str | None = None, nproc_per_node: int | None = None, wandb_mode: str | None = None,
+                      report_to: list[str] | None = None) -> Definitions:
     root = root or os.environ.get("LARGETRAIN_ROOT", ".largetrain")
     nproc = nproc_per_node or int(os.environ.get("LARGETRAIN_NPROC", "2"))
     assets = lineage_assets()
@@ -55,7 +59,11 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
             "storage": Storage(root=root),
             "handles": HandleIOManager(root=root),
             "launcher": TorchrunLauncher(nproc_per_node=nproc),
-            "wandb": WandbSettings(mode=wandb_mode or os.environ.get("LARGETRAIN_WANDB_MODE", "offline")),
+            "trackers": TrackerSettings(
+                report_to=report_to if report_to is not None else
+                [t.strip() for t in os.environ.get("LARGETRAIN_REPORT_TO", "wandb").split(",") if t.strip()],
+                wandb={"mode": wandb_mode or os.environ.get("LARGETRAIN_WANDB_MODE", "offline")},
+                mlflow={"tracking_uri": os.environ.get("MLFLOW_TRACKING_URI")}),
         },
     )
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from dagster import AssetSelection, Definitions, define_asset_job
 
+from largetrain_core.launch import ENTRY_MODULE
 from largetrain_dagster.partitions import DATA_PARTITIONS
 from largetrain_dagster.resources import TorchrunLauncher
 
@@ -63,7 +64,7 @@ class K8sTorchrunLauncher(TorchrunLauncher):
     def torchrun_command(self, config_path: str, rdzv_host: str, run_id: str) -> list[str]:
         return ["python", "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc_per_node}",
                 "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_host}:{self.rdzv_port}", f"--rdzv_id={run_id}",
-                "--max_restarts=0", "-m", "largetrain_core.train", config_path]
+                "--max_restarts=0", "-m", ENTRY_MODULE, config_path]
 
     def pod_manifest(self, config_path: str, run_id: str, step: str, node: int) -> dict[str, Any]:
         """The pod of node ``node`` (0 .. nnodes-1) as a Kubernetes manifest dict (camelCase)."""

@@ -1,4 +1,4 @@
-"""Resources: where artefacts live, the handle IO manager, the training launcher, W&B settings."""
+"""Resources: where artefacts live, the handle IO manager, the training launcher, the trackers' settings."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from dagster import (
@@ -25,8 +26,10 @@ from dagster import (
     open_pipes_session,
 )
 
+from largetrain_core.launch import launch_commands, proc_stat, process_tree
 from largetrain_core.storage import relative_to_root, resolve_under, write_json_atomic
-from largetrain_core.train import launch_commands, proc_stat, process_tree
+from largetrain_core.training.config import TRACKING, TrainConfig
+from largetrain_dagster.configs import dagster_config
 
 
 class Storage(ConfigurableResource):
@@ -95,17 +98,16 @@ class HandleIOManager(ConfigurableIOManager):
         return out
 
 
-class WandbSettings(ConfigurableResource):
-    """Weights & Biases: ``mode`` offline (default: this machine has no network), online or disabled.
-    The API key, for online mode, is read by wandb itself from WANDB_API_KEY and never logged."""
-
-    mode: str = "offline"
-    project: str = "largetrain"
-    entity: str | None = None
+class TrackerSettings(dagster_config(TrainConfig, "TrackerSettingsFields", base=ConfigurableResource,
+                                    exclude=tuple(f.name for f in fields(TrainConfig)
+                                                  if f.name not in TRACKING or f.name == "run_name"))):
+    """Where the training assets report their runs: TrainConfig's ``report_to`` list and each tracker's
+    settings, for the whole deployment (the asset names each run ``<asset>-<data version>`` and adds
+    ``dagster_pipes``). W&B's API key (online mode) is read by wandb from WANDB_API_KEY, never logged."""
 
 
 class TorchrunLauncher(ConfigurableResource):
-    """Starts ``torchrun -m largetrain_core.train`` through Dagster Pipes in its own process group.
+    """Starts ``torchrun -m largetrain_core.training`` through Dagster Pipes in its own process group.
 
     ``nproc_per_node`` ranks on this host; ``threads_per_rank`` sets OMP_NUM_THREADS (0 = cores /
     ranks, so ranks x threads <= cores). Cancelling the run, or any error in the asset, sends
@@ -120,7 +122,7 @@ class TorchrunLauncher(ConfigurableResource):
     master_port: int = 29500
 
     def command(self, config_path: Path) -> list[str]:
-        """This node's torchrun command (largetrain_core.train.launch_commands, static rendezvous)."""
+        """This node's torchrun command (largetrain_core.launch.launch_commands, static rendezvous)."""
         cmds = launch_commands(str(config_path), self.hosts or ["localhost"], self.nproc_per_node, self.master_port,
                                python=sys.executable)["torchrun"]
         return shlex.split(cmds[self.node_rank])

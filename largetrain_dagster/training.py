@@ -26,52 +26,31 @@ from largetrain_core.digest import DigestCache, tree_digest
 from largetrain_core.model import import_pretrained, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
 from largetrain_core.storage import data_version, relative_to_root, resolve_under, write_json_atomic
-from largetrain_core.train import LoraSettings, TrainConfig
+from largetrain_core.training.config import TRACKING, TrainConfig
+from largetrain_core.training.trackers import METRICS, RECORDS, read_metrics
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
+from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.model_cards import write_card
-from largetrain_dagster.resources import Storage, TorchrunLauncher, WandbSettings
+from largetrain_dagster.resources import Storage, TorchrunLauncher, TrackerSettings
+
+# Filled in by the asset (paths, mode) or by the TrackerSettings resource, not by the run config.
+SET_BY_ASSET = ("output_dir", "train_shards", "mode", "base_model", "tokenizer", *TRACKING)
+# Production defaults where they differ from TrainConfig's (whose defaults suit a short test run).
+TRAINING_DEFAULTS = {"micro_batch_size": 8, "max_steps": 1000, "warmup_steps": 50, "save_steps": 200}
 
 
-class TrainingConfig(Config):
-    zero_stage: int = Field(default=2, description="DeepSpeed ZeRO stage 0-3.")
-    offload_optimizer: bool = False
-    precision: str = Field(default="auto", description="auto (fp16 on CUDA, fp32 on CPU), fp32, fp16 or bf16.")
-    activation_checkpointing: bool = True
-    micro_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    max_steps: int = 1000
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    resume: str = Field(default="auto", description="auto (newest complete checkpoint), never, or a checkpoint directory.")
-    peak_flops: Optional[float] = Field(default=None, description="Peak FLOP/s of the job's hardware for MFU; null = derive.")
+class BaseCheckpointConfig(dagster_config(TrainConfig, "BaseCheckpointTrainConfig", exclude=(*SET_BY_ASSET, "lora"),
+                                          defaults={**TRAINING_DEFAULTS, "preset": "llama-20m"})):
+    """Pretraining of ``base_checkpoint`` (largetrain_core.training.config.TrainConfig), or an import."""
 
-
-class BaseCheckpointConfig(TrainingConfig):
-    preset: str = Field(default="llama-20m", description="Model preset (largetrain_core.model.PRESETS).")
     pretrained_model: Optional[str] = Field(default=None, description=(
         "A local Hugging Face causal-LM directory (config.json, safetensors, tokenizer) to import instead of "
         "pretraining; the tokenizer asset must then take the same directory's tokenizer."))
 
 
-class LoraAdapterConfig(TrainingConfig):
-    max_steps: int = 300
-    lr: float = 2e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_target_modules: Optional[list[str]] = Field(default=None, description="Default: every linear layer in the blocks.")
-    lora_adapter_name: str = Field(default="default", description="The adapter's name inside the PEFT model.")
-    lora_merge_export: bool = Field(default=False, description="Also write merged/: base + adapter merged (merge_and_unload).")
-
+LoraAdapterConfig = dagster_config(TrainConfig, "LoraAdapterConfig", exclude=(*SET_BY_ASSET, "preset"),
+                                   defaults={**TRAINING_DEFAULTS, "max_steps": 300, "learning_rate": 2e-3,
+                                             "weight_decay": 0.0, "warmup_steps": 10})
 
 
 def _loss_check(metrics_file: Path) -> AssetCheckResult:
@@ -85,9 +64,11 @@ def _loss_check(metrics_file: Path) -> AssetCheckResult:
                             metadata={"steps_logged": len(losses), "mean_loss_first_10pct": start, "mean_loss_last_10pct": end})
 
 
-def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunLauncher, wandb: WandbSettings,
-           key: str, version: str, train_cfg: dict, config: Config) -> tuple[Path, dict, bool]:
-    """Run (or resume, or reuse) one training under ``<root>/<key>/<version>/``."""
+def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunLauncher, trackers: TrackerSettings,
+           key: str, version: str, config: Config, **set_by_asset) -> tuple[Path, dict, bool]:
+    """Run (or resume, or reuse) one training under ``<root>/<key>/<version>/``. Its TrainConfig is the
+    run config, ``set_by_asset`` (mode, paths) and the trackers' settings (MLflow's store defaults to
+    ``sqlite:///<root>/mlruns.db``; ``dagster_pipes`` is always added), validated before any process starts."""
     out = storage.path(key, version)
     summary_file = out / "summary.json"
     final = out / ("model" if key == "base_checkpoint" else "adapter")
@@ -95,9 +76,11 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
         context.log.info(f"{key} {version} already trained at {out}: reusing it")
         return out, moved_summary(out), True
     out.mkdir(parents=True, exist_ok=True)
-    cfg = TrainConfig.from_dict({**train_cfg, "output_dir": str(out), "wandb_mode": wandb.mode,
-                                 "wandb_project": wandb.project, "wandb_entity": wandb.entity,
-                                 "wandb_run_name": f"{key}-{version}"})
+    tracking = trackers.model_dump()
+    tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
+    tracking["report_to"] = [*tracking["report_to"], *(["dagster_pipes"] if "dagster_pipes" not in tracking["report_to"] else [])]
+    cfg = TrainConfig.from_dict({**config.model_dump(exclude={"pretrained_model"}), **set_by_asset, **tracking,
+                                 "output_dir": str(out), "run_name": f"{key}-{version}"})
     cfg.validate()  # fail here, before any process starts
     cfg_path = out / "train_config.json"
     write_json_atomic(cfg_path, cfg.to_dict())
@@ -115,19 +98,20 @@ def moved_summary(out: Path) -> dict:
     return resolve_under(relative_to_root(summary, written_in), out) if written_in else summary
 
 
-def _trainasset_output(out: Path, version: str, summary: dict, config: Config, reused: bool) -> Output:
+def _train_output(out: Path, version: str, summary: dict, config: Config, reused: bool) -> Output:
+    """Metadata: the summary's numbers, a loss table (about 20 rows), the loss curve, and each tracker's
+    run record (``<tracker>_run_id``, its location, e.g. ``wandb_sync_command`` for offline W&B)."""
     import base64
 
-    from largetrain_core.train import read_metrics
-
-    rows = read_metrics(out / "metrics.jsonl")
+    rows = read_metrics(out / METRICS)
     every = max(1, len(rows) // 20)
     curve = "\n".join(f"| {r['step']} | {r['loss']:.4f} | {r['lr']:.2e} | {r.get('mfu') or float('nan'):.3f} |"
                       for r in rows[::every])
     stats = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     extra = {**stats, "loss_curve": MetadataValue.md(f"| step | loss | lr | MFU |\n|---|---|---|---|\n{curve}"),
              "precision": summary["precision"], "precision_reason": summary["precision_reason"],
-             "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"])}
+             "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"]),
+             **_tracker_metadata(out / RECORDS)}
     svg = Path(summary.get("loss_curve") or out / "loss_curve.svg")
     if svg.exists():
         extra["loss_curve_svg"] = MetadataValue.path(str(svg))
@@ -136,9 +120,21 @@ def _trainasset_output(out: Path, version: str, summary: dict, config: Config, r
     return asset_output(out, version, {**summary}, config, reused, extra)
 
 
+def _tracker_metadata(records_file: Path) -> dict:
+    """``<tracker>_<key>`` for every entry of every tracker's run record (trackers.json): directories as
+    paths, URLs as links, commands as code."""
+    records = json.loads(records_file.read_text()) if records_file.exists() else {}
+    md = {}
+    for name, record in sorted(records.items()):
+        for k, v in record.items():
+            md[f"{name}_{k}"] = (MetadataValue.path(v) if k == "dir" else MetadataValue.url(v) if k == "url"
+                                 else MetadataValue.md(f"`{v}`") if k.endswith("_command") else str(v))
+    return md
+
+
 # Settings that do not change the trained weights stay out of the data version, so that changing them
-# (e.g. resume: never after a bad checkpoint) reuses the same output directory and its checkpoints.
-NOT_VERSIONED = {"resume", "peak_flops"}
+# (e.g. resume_from_checkpoint: never after a bad checkpoint) reuses the same output directory and its checkpoints.
+NOT_VERSIONED = {"resume_from_checkpoint", "peak_flops"}
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
 
 
@@ -148,18 +144,17 @@ TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
        check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="base_checkpoint", blocking=True)],
        description="A causal LM pretrained from a preset with DeepSpeed (torchrun, ZeRO, activation checkpointing); a Hugging Face directory.")
 def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage,
-                    launcher: TorchrunLauncher, wandb: WandbSettings, shards: dict):
+                    launcher: TorchrunLauncher, trackers: TrackerSettings, shards: dict):
     if config.pretrained_model:
         yield from _import_base(context, config, storage, shards)
         return
     version = data_version(CODE_VERSIONS["base_checkpoint"], config.model_dump(exclude=NOT_VERSIONED), shards["data_version"],
                            launcher.nproc_per_node)
-    train_cfg = {**config.model_dump(exclude={"pretrained_model"}), "mode": "pretrain", "train_shards": shards["path"],
-                 "tokenizer": shards["path"]}
-    out, summary, reused = _train(context, storage, launcher, wandb, "base_checkpoint", version, train_cfg, config)
+    out, summary, reused = _train(context, storage, launcher, trackers, "base_checkpoint", version, config,
+                                  mode="pretrain", train_shards=shards["path"], tokenizer=shards["path"])
     write_card(context, storage, "base_model", Path(summary["output"]), version, shards, train_dir=out)
-    yield _trainasset_output(out, version, summary, config, reused)
-    yield _loss_check(out / "metrics.jsonl")
+    yield _train_output(out, version, summary, config, reused)
+    yield _loss_check(out / METRICS)
 
 
 def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage, shards: dict):
@@ -197,7 +192,7 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
        check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True)],
        description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.")
 def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, storage: Storage,
-                 launcher: TorchrunLauncher, wandb: WandbSettings, base: dict, shards: dict):
+                 launcher: TorchrunLauncher, trackers: TrackerSettings, base: dict, shards: dict):
     problem = tokenizer_mismatch(Path(base["stats"]["output"]), TokenShards(Path(shards["path"]), "train").manifest,
                                  Path(shards["path"]))
     if problem:
@@ -205,15 +200,10 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
                       f"re-materialize tokenizer and domain/token_shards")
     version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(exclude=NOT_VERSIONED), base["data_version"],
                            shards["data_version"], launcher.nproc_per_node)
-    fields = config.model_dump()
-    lora = LoraSettings(rank=fields.pop("lora_rank"), alpha=fields.pop("lora_alpha"), dropout=fields.pop("lora_dropout"),
-                        target_modules=fields.pop("lora_target_modules"), adapter_name=fields.pop("lora_adapter_name"),
-                        merge_export=fields.pop("lora_merge_export"))
-    train_cfg = {**fields, "mode": "lora", "train_shards": shards["path"], "base_model": base["stats"]["output"],
-                 "lora": lora.__dict__}
-    out, summary, reused = _train(context, storage, launcher, wandb, "lora_adapter", version, train_cfg, config)
+    out, summary, reused = _train(context, storage, launcher, trackers, "lora_adapter", version, config,
+                                  mode="lora", train_shards=shards["path"], base_model=base["stats"]["output"])
     write_card(context, storage, "lora_adapter", Path(summary["output"]), version, shards, train_dir=out,
                base_model=Path(base["stats"]["output"]))
-    yield _trainasset_output(out, version, summary, config, reused)
-    yield _loss_check(out / "metrics.jsonl")
+    yield _train_output(out, version, summary, config, reused)
+    yield _loss_check(out / METRICS)
 

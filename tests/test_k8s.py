@@ -33,7 +33,7 @@ def test_training_pods_render_with_gpus_and_one_rendezvous(monkeypatch):
         assert c.resources.limits["nvidia.com/gpu"] == "8" and c.resources.requests["nvidia.com/gpu"] == "8"
         assert c.command[:3] == ["python", "-m", "torch.distributed.run"]
         assert "--nnodes=4" in c.command and "--nproc_per_node=8" in c.command and f"--rdzv_id={run_id}" in c.command
-        assert c.command[-3:] == ["-m", "largetrain_core.train", "/data/base_checkpoint/abc/train_config.json"]
+        assert c.command[-3:] == ["-m", "largetrain_core.training", "/data/base_checkpoint/abc/train_config.json"]
         endpoints |= {a for a in c.command if a.startswith("--rdzv_endpoint=")}
         assert pod.spec.hostname == f"{pod.metadata.name}" and pod.spec.subdomain == svc.metadata.name
         assert pod.spec.restart_policy == "Never"

@@ -32,10 +32,10 @@ def corpus(name: str) -> Path:
 def tiny_run_config(corpora_root: Path) -> dict:
     """A few kernel docs (at most 10 per data partition) and a few plays (at most 1 per partition),
     vocab 512, seq_len 64, llama-tiny, a few steps."""
-    train = {"preset": "llama-tiny", "max_steps": 12, "warmup_steps": 2, "lr": 5e-3, "micro_batch_size": 4,
-             "checkpoint_every": 6, "log_every": 6, "zero_stage": 2}
-    lora = {"max_steps": 6, "warmup_steps": 1, "lr": 1e-2, "micro_batch_size": 4, "checkpoint_every": 3,
-            "log_every": 3, "lora_rank": 4, "lora_alpha": 8.0}
+    train = {"preset": "llama-tiny", "max_steps": 12, "warmup_steps": 2, "learning_rate": 5e-3, "micro_batch_size": 4,
+             "save_steps": 6, "logging_steps": 6, "zero_stage": 2}
+    lora = {"max_steps": 6, "warmup_steps": 1, "learning_rate": 1e-2, "micro_batch_size": 4, "save_steps": 3,
+            "logging_steps": 3, "lora": {"r": 4, "lora_alpha": 8.0}}
     return {"ops": {
         "pretrain__raw_corpus": {"config": {"path": str(corpora_root / "linux-doc" / "admin-guide"), "max_documents": 10}},
         "domain__raw_corpus": {"config": {"path": str(corpora_root / "shakespeare" / "comedies"), "max_documents": 1}},

@@ -24,8 +24,8 @@ def test_crashed_training_retries_and_resumes_from_checkpoint(tmp_path):
     defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled")
     assets = lineage_assets()  # not the landed chain (test_landing.py)
     ops = {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith("pretrain__") or k == "tokenizer"}
-    train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 8, "checkpoint_every": 2,
-             "keep_checkpoints": 10, "log_every": 2}
+    train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 8, "save_steps": 2,
+             "save_total_limit": 10, "logging_steps": 2}
     killed: list[int] = []
 
     def crash_rank_after_first_checkpoint():

@@ -14,13 +14,10 @@ from safetensors.torch import load_file
 
 from largetrain_core.shards import TokenShards, build_token_shards
 from largetrain_core.tokenizer import train_bpe
-from largetrain_core.train import (
-    TrainConfig,
-    deepspeed_config,
-    find_resume_checkpoint,
-    lora_target_modules,
-    resolve_precision,
-)
+from largetrain_core.training.checkpoints import find_newest_complete, mark_complete
+from largetrain_core.training.config import TrainConfig, WandbSettings
+from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
+from largetrain_core.training.lora import lora_target_modules
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,7 +58,7 @@ def torchrun(cfg: TrainConfig, tmp: Path, nproc: int = 2, fault: str | None = No
     if fault:
         env["LARGETRAIN_FAULT"] = fault
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "largetrain_core.train", str(path)]
+           "-m", "largetrain_core.training", str(path)]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
     (Path(cfg.output_dir) / f"torchrun-{fault or 'run'}.log").write_text(proc.stdout + proc.stderr)
     if fault:
@@ -110,23 +107,21 @@ def test_precision_auto():
 
 def test_resume_skips_truncated_checkpoint(tmp_path):
     """tests/cases: the newest checkpoint holds zero-byte files and no marker, as after a power cut."""
-    from largetrain_core.train import _mark_complete
-
     root = tmp_path / "checkpoints"
     good = root / "step-000010"
     good.mkdir(parents=True)
     (good / "mp_rank_00_model_states.pt").write_bytes(b"x" * 100)
-    _mark_complete(good, 10)
+    mark_complete(good, 10)
     bad = root / "step-000020"
     bad.mkdir()
     (bad / "mp_rank_00_model_states.pt").write_bytes(b"")
     (root / "latest").write_text("step-000020")
-    chosen, skipped = find_resume_checkpoint(root)
+    chosen, skipped = find_newest_complete(root)
     assert chosen == good
     assert len(skipped) == 1 and "step-000020" in skipped[0] and "COMPLETE.json" in skipped[0]
     # a marker whose files were truncated afterwards does not count either
     (good / "mp_rank_00_model_states.pt").write_bytes(b"")
-    chosen, skipped = find_resume_checkpoint(root)
+    chosen, skipped = find_newest_complete(root)
     assert chosen is None and "wrong size" in skipped[-1]
 
 
@@ -146,15 +141,15 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
 
     base_dir = tmp_path / "base"
     cfg = TrainConfig(output_dir=str(base_dir), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                      micro_batch_size=4, max_steps=30, lr=5e-3, warmup_steps=3, checkpoint_every=10,
-                      keep_checkpoints=2, log_every=10, wandb_mode="disabled", tokenizer=str(shards))
+                      micro_batch_size=4, max_steps=30, learning_rate=5e-3, warmup_steps=3, save_steps=10,
+                      save_total_limit=2, logging_steps=10, report_to=[], tokenizer=str(shards))
     torchrun(cfg, tmp_path)
     rows = [json.loads(x) for x in (base_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 31))
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert np.mean([r["loss"] for r in rows[-5:]]) < np.mean([r["loss"] for r in rows[:5]]) - 0.5
     ckpts = sorted(p.name for p in (base_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
-    assert ckpts == ["step-000020", "step-000030"]  # keep_checkpoints=2
+    assert ckpts == ["step-000020", "step-000030"]  # save_total_limit=2
     assert all((base_dir / "checkpoints" / c / "COMPLETE.json").exists() for c in ckpts)
     summary = json.loads((base_dir / "summary.json").read_text())
     assert summary["precision"] == "fp32" and summary["world_size"] == 2 and summary["steps"] == 30
@@ -167,9 +162,9 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
 
     lora_dir = tmp_path / "lora"
     lcfg = TrainConfig(output_dir=str(lora_dir), train_shards=str(shards), mode="lora", base_model=str(base_dir / "model"),
-                       zero_stage=2, activation_checkpointing=True, micro_batch_size=4, max_steps=8, lr=1e-2,
-                       warmup_steps=1, checkpoint_every=4, log_every=4, wandb_mode="disabled",
-                       lora={"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None, "adapter_name": "default"})
+                       zero_stage=2, activation_checkpointing=True, micro_batch_size=4, max_steps=8, learning_rate=1e-2,
+                       warmup_steps=1, save_steps=4, logging_steps=4, report_to=[],
+                       lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.0, "target_modules": None, "adapter_name": "default"})
     lcfg = TrainConfig.from_dict(lcfg.to_dict())
     torchrun(lcfg, tmp_path)
     weights = load_file(lora_dir / "adapter" / "adapter_model.safetensors")
@@ -183,22 +178,25 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
     assert lsum["trainable_parameters"] < 0.2 * lsum["parameters"]
 
 
-def _resume_cfg(out: Path, shards: Path) -> TrainConfig:
+def _resume_cfg(out: Path, shards: Path, report_to: list[str] = ()) -> TrainConfig:
     return TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                       precision="fp32", activation_checkpointing=False, micro_batch_size=2, max_steps=8, lr=5e-3,
-                       warmup_steps=2, checkpoint_every=3, keep_checkpoints=3, log_every=4, wandb_mode="disabled",
-                       tokenizer=str(shards))
+                       precision="fp32", activation_checkpointing=False, micro_batch_size=2, max_steps=8, learning_rate=5e-3,
+                       warmup_steps=2, save_steps=3, save_total_limit=3, logging_steps=4, report_to=list(report_to),
+                       run_name="crashed", tokenizer=str(shards))
 
 
 def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
     """2 ranks, ZeRO-2, fp32 on CPU, 8 steps, checkpoints at 3, 6, 8. Uninterrupted run vs a run whose
     whole torchrun tree is SIGKILLed after step 4, resumed (from step 3), SIGKILLed again in the middle of
     the step-6 save (rank 0's files written, no marker), resumed again (from step 3, skipping step 6):
-    every loss and grad norm of steps 4..8 and the final weights are bitwise equal."""
+    every loss and grad norm of steps 4..8 and the final weights are bitwise equal. The crashed run
+    reports to W&B (offline) and MLflow (local SQLite): all three starts continue the same run of each."""
+    from mlflow.tracking import MlflowClient
+
     ref = tmp_path / "uninterrupted"
     torchrun(_resume_cfg(ref, shards), tmp_path)
     out = tmp_path / "crashed"
-    cfg = _resume_cfg(out, shards)
+    cfg = _resume_cfg(out, shards, report_to=["wandb", "mlflow"])
     torchrun(cfg, tmp_path, fault="after_step:4")
     assert max(metrics(out)) == 4
     assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists()
@@ -232,6 +230,19 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if (p / "COMPLETE.json").exists())
     assert ckpts == ["step-000003", "step-000006", "step-000008"]
 
+    records = json.loads((out / "trackers.json").read_text())
+    assert len(list((out / "wandb").glob(f"offline-run-*-{records['wandb']['run_id']}"))) == 3  # one per start
+    ml = records["mlflow"]
+    client = MlflowClient(tracking_uri=ml["tracking_uri"])
+    assert [r.info.run_id for r in client.search_runs([ml["experiment_id"]])] == [ml["run_id"]]
+    run = client.get_run(ml["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "crashed" and run.data.params["save_steps"] == "3"
+    # steps 4-6 were logged again after each resume, with bitwise the same losses
+    history = {(m.step, m.value) for m in client.get_metric_history(ml["run_id"], "loss")}
+    assert history == {(step, got[step]["loss"]) for step in range(1, 9)}
+    assert {a.path for a in client.list_artifacts(ml["run_id"])} == {"loss_curve.svg", "model", "summary.json"}
+    assert "model/model.safetensors" in {a.path for a in client.list_artifacts(ml["run_id"], "model")}
+
 
 def test_gradient_accumulation_equals_larger_micro_batch(shards, tmp_path):
     """2 ranks, ZeRO-2: micro-batch 2 x 2 accumulation steps gives the same losses and weights as micro-batch 4
@@ -242,8 +253,8 @@ def test_gradient_accumulation_equals_larger_micro_batch(shards, tmp_path):
         out = tmp_path / f"mb{mb}-ga{ga}"
         cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
                           activation_checkpointing=False, micro_batch_size=mb, gradient_accumulation_steps=ga,
-                          max_steps=4, lr=5e-3, warmup_steps=1, checkpoint_every=4, keep_checkpoints=1,
-                          wandb_mode="disabled", tokenizer=str(shards))
+                          max_steps=4, learning_rate=5e-3, warmup_steps=1, save_steps=4, save_total_limit=1,
+                          report_to=[], tokenizer=str(shards))
         torchrun(cfg, tmp_path)
         outs[(mb, ga)] = out
     m1, m2 = metrics(outs[(4, 1)]), metrics(outs[(2, 2)])
@@ -276,8 +287,8 @@ def test_zero3_exports_consolidated_safetensors(shards, tmp_path):
 
     out = tmp_path / "z3"
     cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=3,
-                      activation_checkpointing=True, micro_batch_size=2, max_steps=3, lr=5e-3, warmup_steps=1,
-                      checkpoint_every=3, keep_checkpoints=1, wandb_mode="disabled", tokenizer=str(shards))
+                      activation_checkpointing=True, micro_batch_size=2, max_steps=3, learning_rate=5e-3, warmup_steps=1,
+                      save_steps=3, save_total_limit=1, report_to=[], tokenizer=str(shards))
     torchrun(cfg, tmp_path)
     saved = load_file(out / "model" / "model.safetensors")
     live = get_fp32_state_dict_from_zero_checkpoint(str(out / "checkpoints"), tag="step-000003")
@@ -343,9 +354,9 @@ def test_import_pretrained_then_lora_resume_named_adapter_and_merged_export(pret
 
     out = tmp_path / "lora"
     cfg = TrainConfig(output_dir=str(out), train_shards=str(dom), mode="lora", base_model=str(base), zero_stage=2,
-                      activation_checkpointing=True, micro_batch_size=2, max_steps=6, lr=1e-2, warmup_steps=1,
-                      checkpoint_every=3, log_every=3, wandb_mode="disabled",
-                      lora={"rank": 4, "alpha": 8.0, "adapter_name": "shakespeare", "merge_export": True})
+                      activation_checkpointing=True, micro_batch_size=2, max_steps=6, learning_rate=1e-2, warmup_steps=1,
+                      save_steps=3, logging_steps=3, report_to=[],
+                      lora={"r": 4, "lora_alpha": 8.0, "adapter_name": "shakespeare", "merge_export": True})
     cfg = TrainConfig.from_dict(cfg.to_dict())
     torchrun(cfg, tmp_path, fault="after_step:4")
     before_crash = metrics(out)[4]["loss"]
@@ -376,7 +387,7 @@ def test_two_nodes_on_loopback(shards, tmp_path):
     import shlex
     import socket
 
-    from largetrain_core.train import launch_commands
+    from largetrain_core.launch import launch_commands
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -384,8 +395,8 @@ def test_two_nodes_on_loopback(shards, tmp_path):
     out = tmp_path / "two_nodes"
     out.mkdir()
     cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                      activation_checkpointing=False, micro_batch_size=2, max_steps=4, lr=5e-3, warmup_steps=1,
-                      checkpoint_every=4, keep_checkpoints=1, wandb_mode="disabled", tokenizer=str(shards))
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=4, learning_rate=5e-3, warmup_steps=1,
+                      save_steps=4, save_total_limit=1, report_to=[], tokenizer=str(shards))
     path = out / "config.json"
     path.write_text(json.dumps(cfg.to_dict()))
     cmds = launch_commands(str(path), ["127.0.0.1", "127.0.0.1"], 1, port=port, python=sys.executable)
@@ -428,12 +439,13 @@ def test_launcher_stop_reaches_ranks_in_their_own_sessions(tmp_path):
 
 
 def test_launch_commands_and_mfu_inputs():
-    from largetrain_core.train import cpu_peak_flops, launch_commands, model_flops_per_token
+    from largetrain_core.launch import launch_commands
+    from largetrain_core.training.flops import cpu_peak_flops, model_flops_per_token
 
     c = launch_commands("cfg.json", ["n0", "n1", "n1"], 8, port=1234, rdzv_backend="c10d")
     assert c["torchrun"][2].startswith("python -m torch.distributed.run --nnodes 3 --rdzv_backend c10d --rdzv_endpoint n0:1234")
     assert c["hostfile"] == "n0 slots=8\nn1 slots=8\n"
-    assert "--hostfile hostfile --master_addr n0 --master_port 1234 --module largetrain_core.train cfg.json" in c["deepspeed"]
+    assert "--hostfile hostfile --master_addr n0 --master_port 1234 --module largetrain_core.training cfg.json" in c["deepspeed"]
     s = launch_commands("cfg.json", ["a", "b"], 4)["torchrun"]
     assert "--node_rank 1 --master_addr a --master_port 29500" in s[1]
     assert "--standalone" in launch_commands("cfg.json", ["a"], 2)["torchrun"][0]
@@ -449,17 +461,20 @@ def test_launch_commands_and_mfu_inputs():
 def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
     """Through Dagster: tokenizer and base_checkpoint take an existing local HF model (pretrained_model in
     their config); both corpora are tokenized with its tokenizer (its EOS </s>, its BOS <s>); no pretraining
-    runs; the LoRA adapter trains on the imported model; evaluation reports perplexities and generations."""
+    runs; the LoRA adapter trains on the imported model, reporting to W&B (offline) and MLflow (the
+    storage root's SQLite store), whose runs the metadata names; evaluation reports perplexities and generations."""
     from dagster import AssetKey, DagsterInstance
+    from mlflow.tracking import MlflowClient
 
+    from largetrain_core.training.trackers import read_metrics
     from largetrain_dagster.definitions import build_definitions, lineage_assets
     from lineage import materialize_lineage
 
     corpora = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"
     if not (corpora / "shakespeare").is_dir() or not (corpora / "linux-doc").is_dir():
         pytest.fail(f"real corpora missing at {corpora}: run `make corpora`")
-    lora = {"max_steps": 8, "warmup_steps": 1, "lr": 1e-2, "micro_batch_size": 2, "checkpoint_every": 4,
-            "log_every": 2, "lora_rank": 4, "lora_alpha": 8.0}
+    lora = {"max_steps": 8, "warmup_steps": 1, "learning_rate": 1e-2, "micro_batch_size": 2, "save_steps": 4,
+            "logging_steps": 2, "lora": {"r": 4, "lora_alpha": 8.0}}
     run_config = {"ops": {
         "pretrain__raw_corpus": {"config": {"path": str(corpora / "linux-doc" / "admin-guide"), "max_documents": 3}},
         "domain__raw_corpus": {"config": {"path": str(corpora / "shakespeare" / "comedies"), "max_documents": 1}},
@@ -470,7 +485,8 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
         "lora_adapter": {"config": lora},
         "evaluation": {"config": {"max_sequences": 4, "prompts": ["Good morrow"], "max_new_tokens": 4}},
     }}
-    defs = build_definitions(root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="disabled")
+    defs = build_definitions(root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="offline",
+                             report_to=["wandb", "mlflow"])
     with DagsterInstance.ephemeral() as instance:
         result = materialize_lineage(lineage_assets(), defs.resources, instance, run_config)
         assert result.success
@@ -490,24 +506,75 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
             assert manifest["eos_id"] == eos["id"]
         adapter = md("lora_adapter")
         assert adapter["steps"] == 8 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
+        # each tracker's run in the metadata; MLflow's store under the storage root holds every step's loss
+        out = Path(adapter["path"])
+        assert adapter["wandb_run_id"] and adapter["wandb_sync_command"].startswith("`wandb sync --id ")
+        assert adapter["mlflow_tracking_uri"] == f"sqlite:///{tmp_path / 'root' / 'mlruns.db'}"
+        client = MlflowClient(tracking_uri=adapter["mlflow_tracking_uri"])
+        run = client.get_run(adapter["mlflow_run_id"])
+        assert run.info.status == "FINISHED" and run.info.run_name == f"lora_adapter-{adapter['data_version']}"
+        assert run.data.params["mode"] == "lora" and run.data.params["lora.r"] == "4"
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")) == \
+            [(r["step"], r["loss"]) for r in read_metrics(out / "metrics.jsonl")]
+        assert "adapter/adapter_model.safetensors" in {a.path for a in client.list_artifacts(run.info.run_id, "adapter")}
         ev = md("evaluation")
         assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
 
 
-def test_wandb_offline_run_continues_after_resume(tmp_path, monkeypatch):
-    """Rank 0's reporter opens W&B offline; a second start in the same output directory (a resume)
-    continues the same run id, and metrics.jsonl is appended to, not replaced."""
-    from largetrain_core.train import _Reporter
+def test_trackers_continue_their_runs_after_a_restart(tmp_path, monkeypatch, caplog):
+    """Rank 0's trackers, W&B offline and MLflow on its default local SQLite store: a second start in
+    the same output directory (a resume) continues the same W&B and MLflow runs; metrics.jsonl is
+    appended to; MLflow holds the params, every step's metrics, the artefacts and the final status."""
+    from mlflow.tracking import MlflowClient
+
+    from largetrain_core.training.trackers import Trackers, read_metrics
 
     monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = TrainConfig(output_dir=str(tmp_path), train_shards="-", wandb_mode="offline", wandb_project="p")
-    ids = []
-    for step in (1, 2):
-        rep = _Reporter(cfg, 0, tmp_path)
-        ids.append(rep.wandb_run.id)
-        rep.metric({"step": step, "loss": 1.0 / step})
-        rep.close()
-    assert ids[0] == ids[1] == (tmp_path / "wandb_run_id").read_text()
-    assert [r["step"] for r in metrics(tmp_path).values()] == [1, 2]
-    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{ids[0]}"))) >= 1
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text("{}")
+    cfg = TrainConfig(output_dir=str(out), train_shards="-", report_to=["wandb", "mlflow", "dagster_pipes"],
+                      run_name="restarted", wandb=WandbSettings(project="p"))
+    cfg = TrainConfig.from_dict(cfg.to_dict())
+    records = []
+    for start, steps in ((1, (1, 2)), (2, (2, 3))):  # the second start redoes step 2, as after a crash
+        trackers = Trackers(cfg, rank=0)
+        records.append(trackers.start())
+        for step in steps:
+            trackers.log_metrics(step, {"loss": 1.0 / step + start, "lr": 1e-3, "grad_norm": None})
+        if start == 2:
+            trackers.log_artifact(out / "model")
+        trackers.finish({"steps": 3, "last_loss": 1.0 / 3 + 2} if start == 2 else None)
+    assert "not launched through Dagster Pipes" in caplog.text
+    assert records[0] == records[1] == json.loads((out / "trackers.json").read_text())
+    assert set(records[0]) == {"wandb", "mlflow"}
+    wb, ml = records[0]["wandb"], records[0]["mlflow"]
+    assert len(list((out / "wandb").glob(f"offline-run-*-{wb['run_id']}"))) == 2
+    assert wb["sync_command"].startswith(f"wandb sync --id {wb['run_id']} ")
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+
+    assert ml["tracking_uri"] == f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(tracking_uri=ml["tracking_uri"])
+    run = client.get_run(ml["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "restarted"
+    assert run.data.params["learning_rate"] == "0.001" and run.data.params["lora.r"] == "8"
+    assert run.data.params["report_to"] == '["wandb", "mlflow", "dagster_pipes"]'
+    history = [(m.step, m.value) for m in client.get_metric_history(ml["run_id"], "loss")]
+    assert sorted(history) == [(1, 2.0), (2, 1.5), (2, 2.5), (3, 1.0 / 3 + 2)]
+    assert client.get_metric_history(ml["run_id"], "grad_norm") == []  # None: not measured, not logged
+    assert [a.path for a in client.list_artifacts(ml["run_id"])] == ["model", "summary.json"]
+    assert [a.path for a in client.list_artifacts(ml["run_id"], "model")] == ["model/config.json"]
+    assert Path(client.download_artifacts(ml["run_id"], "model/config.json", str(tmp_path))).read_text() == "{}"
+    assert (tmp_path / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists()  # not MLflow's ./mlruns
+    assert [r.info.run_id for r in client.search_runs([ml["experiment_id"]])] == [ml["run_id"]]
+
+
+def test_unknown_tracker_is_refused():
+    with pytest.raises(ValueError, match=r"report_to must list distinct trackers among \['dagster_pipes', 'mlflow', 'wandb'\]"):
+        TrainConfig(output_dir="o", train_shards="s", report_to=["tensorboard"]).validate(cuda=False)
+    with pytest.raises(ValueError, match="unknown training config lora keys \\['rank'\\]"):
+        TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "lora": {"rank": 4}})

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from largetrain_core.train import proc_stat
+from largetrain_core.launch import proc_stat
 from largetrain_dagster.definitions import build_definitions
 from lineage import PARTITION_KEYS, materialize_lineage
 from test_pipeline import CORPORA, REPO, corpus, tiny_run_config
@@ -263,7 +263,7 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server):
         assert materialize_lineage(list(defs.assets), defs.resources, instance, {"ops": ops},
                                    [k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text"]).success
 
-    train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 1_000_000, "checkpoint_every": 1000}
+    train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 1_000_000, "save_steps": 1000}
     marker = str(server.root / "base_checkpoint")  # in the command line of torchrun and of every rank
 
     def training_processes():

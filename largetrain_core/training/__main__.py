@@ -1,0 +1,39 @@
+"""The training entry point: ``torchrun --nproc_per_node N -m largetrain_core.training CONFIG.json``
+(a :class:`~largetrain_core.training.config.TrainConfig` as JSON). Exit status 0 after a finished run."""
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: torchrun --nproc_per_node N -m largetrain_core.training CONFIG.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # DeepSpeed JIT-builds its CPU comm op into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions,
+    # shared by every virtualenv of the user: two checkouts would rebuild it in turn, ~45 s each time).
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    from largetrain_core.training.config import TrainConfig
+    from largetrain_core.training.trainer import run
+
+    run(TrainConfig.from_dict(json.loads(Path(argv[0]).read_text())))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    # Every output is written and fsynced by now. Skip the interpreter's teardown: destructors of
+    # DeepSpeed's/gloo's native threads can abort a rank there ("terminate called without an active
+    # exception", seen with ZeRO-3 on CPU), which would turn a finished run into a failed one.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Model FLOPs per token, the job's peak FLOP/s (CUDA data sheets or this host's CPUs), and MFU.
+
+MFU (model FLOPs utilization, Chowdhery et al. 2022, PaLM, appendix B) = achieved tokens/s x model
+FLOPs per token / peak FLOP/s; activation recomputation is not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+# Dense fp16/bf16 tensor-core peak FLOP/s per device (vendor data sheets, without sparsity).
+CUDA_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "V100": 125e12}
+
+
+def model_flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6 N + 12 L H S (Chowdhery et al. 2022, PaLM, appendix B; forward +
+    backward, attention scores included, activation recomputation not counted, as MFU prescribes).
+
+    n_params: every parameter that takes part in the matmuls (for LoRA: the whole model; the
+    frozen weights still cost the forward and the input-gradient part of the backward, so 6 N is an
+    upper bound there, by 2 N per token).
+    """
+    return 6.0 * n_params + 12.0 * n_layers * hidden * seq_len
+
+
+def cpu_peak_flops(cores: int | None = None, ghz: float | None = None, cpuinfo: str | None = None) -> tuple[float, str]:
+    """fp32 peak FLOP/s of this host's CPUs: cores x clock x FLOPs per cycle per core, and how it was derived.
+
+    FLOPs per cycle per core = 2 (a fused multiply-add is 2 FLOPs) x 2 FMA units x fp32 lanes per unit.
+    Lanes: 16 with AVX-512 on Intel (two 512-bit FMA units on Xeon Scalable Gold/Platinum), 8 with
+    AVX2/FMA and on AMD (Zen 2-4 execute on 256-bit FMA pipes; Zen 4 splits AVX-512 in two), 4 otherwise
+    (SSE). cores: the CPUs this process may run on (sched_getaffinity); ghz: nominal clock from the
+    model name ("@ 2.60GHz") else "cpu MHz" of /proc/cpuinfo. Override with TrainConfig.peak_flops
+    when the host's real figure is known (turbo, one FMA unit on some SKUs).
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    cores = cores or len(os.sched_getaffinity(0))
+    flags = set((re.search(r"^flags\s*:(.*)$", cpuinfo, re.M) or re.match("()", "")).group(1).split())
+    amd = "AuthenticAMD" in cpuinfo
+    if ghz is None:
+        nominal = re.search(r"model name.*@\s*([\d.]+)\s*GHz", cpuinfo)
+        mhz = re.search(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo, re.M)
+        ghz = float(nominal.group(1)) if nominal else float(mhz.group(1)) / 1000 if mhz else 2.0
+    lanes = 16 if "avx512f" in flags and not amd else 8 if ("avx2" in flags or "avx512f" in flags) else 4
+    per_cycle = 2 * 2 * lanes
+    how = (f"{cores} cores x {ghz:.2f} GHz x {per_cycle} fp32 FLOPs/cycle (2 per FMA x 2 FMA units x {lanes} lanes"
+           f"{', AMD 256-bit pipes' if amd else ''}{', AVX-512' if lanes == 16 else ', AVX2' if lanes == 8 else ''})")
+    return cores * ghz * 1e9 * per_cycle, how
+
+
+def job_peak_flops(configured: float | None, cuda: bool, world: int, local_world: int) -> tuple[float | None, str]:
+    """Peak FLOP/s of the whole job (``world`` ranks, ``local_world`` per host) and its source: ``configured``
+    (TrainConfig.peak_flops), the device table, the CPU derivation per host, or None (unknown)."""
+    if configured:
+        return configured, "peak_flops from config"
+    if cuda:
+        import torch
+
+        name = torch.cuda.get_device_name()
+        for key, flops in CUDA_PEAK_FLOPS.items():
+            if key in name:
+                return flops * world, f"{world} x {key} dense fp16/bf16 peak {flops:.3g} FLOP/s (data sheet)"
+        return None, f"no peak known for {name}: set peak_flops"
+    per_host, how = cpu_peak_flops()
+    hosts = max(1, world // max(local_world, 1))
+    return per_host * hosts, f"{hosts} host(s) x {how}"
+
+
+def mfu(tokens_per_s: float | None, flops_per_token: float, peak: float | None) -> float | None:
+    """Model FLOPs utilization in [0, 1] (more only when ``peak`` is understated); None without a peak or rate."""
+    return tokens_per_s * flops_per_token / peak if tokens_per_s and peak else None

@@ -1,0 +1,324 @@
+"""Where a run's params, per-step metrics and artefacts go: one small :class:`Tracker` interface and
+its implementations, chosen by ``TrainConfig.report_to``; rank 0 alone tracks.
+
+* ``metrics.jsonl`` (:class:`JsonlTracker`) is always written: the summary, the loss curve and the
+  Dagster loss check read it.
+* ``wandb``: Weights & Biases, offline by default (runs land in ``<output_dir>/wandb/``).
+* ``mlflow``: MLflow, a local SQLite store beside the output directory by default.
+* ``dagster_pipes``: the log lines and the final summary, back to the Dagster asset that launched the run.
+
+A tracker's :meth:`Tracker.start` returns its run record (``run_id`` and where to find the run),
+kept in ``<output_dir>/trackers.json``; a resumed run passes the recorded ``run_id`` back, so W&B and
+MLflow continue the same run. Adding a tracker: a subclass here, registered in :data:`TRACKERS`,
+plus its settings dataclass in config.py when it has any.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+
+from largetrain_core.storage import write_json_atomic
+from largetrain_core.training.config import TrainConfig
+
+log = logging.getLogger("largetrain.training")
+
+RECORDS = "trackers.json"
+METRICS = "metrics.jsonl"
+
+
+class Tracker:
+    """The interface. ``start`` is called once per process start (a resume starts again), then
+    ``log_metrics`` once per optimizer step, ``log_artifact`` per output file or directory, and
+    ``finish`` once: with the summary after success, with None after a failure."""
+
+    name = ""
+
+    def start(self, config: TrainConfig, resume_run_id: str | None) -> dict | None:
+        """Open (or, with ``resume_run_id``, continue) the run; return its record (``run_id``, location) or None."""
+        return None
+
+    def log_metrics(self, step: int, metrics: dict) -> None:
+        """``metrics``: name -> number (None where not measured), for optimizer step ``step``."""
+
+    def log_artifact(self, path: Path) -> None:
+        """A file or a directory (logged as a whole) of the run's outputs."""
+
+    def finish(self, summary: dict | None) -> None:
+        """Close the run: succeeded with ``summary`` (the run's totals), or failed (None)."""
+
+
+class JsonlTracker(Tracker):
+    """``<output_dir>/metrics.jsonl``: one JSON object per optimizer step, appended (a resumed run adds
+    the steps it redoes again; :func:`read_metrics` keeps the last row per step)."""
+
+    name = "jsonl"
+
+    def __init__(self):
+        self.file = None
+
+    def start(self, config, resume_run_id):
+        self.file = open(Path(config.output_dir) / METRICS, "a")
+        return None
+
+    def log_metrics(self, step, metrics):
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def finish(self, summary):
+        if self.file:
+            self.file.close()
+
+
+def read_metrics(metrics_file: Path) -> list[dict]:
+    """metrics.jsonl rows by step, ascending; where a step ran twice (work lost after a crash and redone
+    after the resume), the last row wins."""
+    rows = {}
+    for line in Path(metrics_file).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            rows[r["step"]] = r
+    return [rows[k] for k in sorted(rows)]
+
+
+class WandbTracker(Tracker):
+    """Weights & Biases (``config.wandb``): the config as the run's config, metrics per step, artefacts as
+    W&B artifacts (directories by reference, not copied). Offline runs are uploaded later with the
+    record's ``sync_command``. ``mode: disabled`` tracks nothing."""
+
+    name = "wandb"
+
+    def __init__(self):
+        self.run = None
+
+    def start(self, config, resume_run_id):
+        s = config.wandb
+        if s.mode == "disabled":
+            return None
+        import wandb
+
+        run_id = resume_run_id or uuid.uuid4().hex[:8]
+        self.run = wandb.init(project=s.project, entity=s.entity, name=config.run_name, mode=s.mode, id=run_id,
+                              resume="allow", dir=config.output_dir, config=config.to_dict())
+        record = {"run_id": run_id, "project": s.project, "mode": s.mode}
+        if s.mode == "offline":
+            runs = Path(config.output_dir).resolve() / "wandb"
+            record["dir"] = str(runs)  # one offline-run-<time>-<run_id> directory per start
+            record["sync_command"] = f"wandb sync --id {run_id} {runs}/offline-run-*-{run_id}"
+        else:
+            record["url"] = self.run.url
+        return record
+
+    def log_metrics(self, step, metrics):
+        if self.run:
+            self.run.log(metrics, step=step)
+
+    def log_artifact(self, path):
+        if not self.run:
+            return
+        import wandb
+
+        path = Path(path).resolve()
+        art = wandb.Artifact(f"{self.run.id}-{path.name}", type="model" if path.is_dir() else "file")
+        if path.is_dir():
+            art.add_reference(path.as_uri())
+        else:
+            art.add_file(str(path))
+        self.run.log_artifact(art)
+
+    def finish(self, summary):
+        if self.run:
+            if summary:
+                self.run.summary.update(summary)
+            self.run.finish(exit_code=0 if summary is not None else 1)
+
+
+def mlflow_location(config: TrainConfig) -> tuple[str, str | None]:
+    """(tracking URI, artefact location for a new experiment). The URI: ``config.mlflow.tracking_uri``,
+    else ``sqlite:///<output_dir>/../mlruns.db``. A SQLite store keeps its artefacts in
+    ``mlartifacts/`` beside the database file (MLflow's default would be ``./mlruns`` under the
+    working directory); for other stores the server decides (None)."""
+    uri = config.mlflow.tracking_uri or f"sqlite:///{Path(config.output_dir).resolve().parent / 'mlruns.db'}"
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        return uri, (db.parent / "mlartifacts").as_uri()
+    return uri, None
+
+
+class MlflowTracker(Tracker):
+    """MLflow (``config.mlflow``): the config as params (nested keys joined by '.'), metrics per step,
+    artefacts copied into the run's artefact store (a directory under its own name), the summary as
+    ``summary.json``; the run ends FINISHED or FAILED and is reopened (RUNNING) by a resume."""
+
+    name = "mlflow"
+
+    def __init__(self):
+        self.client = self.run_id = None
+
+    def start(self, config, resume_run_id):
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri, artifacts = mlflow_location(config)
+        self.client = MlflowClient(tracking_uri=uri)
+        exp_id = self._experiment(config.mlflow.experiment_name, artifacts)
+        run = self._reopen(resume_run_id, exp_id)
+        if run is None:
+            run = self.client.create_run(exp_id, run_name=config.run_name)
+        self.run_id = run.info.run_id
+        logged = run.data.params  # MLflow params are immutable: a resumed run logs only the new ones
+        params = [Param(k, v) for k, v in _flat_params(config.to_dict()).items() if k not in logged]
+        for i in range(0, len(params), 100):  # log_batch takes at most 100 params
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        return {"run_id": self.run_id, "tracking_uri": uri, "experiment_id": exp_id,
+                "experiment_name": config.mlflow.experiment_name, "artifact_uri": run.info.artifact_uri,
+                "ui_command": f"mlflow ui --backend-store-uri {uri}"}
+
+    def _experiment(self, name: str, artifacts: str | None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=artifacts)
+        except MlflowException:  # created meanwhile by another process
+            return self.client.get_experiment_by_name(name).experiment_id
+
+    def _reopen(self, run_id: str | None, exp_id: str):
+        from mlflow.exceptions import MlflowException
+
+        if run_id is None:
+            return None
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            log.warning(f"MLflow run {run_id} of the previous start is not in this store: starting a new run")
+            return None
+        if run.info.experiment_id != exp_id:
+            log.warning(f"MLflow run {run_id} belongs to experiment {run.info.experiment_id}, not {exp_id}: starting a new run")
+            return None
+        self.client.update_run(run_id, status="RUNNING")
+        return run
+
+    def log_metrics(self, step, metrics):
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_artifact(self, path):
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)
+        else:
+            self.client.log_artifact(self.run_id, str(path))
+
+    def finish(self, summary):
+        if self.run_id is None:
+            return
+        if summary is not None:
+            self.client.log_dict(self.run_id, summary, "summary.json")
+        self.client.set_terminated(self.run_id, "FINISHED" if summary is not None else "FAILED")
+
+
+def _flat_params(d: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat_params(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, str) else json.dumps(v)
+    return out
+
+
+class DagsterPipesTracker(Tracker):
+    """Dagster Pipes, when the run was launched by a Dagster asset: every log line of
+    ``largetrain.training`` goes to the Dagster run log, and the summary (values that are not None)
+    is reported as the asset's materialization metadata. Outside Dagster it warns and does nothing."""
+
+    name = "dagster_pipes"
+
+    def __init__(self):
+        self.pipes = self.handler = None
+
+    def start(self, config, resume_run_id):
+        if not os.environ.get("DAGSTER_PIPES_CONTEXT"):
+            log.warning("report_to lists dagster_pipes, but this process was not launched through Dagster Pipes "
+                        "(no DAGSTER_PIPES_CONTEXT): nothing is reported to Dagster")
+            return None
+        from dagster_pipes import open_dagster_pipes
+
+        self.pipes = open_dagster_pipes()
+        self.handler = _PipesLogHandler(self.pipes)
+        log.addHandler(self.handler)
+        return None
+
+    def finish(self, summary):
+        if self.pipes is None:
+            return
+        log.removeHandler(self.handler)
+        if summary is not None:
+            self.pipes.report_asset_materialization(metadata={k: v for k, v in summary.items() if v is not None})
+        self.pipes.close()
+
+
+class _PipesLogHandler(logging.Handler):
+    def __init__(self, pipes):
+        super().__init__(logging.INFO)
+        self.pipes = pipes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = "warning" if record.levelno >= logging.WARNING else "info"
+        getattr(self.pipes.log, level)(record.getMessage())
+
+
+TRACKERS: dict[str, type[Tracker]] = {t.name: t for t in (WandbTracker, MlflowTracker, DagsterPipesTracker)}
+
+
+class Trackers:
+    """Rank 0's trackers, driven as one: :class:`JsonlTracker` and those ``config.report_to`` names.
+    Other ranks hold none. Each tracker's record (``start``'s return) is kept in ``trackers.json``."""
+
+    def __init__(self, config: TrainConfig, rank: int):
+        self.config = config
+        names = config.report_to if rank == 0 else []
+        self.items: list[Tracker] = ([JsonlTracker()] if rank == 0 else []) + [TRACKERS[n]() for n in names]
+        self.records_file = Path(config.output_dir) / RECORDS
+        self.finished = False
+
+    def start(self) -> dict:
+        """Start every tracker, continuing the runs recorded by a previous start; returns the records."""
+        if not self.items:
+            return {}
+        records = json.loads(self.records_file.read_text()) if self.records_file.exists() else {}
+        for t in self.items:
+            record = t.start(self.config, records.get(t.name, {}).get("run_id"))
+            if record:
+                records[t.name] = record
+        write_json_atomic(self.records_file, records)
+        return records
+
+    def log_metrics(self, step: int, metrics: dict) -> None:
+        for t in self.items:
+            t.log_metrics(step, metrics)
+
+    def log_artifact(self, path: Path) -> None:
+        for t in self.items:
+            t.log_artifact(path)
+
+    def finish(self, summary: dict | None) -> None:
+        """Finish every tracker once (a second call does nothing)."""
+        if self.finished:
+            return
+        self.finished = True
+        for t in self.items:
+            t.finish(summary)

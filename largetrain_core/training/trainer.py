@@ -1,0 +1,256 @@
+"""The training loop: :func:`run` trains one :class:`TrainConfig` under torchrun (RANK, WORLD_SIZE,
+MASTER_ADDR set by the launcher), for pretraining a preset or a LoRA adapter on a base model.
+
+Each rank reads its own slice of the token shards through
+:class:`largetrain_core.shards.DistributedSampler`; DeepSpeed runs ZeRO (stage 0-3), AdamW, the
+warmup + cosine schedule and, on CUDA, fp16 with dynamic loss scaling. Outputs under ``output_dir``:
+``checkpoints/`` (checkpoints.py), ``model/`` / ``adapter/`` / ``merged/`` (export.py),
+``metrics.jsonl`` and ``trackers.json`` (trackers.py), ``summary.json`` and ``loss_curve.svg``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import deepspeed
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from largetrain_core.launch import maybe_fault
+from largetrain_core.model import build_model, load_model, parameter_count
+from largetrain_core.shards import DistributedSampler, TokenShards
+from largetrain_core.storage import write_json_atomic
+from largetrain_core.training import checkpoints
+from largetrain_core.training.config import TrainConfig
+from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
+from largetrain_core.training.export import export
+from largetrain_core.training.flops import job_peak_flops, mfu, model_flops_per_token
+from largetrain_core.training.lora import add_lora
+from largetrain_core.training.plots import loss_curve_svg
+from largetrain_core.training.trackers import METRICS, Trackers, read_metrics
+
+log = logging.getLogger("largetrain.training")
+
+
+def run(cfg: TrainConfig) -> dict:
+    """Train ``cfg`` to ``max_steps`` (resuming per ``resume_from_checkpoint``), export, and return the
+    summary (also ``summary.json``). Raises ValueError for an invalid config or unusable shards."""
+    trainer = Trainer(cfg)
+    try:
+        return trainer.fit()
+    except BaseException:
+        trainer.trackers.finish(None)
+        raise
+
+
+class Trainer:
+    """One rank's part of a run. Rank 0 alone writes the outputs that are not per rank and tracks."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.cuda = torch.cuda.is_available()
+        cfg.validate(self.cuda)
+        deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if self.cuda else torch.device("cpu")
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        self.out = Path(cfg.output_dir)
+        self.ckpt_root = self.out / "checkpoints"
+        if self.rank == 0:
+            self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        self.trackers = Trackers(cfg, self.rank)
+        self.step = self.consumed = self.steps_this_run = 0
+        self.first_loss = self.last_loss = None
+
+    def info(self, msg: str) -> None:
+        if self.rank == 0:
+            log.info(msg)
+
+    def fit(self) -> dict:
+        """The run: set up, then step, evaluate, log and checkpoint until ``max_steps``; then export."""
+        cfg = self.cfg
+        self.trackers.start()
+        self.setup()
+        t_run = time.perf_counter()
+        while self.step < cfg.max_steps:
+            row = self.train_step()
+            row.update(self.evaluate())
+            self.trackers.log_metrics(self.step, row)
+            maybe_fault("after_step", self.step, self.rank)
+            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
+                self.info(f"step {self.step}/{cfg.max_steps} loss {row['loss']:.4f} lr {row['lr']:.2e} "
+                          f"{row['tokens_per_s']:.0f} tokens/s")
+            if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps:
+                self.save()
+        return self.finish(time.perf_counter() - t_run)
+
+    # ------------------------------------------------------------------------------------------
+    # setup
+
+    def setup(self) -> None:
+        """Seed, open the shards, build the model, start DeepSpeed, resume, and size the step for MFU."""
+        cfg = self.cfg
+        self.precision, self.precision_reason = resolve_precision(cfg.precision, self.cuda)
+        self.info(f"precision {self.precision}: {self.precision_reason}")
+        self.info(f"world size {self.world}, device {self.device.type}, ZeRO stage {cfg.zero_stage}, "
+                  f"activation checkpointing {'on' if cfg.activation_checkpointing else 'off'}, "
+                  f"torch threads per rank {torch.get_num_threads()}")
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.data = TokenShards(Path(cfg.train_shards), "train")
+        if len(self.data) == 0:
+            raise ValueError(f"{cfg.train_shards}: the train split holds no sequence")
+        model = self.build_model()
+        self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
+        self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=deepspeed_config(cfg, self.world, self.precision))
+        self.resume()
+        self.sampler = DistributedSampler(len(self.data), seed=cfg.seed, rank=self.rank, world_size=self.world)
+        self.tokens_per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps * self.world * self.data.seq_len
+        mcfg = (model.get_base_model() if cfg.mode == "lora" else model).config
+        self.flops_per_token = model_flops_per_token(self.n_params, mcfg.num_hidden_layers, mcfg.hidden_size,
+                                                     self.data.seq_len)
+        self.peak, self.peak_source = job_peak_flops(cfg.peak_flops, self.cuda, self.world,
+                                                     int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
+        self.info(f"model FLOPs/token {self.flops_per_token:.3g} (6N + 12LHS); "
+                  f"peak {self.peak or float('nan'):.3g} FLOP/s: {self.peak_source}")
+
+    def build_model(self):
+        """The preset built from scratch (pretrain) or the base model with a fresh LoRA adapter (lora)."""
+        cfg, m = self.cfg, self.data.manifest
+        if cfg.mode == "pretrain":
+            model = build_model(cfg.preset, m["vocab_size"], self.data.seq_len, m["eos_id"], m.get("bos_id"), seed=cfg.seed)
+        else:
+            model = load_model(Path(cfg.base_model))
+            if model.config.vocab_size < m["vocab_size"]:
+                raise ValueError(f"{cfg.train_shards}: token ids up to {m['vocab_size'] - 1} "
+                                 f"do not fit the base model's vocabulary of {model.config.vocab_size}")
+        if cfg.activation_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.mode == "lora":
+            model, targets = add_lora(model, cfg.lora, cfg.activation_checkpointing)
+            self.info(f"LoRA r={cfg.lora.r} lora_alpha={cfg.lora.lora_alpha} on {targets}")
+        return model
+
+    def resume(self) -> None:
+        """Load the checkpoint ``resume_from_checkpoint`` names (engine state, step, samples, RNG), if any."""
+        cfg = self.cfg
+        self.resumed_from, skipped = checkpoints.resume_point(cfg.resume_from_checkpoint, self.ckpt_root)
+        for s in skipped:
+            self.info(s)
+        if self.resumed_from is None:
+            self.info("starting from scratch" if cfg.mode == "pretrain" else f"starting LoRA on {cfg.base_model}")
+            return
+        client = checkpoints.load(self.engine, self.resumed_from, self.rank)
+        if client["config_hash"] != cfg.config_hash():
+            self.info(f"warning: {self.resumed_from} was written with config {client['config_hash']}, "
+                      f"this run is {cfg.config_hash()}")
+        self.step, self.consumed = client["step"], client["consumed_samples"]
+        self.info(f"resumed from {self.resumed_from} at step {self.step}, {self.consumed} samples consumed")
+
+    # ------------------------------------------------------------------------------------------
+    # step, evaluate, save
+
+    def train_step(self) -> dict:
+        """One optimizer step: ``gradient_accumulation_steps`` micro-batches on every rank; returns the
+        step's metrics (loss = mean next-token cross-entropy in nats over every rank's micro-batches)."""
+        mb, ga = self.cfg.micro_batch_size, self.cfg.gradient_accumulation_steps
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        for micro in range(ga):
+            idx = self.sampler.indices(self.consumed + micro * mb * self.world, mb)
+            batch = torch.from_numpy(self.data.take(idx).astype(np.int64)).to(self.device)
+            logits = self.engine(input_ids=batch[:, :-1]).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            self.engine.backward(loss)
+            self.engine.step()
+            loss_sum += loss.detach().double()
+        self.consumed += mb * ga * self.world
+        self.step += 1
+        self.steps_this_run += 1
+        dist.all_reduce(loss_sum)
+        step_loss = float(loss_sum) / (ga * self.world)
+        self.first_loss = step_loss if self.first_loss is None else self.first_loss
+        self.last_loss = step_loss
+        if not math.isfinite(step_loss):
+            self.info(f"step {self.step}: loss {step_loss} is not finite")
+        return self.step_metrics(step_loss, time.perf_counter() - t0)
+
+    def step_metrics(self, loss: float, dt: float) -> dict:
+        """loss, lr, grad_norm, tokens_per_s, step_time_s (s), consumed_samples, mfu; loss_scale and
+        skipped_steps in fp16; peak_memory_gib (CUDA allocator) or peak_rss_gib (CPU, this rank)."""
+        grad_norm = self.engine.get_global_grad_norm()
+        row = {"loss": loss, "lr": self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.learning_rate,
+               "grad_norm": float(grad_norm) if grad_norm is not None else None,
+               "tokens_per_s": self.tokens_per_step / dt, "step_time_s": dt, "consumed_samples": self.consumed,
+               "mfu": mfu(self.tokens_per_step / dt, self.flops_per_token, self.peak)}
+        if self.precision == "fp16":
+            opt = self.optimizer
+            row["loss_scale"] = float(getattr(opt, "cur_scale", getattr(opt, "loss_scale", float("nan"))))
+            row["skipped_steps"] = int(self.engine.skipped_steps)
+        if self.cuda:
+            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        else:
+            import resource
+
+            row["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return row
+
+    def evaluate(self) -> dict:
+        """Metrics of an evaluation after the current step, merged into its row (the hook for evaluation
+        during training; this trainer evaluates nothing)."""
+        return {}
+
+    def save(self) -> None:
+        """A complete checkpoint of the current step (checkpoints.save), with the sampler's position."""
+        client = {"consumed_samples": self.consumed, "sampler_seed": self.cfg.seed,
+                  "sampler_epoch": self.consumed // len(self.data), "config_hash": self.cfg.config_hash()}
+        checkpoints.save(self.engine, self.ckpt_root, self.step, client, self.cfg.save_total_limit, self.rank,
+                         self.world, dist)
+        self.info(f"checkpoint {checkpoints.tag(self.step)} complete")
+
+    # ------------------------------------------------------------------------------------------
+    # the end
+
+    def finish(self, elapsed: float) -> dict:
+        """Export, release DeepSpeed, write ``summary.json`` and the loss curve, hand both to the trackers."""
+        export_dir = export(self.engine, self.cfg, self.out, self.rank, dist)
+        # Release DeepSpeed's hooks and background state (ZeRO-3 parameter coordinator) on every rank
+        # before the process group goes away: without it a ZeRO-3 rank could abort at interpreter exit
+        # ("terminate called without an active exception", about 1 run in 4 here).
+        self.engine.destroy()
+        dist.barrier()
+        summary = self.summary(export_dir, elapsed)
+        if self.rank == 0:
+            rows = read_metrics(self.out / METRICS)
+            summary["mean_mfu"] = (sum(r["mfu"] for r in rows if r.get("mfu")) / len(rows)) if self.peak and rows else None
+            summary["loss_curve"] = str(loss_curve_svg(rows, self.out / "loss_curve.svg", f"{self.cfg.mode} loss"))
+            write_json_atomic(self.out / "summary.json", summary)
+            for path in (Path(summary["loss_curve"]), export_dir, self.out / "merged"):
+                if path.exists():
+                    self.trackers.log_artifact(path)
+        self.trackers.finish({k: v for k, v in summary.items() if v is not None})
+        return summary
+
+    def summary(self, export_dir: Path, elapsed: float) -> dict:
+        tps = (self.steps_this_run * self.tokens_per_step / elapsed) if self.steps_this_run else None
+        return {"steps": self.step, "steps_this_run": self.steps_this_run, "first_loss": self.first_loss,
+                "last_loss": self.last_loss, "tokens_per_s": tps, "mfu": mfu(tps, self.flops_per_token, self.peak),
+                "peak_flops": self.peak, "peak_flops_source": self.peak_source, "flops_per_token": self.flops_per_token,
+                "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+                "tokens_seen": self.consumed * self.data.seq_len, "precision": self.precision,
+                "precision_reason": self.precision_reason, "world_size": self.world, "zero_stage": self.cfg.zero_stage,
+                "parameters": self.n_params, "trainable_parameters": self.n_trainable, "output": str(export_dir),
+                "train_seconds": elapsed}
