@@ -30,7 +30,7 @@ VARYING = {
     "stats.json": "'seconds' is the step's wall time (compared without it)",
     "summary.json": "tokens/s, MFU, wall times and the output paths (losses, steps, parameters compared exactly)",
     "metrics.jsonl": "per-step tokens/s, MFU, peak memory and time (loss, lr, grad norm compared exactly)",
-    "train_config.json": "output_dir and the shard / base model paths (every other setting compared)",
+    "train_config.json": "output_dir, the shard / base model paths and the MLflow tracking URI under the storage root (every other setting compared)",
     "train.log": "timings and paths in the torchrun / DeepSpeed log",
     "loss_curve.svg": "the plot's title carries no path, but its axis ticks are from the same losses: compared exactly",
     "adapter_config.json": "PEFT records base_model_name_or_path, the absolute path of the base model directory, and "
@@ -45,7 +45,7 @@ VARYING = {
 }
 DROP = {"seconds", "fetched_at", "tokens_per_s", "mfu", "mean_mfu", "train_seconds", "output", "loss_curve", "peak_memory_bytes",
         "peak_memory_gib", "time", "elapsed", "step_seconds", "resumed_from", "output_dir", "train_shards",
-        "tokenizer", "base_model", "source"}
+        "tokenizer", "base_model", "source", "tracking_uri"}
 
 
 def _copy_corpora(dest: Path, keep_times: bool) -> Path:
