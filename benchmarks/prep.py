@@ -8,7 +8,7 @@ Run by hand (needs the ``bench`` extra: datatrove, spacy, datasketch)::
 Input: the kernel documentation corpus (``.largetrain/corpora/linux-doc``: the rst sources of the
 kernel docs, one document per file) and, for the labelled pairs only, ``.largetrain/corpora/shakespeare``
 (38 plays, one Markdown document per play). ``--quick`` keeps a seeded hash sample of 15% of the
-kernel docs (``ingest(sample_fraction=0.15, seed=0)``), fewer labelled pairs and one timing repeat.
+kernel docs (``ReaderConfig(sample_fraction=0.15, seed=0)``), fewer labelled pairs and one timing repeat.
 
 Same documents, same thresholds, same cores:
 
@@ -427,7 +427,7 @@ def main() -> None:
         raw, norm, jsonl = tmp / "raw", tmp / "norm", tmp / "jsonl"
         for d in (raw, norm, jsonl):
             d.mkdir()
-        ingest_stats = ingest(ReaderConfig(str(CORPORA / "linux-doc")), raw, sample_fraction=0.15 if args.quick else 1.0)
+        ingest_stats = ingest(ReaderConfig(str(CORPORA / "linux-doc"), sample_fraction=0.15 if args.quick else 1.0), raw)
         parts = sorted(raw.glob("part-*.parquet"))
         all_norm = []
         for p in parts:
