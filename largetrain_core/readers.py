@@ -418,10 +418,36 @@ def _read_parquet(src: Source, config: ReaderConfig, out: Collector) -> Iterator
         out.reject(src.rel, -1, f"no column {config.text_field!r} (columns: {names})")
 
 
+def _read_arrow(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:
+    """Arrow IPC, file format (``ARROW1`` magic) or stream format (as Hugging Face ``datasets`` writes
+    its ``.arrow`` files), memory-mapped."""
+    with pa.memory_map(str(src.path)) as mm:
+        try:
+            if mm.read(6) == b"ARROW1":
+                r = pa.ipc.open_file(mm)
+                schema, it = r.schema, (r.get_batch(i) for i in range(r.num_record_batches))
+            else:
+                mm.seek(0)
+                r = pa.ipc.open_stream(mm)
+                schema, it = r.schema, iter(r)
+        except pa.ArrowInvalid as e:
+            out.reject(src.rel, -1, f"cannot open Arrow IPC file: {e}")
+            return
+
+        def batches():
+            row = 0
+            for rb in it:
+                yield row, rb
+                row += rb.num_rows
+
+        yield from _columnar(src, config, out, schema, batches())
+
+
 READERS: tuple[Reader, ...] = (
     Reader("text", (".txt", ".md", ".rst"), _read_text, streams=True),
     Reader("jsonl", (".jsonl", ".ndjson", ".json.gz", ".json.zst"), _read_jsonl, streams=True, splits=True),
     Reader("parquet", (".parquet",), _read_parquet, splits=True),
+    Reader("arrow", (".arrow",), _read_arrow),
 )
 
 

@@ -686,3 +686,28 @@ def test_dagster_failures_name_the_files_and_the_repeated_ids(tmp_path):
         assert any(f"'0' in {where}" in m and "id_field: null" in m for m in _failures(runs)), _failures(runs)[0][-400:]
         ops["domain__raw_corpus"]["config"]["id_field"] = None  # ids from file and line: unique
         assert materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops}).success
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrow IPC files (Hugging Face datasets' .arrow files are the stream format)
+
+
+@pytest.mark.parametrize("fmt", ["stream", "file"])
+def test_arrow_ipc_files_are_read_like_parquet(tmp_path, fmt):
+    text = pa.chunked_array([_text_array("large_string").slice(0, 2), pa.array(["three", "four"], pa.large_string())])
+    table = pa.table({"text": text, "id": ["a", "b", None, "d"], "y": [1, 2, 3, 4]})
+    name = "data-00000-of-00001.arrow" if fmt == "stream" else "TABLE.ARROW"
+    with pa.OSFile(str(tmp_path / name), "wb") as sink:
+        open_writer = pa.ipc.new_stream if fmt == "stream" else pa.ipc.new_file
+        with open_writer(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=2):
+                writer.write_batch(batch)
+    (tmp_path / "broken.arrow").write_bytes(b"ARROW1 but nothing after")
+    docs, rej = read_all(tmp_path, label_field="y")
+    assert docs.column("doc_id").to_pylist() == ["a", f"{name}:2", "d"]
+    assert docs.column("text").to_pylist() == ["good one", "three", "four"]
+    assert docs.column("label").to_pylist() == ["1", "3", "4"]
+    got = {(r["source"], r["position"]): r["reason"] for r in rej.to_pylist()}
+    assert got.keys() == {("broken.arrow", -1), (name, 1)}
+    assert got[(name, 1)] == "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte"
+    assert got[("broken.arrow", -1)].startswith("cannot open Arrow IPC file")
