@@ -26,7 +26,7 @@ from pathlib import Path
 
 import polars as pl
 
-from largetrain_core.rules import GROUPS, WORD_PATTERNS
+from largetrain_core.rules import GROUPS, WORD_PATTERNS, blank_whitespace_lines
 from largetrain_core.storage import part_files
 
 _CONTROL = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F]"
@@ -78,8 +78,9 @@ def normalize(df: pl.DataFrame) -> pl.DataFrame:
 def apply_rules(df: pl.DataFrame, cfg: QualityConfig) -> pl.DataFrame:
     """Run every enabled rule on a frame with a Utf8 column ``text`` (already normalized).
 
-    Returns the frame with ``reason`` (Utf8, null = kept; ``empty``, else the first failing rule in
-    group and list order), ``text`` (for kept documents under a group that rewrites text, C4: the kept
+    The rules read the text with whitespace-only lines emptied (rules.blank_whitespace_lines); the
+    training text keeps them. Returns the frame with ``reason`` (Utf8, null = kept; ``empty``, else
+    the first failing rule in group and list order), ``text`` (for kept documents under a group that rewrites text, C4: the kept
     lines only) and ``c4_lines_removed`` (UInt32, lines that group removed from a kept document; 0 otherwise).
     """
     n = df.height
@@ -93,7 +94,7 @@ def apply_rules(df: pl.DataFrame, cfg: QualityConfig) -> pl.DataFrame:
         alive = df.select(pl.int_range(n, dtype=pl.UInt32).alias("i"), "text", "reason").filter(pl.col("reason").is_null())
         if not alive.height:
             break
-        res = group.evaluate(alive.select("text"), cfg, rules)
+        res = group.evaluate(pl.DataFrame({"text": blank_whitespace_lines(alive["text"])}), cfg, rules)
         rows = alive["i"]
         df = df.with_columns(reason=pl.col("reason").fill_null(pl.Series([None] * n, dtype=pl.Utf8).scatter(rows, res["reason"])))
         if group.rewrites:

@@ -16,6 +16,13 @@ characters become tokens of their own, "..." one token, word-internal . and ' ke
 only tokens holding a character that is not Unicode punctuation or symbol (datatrove 0.10.1
 ``GopherQualityFilter``'s non_symbol_words); the hash/ellipsis ratios and the alphabetic share
 divide by all tokens, as there. benchmarks/prep.py measures the agreement with datatrove.
+
+Lines and paragraphs: lines are ``\\n``-separated; a line of whitespace only (any Unicode White_Space
+character, such as U+2003 EM SPACE) is a blank line in every rule (:func:`blank_whitespace_lines`
+runs before the groups), so it neither repeats nor counts as content, and it separates paragraphs.
+datatrove counts such a line as content in its repetition rules (a document whose paragraphs are
+separated by EM SPACE lines fails its duplicate-line rule) and as a line in its quality ratios when
+it ends the document; benchmarks/prep.py lists the documents where that decides.
 """
 
 from __future__ import annotations
@@ -32,6 +39,18 @@ from largetrain_core.dedup import fmix64
 WORD_PATTERNS = {"whitespace": r"\S+", "spacy_like": r"\.\.\.|\w+(?:[.'\u2019]\w+)*|-+|~+|\^+|[^\w\s]"}
 _NON_SYMBOL = r"[^\p{P}\p{S}]"
 _SEP = "\x00"  # removed by normalize(), so safe as a split marker
+_BLANK_LINE = r"(?m)^[^\S\n]+$"
+_HAS_BLANK_LINE = (r"\n[^\S\n]+(?:\n|$)", r"\A[^\S\n]+(?:\n|$)")  # two cheap scans instead of one (?m) scan
+
+
+def blank_whitespace_lines(texts: pl.Series) -> pl.Series:
+    """``texts`` with every line that holds only whitespace (any Unicode White_Space character other
+    than the newline, such as U+2003 EM SPACE or U+00A0) emptied: what the rules read, so that such a
+    line is a blank line in every rule. Only the documents that have one are rewritten."""
+    has = pl.select(pl.any_horizontal([pl.lit(texts).str.contains(p) for p in _HAS_BLANK_LINE])).to_series()
+    if not has.any():
+        return texts
+    return texts.clone().scatter(has.arg_true(), texts.filter(has).str.replace_all(_BLANK_LINE, ""))
 
 # Gopher paper, A.1.1; datatrove GopherQualityFilter.stop_words default.
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")

@@ -388,3 +388,54 @@ def test_empty_is_checked_whatever_the_switches():
     assert reasons(["", " \u2003\n", "x"], none) == ["empty", "empty", None]
     with pytest.raises(ValueError, match="words must be one of"):
         QualityConfig(words="spacy")
+
+
+# ------------------------------------------------------------------------------------------------ whitespace-only lines
+
+EVERY_GROUP = replace(DEFAULT, gopher_repetition=True, c4=True)
+
+
+def test_unicode_space_lines_case_is_not_a_duplicate_line_document(cases):
+    text = (cases / "unicode_space_lines.txt").read_text()
+    sentences = [line for line in text.split("\n") if line.strip()]
+    assert len(sentences) == 60 and len(set(sentences)) == 60
+    assert all(set(line) == {"\u2003"} for line in text.split("\n") if line and not line.strip())
+    # "Sentence number" opens every line: 900 of 4,384 characters in the top 2-gram (> 0.20), a rule
+    # datatrove applies too; with the n-gram rules off, nothing else fails it
+    assert run([text], REP)["reason"].to_list() == ["gopher_top_2_gram"]
+    for cfg in (REP, replace(REP, c4=True), replace(REP, words="spacy_like")):
+        assert run([text], replace(cfg, **NO_TOP, **NO_DUP))["reason"].to_list() == [None]
+    c4 = run([text], C4)
+    assert c4["text"].to_list() == ["\n".join(sentences)] and c4["c4_lines_removed"][0] == text.count("\u2003\u2003\n")
+    # the same separators as a repeated line of content are what the rule is for
+    assert run([text.replace("\u2003\u2003", "Filler.")], REP)["reason"].to_list() == ["gopher_dup_line_fraction"]
+
+
+BLANK_LINE_DOCS = [
+    "\n\n".join([distinct(4, 0), distinct(4, 0), distinct(4, 10)]),
+    "\n\n".join(distinct(6, 6 * i) for i in range(20)) + "\n\n",
+    "\n" + "\n\n\n".join([SENT] * 2 + [words(64)]),
+    words(64) + "\n\n- one item\n\n- two items\n",
+    FIVE + "\n\n" + SENTS + "\n\n\n" + SENTS,
+    "\n\n".join(["Lorem ipsum dolor sit amet, it said.", SENTS]),
+    "\n".join(["- " + SENT] * 10 + ["", SENT]),
+    " ".join(["ab cd"] * 4 + VOCAB[:11]) + "\n\n" + " ".join(VOCAB[:11]),
+]
+
+
+@pytest.mark.parametrize("space", [" ", "\t", "\u2003\u2003", "\u00a0", "\u3000", "\u2009\u202f", "\u2028", "\u0085", "\u1680"])
+def test_a_line_of_any_unicode_whitespace_is_a_blank_line_in_every_rule(space):
+    """Filling every empty line with Unicode White_Space characters changes no rule's decision, no C4 text."""
+    import re
+
+    spaced = [re.sub(r"(?m)^$", space, d) for d in BLANK_LINE_DOCS]
+    assert all(a != b for a, b in zip(spaced, BLANK_LINE_DOCS))
+    for cfg in (EVERY_GROUP, replace(EVERY_GROUP, words="spacy_like"), DEFAULT, REP, C4):
+        a, b = run(BLANK_LINE_DOCS, cfg), run(spaced, cfg)
+        assert a["reason"].to_list() == b["reason"].to_list()
+        assert a["c4_lines_removed"].to_list() == b["c4_lines_removed"].to_list()
+        if cfg.c4:  # the kept documents' texts, rewritten by C4
+            kept = a["reason"].is_null()
+            assert a["text"].filter(kept).to_list() == b["text"].filter(kept).to_list()
+            assert kept.any() or cfg.gopher_quality
+    assert run(spaced, DEFAULT)["text"].to_list() == spaced  # the training text keeps its lines; only the rules read them blank
