@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from largetrain_core.readers import (DOC_SCHEMA, LABELLED_DOC_SCHEMA, REJECT_SCHEMA, RENAMED_SCHEMA, SUFFIXES,  # noqa: F401
-                                     Batch, Collector, Source, _valid_utf8, read_source, reader_for, splittable)
+                                     Batch, Collector, Source, utf8_error, read_source, reader_for, splittable)
 
 
 def _describe(text: str) -> dict:
@@ -172,7 +172,7 @@ def read_corpus(config: ReaderConfig, listed: Scan | None = None) -> Iterator[Ba
         listed = scan(config.path, config.partition, config.partitions)
     out = Collector(config.batch_size, labelled=config.label_field is not None)
     for src in listed.sources:
-        if _valid_utf8(src.rel) is not None:  # document ids and sources must be UTF-8: the file becomes one rejected record
+        if utf8_error(src.rel) is not None:  # document ids and sources must be UTF-8: the file becomes one rejected record
             out.reject(_shown(src.rel), -1, "file name is not valid UTF-8 (undecodable bytes shown as \\x escapes): rename the file")
         else:
             yield from read_source(src, config, out)

@@ -103,7 +103,7 @@ class Batch:
     renamed: pa.Table  # RENAMED_SCHEMA
 
 
-def _valid_utf8(text: str) -> str | None:
+def utf8_error(text: str) -> str | None:
     """None if ``text`` encodes as UTF-8, else the reason (lone surrogates do not)."""
     try:
         text.encode("utf-8")
@@ -144,7 +144,7 @@ class Collector:
             label: str | None = None) -> None:
         """Add one document; ``at`` ("line 3", "row 2", "" for a whole file) prefixes a rejection's reason."""
         doc_id = record_id or fallback
-        bad = _valid_utf8(text) or _valid_utf8(doc_id) or (label is not None and _valid_utf8(label))
+        bad = utf8_error(text) or utf8_error(doc_id) or (label is not None and utf8_error(label))
         if not bad and doc_id in self.seen and f"{doc_id}@{fallback}" in self.seen:
             bad = f"duplicate id {doc_id!r}, and {doc_id + '@' + fallback!r} is taken too"
         if bad:
