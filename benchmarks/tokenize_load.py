@@ -66,7 +66,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lt-bench-"))
     raw, clean = work / "raw", work / "clean"
     raw.mkdir(), clean.mkdir()
-    ingest(ReaderConfig(args.corpus), raw, sample_fraction=0.25 if args.quick else 1.0, seed=0)
+    ingest(ReaderConfig(args.corpus, sample_fraction=0.25 if args.quick else 1.0, seed=0), raw)
     clean_corpus(raw, clean, QualityConfig())
     texts = pl.concat([pl.read_parquet(f, columns=["text"]) for f in sorted(clean.glob("part-*.parquet"))])["text"].to_list()
     info = train_bpe([texts], 8192, work / "tok")

@@ -30,7 +30,7 @@ Partitions: :func:`write_signatures` runs per partition (one Parquet file of key
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,18 +48,19 @@ DUP_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "duplicate_of": pl.Utf8, "cl
 
 @dataclass(frozen=True)
 class DedupConfig:
-    """near: run MinHash-LSH (else exact only). ngram: words per shingle (5, datatrove default).
-    bands x rows: 14 x 8 = 112 permutations (datatrove MinhashConfig defaults). seed: hashing seed.
+    """Exact and MinHash-LSH near-duplicate removal (the deduplicated_text settings).
+
     chunk_shingles: shingles hashed per numpy block; two threads each hold one block (memory:
     2 * chunk_shingles * bands * rows * 8 bytes = 14.7 MiB at the defaults; 8192 keeps a block in a
     typical L2/L3 cache, faster than the former 32768 with the same signatures) and one signature array per part."""
 
-    near: bool = True
-    ngram: int = 5
-    bands: int = 14
-    rows: int = 8
-    seed: int = 1
-    chunk_shingles: int = 8192
+    near: bool = field(default=True, metadata={"description": "Also remove near duplicates (MinHash-LSH); else exact only."})
+    ngram: int = field(default=5, metadata={"description": "Words per shingle (datatrove MinhashConfig default 5)."})
+    bands: int = field(default=14, metadata={"description": (
+        "LSH bands; bands x rows permutations (14 x 8, datatrove MinhashConfig defaults: candidates at Jaccard ~0.72).")})
+    rows: int = field(default=8, metadata={"description": "Rows (permutations) per LSH band."})
+    seed: int = field(default=1, metadata={"description": "Seed of the word hashes and the permutations."})
+    chunk_shingles: int = field(default=8192, metadata={"description": "Shingles hashed per numpy block (memory, not results)."})
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -18,7 +18,6 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     AssetIn,
-    Config,
     Failure,
     MetadataValue,
     Output,
@@ -30,76 +29,25 @@ from pydantic import Field
 from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table
 from largetrain_core.balance import balance_parts, histogram_markdown
 from largetrain_core.clean import QualityConfig, clean_corpus
-from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
+from largetrain_core.corpus import ReaderConfig, duplicate_ids, fingerprint, ingest, rejection_error
 from largetrain_core.dedup import DedupConfig, deduplicate, key_hashes
 from largetrain_core.provenance import check_provenance, describe, read_provenance
 from largetrain_core.storage import data_version, part_files
 from largetrain_dagster import partitions
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse, md_table
+from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.resources import Storage
 
 ROLES = partitions.ROLES
 
 
-class RawCorpusConfig(Config):
-    path: str = Field(default="", description="Corpus directory or file; empty = <storage root>/<the role's default corpus>.")
-    text_field: str = Field(default="text", description="JSONL key / Parquet column holding the text.")
-    id_field: Optional[str] = Field(default=None, description="JSONL key / Parquet column holding the document id.")
-    label_field: Optional[str] = Field(default=None, description=(
-        "JSONL key / Parquet column holding a class label: adds a `label` column (null where a record lacks it), "
-        "kept through cleaned_text and deduplicated_text; needed by deduplicated_text's balance_target."))
-    batch_size: int = Field(default=1024, description="Documents per batch (bounds memory).")
-    max_documents: Optional[int] = Field(default=None, description="Subset: keep at most this many documents per partition.")
-    sample_fraction: float = Field(default=1.0, description="Subset: seeded hash sample of this share of documents.")
-    seed: int = 0
-    max_rejected_fraction: float = Field(default=0.05, description="Fail the run when more records than this share are unreadable.")
+RawCorpusConfig = dagster_config(ReaderConfig, "RawCorpusConfig", defaults={"path": ""}, exclude=("partition", "partitions"))
+CleanedTextConfig = dagster_config(QualityConfig, "CleanedTextConfig")
 
 
-class CleanedTextConfig(Config):
-    """Quality rules (largetrain_core.clean): Gopher quality (Rae et al. 2021, A.1.1), Gopher repetition
-    (Table A1) and C4 lines (Raffel et al. 2020), thresholds as datatrove's filters; null switches a rule off."""
+class DeduplicatedTextConfig(dagster_config(DedupConfig, "DedupSettings")):
+    """Exact + MinHash-LSH near-duplicate removal (largetrain_core.dedup), then optional class balancing."""
 
-    words: str = Field(default="whitespace", description="Word tokenization: whitespace (Gopher) or spacy_like (datatrove).")
-    min_words: Optional[int] = 50
-    max_words: Optional[int] = 100_000
-    min_mean_word_length: Optional[float] = 3.0
-    max_mean_word_length: Optional[float] = 10.0
-    max_hash_word_ratio: Optional[float] = 0.1
-    max_ellipsis_word_ratio: Optional[float] = 0.1
-    max_bullet_lines_ratio: Optional[float] = 0.9
-    max_ellipsis_lines_ratio: Optional[float] = 0.3
-    min_alpha_word_fraction: Optional[float] = 0.8
-    min_stop_words: Optional[int] = 2
-    gopher_repetition: bool = Field(default=False, description="Apply the Gopher repetition rules.")
-    dup_para_fraction: Optional[float] = 0.3
-    dup_para_char_fraction: Optional[float] = 0.2
-    dup_line_fraction: Optional[float] = 0.3
-    dup_line_char_fraction: Optional[float] = 0.2
-    top_ngram_char_fractions: list[float] = Field(default=[0.20, 0.18, 0.16], description="Top 2-, 3-, 4-gram character share.")
-    dup_ngram_char_fractions: list[float] = Field(default=[0.15, 0.14, 0.13, 0.12, 0.11, 0.10],
-                                                  description="Duplicate 5- to 10-gram character share.")
-    c4: bool = Field(default=False, description="Apply the C4 line rules (removes lines from kept documents).")
-    c4_max_word_length: Optional[int] = 1000
-    c4_terminal_punctuation: bool = True
-    c4_min_words_per_line: Optional[int] = 3
-    c4_curly_bracket: bool = True
-    c4_min_sentences: Optional[int] = 5
-
-    def quality(self) -> QualityConfig:
-        d = self.model_dump()
-        d["top_ngram_char_fractions"] = tuple(zip(range(2, 5), d["top_ngram_char_fractions"]))
-        d["dup_ngram_char_fractions"] = tuple(zip(range(5, 11), d["dup_ngram_char_fractions"]))
-        return QualityConfig(**d)
-
-
-class DeduplicatedTextConfig(Config):
-    """Exact + MinHash-LSH near-duplicate removal (largetrain_core.dedup)."""
-
-    near: bool = Field(default=True, description="Also remove near duplicates (MinHash-LSH); else exact only.")
-    ngram: int = Field(default=5, description="Words per shingle.")
-    bands: int = Field(default=14, description="LSH bands; bands x rows permutations (14 x 8: Jaccard ~0.72).")
-    rows: int = 8
-    seed: int = 1
     balance_target: Optional[dict[str, float]] = Field(default=None, description=(
         "Class balancing after dedup (largetrain_core.balance; needs raw_corpus label_field): target share per "
         "label (normalized; `<null>` names documents without a label; a class left out or at 0 is dropped). "
@@ -109,8 +57,9 @@ class DeduplicatedTextConfig(Config):
         "(balance_downsample); upsample: keep every document and add seeded repeats (balance_repeats.parquet)."))
     balance_seed: int = Field(default=0, description="Seed of the balancing draw (numpy PCG64).")
 
-    def dedup(self) -> DedupConfig:
-        return DedupConfig(near=self.near, ngram=self.ngram, bands=self.bands, rows=self.rows, seed=self.seed)
+    def to_core(self) -> DedupConfig:
+        """The dedup settings (the balance fields are read by :meth:`balancing`)."""
+        return DedupConfig(**self.model_dump(exclude={"balance_target", "balance_mode", "balance_seed"}))
 
     def balancing(self) -> Optional[dict]:
         """The balance settings (None without a target); raises Failure on an unknown balance_mode."""
@@ -147,13 +96,12 @@ def corpus_assets(role: str) -> list:
             raise Failure(str(e)) from e
         digest = fingerprint(source, **part, cache_file=storage.path("_cache", "digests", role, f"{pk}.json"))
         version = data_version(CODE_VERSIONS["raw_corpus"], settings, part, digest)
-        reader = ReaderConfig(source, config.text_field, config.id_field, config.batch_size, config.label_field, **part)
-        path, stats, reused = build_or_reuse(context, storage, [role, "raw_corpus", pk], version, lambda out: {**ingest(
-            reader, out, max_documents=config.max_documents, sample_fraction=config.sample_fraction, seed=config.seed), **part})
-        total = stats["documents"] + stats["not_sampled"] + stats["rejected"]  # every record read, before subsetting
-        if total and stats["rejected"] / total > config.max_rejected_fraction:
-            raise Failure(f"{source} (partition {pk}): {stats['rejected']} of {total} records rejected, more than "
-                          f"max_rejected_fraction={config.max_rejected_fraction}; see {path / 'rejected.parquet'}")
+        reader = config.to_core(path=source, **part)
+        path, stats, reused = build_or_reuse(context, storage, [role, "raw_corpus", pk], version,
+                                             lambda out: {**ingest(reader, out), **part})
+        error = rejection_error(stats, reader)
+        if error:
+            raise Failure(f"{source} (partition {pk}): {error}; see {path / 'rejected.parquet'}")
         extra = {"source": MetadataValue.path(source), "content_digest": digest}
         if provenance:
             extra.update(provenance=MetadataValue.json(provenance), corpus_version=describe(provenance))
@@ -166,6 +114,9 @@ def corpus_assets(role: str) -> list:
             context.log.warning(f"{source} (partition {pk}): {stats['skipped_files']} files with a suffix no reader knows "
                                 f"were not read; listed in {path / 'skipped_files.txt'}")
             extra["skipped_files_list"] = MetadataValue.path(str(path / "skipped_files.txt"))
+        if stats["renamed_ids"]:
+            context.log.warning(f"{source} (partition {pk}): {stats['renamed_ids']} documents repeat an earlier document's "
+                                f"id and were renamed <id>@<file>:<line or row>; listed in {path / 'renamed_ids.parquet'}")
         return asset_output(path, version, stats, config, reused, extra)
 
     @asset(key=[role, "cleaned_text"], ins={"raw": AssetIn(key=[role, "raw_corpus"])}, group_name=group,
@@ -173,7 +124,7 @@ def corpus_assets(role: str) -> list:
            kinds={"parquet", "polars"},
            description="NFC, control characters and NUL removed, LF line endings; Gopher quality/repetition and C4 line rules with a reason code per removed document.")
     def cleaned_text(context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, raw: dict) -> Output:
-        quality = config.quality()
+        quality = config.to_core()
         version = data_version(CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
         part = {k: raw["stats"][k] for k in ("partition", "partitions")}
         path, stats, reused = build_or_reuse(context, storage, [role, "cleaned_text", context.partition_key], version,
@@ -198,12 +149,18 @@ def corpus_assets(role: str) -> list:
                                   f"LARGETRAIN_DATA_PARTITIONS is now {len(keys)}: its files belong to other partitions. "
                                   f"Re-materialize {role}/raw_corpus and {role}/cleaned_text for every partition.")
         raw_dirs, cleaned_dirs = [Path(raw[k]["path"]) for k in keys], [Path(cleaned[k]["path"]) for k in keys]
-        dcfg, bal = config.dedup(), config.balancing()
+        dcfg, bal = config.to_core(), config.balancing()
         # the balance settings enter the version only when set, so unbalanced versions stay as they were
         version = data_version(CODE_VERSIONS["deduplicated_text"], {**dcfg.to_dict(), **({"balance": bal} if bal else {})},
                                [(k, cleaned[k]["data_version"]) for k in keys])
 
         def build(out: Path) -> dict:
+            clash = duplicate_ids(raw_dirs, keys)
+            if clash.height:
+                shown = "; ".join(f"{i!r} in {', '.join(where)}" for i, where in clash.head(5).iter_rows())
+                raise Failure(f"{role}: {clash.height} document ids occur in more than one partition (ids repeat across "
+                              f"files), e.g. {shown}. Make the ids unique, or set raw_corpus id_field: null to name "
+                              f"documents by file and line, and re-materialize {role}/raw_corpus.")
             stats = {**deduplicate(cleaned_dirs, out, dcfg), "partitions": len(keys)}
             if bal:
                 try:

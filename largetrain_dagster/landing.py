@@ -52,7 +52,7 @@ from largetrain_dagster.artefacts import asset_output, build_or_reuse
 from largetrain_dagster.resources import Storage
 
 landed_batches = DynamicPartitionsDefinition(name="landed_batches")
-LANDED_CODE_VERSIONS = {"raw_corpus": "1", "cleaned_text": "1", "deduplicated_text": "1"}
+LANDED_CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "1", "deduplicated_text": "1"}
 _PARTIAL = re.compile(r"(^\.)|(\.(tmp|part|partial)$)")
 
 

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import random
 from pathlib import Path
 
 import polars as pl
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xxhash
+import zstandard
 
 from largetrain_core.clean import normalize
 from largetrain_core.corpus import DOC_SCHEMA, REJECT_SCHEMA, ReaderConfig, ingest, read_corpus
@@ -189,7 +191,7 @@ def forty_docs(tmp_path) -> Path:
 def run_ingest(src: Path, out: Path, **kw) -> tuple[dict, list[str]]:
     batch_size = kw.pop("batch_size", 1024)
     out.mkdir(parents=True)
-    stats = ingest(ReaderConfig(str(src), id_field="id", batch_size=batch_size), out, **kw)
+    stats = ingest(ReaderConfig(str(src), id_field="id", batch_size=batch_size, **kw), out)
     ids = [i for p in sorted(out.glob("part-*.parquet")) for i in pl.read_parquet(p)["doc_id"].to_list()]
     return stats, ids
 
@@ -229,9 +231,9 @@ def test_ingest_max_documents_keeps_first_n_in_corpus_order(forty_docs, tmp_path
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 1.5])
-def test_ingest_rejects_bad_fraction(forty_docs, tmp_path, fraction):
-    with pytest.raises(ValueError):
-        ingest(ReaderConfig(str(forty_docs)), tmp_path, sample_fraction=fraction)
+def test_ingest_rejects_bad_fraction(forty_docs, fraction):
+    with pytest.raises(ValueError, match="sample_fraction must be in"):
+        ReaderConfig(str(forty_docs), sample_fraction=fraction)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +327,7 @@ def test_files_no_reader_knows_are_counted_and_listed_not_dropped(tmp_path):
 
     src = tmp_path / "corpus"
     src.mkdir()
-    for name in ("a.txt", "B.TXT", "c.json", "d.txt.gz", "e.markdown", ".gitignore"):
+    for name in ("a.txt", "B.TXT", "c.json", "d.csv.gz", "e.markdown", ".gitignore"):
         (src / name).write_text("some words in a file\n")
     real = tmp_path / "elsewhere"
     real.mkdir()
@@ -333,14 +335,15 @@ def test_files_no_reader_knows_are_counted_and_listed_not_dropped(tmp_path):
     (src / "linked").symlink_to(real, target_is_directory=True)
     (real / "loop").symlink_to(src, target_is_directory=True)  # a cycle ends: each real directory once
 
-    files, skipped = scan(src)
+    listed = scan(src)
+    files, skipped = listed.files, listed.skipped
     assert [f.relative_to(src).as_posix() for f in files] == ["B.TXT", "a.txt", "linked/f.md"]
-    assert sorted(f.name for f in skipped) == [".gitignore", "c.json", "d.txt.gz", "e.markdown"]
+    assert sorted(f.name for f in skipped) == [".gitignore", "c.json", "d.csv.gz", "e.markdown"]
     out = tmp_path / "raw"
     out.mkdir()
     stats = ingest(ReaderConfig(str(src)), out)
     assert (stats["files"], stats["documents"], stats["skipped_files"]) == (3, 3, 4)
-    assert sorted((out / "skipped_files.txt").read_text().split()) == [".gitignore", "c.json", "d.txt.gz", "e.markdown"]
+    assert sorted((out / "skipped_files.txt").read_text().split()) == [".gitignore", "c.json", "d.csv.gz", "e.markdown"]
     # a single file is held to the same suffix rules as a directory's files
     with pytest.raises(ValueError, match=r"c\.json: not a corpus file"):
         list_files(src / "c.json")
@@ -362,3 +365,349 @@ def test_a_file_name_that_is_not_utf8_becomes_a_rejected_record(tmp_path):
         assert docs.column("doc_id").to_pylist() == ["good.txt"]
         assert rej.column("source").to_pylist() == ["caf\\xe9.txt"]
         assert rej.column("position").to_pylist() == [-1] and "file name is not valid UTF-8" in rej.column("reason")[0].as_py()
+
+
+# ---------------------------------------------------------------------------------------------
+# a file's format: decided in one place (largetrain_core.readers) for listing, partitioning, skipping, reading
+
+
+def test_upper_case_compressed_suffixes_are_read_as_jsonl(cases, tmp_path):
+    docs, rej = read_all(cases / "upper_case_suffixes")
+    assert rej.num_rows == 0
+    assert docs.column("source").to_pylist() == ["A.JSONL.GZ"] * 3 + ["B.JSONL.ZST"] * 3
+    stats = ingest(ReaderConfig(str(cases / "upper_case_suffixes")), tmp_path)
+    assert (stats["documents"], stats["rejected"], stats["files"], stats["skipped_files"]) == (6, 0, 2, 0)
+
+
+def _jsonl_bytes(texts):
+    return "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+
+
+ZSTD = zstandard.ZstdCompressor().compress
+WRITTEN = {  # file name -> (its bytes, the texts read from it)
+    "plain.jsonl": (_jsonl_bytes(["p1", "p2"]), ["p1", "p2"]),
+    "upper.JSONL.GZ": (gzip.compress(_jsonl_bytes(["u1"])), ["u1"]),
+    "mixed.Jsonl.Zst": (ZSTD(_jsonl_bytes(["m1"])), ["m1"]),
+    "compound.json.gz": (gzip.compress(_jsonl_bytes(["c1"])), ["c1"]),
+    "lines.NDJSON.zst": (ZSTD(_jsonl_bytes(["n1"])), ["n1"]),
+    "notes.TXT.GZ": (gzip.compress(b"a gzip text file"), ["a gzip text file"]),
+    "page.md.zst": (ZSTD("a zstd markdown file \u00e9".encode()), ["a zstd markdown file \u00e9"]),
+    "named.jsonl.gz": (_jsonl_bytes(["not compressed after all"]), ["not compressed after all"]),  # magic decides
+    "hidden.jsonl": (gzip.compress(_jsonl_bytes(["gzip under a plain name"])), ["gzip under a plain name"]),
+    "table.csv.gz": (gzip.compress(b"a,b\n1,2\n"), None),  # no reader: skipped
+    "array.json": (b'[{"text": "a JSON array"}]', None),  # .json is not JSON Lines: skipped
+}
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_every_compressed_and_compound_name_is_listed_partitioned_and_read_alike(tmp_path, partitions):
+    from largetrain_core.corpus import scan
+
+    for name, (data, _) in WRITTEN.items():
+        (tmp_path / name).write_bytes(data)
+    read, skipped = {}, []
+    for p in range(partitions):
+        listed = scan(tmp_path, p, partitions)
+        assert all(s.piece is None for s in listed.sources)  # several files: hash partitions of whole files
+        skipped += [f.name for f in listed.skipped]
+        docs, rej = read_all(tmp_path, partition=p, partitions=partitions)
+        assert rej.num_rows == 0
+        for source, text in zip(docs.column("source").to_pylist(), docs.column("text").to_pylist()):
+            read.setdefault(source, []).append(text)
+    assert read == {n: texts for n, (_, texts) in WRITTEN.items() if texts is not None}
+    assert sorted(skipped) == ["array.json", "table.csv.gz"]
+
+
+def test_a_gzip_stream_under_a_plain_jsonl_name_is_read_by_its_magic_bytes(cases, tmp_path):
+    docs, rej = read_all(cases / "misnamed_compressed")
+    assert rej.num_rows == 0
+    sources = docs.column("source").to_pylist()
+    assert (sources.count("archive_part.jsonl"), sources.count("good.jsonl")) == (400, 3)
+    assert docs.column("doc_id").to_pylist()[:2] == ["z0", "z1"]
+    assert len(set(docs.column("doc_id").to_pylist())) == 403
+    # a compressed single file is never split: one partition holds it whole
+    per = [read_all(cases / "misnamed_compressed" / "archive_part.jsonl", partition=p, partitions=3)[0].num_rows
+           for p in range(3)]
+    assert sorted(per) == [0, 0, 400]
+
+
+def test_a_binary_file_under_a_jsonl_name_is_one_rejected_record(tmp_path):
+    from largetrain_core.readers import UNREADABLE_PREFIX
+
+    rng = random.Random(0)
+    (tmp_path / "noise.jsonl").write_bytes(bytes(rng.randrange(256) for _ in range(200_000)))
+    (tmp_path / "three_bad.jsonl").write_text("not json\n[1]\n{}\n")
+    docs, rej = read_all(tmp_path)
+    assert docs.num_rows == 0
+    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [("noise.jsonl", -1), ("three_bad.jsonl", -1)]
+    noise, three = rej.column("reason").to_pylist()
+    assert noise.startswith(f"no readable JSON line: {UNREADABLE_PREFIX} unreadable lines (not read further)")
+    assert three.startswith("no readable JSON line: 3 unreadable lines, the first: line 1: invalid JSON")
+
+
+def test_unreadable_lines_after_a_readable_one_are_rejected_one_by_one(tmp_path):
+    bad = ["{broken"] * 150
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "first"}] + bad + [{"text": "last"}])
+    write_jsonl(tmp_path / "b.jsonl", ["{broken"] * 2 + [{"text": "third line"}])
+    docs, rej = read_all(tmp_path)
+    assert docs.column("text").to_pylist() == ["first", "last", "third line"]
+    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == (
+        [("a.jsonl", i) for i in range(2, 152)] + [("b.jsonl", 1), ("b.jsonl", 2)])
+
+
+def test_the_failure_message_names_the_files_that_caused_the_rejections(tmp_path):
+    from largetrain_core.corpus import rejection_error
+
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "good.jsonl", [{"text": f"doc {i}"} for i in range(10)])
+    write_jsonl(src / "half.jsonl", [{"text": "ok"}, "{bad", "{bad"])
+    (src / "latin1.txt").write_bytes(b"caf\xe9")
+    out = tmp_path / "raw"
+    out.mkdir()
+    cfg = ReaderConfig(str(src))
+    stats = ingest(cfg, out)
+    assert stats["rejected_by_file"] == {"half.jsonl": 2, "latin1.txt": 1}
+    msg = rejection_error(stats, cfg)
+    assert msg == ("3 of 14 records rejected, more than max_rejected_fraction=0.05; "
+                   "by file: half.jsonl (2), latin1.txt (1)")
+    assert rejection_error(stats, ReaderConfig(str(src), max_rejected_fraction=0.25)) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# bad values inside columnar files: a rejected record per bad row, the rest kept
+
+
+def test_parquet_invalid_utf8_case_two_documents_one_rejected_row(cases):
+    docs, rej = read_all(cases / "parquet_invalid_utf8.parquet")
+    assert docs.column("text").to_pylist() == ["first fine document", "third fine document"]
+    assert docs.column("doc_id").to_pylist() == ["parquet_invalid_utf8.parquet:0", "parquet_invalid_utf8.parquet:2"]
+    assert rej.to_pylist() == [{"source": "parquet_invalid_utf8.parquet", "position": 1,
+                                "reason": "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte"}]
+
+
+RAW_VALUES = [b"good one", b"caf\xe9 latin-1", None, b"good two"]
+
+
+def _text_array(layout: str) -> pa.Array:
+    """RAW_VALUES as ``layout``; the string layouts hold the invalid bytes unvalidated, as a writer may."""
+    binary = pa.array(RAW_VALUES, pa.binary())
+    if layout == "binary":
+        return binary
+    if layout == "large_binary":
+        return binary.cast(pa.large_binary())
+    string = pa.Array.from_buffers(pa.string(), len(binary), binary.buffers(), null_count=binary.null_count)
+    if layout == "string":
+        return string
+    if layout == "large_string":
+        large = binary.cast(pa.large_binary())
+        return pa.Array.from_buffers(pa.large_string(), len(large), large.buffers(), null_count=large.null_count)
+    if layout == "dictionary":
+        values = pa.array([b"good one", b"caf\xe9 latin-1", b"good two"], pa.binary())
+        dictionary = pa.Array.from_buffers(pa.string(), 3, values.buffers())
+        return pa.DictionaryArray.from_arrays(pa.array([0, 1, None, 2], pa.int32()), dictionary)
+    raise ValueError(layout)
+
+
+LAYOUTS = ["string", "large_string", "dictionary", "binary", "large_binary"]
+
+
+@pytest.mark.parametrize("dictionary_pages", [False, True], ids=["plain_pages", "dictionary_pages"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_parquet_layout_keeps_good_rows_and_rejects_bad_ones(tmp_path, layout, dictionary_pages):
+    ids = pa.Array.from_buffers(pa.string(), 4, pa.array([b"i0", b"i1", b"i2", b"\xff"], pa.binary()).buffers())
+    pq.write_table(pa.table({"text": _text_array(layout), "id": ids, "other": [1, 2, 3, 4]}), tmp_path / "t.parquet",
+                   use_dictionary=dictionary_pages)
+    docs, rej = read_all(tmp_path / "t.parquet")
+    assert docs.column("text").to_pylist() == ["good one"] and docs.column("doc_id").to_pylist() == ["i0"]
+    assert [(r["position"], r["reason"]) for r in rej.to_pylist()] == [
+        (1, "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte"),
+        (2, "row 2: text is null"),
+        (3, "row 3: id: invalid UTF-8 at byte 0: invalid start byte")]
+
+
+def test_a_text_column_that_is_not_text_is_one_rejected_record(tmp_path):
+    pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "numbers.parquet")
+    docs, rej = read_all(tmp_path)
+    assert docs.num_rows == 0
+    assert rej.to_pylist() == [{"source": "numbers.parquet", "position": -1,
+                                "reason": "column 'text' is int64, not a string or binary column"}]
+
+
+# ---------------------------------------------------------------------------------------------
+# identifiers: one fallback for null, empty and missing ids; unique within a corpus
+
+
+def test_null_empty_and_missing_ids_get_the_same_fallback(cases, tmp_path):
+    docs, rej = read_all(cases / "null_ids.jsonl")  # the records' "id" field is used by default
+    assert rej.num_rows == 0
+    ids = docs.column("doc_id").to_pylist()
+    assert ids == ["null_ids.jsonl:1", "null_ids.jsonl:2", "a1", "null_ids.jsonl:4"]
+    assert "None" not in ids and len(set(ids)) == 4
+    write_jsonl(tmp_path / "e.jsonl", [{"id": "", "text": "empty id"}, {"id": 7, "text": "number id"},
+                                       {"id": None, "text": "null id"}, {"text": "no id"}])
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "id": ["", None, "x"]}), tmp_path / "p.parquet")
+    docs, _ = read_all(tmp_path)
+    assert docs.column("doc_id").to_pylist() == ["e.jsonl:1", "7", "e.jsonl:3", "e.jsonl:4",
+                                                 "p.parquet:0", "p.parquet:1", "x"]
+    # id_field null: always the file and position, whatever the records hold
+    docs, _ = read_all(cases / "null_ids.jsonl", id_field=None)
+    assert docs.column("doc_id").to_pylist() == [f"null_ids.jsonl:{i}" for i in (1, 2, 3, 4)]
+
+
+def test_a_repeated_id_is_renamed_and_counted(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", [{"id": "x", "text": "one"}, {"id": "x", "text": "two"}, {"id": "a.txt", "text": "three"}])
+    pq.write_table(pa.table({"text": ["four"], "id": ["x"]}), src / "b.parquet")
+    (src / "a.txt").write_text("five: a text file named like an earlier record's id")
+    out = tmp_path / "raw"
+    out.mkdir()
+    stats = ingest(ReaderConfig(str(src)), out)
+    ids = pl.read_parquet(out / "part-00000.parquet")["doc_id"].to_list()
+    assert ids == ["x", "x@a.jsonl:2", "a.txt", "a.txt@a.txt", "x@b.parquet:0"]  # files in sorted order
+    assert stats["renamed_ids"] == 3
+    assert pl.read_parquet(out / "renamed_ids.parquet").rows() == [
+        ("x@a.jsonl:2", "x", "a.jsonl", 2), ("a.txt@a.txt", "a.txt", "a.txt", 0), ("x@b.parquet:0", "x", "b.parquet", 0)]
+
+
+def test_ids_repeating_across_partitions_are_found(tmp_path):
+    from largetrain_core.corpus import duplicate_ids, partition_of
+
+    src = tmp_path / "src"
+    src.mkdir()
+    names = [f"f{i}.jsonl" for i in range(20)]
+    by_part = {}
+    for n in names:
+        by_part.setdefault(partition_of(n, 2), []).append(n)
+    first, second = by_part[0][0], by_part[1][0]
+    for n in names:
+        write_jsonl(src / n, [{"id": "shared" if n in (first, second) else n, "text": n}])
+    dirs = []
+    for p in range(2):
+        dirs.append(tmp_path / f"p{p}")
+        dirs[-1].mkdir()
+        ingest(ReaderConfig(str(src), partition=p, partitions=2), dirs[-1])
+    clash = duplicate_ids(dirs, ["000", "001"])
+    assert clash.rows() == [("shared", [f"000: {first}", f"001: {second}"])]
+    assert duplicate_ids(dirs[:1], ["000"]).height == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# a corpus of one large file spreads over the partitions
+
+
+def test_one_uncompressed_jsonl_file_is_split_at_line_boundaries(tmp_path):
+    from largetrain_core.corpus import fingerprint, scan
+
+    rng = random.Random(1)
+    lines = []
+    for i in range(300):
+        if i % 37 == 5:
+            lines.append("{broken")
+        elif i % 41 == 7:
+            lines.append("")
+        else:
+            lines.append(json.dumps({"text": f"doc {i} " + "\u00e9\u6f22" * rng.randrange(0, 200)}, ensure_ascii=False))
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    whole, whole_rej = read_all(path)
+    assert whole.num_rows == 300 - 8 - 8 and whole_rej.num_rows == 8
+    for n in (2, 3, 7):
+        assert all(s.piece == (p, n) for p in range(n) for s in scan(path, p, n).sources)
+        parts = [read_all(path, partition=p, partitions=n) for p in range(n)]
+        assert all(d.num_rows for d, _ in parts)
+        assert [i for d, _ in parts for i in d.column("doc_id").to_pylist()] == whole.column("doc_id").to_pylist()
+        assert [t for d, _ in parts for t in d.column("text").to_pylist()] == whole.column("text").to_pylist()
+        assert [r for _, j in parts for r in j.to_pylist()] == whole_rej.to_pylist()
+        assert len({fingerprint(path, p, n) for p in range(n)}) == 1  # the file's content; the partition is in the version
+
+
+def test_one_parquet_file_is_split_by_row_groups(tmp_path):
+    path = tmp_path / "one.parquet"
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(95)]}), path, row_group_size=10)
+    whole, _ = read_all(path)
+    parts = [read_all(path, partition=p, partitions=4)[0] for p in range(4)]
+    assert [d.num_rows for d in parts] == [20, 30, 20, 25]  # row groups [0, 2), [2, 5), [5, 7), [7, 10)
+    assert [i for d in parts for i in d.column("doc_id").to_pylist()] == whole.column("doc_id").to_pylist()
+    assert parts[3].column("doc_id").to_pylist()[0] == "one.parquet:70"
+
+
+def test_compressed_and_text_single_files_stay_whole(tmp_path):
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / "c.jsonl.gz").write_bytes(gzip.compress(_jsonl_bytes([f"d{i}" for i in range(50)])))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "one.txt").write_text("a single text file is one document\n" * 100)
+    for corpus, rows in (("z", 50), ("t", 1)):
+        per = [read_all(tmp_path / corpus, partition=p, partitions=3)[0].num_rows for p in range(3)]
+        assert sorted(per) == [0, 0, rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# through Dagster: the raw_corpus failure names the files; ids repeating across partitions stop the global step
+
+
+def _failures(runs) -> list[str]:
+    return [e.event_specific_data.error.message for r in runs.results for e in r.all_events if e.is_step_failure]
+
+
+def test_dagster_failures_name_the_files_and_the_repeated_ids(tmp_path):
+    from dagster import DagsterInstance
+
+    from largetrain_core.corpus import partition_of
+    from largetrain_dagster.corpus import corpus_assets
+    from largetrain_dagster.definitions import build_definitions
+    from lineage import PARTITION_KEYS, materialize_lineage
+
+    n = len(PARTITION_KEYS)
+    defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    write_jsonl(bad / "mostly_broken.jsonl", [{"text": "fine"}] + ["{broken"] * 5)
+    write_jsonl(bad / "other.jsonl", [{"text": "fine too"}])  # two files: hash partitions, not pieces of one file
+    src = tmp_path / "ids"
+    src.mkdir()
+    names = [f"shard{i}.jsonl" for i in range(12)]
+    first = names[0]
+    second = next(m for m in names if partition_of(m, n) != partition_of(first, n))
+    for m in names:  # every shard numbers its records from 0; two shards in different partitions clash on "0"
+        write_jsonl(src / m, [{"id": "0" if m in (first, second) else m, "text": f"text of {m}"}])
+    with DagsterInstance.ephemeral() as instance:
+        runs = materialize_lineage(corpus_assets("domain")[:1], defs.resources, instance,
+                                   {"ops": {"domain__raw_corpus": {"config": {"path": str(bad)}}}}, raise_on_error=False)
+        assert not runs.success
+        assert any("records rejected, more than max_rejected_fraction=0.05; by file: mostly_broken.jsonl (5)" in m
+                   for m in _failures(runs)), _failures(runs)
+
+        ops = {"domain__raw_corpus": {"config": {"path": str(src)}}, "domain__cleaned_text": {"config": {"gopher_quality": False}}}
+        runs = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops}, raise_on_error=False)
+        assert not runs.success
+        where = ", ".join(sorted(f"{PARTITION_KEYS[partition_of(m, n)]}: {m}" for m in (first, second)))
+        assert any(f"'0' in {where}" in m and "id_field: null" in m for m in _failures(runs)), _failures(runs)[0][-400:]
+        ops["domain__raw_corpus"]["config"]["id_field"] = None  # ids from file and line: unique
+        assert materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops}).success
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrow IPC files (Hugging Face datasets' .arrow files are the stream format)
+
+
+@pytest.mark.parametrize("fmt", ["stream", "file"])
+def test_arrow_ipc_files_are_read_like_parquet(tmp_path, fmt):
+    text = pa.chunked_array([_text_array("large_string").slice(0, 2), pa.array(["three", "four"], pa.large_string())])
+    table = pa.table({"text": text, "id": ["a", "b", None, "d"], "y": [1, 2, 3, 4]})
+    name = "data-00000-of-00001.arrow" if fmt == "stream" else "TABLE.ARROW"
+    with pa.OSFile(str(tmp_path / name), "wb") as sink:
+        open_writer = pa.ipc.new_stream if fmt == "stream" else pa.ipc.new_file
+        with open_writer(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=2):
+                writer.write_batch(batch)
+    (tmp_path / "broken.arrow").write_bytes(b"ARROW1 but nothing after")
+    docs, rej = read_all(tmp_path, label_field="y")
+    assert docs.column("doc_id").to_pylist() == ["a", f"{name}:2", "d"]
+    assert docs.column("text").to_pylist() == ["good one", "three", "four"]
+    assert docs.column("label").to_pylist() == ["1", "3", "4"]
+    got = {(r["source"], r["position"]): r["reason"] for r in rej.to_pylist()}
+    assert got.keys() == {("broken.arrow", -1), (name, 1)}
+    assert got[(name, 1)] == "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte"
+    assert got[("broken.arrow", -1)].startswith("cannot open Arrow IPC file")
