@@ -25,7 +25,15 @@ from pydantic import Field
 from largetrain_core.digest import DigestCache, tree_digest
 from largetrain_core.model import import_pretrained, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
-from largetrain_core.storage import data_version, relative_to_root, resolve_under, write_json_atomic
+from largetrain_core.storage import (
+    data_version,
+    read_json,
+    relative_to_root,
+    resolve_under,
+    verify_manifest,
+    write_json_atomic,
+    write_manifest,
+)
 from largetrain_core.training.config import TRACKING, TrainConfig
 from largetrain_core.training.trackers import METRICS, RECORDS, read_metrics
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
@@ -72,9 +80,15 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
     out = storage.path(key, version)
     summary_file = out / "summary.json"
     final = out / ("model" if key == "base_checkpoint" else "adapter")
+    rebuilt_because = None
     if summary_file.exists() and final.exists():
-        context.log.info(f"{key} {version} already trained at {out}: reusing it")
-        return out, moved_summary(out), True
+        problems = verify_manifest(out)
+        if not problems:
+            context.log.info(f"{key} {version} already trained at {out} and matches its manifest: reusing it")
+            return out, moved_summary(out), True
+        rebuilt_because = "; ".join(problems)
+        context.log.warning(f"{key} {version} at {out} does not match its manifest; running the training again "
+                            f"(it resumes from its newest complete checkpoint): {rebuilt_because}")
     out.mkdir(parents=True, exist_ok=True)
     tracking = trackers.model_dump()
     tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
@@ -86,7 +100,18 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
     write_json_atomic(cfg_path, cfg.to_dict())
     reported = launcher.run(context, cfg_path, out / "train.log")
     context.log.info(f"rank 0 reported {sorted(reported)}")
-    return out, json.loads(summary_file.read_text()), False
+    summary = read_json(summary_file, "training summary (summary.json)")
+    return out, {**summary, "rebuilt_because": rebuilt_because} if rebuilt_because else summary, False
+
+
+# What a finished training leaves in its output directory, recorded in its _manifest.json and verified before reuse.
+TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.svg")
+
+
+def seal_training(out: Path) -> None:
+    """Record a finished training's outputs (TRAINED_OUTPUTS under ``out``; not the checkpoints and the log,
+    which keep changing) in ``out/_manifest.json``, once everything is written into them (the model card)."""
+    write_manifest(out, [p for p in TRAINED_OUTPUTS if (out / p).exists()])
 
 
 def moved_summary(out: Path) -> dict:
@@ -153,6 +178,8 @@ def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig
     out, summary, reused = _train(context, storage, launcher, trackers, "base_checkpoint", version, config,
                                   mode="pretrain", train_shards=shards["path"], tokenizer=shards["path"])
     write_card(context, storage, "base_model", Path(summary["output"]), version, shards, train_dir=out)
+    if not reused:
+        seal_training(out)
     yield _train_output(out, version, summary, config, reused)
     yield _loss_check(out / METRICS)
 
@@ -204,6 +231,8 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
                                   mode="lora", train_shards=shards["path"], base_model=base["stats"]["output"])
     write_card(context, storage, "lora_adapter", Path(summary["output"]), version, shards, train_dir=out,
                base_model=Path(base["stats"]["output"]))
+    if not reused:
+        seal_training(out)
     yield _train_output(out, version, summary, config, reused)
     yield _loss_check(out / METRICS)
 
