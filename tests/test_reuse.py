@@ -118,6 +118,35 @@ def test_damaged_artefact_is_rebuilt_never_reused(genome, damage, key):
     assert metadata(rematerialize(defs, [key]), key.replace("/", "__"))["reused"] is True
 
 
+def test_damaged_training_output_is_trained_again(genome):
+    """base_checkpoint (one rank, a few steps): reused while intact; with model.safetensors cut short
+    the next materialization trains again (resuming from its last checkpoint), never ``reused: true``."""
+    from largetrain_core.model import load_model
+
+    root, defs, _ = genome  # one training rank
+    train = {"preset": "llama-tiny", "max_steps": 4, "warmup_steps": 1, "micro_batch_size": 2, "checkpoint_every": 4,
+             "log_every": 2, "zero_stage": 1}
+
+    def materialize_base():
+        from conftest import CASES
+
+        cfg = run_config(CASES)
+        cfg["ops"]["base_checkpoint"] = {"config": train}
+        with DagsterInstance.ephemeral() as instance:
+            result = materialize_lineage(lineage_assets(), defs.resources, instance, cfg, ["base_checkpoint"])
+        assert result.success
+        return metadata(result, "base_checkpoint")
+
+    first = materialize_base()
+    assert first["reused"] is False and materialize_base()["reused"] is True
+    weights = Path(first["output"]) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    again = materialize_base()
+    assert again["reused"] is False and str(weights) in again["rebuilt_because"]
+    assert load_model(Path(again["output"])).config.vocab_size == 300
+    assert materialize_base()["reused"] is True
+
+
 def test_damaged_input_fails_its_consumer_naming_the_file(genome):
     root, defs, _ = genome
     damaged = damage_tokenizer_json(root)
