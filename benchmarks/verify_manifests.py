@@ -2,7 +2,7 @@
 a storage root, in its default mode (what ``build_or_reuse`` and the handle IO manager run) and with
 ``full=True`` (every byte hashed), each timed.
 
-    python benchmarks/verify_manifests.py [ROOT] [--repeats 3] [--out benchmarks/results/verify_manifests.json]
+    python benchmarks/verify_manifests.py [ROOT] [--repeats 3] [--out benchmarks/results/verify_manifests.json] [--note TEXT]
 
 ROOT: the storage root (default ``$LARGETRAIN_ROOT`` or ``.largetrain``), e.g. after ``make demo``.
 Every directory holding a ``_manifest.json`` is verified; the corpora, the landing directory and the
@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("root", nargs="?", default=os.environ.get("LARGETRAIN_ROOT", ".largetrain"))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--note", default="", help="what the tree is (recorded in the JSON)")
     args = p.parse_args()
 
     root = Path(args.root).resolve()
@@ -72,7 +73,7 @@ def main() -> None:
                      "bytes_hashed_default": _hashed_by_default(d, manifest),
                      "seconds_default": times["default"], "seconds_full": times["full"]})
     result = {
-        "root": str(root), "directories": len(dirs), "files": sum(r["files"] for r in rows),
+        "root": str(root), "note": args.note, "directories": len(dirs), "files": sum(r["files"] for r in rows),
         "bytes": sum(r["bytes"] for r in rows), "bytes_hashed_default": sum(r["bytes_hashed_default"] for r in rows),
         "seconds_default": round(min(totals["default"]), 4), "seconds_full": round(min(totals["full"]), 4),
         "first_run_seconds": {m: round(t[0], 4) for m, t in totals.items()},
