@@ -27,6 +27,7 @@ from largetrain_core.model import import_pretrained, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
 from largetrain_core.storage import (
     data_version,
+    loading,
     read_json,
     relative_to_root,
     resolve_under,
@@ -62,7 +63,8 @@ LoraAdapterConfig = dagster_config(TrainConfig, "LoraAdapterConfig", exclude=(*S
 
 
 def _loss_check(metrics_file: Path) -> AssetCheckResult:
-    losses = [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines() if line.strip()]
+    with loading(metrics_file, "training metrics (JSON lines with a loss)"):
+        losses = [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines() if line.strip()]
     import math
 
     finite = bool(losses) and all(math.isfinite(x) for x in losses)
@@ -117,9 +119,9 @@ def seal_training(out: Path) -> None:
 def moved_summary(out: Path) -> dict:
     """``out/summary.json`` with the paths that the training wrote under its output directory (named in
     ``train_config.json``) resolved under ``out``: a copied or moved root reads its own model files."""
-    summary = json.loads((out / "summary.json").read_text())
+    summary = read_json(out / "summary.json", "training summary (summary.json)")
     cfg = out / "train_config.json"
-    written_in = json.loads(cfg.read_text()).get("output_dir") if cfg.exists() else None
+    written_in = read_json(cfg, "training config (train_config.json)").get("output_dir") if cfg.exists() else None
     return resolve_under(relative_to_root(summary, written_in), out) if written_in else summary
 
 

@@ -22,6 +22,7 @@ from dagster import (
 
 from largetrain_dagster.definitions import build_definitions
 from largetrain_dagster.landing import MAX_KEY_PART, landed_batches, landing_sensor, partition_key
+from largetrain_dagster.resources import read_handle
 from test_pipeline import CORPORA, corpus
 
 RAW, CLEAN, DEDUP = (AssetKey(["landed", n]) for n in ("raw_corpus", "cleaned_text", "deduplicated_text"))
@@ -128,7 +129,7 @@ def test_landed_files_never_share_a_partition_key(cases, tmp_path):
         assert {r.tags["largetrain/landed_file"] for r in result.run_requests} == {str(landing / n) for n in texts}
         apply(instance, defs, result)
         for req in result.run_requests:  # each partition read its own file
-            handle = json.loads((root / "_handles" / "landed" / "raw_corpus" / f"{req.partition_key}.json").read_text())
+            handle = read_handle(root, AssetKey(["landed", "raw_corpus"]), req.partition_key)
             name = Path(req.tags["largetrain/landed_file"]).name
             if req.partition_key == "web/caf%E9.md":  # the reader rejects a file name that is not UTF-8, with the reason
                 assert (handle["stats"]["documents"], handle["stats"]["rejected"]) == (0, 1)

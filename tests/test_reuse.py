@@ -2,7 +2,6 @@
 damaged artefacts rebuilt instead of reused, damaged inputs and handles named, and the cancellation of
 a tokenizer training in progress (issue 12, kinds 6, 7 and 8)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -12,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 
 from largetrain_core.storage import MANIFEST, verify_manifest
 from largetrain_dagster.definitions import build_definitions, lineage_assets
+from largetrain_dagster.resources import read_handle
 from lineage import materialize_lineage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def rematerialize(defs, keys: list[str], **kw):
 
 
 def handle(root: Path, *key: str) -> dict:
-    return json.loads((root / "_handles" / Path(*key)).with_suffix(".json").read_text())
+    return read_handle(root, AssetKey(list(key)))
 
 
 def test_genome_case_through_every_data_stage(genome):
