@@ -124,8 +124,8 @@ def test_damaged_training_output_is_trained_again(genome):
     from largetrain_core.model import load_model
 
     root, defs, _ = genome  # one training rank
-    train = {"preset": "llama-tiny", "max_steps": 4, "warmup_steps": 1, "micro_batch_size": 2, "checkpoint_every": 4,
-             "log_every": 2, "zero_stage": 1}
+    train = {"preset": "llama-tiny", "max_steps": 4, "warmup_steps": 1, "micro_batch_size": 2, "save_steps": 4,
+             "logging_steps": 2, "zero_stage": 1}
 
     def materialize_base():
         from conftest import CASES
