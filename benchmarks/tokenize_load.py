@@ -69,7 +69,7 @@ def main() -> None:
     ingest(ReaderConfig(args.corpus, sample_fraction=0.25 if args.quick else 1.0, seed=0), raw)
     clean_corpus(raw, clean, QualityConfig())
     texts = pl.concat([pl.read_parquet(f, columns=["text"]) for f in sorted(clean.glob("part-*.parquet"))])["text"].to_list()
-    info = train_bpe([texts], 8192, work / "tok")
+    info, _ = train_bpe([texts], 8192, work / "tok")
     tok = Tokenizer.from_file(str(info.path))
     threads = os.environ.get("RAYON_NUM_THREADS", str(os.cpu_count()))
 

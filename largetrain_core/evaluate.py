@@ -14,17 +14,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from largetrain_core.model import load_model
+from largetrain_core.model import load_adapter, load_model
 from largetrain_core.shards import TokenShards
+from largetrain_core.storage import loading
+from largetrain_core.tokenizer import load_tokenizer_info
 
 
 def load_for_eval(model_dir: Path, adapter_dir: Path | None = None):
-    """The HF model in ``model_dir`` (fp32, eval mode), with the PEFT adapter of ``adapter_dir`` applied if given."""
+    """The HF model in ``model_dir`` (fp32, eval mode), with the PEFT adapter of ``adapter_dir`` applied if given.
+    Raises (Missing)ArtefactError naming a missing or damaged file (largetrain_core.model.load_model, load_adapter)."""
     model = load_model(model_dir)
     if adapter_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter_dir))
+        model = load_adapter(model, adapter_dir)
     return model.eval()
 
 
@@ -59,7 +60,9 @@ def sample_generations(model, tokenizer_dir: Path, prompts: list[str], max_new_t
     """
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    load_tokenizer_info(Path(tokenizer_dir))  # a damaged tokenizer.json or tokenizer_config.json is named
+    with loading(tokenizer_dir, "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json)"):
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     out = []
     for prompt in prompts:
         ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids

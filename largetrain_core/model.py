@@ -8,11 +8,12 @@ tied embedding at a vocabulary of 8,192.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
+
+from largetrain_core.storage import loading, read_json
 
 # name -> (hidden_size, intermediate_size, layers, attention heads)
 PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -44,14 +45,56 @@ def build_model(preset: str, vocab_size: int, max_positions: int, eos_id: int, b
                                             dtype=torch.float32)
 
 
+def check_safetensors(path: Path, what: str = "safetensors weights file") -> list[str]:
+    """Open the safetensors file ``path`` (its header only: cheap) and return its tensor names.
+    Raises MissingArtefactError / ArtefactError naming the file when it is absent, cut short or garbled
+    (safetensors checks that the header's offsets cover the file exactly)."""
+    from safetensors import safe_open
+
+    with loading(path, what), safe_open(str(path), framework="pt") as f:
+        return list(f.keys())
+
+
+def _check_weights(directory: Path, stem: str, what: str) -> None:
+    """Check the safetensors weights of an HF directory: ``<stem>.safetensors``, or every shard that
+    ``<stem>.safetensors.index.json`` lists."""
+    index = directory / f"{stem}.safetensors.index.json"
+    if index.exists():
+        shards = read_json(index, f"safetensors index of the {what}").get("weight_map", {}).values()
+        for name in sorted(set(shards)):
+            check_safetensors(directory / name, f"safetensors weights shard of the {what}")
+    else:
+        check_safetensors(directory / f"{stem}.safetensors", f"safetensors weights of the {what}")
+
+
 def load_model(path: Path) -> PreTrainedModel:
     """Load a local Hugging Face causal-LM directory (config.json + safetensors weights) in fp32.
 
     Only safetensors weights are accepted (``use_safetensors=True``): no pickle is ever loaded.
-    Raises OSError when the directory is not a model directory.
+    Raises MissingArtefactError (a FileNotFoundError) or ArtefactError (a ValueError) naming the file
+    (config.json, the weights) that is missing or damaged, or the directory when transformers refuses it.
     """
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True,
-                                                local_files_only=True)
+    path = Path(path)
+    what = "Hugging Face causal-LM directory"
+    read_json(path / "config.json", f"config.json of a {what}")
+    _check_weights(path, "model", what)
+    with loading(path, f"{what} (config.json + safetensors weights)"):
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True,
+                                                    local_files_only=True)
+
+
+def load_adapter(model: PreTrainedModel, adapter_dir: Path, adapter_name: str = "default"):
+    """``peft.PeftModel.from_pretrained(model, adapter_dir, adapter_name=...)`` (safetensors weights only),
+    after checking adapter_config.json and adapter_model.safetensors: raises MissingArtefactError /
+    ArtefactError naming the file that is missing or damaged."""
+    from peft import PeftModel
+
+    adapter_dir = Path(adapter_dir)
+    what = "PEFT adapter directory"
+    read_json(adapter_dir / "adapter_config.json", f"adapter_config.json of a {what}")
+    _check_weights(adapter_dir, "adapter_model", what)
+    with loading(adapter_dir, f"{what} (adapter_config.json + adapter_model.safetensors)"):
+        return PeftModel.from_pretrained(model, str(adapter_dir), adapter_name=adapter_name)
 
 
 def parameter_count(model: torch.nn.Module, trainable_only: bool = False) -> int:
@@ -90,16 +133,14 @@ def tokenizer_mismatch(model_dir: Path, shards_manifest: dict, shards_tokenizer:
     else a message saying what differs (same vocabulary with added tokens, same EOS id, and every
     shard id below the model's embedding size). ``shards_tokenizer``: the tokenizer.json the shards
     were built with (its directory)."""
-    from tokenizers import Tokenizer
-
-    from largetrain_core.tokenizer import load_tokenizer_info
+    from largetrain_core.tokenizer import load_tokenizer_info, read_tokenizer
 
     mine, theirs = load_tokenizer_info(model_dir), load_tokenizer_info(shards_tokenizer)
-    if Tokenizer.from_file(str(mine.path)).get_vocab(True) != Tokenizer.from_file(str(theirs.path)).get_vocab(True):
+    if read_tokenizer(mine.path).get_vocab(True) != read_tokenizer(theirs.path).get_vocab(True):
         return f"the shards' tokenizer ({theirs.path}) has another vocabulary than the model's ({mine.path})"
     if shards_manifest["eos_id"] != mine.eos_id:
         return f"the shards end documents with id {shards_manifest['eos_id']}, the model's EOS is {mine.eos_id}"
-    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    vocab = read_json(Path(model_dir) / "config.json", "config.json of a Hugging Face causal-LM directory")["vocab_size"]
     if shards_manifest["vocab_size"] > vocab:
         return f"shard ids reach {shards_manifest['vocab_size'] - 1}, the model's embedding has {vocab} rows"
     return None

@@ -32,16 +32,15 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import xxhash
-from tokenizers import Tokenizer
 
-from largetrain_core.storage import part_files
-from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info
+from largetrain_core.storage import ArtefactError, loading, part_files
+from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info, read_tokenizer
 
 FORMAT = "largetrain.token_shards/1"
 SPLITS = ("train", "validation")
 
 
-class ShardError(ValueError):
+class ShardError(ArtefactError):
     """A shard directory that does not match its manifest (the message names the file)."""
 
 
@@ -139,17 +138,17 @@ def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq
     if seq_len < 1 or not 0.0 <= validation_fraction < 1.0:
         raise ValueError(f"need seq_len >= 1 and 0 <= validation_fraction < 1, got {seq_len}, {validation_fraction}")
     info = load_tokenizer_info(tokenizer_path)
-    tok = Tokenizer.from_file(str(info.path))
+    tok = read_tokenizer(info.path)
     out_dir = Path(out_dir)
     parts = part_files(in_dir)
     # The split is decided on doc ids before tokenizing, so the fallback (smallest hash) needs one pass over ids.
-    ids = pl.concat([pl.read_parquet(p, columns=["doc_id"]) for p in parts])["doc_id"].to_list() if parts else []
+    ids = pl.concat([_read_part(p, ["doc_id"]) for p in parts])["doc_id"].to_list() if parts else []
     forced = None
     if ids and len(ids) >= 2 and validation_fraction > 0 and not split_of(ids, validation_fraction, seed).any():
         forced = min(ids, key=lambda d: xxhash.xxh64_intdigest(d.encode(), seed))
     writers = {s: _SplitWriter(out_dir, s, seq_len, info, sequences_per_shard) for s in SPLITS}
     for part in parts:
-        for batch in pl.read_parquet(part).iter_slices(batch_documents):
+        for batch in _read_part(part).iter_slices(batch_documents):
             doc_ids = batch["doc_id"].to_list()
             is_val = split_of(doc_ids, validation_fraction, seed)
             if forced is not None:
@@ -169,6 +168,11 @@ def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq
             shutil.copy(info.path.parent / name, out_dir / name)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def _read_part(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
+    with loading(path, "Parquet part file of a text stage (doc_id, text)"):
+        return pl.read_parquet(path, columns=columns)
 
 
 @dataclass
@@ -395,7 +399,7 @@ def inspect(path: Path, split: str = "train") -> str:
                      f"{info['documents']} documents, {info['dropped_remainder_tokens']} remainder tokens dropped")
     tok_path = Path(path) / "tokenizer.json"
     if len(shards) and tok_path.exists():
-        text = Tokenizer.from_file(str(tok_path)).decode(shards[0][:64].tolist(), skip_special_tokens=False)
+        text = read_tokenizer(tok_path).decode(shards[0][:64].tolist(), skip_special_tokens=False)
         lines.append(f"{split}[0][:64] decoded: {text!r}")
     return "\n".join(lines)
 

@@ -4,14 +4,39 @@ Policy: every document is encoded without special tokens and followed by the EOS
 tokenizer defines a BOS token (``bos_token`` in a loaded directory's tokenizer_config.json), BOS is
 put in front of every document. Text that spells a special token (a page quoting ``<|endoftext|>``)
 is encoded as ordinary text, like tiktoken's ``encode_ordinary``, so EOS/BOS ids only ever mark
-document boundaries. A trained tokenizer is a byte-level BPE (GPT-2 style: any byte
-sequence encodes, no unknown token) with one special token, ``<|endoftext|>``, used as EOS.
+document boundaries; this holds for the shards (:func:`encode_documents`) and for the saved
+Hugging Face tokenizer (:func:`save_hf_tokenizer` sets ``split_special_tokens``) alike. A trained
+tokenizer is a byte-level BPE (GPT-2 style: any byte sequence encodes, no unknown token) with one
+special token, ``<|endoftext|>``, used as EOS.
+
+Long runs: the BPE trainer's time on one pre-token grows with the square of its length (measured
+on tests/cases/genome_sequence.jsonl, one 300,000-letter run: 61 s at 512 ids, and about 4x that at
+twice the length). Before training, every run of more than ``max_pretoken_chars`` (default
+MAX_PRETOKEN_CHARS = 1,000) whitespace or non-whitespace characters is cut into pieces of that
+length (the same case: 0.26 s), counted as ``long_runs_split``. This is the cut Llama 3's reference
+tokenizer makes before tiktoken, for the same reason (``MAX_NO_WHITESPACES_CHARS``, 25,000 there, for
+encoding); the byte-level pre-tokens (letters, digits, other symbols, whitespace: GPT-2's pattern)
+never span a whitespace/non-whitespace boundary, so no pre-token of more than 1,000 characters (1,001
+with its leading space) reaches the trainer. Why the bound is safe: text without such a run is
+trained on unchanged; in a longer run the cut forces at most one token boundary per 1,000
+characters (natural-language pre-tokens are a few dozen characters at most; runs this long are
+sequences, encodings or dumps). Encoding needs no cut: applying learned merges is not quadratic
+(the 300,000-letter run encodes in 0.15 s), so the saved tokenizer is a plain byte-level BPE.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import hashlib
-import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -19,7 +44,10 @@ from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from largetrain_core.storage import MissingArtefactError, loading, read_json
+
 EOS_TOKEN = "<|endoftext|>"
+MAX_PRETOKEN_CHARS = 1000  # the module doc says why
 
 
 @dataclass(frozen=True)
@@ -49,13 +77,122 @@ def storage_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def train_bpe(texts: Iterable[list[str]], vocab_size: int, out_dir: Path, min_frequency: int = 2) -> TokenizerInfo:
-    """Train a byte-level BPE of ``vocab_size`` ids (EOS included) on batches of texts.
+def train_bpe(texts: Iterable[list[str]], vocab_size: int, out_dir: Path, min_frequency: int = 2,
+              max_pretoken_chars: int = MAX_PRETOKEN_CHARS) -> tuple[TokenizerInfo, dict]:
+    """Train a byte-level BPE of ``vocab_size`` ids (EOS included) on batches of texts; write
+    ``out_dir/tokenizer.json``.
 
-    Writes ``out_dir/tokenizer.json``. Raises ValueError if vocab_size is below the 256 byte symbols + EOS.
+    Long runs are cut before training (module doc, MAX_PRETOKEN_CHARS): every run of more than
+    ``max_pretoken_chars`` whitespace or non-whitespace characters reaches the trainer as pieces of at
+    most that many characters. The trainer runs in a child process (``python -m
+    largetrain_core.tokenizer``) fed through a pipe; any exception in the caller while it runs
+    (KeyboardInterrupt, Dagster's run termination) ends the child with SIGTERM, then SIGKILL, before
+    it propagates, so a cancelled training stops within a second.
+
+    Returns ``(info, stats)``, stats ``{"documents", "characters", "long_runs_split", "max_pretoken_chars"}``
+    (``long_runs_split``: runs longer than ``max_pretoken_chars`` that were cut). Raises ValueError if
+    vocab_size is below the 256 byte symbols + EOS or max_pretoken_chars < 1, RuntimeError naming the
+    exit status and the child's last error output if the training process fails.
     """
     if vocab_size < 257:
         raise ValueError(f"vocab_size {vocab_size} < 257: a byte-level BPE needs the 256 bytes plus EOS")
+    if max_pretoken_chars < 1:
+        raise ValueError(f"max_pretoken_chars must be >= 1, got {max_pretoken_chars}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stats = {"documents": 0, "characters": 0, "long_runs_split": 0, "max_pretoken_chars": max_pretoken_chars}
+    cmd = [sys.executable, "-m", "largetrain_core.tokenizer", str(out_dir), str(vocab_size), str(min_frequency),
+           str(os.getpid())]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            try:
+                for batch in texts:
+                    proc.stdin.write(_frame(_pieces(batch, max_pretoken_chars, stats)))
+                proc.stdin.write(_END)
+                proc.stdin.close()
+            except BrokenPipeError:  # the child failed while reading; its error output says why
+                pass
+            while True:
+                try:
+                    proc.wait(timeout=0.2)  # short waits: an interrupt is raised between them
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            _stop(proc)
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = err.read().decode(errors="replace").strip().splitlines()[-20:]
+            raise RuntimeError(f"BPE training process {' '.join(cmd)} exited with status {proc.returncode}:\n"
+                               + "\n".join(tail))
+    return load_tokenizer_info(out_dir), stats
+
+
+# Unicode White_Space (PropList.txt), the characters the byte-level pre-tokenizer's \s matches.
+_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_END = struct.pack("<Q", 2**64 - 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _long_run(n: int) -> re.Pattern:
+    """A maximal run of more than ``n`` non-whitespace, or whitespace, characters (the lookbehinds
+    anchor a match at the start of its run, so finding every run is linear in the text)."""
+    return re.compile(rf"(?<![^{_WS}])[^{_WS}]{{{n + 1},}}|(?<![{_WS}])[{_WS}]{{{n + 1},}}")
+
+
+def _pieces(batch: list[str], n: int, stats: dict) -> Iterator[str]:
+    """The texts of ``batch``, each cut after every ``n`` characters of a run longer than ``n``."""
+    pattern = _long_run(n)
+    for text in batch:
+        stats["documents"] += 1
+        stats["characters"] += len(text)
+        start = 0
+        for m in pattern.finditer(text):
+            stats["long_runs_split"] += 1
+            for cut in range(m.start() + n, m.end(), n):
+                yield text[start:cut]
+                start = cut
+        yield text[start:]
+
+
+def _frame(pieces: Iterable[str]) -> bytes:
+    """Length-prefixed UTF-8 (8-byte little-endian length, then the bytes) of each piece."""
+    out = []
+    for piece in pieces:
+        b = piece.encode()
+        out += (struct.pack("<Q", len(b)), b)
+    return b"".join(out)
+
+
+def _read_frames(stream) -> Iterator[str]:
+    while True:
+        head = stream.read(8)
+        if len(head) < 8:
+            raise EOFError("the training input ended without its end marker: the parent process went away")
+        (n,) = struct.unpack("<Q", head)
+        if n == 2**64 - 1:
+            return
+        yield stream.read(n).decode()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the training process if it still runs (Python's default SIGTERM action ends it even inside
+    the Rust trainer), SIGKILL after 5 s; always reap it."""
+    if proc.stdin and not proc.stdin.closed:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _train_worker(out_dir: Path, vocab_size: int, min_frequency: int, stream) -> None:
+    """The child process: train on the framed texts of ``stream`` and save ``out_dir/tokenizer.json``."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -66,34 +203,44 @@ def train_bpe(texts: Iterable[list[str]], vocab_size: int, out_dir: Path, min_fr
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_flatten(texts), trainer=trainer)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
-    return load_tokenizer_info(out_dir)
+    tok.train_from_iterator(_read_frames(stream), trainer=trainer)
+    tok.save(str(Path(out_dir) / "tokenizer.json"))
 
 
-def _flatten(batches: Iterable[list[str]]) -> Iterator[str]:
-    for batch in batches:
-        yield from batch
+def _exit_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel SIGTERM this process when its parent dies (prctl PR_SET_PDEATHSIG), so a
+    SIGKILLed asset process does not leave a training behind; exit if the parent is already gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        sys.exit("the process that started the BPE training is gone")
+
+
+def read_tokenizer(path: Path) -> Tokenizer:
+    """``Tokenizer.from_file`` whose failures name the file: MissingArtefactError when absent, ArtefactError
+    when it is not a valid tokenizer.json (cut short, garbled)."""
+    with loading(path, "Hugging Face tokenizers tokenizer.json"):
+        return Tokenizer.from_file(str(path))
 
 
 def load_tokenizer_info(path: Path) -> TokenizerInfo:
     """Read tokenizer.json (a file, or a directory holding it and optionally tokenizer_config.json).
 
     EOS is ``eos_token`` from tokenizer_config.json if present, else ``<|endoftext|>``; BOS is
-    ``bos_token`` from tokenizer_config.json if present. Raises FileNotFoundError when there is no
-    tokenizer.json and ValueError when the EOS token is not in the vocabulary.
+    ``bos_token`` from tokenizer_config.json if present. Raises MissingArtefactError (a
+    FileNotFoundError) when there is no tokenizer.json, ArtefactError (a ValueError) naming the file
+    when tokenizer.json or tokenizer_config.json cannot be parsed, and ValueError when the EOS token
+    is not in the vocabulary.
     """
     path = Path(path)
     tj = path / "tokenizer.json" if path.is_dir() else path
     if not tj.exists():
-        raise FileNotFoundError(f"no tokenizer.json at {path}")
-    tok = Tokenizer.from_file(str(tj))
+        raise MissingArtefactError(f"{tj}: missing; expected a Hugging Face tokenizers tokenizer.json")
+    tok = read_tokenizer(tj)
     eos, bos = EOS_TOKEN, None
     cfg_file = tj.parent / "tokenizer_config.json"
     if cfg_file.exists():
-        cfg = json.loads(cfg_file.read_text())
+        cfg = read_json(cfg_file, "transformers tokenizer_config.json")
         eos = _token_str(cfg.get("eos_token")) or eos
         bos = _token_str(cfg.get("bos_token"))
     eos_id = tok.token_to_id(eos)
@@ -130,11 +277,14 @@ def encode_documents(tok: Tokenizer, info: TokenizerInfo, texts: list[str]) -> l
 
 def save_hf_tokenizer(info: TokenizerInfo, out_dir: Path) -> None:
     """Write the tokenizer as a transformers ``PreTrainedTokenizerFast`` directory (tokenizer.json,
-    tokenizer_config.json with eos/bos), loadable with ``AutoTokenizer.from_pretrained``."""
+    tokenizer_config.json with eos/bos), loadable with ``AutoTokenizer.from_pretrained``.
+
+    ``split_special_tokens`` is saved as true, so ``AutoTokenizer`` encodes text that spells a special
+    token as plain text, the same ids as :func:`encode_documents` (module doc); EOS/BOS are added by id."""
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer.from_file(str(info.path))
-    kwargs = {"eos_token": tok.id_to_token(info.eos_id)}
+    tok = read_tokenizer(info.path)
+    kwargs = {"eos_token": tok.id_to_token(info.eos_id), "split_special_tokens": True}
     if info.bos_id is not None:
         kwargs["bos_token"] = tok.id_to_token(info.bos_id)
     PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs).save_pretrained(str(out_dir))
@@ -151,3 +301,8 @@ def copy_tokenizer(src: Path, out_dir: Path) -> TokenizerInfo:
         if (src / name).exists():
             (out_dir / name).write_bytes((src / name).read_bytes())
     return load_tokenizer_info(out_dir)
+
+
+if __name__ == "__main__":  # the training child of train_bpe: OUT_DIR VOCAB_SIZE MIN_FREQUENCY PARENT_PID
+    _exit_with_parent(int(sys.argv[4]))
+    _train_worker(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.stdin.buffer)

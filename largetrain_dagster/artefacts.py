@@ -6,7 +6,6 @@ directory renamed into place when complete; the data version is a hash of the as
 (CODE_VERSIONS), its config and its inputs' data versions (docs/ARCHITECTURE.md, Lineage).
 """
 
-import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -14,32 +13,53 @@ from typing import Callable
 import polars as pl
 from dagster import AssetExecutionContext, Config, DataVersion, MetadataValue, Output
 
-from largetrain_core.storage import atomic_dir, part_files, relative_to_root, resolve_under, write_json_atomic
+from largetrain_core.storage import (
+    atomic_dir,
+    part_files,
+    read_json,
+    relative_to_root,
+    resolve_under,
+    verify_manifest,
+    write_json_atomic,
+)
 from largetrain_dagster.resources import Storage
 
 # Bump an asset's code version when its code changes what it writes: Dagster then marks it stale.
-CODE_VERSIONS = {"raw_corpus": "5", "cleaned_text": "6", "deduplicated_text": "4", "tokenizer": "1",
+CODE_VERSIONS = {"raw_corpus": "5", "cleaned_text": "6", "deduplicated_text": "4", "tokenizer": "2",
                  "token_shards": "2", "base_checkpoint": "2", "lora_adapter": "2", "evaluation": "2"}
 
 
 
 def build_or_reuse(context: AssetExecutionContext, storage: Storage, key: list[str], version: str,
-           build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
-    """Build ``<root>/<key>/<version>/`` atomically with ``build(tmp_dir) -> stats``, or reuse it if complete.
+                   build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
+    """Build ``<root>/<key>/<version>/`` atomically with ``build(tmp_dir) -> stats``, or reuse it if it
+    is complete and intact.
 
-    Returns (directory, stats, reused). Paths inside the directory are stored in ``stats.json``
-    relative to it (storage.relative_to_root), so a copied or moved directory reads its own files."""
+    An existing directory is reused only when it matches its ``_manifest.json``
+    (largetrain_core.storage.verify_manifest: file list and sizes, full checksums of files up to 8 MiB,
+    sampled checksums of larger ones); otherwise it is rebuilt, with a warning naming the damaged
+    files and ``rebuilt_because`` (the problems, "; "-joined) in the returned stats and so in the
+    metadata. Returns (directory, stats, reused). Paths inside the directory are stored in
+    ``stats.json`` relative to it (storage.relative_to_root), so a copied or moved directory reads its
+    own files."""
     final = storage.path(*key, version)
-    stats_file = final / "stats.json"
-    if stats_file.exists():
-        context.log.info(f"{'/'.join(key)} {version} is already complete at {final}: reusing it")
-        return final, resolve_under(json.loads(stats_file.read_text()), final), True
+    rebuilt_because = None
+    if final.exists():
+        t0 = time.perf_counter()
+        problems = verify_manifest(final)
+        if not problems:
+            context.log.info(f"{'/'.join(key)} {version} is already complete at {final} and matches its manifest "
+                             f"(verified in {time.perf_counter() - t0:.3f} s): reusing it")
+            return final, resolve_under(read_json(final / "stats.json", "stage stats (stats.json)"), final), True
+        rebuilt_because = "; ".join(problems)
+        context.log.warning(f"{'/'.join(key)} {version} at {final} does not match its manifest, rebuilding it: "
+                            f"{rebuilt_because}")
     t0 = time.perf_counter()
     with atomic_dir(final) as tmp:
         stats = build(tmp)
         stats["seconds"] = round(time.perf_counter() - t0, 3)
         write_json_atomic(tmp / "stats.json", relative_to_root(relative_to_root(stats, tmp), final))
-    return final, stats, False
+    return final, {**stats, "rebuilt_because": rebuilt_because} if rebuilt_because else stats, False
 
 
 def asset_output(path: Path, version: str, stats: dict, config: Config | dict, reused: bool, extra: dict | None = None) -> Output:
@@ -50,6 +70,8 @@ def asset_output(path: Path, version: str, stats: dict, config: Config | dict, r
     md = {"path": MetadataValue.path(str(path)), "data_version": version, "reused": reused,
           "config": MetadataValue.json(cfg)}
     md.update({k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    if stats.get("rebuilt_because"):
+        md["rebuilt_because"] = MetadataValue.text(stats["rebuilt_because"])
     md.update(extra or {})
     return Output(handle, metadata=md, data_version=DataVersion(version))
 

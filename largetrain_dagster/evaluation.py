@@ -1,13 +1,12 @@
 """Evaluation: held-out perplexity of the base on both corpora and of base + adapter on the domain
 corpus, sample generations; blocking check ``adapter_beats_base_on_domain``."""
 
-import json
 from pathlib import Path
 
 from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetIn, Config, MetadataValue, asset
 from pydantic import Field
 
-from largetrain_core.storage import data_version, write_json_atomic
+from largetrain_core.storage import data_version, read_json, write_json_atomic
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
 from largetrain_dagster.resources import Storage
 
@@ -48,7 +47,7 @@ def evaluation(context: AssetExecutionContext, config: EvaluationConfig, storage
 
     path, stats, reused = build_or_reuse(context, storage, ["evaluation"], version, build)
     gain = 1 - stats["adapter_domain_perplexity"] / stats["base_domain_perplexity"]
-    samples = json.loads((path / "samples.json").read_text())
+    samples = read_json(path / "samples.json", "sample generations (samples.json)")
     table = "\n".join(f"| {b['prompt']!r} | {b['completion']!r} | {a['completion']!r} |"
                       for b, a in zip(samples["base"], samples["adapter"]))
     yield asset_output(path, version, {**stats, "adapter_domain_perplexity_reduction": gain}, config, reused, {

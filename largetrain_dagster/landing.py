@@ -7,7 +7,8 @@ as many files of a few GB, e.g. C4's 1,024 JSONL.gz shards, so a file is the nat
 
     landed/raw_corpus [partition]  ->  landed/cleaned_text [partition]  ->  landed/deduplicated_text (global)
 
-* ``landing_sensor`` adds a partition ``<corpus>/<file>`` per new file and requests one run per
+* ``landing_sensor`` adds a partition ``<corpus>/<file>`` per new file (both names percent-escaped,
+  :func:`partition_key`: one key per file name, never two files under one key) and requests one run per
   partition (raw_corpus + cleaned_text). Its cursor remembers the files seen (name -> size and mtime);
   each run key is ``<partition>@<size>:<mtime_ns>``, so the same file never starts a second run, even
   if the cursor is lost, while a file replaced with new content does. A tick with nothing new skips
@@ -26,6 +27,8 @@ Artefacts: ``<root>/landed/<asset>/<partition>/<data version>/``; handles in
 import json
 import re
 from pathlib import Path
+
+import xxhash
 
 from dagster import (
     AssetExecutionContext,
@@ -56,20 +59,53 @@ LANDED_CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "1", "deduplicated_te
 _PARTIAL = re.compile(r"(^\.)|(\.(tmp|part|partial)$)")
 
 
+# A partition key part longer than this is cut and given a hash suffix (a path component may hold 255 bytes).
+MAX_KEY_PART = 200
+
+
+def escape_name(name: str) -> str:
+    """``name`` as a partition key part: every character outside ``[A-Za-z0-9_-]`` and ``.`` is
+    percent-encoded over its UTF-8 bytes (RFC 3986 style, ``%`` itself included), and so is a ``.``
+    right after a ``.`` (Dagster refuses ``...`` in a key). Decoding gives the name back, so distinct
+    names give distinct parts. A part longer than MAX_KEY_PART is cut to 180 characters plus ``~`` and
+    the xxh3-64 of the exact name (``~`` is never left unescaped otherwise). Undecodable bytes of a
+    file name (surrogate escapes) are encoded as the bytes they stand for."""
+    out, prev = [], ""
+    for ch in name:
+        if (ch.isascii() and (ch.isalnum() or ch in "_-")) or (ch == "." and prev != "."):
+            out.append(ch)
+        else:
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape")))
+        prev = ch
+    part = "".join(out)
+    if len(part) <= MAX_KEY_PART:
+        return part
+    head = part[:180]
+    head = head[: head.rfind("%")] if "%" in head[-2:] else head  # never end inside an escape
+    return f"{head}~{xxhash.xxh3_64_hexdigest(name.encode('utf-8', 'surrogateescape'))}"
+
+
 def partition_key(corpus: str, file_name: str) -> str:
-    """``<corpus>/<file name>`` with anything outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
-    clean = lambda s: re.sub(r"[^A-Za-z0-9._-]", "_", s)  # noqa: E731
-    return f"{clean(corpus)}/{clean(file_name)}"
+    """``<corpus>/<file name>``, each escaped by :func:`escape_name` (injective: ``notes 1.md`` is
+    ``notes%201.md``, ``notes_1.md`` stays ``notes_1.md``)."""
+    return f"{escape_name(corpus)}/{escape_name(file_name)}"
 
 
 def landed_files(landing: Path) -> dict[str, Path]:
-    """Complete files under ``landing/<corpus>/`` (not recursing further), by partition key."""
-    out = {}
+    """Complete files under ``landing/<corpus>/`` (not recursing further), by partition key.
+
+    Raises ValueError naming both files if two files get one key (only possible for names cut by
+    :func:`escape_name` whose xxh3-64 collide): one file never silently shadows another."""
+    out: dict[str, Path] = {}
     if landing.is_dir():
         for corpus_dir in sorted(p for p in landing.iterdir() if p.is_dir() and not p.name.startswith(".")):
             for f in sorted(corpus_dir.iterdir()):
                 if f.is_file() and not _PARTIAL.search(f.name):
-                    out[partition_key(corpus_dir.name, f.name)] = f
+                    key = partition_key(corpus_dir.name, f.name)
+                    if key in out:
+                        raise ValueError(f"landed files {out[key]} and {f} map to one partition key {key!r}: "
+                                         "rename one of them")
+                    out[key] = f
     return out
 
 

@@ -8,12 +8,12 @@ on: each is checked against the shards' manifest (deduplicated_text by the manif
 does not match, with a warning in the run log.
 """
 
-import json
 from pathlib import Path
 
 from dagster import AssetExecutionContext, AssetKey
 
 from largetrain_core.model_card import CARD, TRAINING_KEYS, read_lineage, software_versions, write_model_card
+from largetrain_core.storage import read_json
 from largetrain_dagster.resources import Storage, read_handle
 
 ROLE = {"base_model": "pretrain", "lora_adapter": "domain"}
@@ -21,7 +21,7 @@ ROLE = {"base_model": "pretrain", "lora_adapter": "domain"}
 
 def corpus_lineage(context: AssetExecutionContext, root: Path, role: str, shards: dict) -> tuple[dict, dict]:
     """(the corpus entry of the card, the shards' manifest) for ``role``'s token_shards handle ``shards``."""
-    manifest = json.loads((Path(shards["path"]) / "manifest.json").read_text())
+    manifest = read_json(Path(shards["path"]) / "manifest.json", "token shard manifest (manifest.json)")
     splits = manifest.get("splits", {})
     entry = {"role": role, "source": None, "provenance": None, "content_digests": None, "documents": None,
              "data_versions": {},
@@ -67,15 +67,15 @@ def write_card(context: AssetExecutionContext, storage: Storage, kind: str, mode
     corpus, manifest = corpus_lineage(context, root, ROLE[kind], shards)
     training = None
     if train_dir is not None:
-        cfg = json.loads((Path(train_dir) / "train_config.json").read_text())
-        summary = json.loads((Path(train_dir) / "summary.json").read_text())
+        cfg = read_json(Path(train_dir) / "train_config.json", "training config (train_config.json)")
+        summary = read_json(Path(train_dir) / "summary.json", "training summary (summary.json)")
         training = {"config": {k: cfg[k] for k in TRAINING_KEYS if k in cfg},
                     "results": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))
                                 and k not in ("output", "loss_curve", "resumed_from")}}
         training["config"]["seq_len"] = manifest.get("seq_len")
         peft_cfg = model_dir / "adapter_config.json"
         if peft_cfg.exists():
-            a = json.loads(peft_cfg.read_text())
+            a = read_json(peft_cfg, "PEFT adapter_config.json")
             training["adapter"] = {"r": a.get("r"), "lora_alpha": a.get("lora_alpha"),
                                    "target_modules": sorted(a.get("target_modules") or [])}
     lineage = {"kind": kind, "data_version": version, "corpora": [corpus], "tokenizer": tokenizer_lineage(root, manifest),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -27,7 +26,7 @@ from dagster import (
 )
 
 from largetrain_core.launch import launch_commands, proc_stat, process_tree
-from largetrain_core.storage import relative_to_root, resolve_under, write_json_atomic
+from largetrain_core.storage import ArtefactError, read_json, relative_to_root, resolve_under, verify_manifest, write_json_atomic
 from largetrain_core.training.config import TRACKING, TrainConfig
 from largetrain_dagster.configs import dagster_config
 
@@ -51,7 +50,7 @@ def read_handle(root: str | Path, key: AssetKey, partition: str | None = None) -
     """The handle of ``key`` (see :class:`HandleIOManager`) with its paths resolved under ``root``, or
     None when it has not been materialized."""
     f = handle_file(root, key, partition)
-    return resolve_under(json.loads(f.read_text()), Path(root).resolve()) if f.exists() else None
+    return resolve_under(read_json(f, f"handle of {key.to_user_string()} (JSON: path, data_version, stats)"), Path(root).resolve()) if f.exists() else None
 
 
 class HandleIOManager(ConfigurableIOManager):
@@ -65,15 +64,26 @@ class HandleIOManager(ConfigurableIOManager):
     same partitioning gives the handle of that partition; a partitioned input of an unpartitioned
     downstream asset (a global step) gives ``{partition: handle}`` for every partition, in partition
     order. Raises Failure naming the missing file when an input (or one partition of it) has not
-    been materialized."""
+    been materialized, the handle when it is damaged, and the files when the directory it points to
+    no longer matches its manifest (largetrain_core.storage.verify_manifest)."""
 
     root: str = ".largetrain"
 
     def _file(self, key: AssetKey, partition: str | None) -> Path:
         return handle_file(self.root, key, partition)
 
-    def _read(self, f: Path) -> dict:
-        return resolve_under(json.loads(f.read_text()), Path(self.root).resolve())
+    def _read(self, f: Path, what: str) -> dict:
+        """A handle, after checking that the directory it points to still matches its manifest
+        (largetrain_core.storage.verify_manifest): a damaged input fails here, naming the files."""
+        try:
+            handle = resolve_under(read_json(f, f"handle of {what} (JSON: path, data_version, stats)"), Path(self.root).resolve())
+        except ArtefactError as e:
+            raise Failure(f"{e}; re-materialize {what}") from e
+        problems = verify_manifest(Path(handle["path"]))
+        if problems:
+            raise Failure(f"{what} at {handle['path']} was damaged after it was written: " + "; ".join(problems)
+                          + f". Re-materialize {what}: it is rebuilt.")
+        return handle
 
     def handle_output(self, context: OutputContext, obj: dict) -> None:
         write_json_atomic(self._file(context.asset_key, context.partition_key if context.has_partition_key else None),
@@ -85,13 +95,13 @@ class HandleIOManager(ConfigurableIOManager):
             f = self._file(key, None)
             if not f.exists():
                 raise Failure(f"{key.to_user_string()} has not been materialized under {self.root} (no {f})")
-            return self._read(f)
+            return self._read(f, key.to_user_string())
         out = {}
         for pk in context.asset_partition_keys:
             f = self._file(key, pk)
             if not f.exists():
                 raise Failure(f"partition {pk} of {key.to_user_string()} has not been materialized (no {f})")
-            out[pk] = self._read(f)
+            out[pk] = self._read(f, f"partition {pk} of {key.to_user_string()}")
         if context.has_partition_key:  # partition -> the same partition: its one handle
             (handle,) = out.values()
             return handle

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from largetrain_core.digest import files_digest
 from largetrain_core.storage import data_version
-from largetrain_core.tokenizer import copy_tokenizer, train_bpe
+from largetrain_core.tokenizer import MAX_PRETOKEN_CHARS, copy_tokenizer, train_bpe
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse, texts
 from largetrain_dagster.resources import Storage
 
@@ -20,6 +20,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what largetrain
 class TokenizerConfig(Config):
     vocab_size: int = Field(default=8192, description="BPE vocabulary size including the EOS token.")
     min_frequency: int = 2
+    max_pretoken_chars: int = Field(default=MAX_PRETOKEN_CHARS, description=(
+        "Runs of more than this many whitespace or non-whitespace characters are cut into pieces of this "
+        "length before training (the trainer's time grows with the square of a pre-token's length; "
+        "largetrain_core.tokenizer says why 1,000 is safe); counted as long_runs_split."))
     pretrained_model: Optional[str] = Field(default=None, description=(
         "A local Hugging Face model directory: take its tokenizer instead of training one (set the same "
         "directory as base_checkpoint's pretrained_model, so that the shards speak the model's vocabulary)."))
@@ -40,7 +44,9 @@ def tokenizer(context: AssetExecutionContext, config: TokenizerConfig, storage: 
         if config.pretrained_model:
             info = copy_tokenizer(Path(config.pretrained_model), out)
         else:
-            info = train_bpe(texts(Path(text["path"])), config.vocab_size, out, config.min_frequency)
+            info, trained = train_bpe(texts(Path(text["path"])), config.vocab_size, out, config.min_frequency,
+                                      config.max_pretoken_chars)
+            return {"vocab_size": info.vocab_size, "eos_id": info.eos_id, "sha256": info.sha256, **trained}
         return {"vocab_size": info.vocab_size, "eos_id": info.eos_id, "sha256": info.sha256}
 
     path, stats, reused = build_or_reuse(context, storage, ["tokenizer"], version, build)

@@ -25,7 +25,16 @@ from pydantic import Field
 from largetrain_core.digest import DigestCache, tree_digest
 from largetrain_core.model import import_pretrained, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
-from largetrain_core.storage import data_version, relative_to_root, resolve_under, write_json_atomic
+from largetrain_core.storage import (
+    data_version,
+    loading,
+    read_json,
+    relative_to_root,
+    resolve_under,
+    verify_manifest,
+    write_json_atomic,
+    write_manifest,
+)
 from largetrain_core.training.config import TRACKING, TrainConfig
 from largetrain_core.training.trackers import METRICS, RECORDS, read_metrics
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
@@ -54,7 +63,8 @@ LoraAdapterConfig = dagster_config(TrainConfig, "LoraAdapterConfig", exclude=(*S
 
 
 def _loss_check(metrics_file: Path) -> AssetCheckResult:
-    losses = [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines() if line.strip()]
+    with loading(metrics_file, "training metrics (JSON lines with a loss)"):
+        losses = [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines() if line.strip()]
     import math
 
     finite = bool(losses) and all(math.isfinite(x) for x in losses)
@@ -72,9 +82,15 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
     out = storage.path(key, version)
     summary_file = out / "summary.json"
     final = out / ("model" if key == "base_checkpoint" else "adapter")
+    rebuilt_because = None
     if summary_file.exists() and final.exists():
-        context.log.info(f"{key} {version} already trained at {out}: reusing it")
-        return out, moved_summary(out), True
+        problems = verify_manifest(out)
+        if not problems:
+            context.log.info(f"{key} {version} already trained at {out} and matches its manifest: reusing it")
+            return out, moved_summary(out), True
+        rebuilt_because = "; ".join(problems)
+        context.log.warning(f"{key} {version} at {out} does not match its manifest; running the training again "
+                            f"(it resumes from its newest complete checkpoint): {rebuilt_because}")
     out.mkdir(parents=True, exist_ok=True)
     tracking = trackers.model_dump()
     tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
@@ -86,15 +102,26 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
     write_json_atomic(cfg_path, cfg.to_dict())
     reported = launcher.run(context, cfg_path, out / "train.log")
     context.log.info(f"rank 0 reported {sorted(reported)}")
-    return out, json.loads(summary_file.read_text()), False
+    summary = read_json(summary_file, "training summary (summary.json)")
+    return out, {**summary, "rebuilt_because": rebuilt_because} if rebuilt_because else summary, False
+
+
+# What a finished training leaves in its output directory, recorded in its _manifest.json and verified before reuse.
+TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.svg")
+
+
+def seal_training(out: Path) -> None:
+    """Record a finished training's outputs (TRAINED_OUTPUTS under ``out``; not the checkpoints and the log,
+    which keep changing) in ``out/_manifest.json``, once everything is written into them (the model card)."""
+    write_manifest(out, [p for p in TRAINED_OUTPUTS if (out / p).exists()])
 
 
 def moved_summary(out: Path) -> dict:
     """``out/summary.json`` with the paths that the training wrote under its output directory (named in
     ``train_config.json``) resolved under ``out``: a copied or moved root reads its own model files."""
-    summary = json.loads((out / "summary.json").read_text())
+    summary = read_json(out / "summary.json", "training summary (summary.json)")
     cfg = out / "train_config.json"
-    written_in = json.loads(cfg.read_text()).get("output_dir") if cfg.exists() else None
+    written_in = read_json(cfg, "training config (train_config.json)").get("output_dir") if cfg.exists() else None
     return resolve_under(relative_to_root(summary, written_in), out) if written_in else summary
 
 
@@ -153,6 +180,8 @@ def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig
     out, summary, reused = _train(context, storage, launcher, trackers, "base_checkpoint", version, config,
                                   mode="pretrain", train_shards=shards["path"], tokenizer=shards["path"])
     write_card(context, storage, "base_model", Path(summary["output"]), version, shards, train_dir=out)
+    if not reused:
+        seal_training(out)
     yield _train_output(out, version, summary, config, reused)
     yield _loss_check(out / METRICS)
 
@@ -204,6 +233,8 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
                                   mode="lora", train_shards=shards["path"], base_model=base["stats"]["output"])
     write_card(context, storage, "lora_adapter", Path(summary["output"]), version, shards, train_dir=out,
                base_model=Path(base["stats"]["output"]))
+    if not reused:
+        seal_training(out)
     yield _train_output(out, version, summary, config, reused)
     yield _loss_check(out / METRICS)
 

@@ -42,6 +42,8 @@ VARYING = {
     "README.md": "the model card names the corpus directory, the provenance's fetch time and (adapter) PEFT's "
                  "base_model path",
     "lineage.json": "the same facts as the model card, as JSON (compared without the corpus location)",
+    "_manifest.json": "every file's modification time, and the sizes and checksums of the files above (the file "
+                      "list and every other file's size and checksums compared exactly)",
 }
 DROP = {"seconds", "fetched_at", "tokens_per_s", "mfu", "mean_mfu", "train_seconds", "output", "loss_curve", "peak_memory_bytes",
         "peak_memory_gib", "time", "elapsed", "step_seconds", "resumed_from", "output_dir", "train_shards",
@@ -129,6 +131,13 @@ def _same_but_varying(name: str, a: Path, b: Path) -> None:
         _assert_equal(states[0], states[1], a)
     elif name == "lineage.json":
         assert _without(json.loads(a.read_text())) == _without(json.loads(b.read_text())), a
+    elif name == "_manifest.json":
+        m = [json.loads(p.read_text()) for p in (a, b)]
+        assert m[0]["paths"] == m[1]["paths"] and m[0]["files"].keys() == m[1]["files"].keys(), a
+        for rel, entry in m[0]["files"].items():
+            if Path(rel).name not in VARYING:
+                same = [{k: v for k, v in e.items() if k != "mtime_ns"} for e in (entry, m[1]["files"][rel])]
+                assert same[0] == same[1], f"{a}: {rel}"
 
 
 def test_same_corpus_in_two_places_gives_the_same_lineage_bit_for_bit_and_a_copied_root_reads_its_own_files(tmp_path):

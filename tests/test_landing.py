@@ -2,7 +2,11 @@
 dynamic partitions and global dedup, declarative automation, and the adapter schedule."""
 
 import json
+import os
 import shutil
+from pathlib import Path
+
+import polars as pl
 
 from dagster import (
     AssetKey,
@@ -17,7 +21,8 @@ from dagster import (
 )
 
 from largetrain_dagster.definitions import build_definitions
-from largetrain_dagster.landing import landed_batches, landing_sensor
+from largetrain_dagster.landing import MAX_KEY_PART, landed_batches, landing_sensor, partition_key
+from largetrain_dagster.resources import read_handle
 from test_pipeline import CORPORA, corpus
 
 RAW, CLEAN, DEDUP = (AssetKey(["landed", n]) for n in ("raw_corpus", "cleaned_text", "deduplicated_text"))
@@ -55,7 +60,7 @@ def test_sensor_two_ticks_partitions_and_global_dedup(tmp_path):
 
         result = tick(instance, res, None)
         assert isinstance(result, SensorResult)
-        keys = ["shakespeare/as-you-like-it.md", "shakespeare/twelfth_night.md"]
+        keys = ["shakespeare/as-you-like-it.md", "shakespeare/twelfth%20night.md"]
         assert [r.partition_key for r in result.run_requests] == keys
         assert all(set(r.asset_selection) == {RAW, CLEAN} for r in result.run_requests)
         assert [list(r.partition_keys) for r in result.dynamic_partitions_requests] == [keys]
@@ -94,6 +99,52 @@ def test_sensor_two_ticks_partitions_and_global_dedup(tmp_path):
         done = materialize(list(defs.assets), resources=res, instance=instance, selection=[DEDUP])
         stats = done.output_for_node("landed__deduplicated_text")["stats"]
         assert stats["partitions"] == 3 and stats["duplicate"] == 1 and stats["input"] == 3
+
+
+def test_landed_files_never_share_a_partition_key(cases, tmp_path):
+    """tests/cases/landing_collision: ``notes 1.md`` and ``notes_1.md`` (and names that are cut, or hold
+    dots, or bytes that are not UTF-8) each get a partition of their own, and every file is read."""
+    root = tmp_path / "root"
+    defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled")
+    landing = root / "landing" / "web"
+    landing.mkdir(parents=True)
+    for f in (cases / "landing_collision").iterdir():
+        shutil.copy(f, landing / f.name)
+    long_a, long_b = "n" * 230 + "-a.md", "n" * 230 + "-b.md"  # the same first 200 characters
+    texts = {"notes 1.md": (cases / "landing_collision" / "notes 1.md").read_text(),
+             "notes_1.md": (cases / "landing_collision" / "notes_1.md").read_text(),
+             "notes...md": "Dots in a row. A partition key may not hold three of them.",
+             long_a: "The first of two files whose long names differ at the end.",
+             long_b: "The second of two files whose long names differ at the end.",
+             os.fsdecode(b"caf\xe9.md"): "A Latin-1 file name, not valid UTF-8."}
+    for name, text in texts.items():
+        if not (landing / name).exists():
+            (landing / name).write_text(text)
+    with DagsterInstance.ephemeral() as instance:
+        result = tick(instance, defs.resources, None)
+        keys = [r.partition_key for r in result.run_requests]
+        assert len(set(keys)) == len(keys) == len(texts)
+        assert {"web/notes%201.md", "web/notes_1.md", "web/notes.%2E%2Emd", "web/caf%E9.md"} <= set(keys)
+        assert all(len(k.split("/")[1]) <= MAX_KEY_PART for k in keys)
+        assert {r.tags["largetrain/landed_file"] for r in result.run_requests} == {str(landing / n) for n in texts}
+        apply(instance, defs, result)
+        for req in result.run_requests:  # each partition read its own file
+            handle = read_handle(root, AssetKey(["landed", "raw_corpus"]), req.partition_key)
+            name = Path(req.tags["largetrain/landed_file"]).name
+            if req.partition_key == "web/caf%E9.md":  # the reader rejects a file name that is not UTF-8, with the reason
+                assert (handle["stats"]["documents"], handle["stats"]["rejected"]) == (0, 1)
+                continue
+            docs = pl.read_parquet(Path(handle["path"]) / "part-00000.parquet")
+            assert [t.strip() for t in docs["text"].to_list()] == [texts[name].strip()]
+
+
+def test_partition_key_escaping_is_reversible():
+    from urllib.parse import unquote_to_bytes
+
+    for name in ["notes 1.md", "notes_1.md", "100%.md", "a%20b.md", "x...y", "\u00e9t\u00e9.txt", os.fsdecode(b"\xff\xfe.md")]:
+        key = partition_key("web", name)
+        assert unquote_to_bytes(key.split("/")[1]) == os.fsencode(name)
+    assert partition_key("web", "notes 1.md") != partition_key("web", "notes_1.md")
 
 
 def test_automation_and_schedule_policies():

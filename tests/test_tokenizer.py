@@ -1,13 +1,27 @@
-"""largetrain_core.tokenizer: BPE training, loading, the storage dtype and the EOS/BOS policy."""
+"""largetrain_core.tokenizer: BPE training (long runs cut, cancellable), loading, the storage dtype and the
+EOS/BOS policy on every path."""
 
 import hashlib
 import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from largetrain_core.tokenizer import EOS_TOKEN, encode_documents, load_tokenizer_info, storage_dtype, train_bpe
+from largetrain_core.tokenizer import (
+    EOS_TOKEN,
+    MAX_PRETOKEN_CHARS,
+    encode_documents,
+    load_tokenizer_info,
+    save_hf_tokenizer,
+    storage_dtype,
+    train_bpe,
+)
 
 
 def test_train_bpe_vocab_eos_and_file(bpe_dir, sentences):
@@ -117,3 +131,114 @@ def test_sparse_ids_size_the_vocabulary_by_the_largest_id(tmp_path, make_word_to
     assert info.vocab_size > 70_000 and info.dtype == np.uint32
     (doc,) = encode_documents(tok, info, ["b a"])
     assert doc.tolist() == [70_000, 0, info.eos_id]
+
+
+# ---------------------------------------------------------------------------------------------
+# long runs (tests/cases/genome_sequence.jsonl): cut before training, counted; training cancellable
+
+
+def genome_texts(cases) -> list[str]:
+    return [json.loads(line)["text"] for line in (cases / "genome_sequence.jsonl").read_text().splitlines()]
+
+
+def test_genome_sequence_run_is_cut_before_training_and_counted(cases, tmp_path):
+    texts = genome_texts(cases)
+    assert max(len(t) for t in texts) > 300_000
+    info, stats = train_bpe([texts[:2], texts[2:]], 512, tmp_path)
+    # one run (the 300,000 letters) longer than MAX_PRETOKEN_CHARS: cut, counted; the rest untouched
+    assert stats == {"documents": 4, "characters": sum(map(len, texts)), "long_runs_split": 1,
+                     "max_pretoken_chars": MAX_PRETOKEN_CHARS}
+    tok = Tokenizer.from_file(str(info.path))
+    assert max(len(tok.decode([i])) for i in range(info.vocab_size) if i != info.eos_id) <= MAX_PRETOKEN_CHARS
+    for text in texts:  # the saved tokenizer encodes the uncut run and gives it back
+        assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
+
+
+@pytest.mark.parametrize("text,runs", [
+    ("abcde fghij", 0),  # runs of exactly the bound are not cut
+    ("abcdef ghij", 1),  # a run of letters one longer
+    ("x" + " " * 6 + "y", 1),  # whitespace
+    ("x\u2003\u2003\u2003\n\n\u3000y", 1),  # Unicode White_Space (EM SPACE, ideographic space)
+    ("ab-12_cd,ef!", 1),  # non-whitespace of mixed classes
+    ("aaaaaaaaaaa bbbbbbbbbbbbbbbbb", 2),
+])
+def test_every_run_longer_than_max_pretoken_chars_is_counted(tmp_path, text, runs):
+    info, stats = train_bpe([[text] * 3], 260, tmp_path, min_frequency=1, max_pretoken_chars=5)
+    assert stats["long_runs_split"] == 3 * runs
+    tok = Tokenizer.from_file(str(info.path))
+    # no merge crosses a cut: no learned token is longer than the bound (+1: a leading space)
+    assert max(len(tok.decode([i])) for i in range(info.vocab_size) if i != info.eos_id) <= 6
+
+
+def test_bpe_training_failure_names_the_status_and_the_error(tmp_path):
+    (tmp_path / "tokenizer.json").mkdir()  # the child cannot save there
+    with pytest.raises(RuntimeError, match=r"exited with status 1:(.|\n)*tokenizer\.json"):
+        train_bpe([["some text to train on"]], 300, tmp_path)
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live processes (not zombies) whose command line contains ``marker``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if d.name.isdigit() and marker in cmd and state != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def test_interrupting_bpe_training_ends_the_training_process(cases, tmp_path):
+    """SIGINT (what Dagster's run termination and Ctrl-C deliver) while the trainer runs on the genome
+    case without the cut (about a minute of uninterruptible Rust): the training process is gone when
+    the caller's KeyboardInterrupt has propagated."""
+    out = tmp_path / "tok-being-cancelled"
+    script = textwrap.dedent(f"""
+        import json, sys
+        from largetrain_core.tokenizer import train_bpe
+        texts = [json.loads(x)["text"] for x in open({str(cases / "genome_sequence.jsonl")!r})]
+        def batches():
+            yield texts
+            print("fed", flush=True)  # every text is in the pipe: the child trains from here on
+        train_bpe(batches(), 8192, {str(out)!r}, max_pretoken_chars=10**9)
+        print("finished", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "fed"
+        trainers = [p for p in _processes_with(str(out)) if p != proc.pid]
+        assert len(trainers) == 1  # the training child (its command line names the output directory)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "KeyboardInterrupt" in stderr and "finished" not in stdout
+    assert proc.returncode != 0
+    assert not _processes_with(str(out)), "the BPE training process outlived the interrupted caller"
+    assert not (out / "tokenizer.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# "<|endoftext|>" written inside a document: plain text on every path
+
+
+def test_literal_eos_text_is_plain_text_in_the_shards_and_the_saved_hf_tokenizer(bpe_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    info = load_tokenizer_info(bpe_dir)
+    hf_dir = tmp_path / "hf"
+    save_hf_tokenizer(info, hf_dir)
+    hf = AutoTokenizer.from_pretrained(str(hf_dir))  # as evaluation and any downstream user loads it
+    texts = [f"GPT-2 separates documents with {EOS_TOKEN} between them.", f"{EOS_TOKEN}", f"a{EOS_TOKEN}{EOS_TOKEN}b"]
+    docs = encode_documents(Tokenizer.from_file(str(info.path)), info, texts)
+    for text, doc in zip(texts, docs):
+        ids = hf(text, add_special_tokens=False).input_ids
+        assert ids == doc[:-1].tolist()  # the same ids on both paths ...
+        assert info.eos_id not in ids  # ... and no EOS id inside the document
+        assert hf.decode(ids) == text
+    assert hf.eos_token_id == info.eos_id
+    assert hf.encode(texts[0], add_special_tokens=False) == docs[0][:-1].tolist()
