@@ -144,3 +144,11 @@ def tokenizer_mismatch(model_dir: Path, shards_manifest: dict, shards_tokenizer:
     if shards_manifest["vocab_size"] > vocab:
         return f"shard ids reach {shards_manifest['vocab_size'] - 1}, the model's embedding has {vocab} rows"
     return None
+
+
+def max_positions(model_dir: Path) -> int | None:
+    """``max_position_embeddings`` of the Hugging Face directory's config.json (None when the model has no
+    such limit): the longest sequence, in tokens, the model takes."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(str(model_dir), local_files_only=True), "max_position_embeddings", None)

@@ -23,7 +23,7 @@ from dagster import (
 from pydantic import Field
 
 from largetrain_core.digest import DigestCache, tree_digest
-from largetrain_core.model import import_pretrained, tokenizer_mismatch
+from largetrain_core.model import import_pretrained, max_positions, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
 from largetrain_core.storage import (
     data_version,
@@ -91,13 +91,17 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
         rebuilt_because = "; ".join(problems)
         context.log.warning(f"{key} {version} at {out} does not match its manifest; running the training again "
                             f"(it resumes from its newest complete checkpoint): {rebuilt_because}")
-    out.mkdir(parents=True, exist_ok=True)
     tracking = trackers.model_dump()
     tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
     tracking["report_to"] = [*tracking["report_to"], *(["dagster_pipes"] if "dagster_pipes" not in tracking["report_to"] else [])]
-    cfg = TrainConfig.from_dict({**config.model_dump(exclude={"pretrained_model"}), **set_by_asset, **tracking,
-                                 "output_dir": str(out), "run_name": f"{key}-{version}"})
-    cfg.validate()  # fail here, before any process starts
+    try:  # fail here, before any process starts, and never retry: a config error fails the same way again
+        cfg = TrainConfig.from_dict({**config.model_dump(exclude={"pretrained_model"}), **set_by_asset, **tracking,
+                                     "output_dir": str(out), "run_name": f"{key}-{version}"})
+        cfg.validate()
+        cfg.validate_inputs()
+    except ValueError as e:
+        raise Failure(f"{key}: {e}. Nothing was launched; not retried (change the config).", allow_retries=False) from e
+    out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "train_config.json"
     write_json_atomic(cfg_path, cfg.to_dict())
     reported = launcher.run(context, cfg_path, out / "train.log")
@@ -138,6 +142,8 @@ def _train_output(out: Path, version: str, summary: dict, config: Config, reused
     extra = {**stats, "loss_curve": MetadataValue.md(f"| step | loss | lr | MFU |\n|---|---|---|---|\n{curve}"),
              "precision": summary["precision"], "precision_reason": summary["precision_reason"],
              "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"]),
+             "resumed_from": (MetadataValue.path(summary["resumed_from"]) if summary.get("resumed_from")
+                              else "none: started from step 0"),
              **_tracker_metadata(out / RECORDS)}
     svg = Path(summary.get("loss_curve") or out / "loss_curve.svg")
     if svg.exists():
@@ -199,7 +205,14 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
     problem = tokenizer_mismatch(src, manifest, Path(shards["path"]))
     if problem:
         raise Failure(f"base_checkpoint imports {src}, but pretrain/token_shards do not use its tokenizer: {problem}. "
-                      f"Set the tokenizer asset's pretrained_model to {src} and re-materialize the shards.")
+                      f"Set the tokenizer asset's pretrained_model to {src} and re-materialize the shards.",
+                      allow_retries=False)
+    positions = max_positions(src)
+    if positions is not None and positions < manifest["seq_len"]:
+        raise Failure(f"base_checkpoint imports {src}, whose max_position_embeddings is {positions}, but "
+                      f"pretrain/token_shards hold sequences of seq_len={manifest['seq_len']} tokens: set the token_shards' "
+                      f"seq_len to at most {positions} (both corpora) and re-materialize them. Not retried.",
+                      allow_retries=False)
 
     def build(out: Path) -> dict:
         info = import_pretrained(src, out / "model")
@@ -226,7 +239,7 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
                                  Path(shards["path"]))
     if problem:
         raise Failure(f"domain shards {shards['path']} do not fit the base model {base['stats']['output']}: {problem}; "
-                      f"re-materialize tokenizer and domain/token_shards")
+                      f"re-materialize tokenizer and domain/token_shards", allow_retries=False)
     version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(exclude=NOT_VERSIONED), base["data_version"],
                            shards["data_version"], launcher.nproc_per_node)
     out, summary, reused = _train(context, storage, launcher, trackers, "lora_adapter", version, config,
