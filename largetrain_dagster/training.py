@@ -3,6 +3,7 @@ Hugging Face directory) and ``lora_adapter`` (PEFT LoRA on the base, trained wit
 the blocking check ``loss_finite_and_decreasing``. The training runs in its own processes, started by
 the launcher resource through Dagster Pipes (largetrain_dagster.resources)."""
 
+import functools
 import json
 from pathlib import Path
 from typing import Optional
@@ -169,6 +170,22 @@ def _tracker_metadata(records_file: Path) -> dict:
 # (e.g. resume_from_checkpoint: never after a bad checkpoint) reuses the same output directory and its checkpoints.
 NOT_VERSIONED = {"resume_from_checkpoint", "peak_flops"}
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
+# Raised in the asset's own process, these say that a config, a file or the data is wrong: a retry would
+# fail the same way. (What fails inside the training processes is classified by the launcher.)
+DETERMINISTIC = (ValueError, LookupError, FileNotFoundError, NotADirectoryError)
+
+
+def not_retried_when_deterministic(fn):
+    """Wrap a training asset's compute function: a DETERMINISTIC exception becomes
+    ``Failure(allow_retries=False)`` naming it, so TRAIN_RETRY retries only what a retry can fix."""
+    @functools.wraps(fn)
+    def compute(*args, **kwargs):
+        try:
+            yield from fn(*args, **kwargs)
+        except DETERMINISTIC as e:
+            raise Failure(f"{fn.__name__}: {type(e).__name__}: {e}. Not retried: it would fail the same way again.",
+                          allow_retries=False) from e
+    return compute
 
 
 @asset(key="base_checkpoint", group_name="training", code_version=CODE_VERSIONS["base_checkpoint"],
@@ -176,6 +193,7 @@ TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
        retry_policy=TRAIN_RETRY, kinds={"deepspeed", "pytorch"},
        check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="base_checkpoint", blocking=True)],
        description="A causal LM pretrained from a preset with DeepSpeed (torchrun, ZeRO, activation checkpointing); a Hugging Face directory.")
+@not_retried_when_deterministic
 def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage,
                     launcher: TorchrunLauncher, trackers: TrackerSettings, shards: dict):
     if config.pretrained_model:
@@ -233,6 +251,7 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
        io_manager_key="handles", pool="accelerators", retry_policy=TRAIN_RETRY, kinds={"peft", "deepspeed"},
        check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True)],
        description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.")
+@not_retried_when_deterministic
 def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, storage: Storage,
                  launcher: TorchrunLauncher, trackers: TrackerSettings, base: dict, shards: dict):
     problem = tokenizer_mismatch(Path(base["stats"]["output"]), TokenShards(Path(shards["path"]), "train").manifest,

@@ -252,7 +252,8 @@ def test_rank_errors_name_type_message_rank_and_file(shards, tmp_path):  # noqa:
 def test_training_failures_through_dagster(tmp_path):
     """Through Dagster, on the pretraining lineage of a tiny corpus slice (base_checkpoint has a RetryPolicy):
     an unknown preset and max_steps below warmup_steps fail in the asset, listing the valid choices, with
-    no process started and no retry; an imported model shorter than the shards' sequences likewise; a
+    no process started and no retry; an imported model that is not there, or shorter than the shards'
+    sequences, likewise; a
     training whose rank 1 fails loading a damaged checkpoint fails with rank 1's full exception type,
     message and file in the failure, not retried; a training resumed from a checkpoint says so in its
     materialization metadata."""
@@ -297,6 +298,10 @@ def test_training_failures_through_dagster(tmp_path):
         for f in ("tokenizer.json", "tokenizer_config.json"):
             if (tok / f).exists():
                 (short / f).write_bytes((tok / f).read_bytes())
+        result = base(instance, {"pretrained_model": str(tmp_path / "no_such_model")})
+        description, _ = _failure(result)
+        assert "base_checkpoint: FileNotFoundError" in description and "no_such_model" in description
+        assert "Not retried" in description and "STEP_UP_FOR_RETRY" not in _step_events(instance, result.run_id, "base_checkpoint")
         result = base(instance, {"pretrained_model": str(short)})
         description, _ = _failure(result)
         assert "whose max_position_embeddings is 16, but pretrain/token_shards hold sequences of seq_len=64 tokens" in description
