@@ -24,11 +24,14 @@ def lora_target_modules(model) -> list[str]:
 
 def meta_model(model_dir: Path):
     """The causal LM of the Hugging Face directory's ``config.json``, built on torch's meta device: its
-    modules, parameter names and weight tying without reading or allocating any weight."""
+    modules, parameter names and weight tying without reading or allocating any weight. Raises
+    (Missing)ArtefactError naming config.json when it is missing or damaged."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    from largetrain_core.model import model_config
+
+    config = model_config(model_dir)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 
