@@ -144,3 +144,19 @@ def tokenizer_mismatch(model_dir: Path, shards_manifest: dict, shards_tokenizer:
     if shards_manifest["vocab_size"] > vocab:
         return f"shard ids reach {shards_manifest['vocab_size'] - 1}, the model's embedding has {vocab} rows"
     return None
+
+
+def model_config(model_dir: Path):
+    """The transformers config of the Hugging Face directory ``model_dir`` (its config.json, local only).
+    Raises MissingArtefactError / ArtefactError naming config.json when it is missing or not a model config."""
+    from transformers import AutoConfig
+
+    path = Path(model_dir) / "config.json"
+    with loading(path, "config.json of a Hugging Face causal-LM directory"):
+        return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+
+
+def max_positions(model_dir: Path) -> int | None:
+    """``max_position_embeddings`` of the Hugging Face directory's config.json (None when the model has no
+    such limit): the longest sequence, in tokens, the model takes."""
+    return getattr(model_config(model_dir), "max_position_embeddings", None)

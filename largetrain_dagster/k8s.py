@@ -7,6 +7,8 @@
   ``<pod>-0.<headless service>.<namespace>.svc``, on ``rdzv_port``, with the Dagster run id as
   rendezvous id. All pods and the service are deleted when the step ends, fails or is cancelled
   (pod deletion sends SIGTERM to torchrun, which stops its ranks, then SIGKILL after the grace period).
+  Every node's torchrun writes its ranks' error files under ``<config dir>/torchelastic/<step>-<run id>/``
+  on the shared volume, which a failed step reads back (resources.training_failure).
 * Data preparation: ``data_partitions_k8s`` (the main chains' raw_corpus + cleaned_text, partitioned
   by DATA_PARTITIONS) and ``landed_partitions_k8s`` (the landed chain), partitioned jobs with
   dagster-k8s's ``k8s_job_executor``: every step (one partition of raw_corpus or cleaned_text) runs
@@ -23,14 +25,14 @@ LARGETRAIN_NNODES, LARGETRAIN_GPUS_PER_NODE. No cluster is contacted until a run
 
 import os
 import re
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from largetrain_core.launch import ENTRY_MODULE
 from largetrain_dagster.partitions import DATA_PARTITIONS
-from largetrain_dagster.resources import TorchrunLauncher
+from largetrain_dagster.resources import TorchrunLauncher, training_failure
 
 K8S_NAME = re.compile(r"[^a-z0-9-]")
 
@@ -61,10 +63,14 @@ class K8sTorchrunLauncher(TorchrunLauncher):
         base = _dns(f"lt-{step}-{run_id[:8]}", 40)
         return base, f"{base}-rdzv"
 
-    def torchrun_command(self, config_path: str, rdzv_host: str, run_id: str) -> list[str]:
+    def log_dir(self, config_path: str, run_id: str, step: str) -> str:
+        """torchrun's --log-dir of one training step (every node's ranks' error files), beside the config."""
+        return str(PurePosixPath(config_path).parent / "torchelastic" / _dns(f"{step}-{run_id}"))
+
+    def torchrun_command(self, config_path: str, rdzv_host: str, run_id: str, log_dir: str | None = None) -> list[str]:
         return ["python", "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc_per_node}",
                 "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_host}:{self.rdzv_port}", f"--rdzv_id={run_id}",
-                "--max_restarts=0", "-m", ENTRY_MODULE, config_path]
+                "--max_restarts=0", *([f"--log-dir={log_dir}"] if log_dir else []), "-m", ENTRY_MODULE, config_path]
 
     def pod_manifest(self, config_path: str, run_id: str, step: str, node: int) -> dict[str, Any]:
         """The pod of node ``node`` (0 .. nnodes-1) as a Kubernetes manifest dict (camelCase)."""
@@ -81,7 +87,7 @@ class K8sTorchrunLauncher(TorchrunLauncher):
             "containers": [{
                 "name": "torchrun",
                 "image": self.image,
-                "command": self.torchrun_command(config_path, rdzv_host, run_id),
+                "command": self.torchrun_command(config_path, rdzv_host, run_id, self.log_dir(config_path, run_id, step)),
                 "env": [{"name": "LARGETRAIN_ROOT", "value": self.mount_path}, {"name": "PYTHONUNBUFFERED", "value": "1"},
                         {"name": "OMP_NUM_THREADS", "value": str(max(1, int(float(self.cpu_per_node)) // self.nproc_per_node))},
                         {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": True}}}],
@@ -133,7 +139,8 @@ class K8sTorchrunLauncher(TorchrunLauncher):
         """Create the service and the pods of nodes 1..N-1, run node 0 through PipesK8sClient, and delete
         everything afterwards. The config path must lie on the shared volume (the storage root).
 
-        Raises dagster.Failure when node 0 fails (PipesK8sClient raises on a failed pod)."""
+        Raises resources.training_failure (the ranks' recorded errors, retried only when none is
+        deterministic) when node 0's pod fails."""
         from dagster_k8s import PipesK8sClient
         from dagster_k8s.client import DagsterKubernetesClient
 
@@ -147,8 +154,12 @@ class K8sTorchrunLauncher(TorchrunLauncher):
             for pod in objects["pods"][1:]:
                 api.create_namespaced_pod(self.namespace, pod)
             node0 = self.pod_manifest(cfg, context.run_id, step, 0)
-            done = PipesK8sClient().run(context=context, namespace=self.namespace, base_pod_meta=node0["metadata"],
-                                        base_pod_spec=node0["spec"], pod_wait_timeout=self.pod_wait_timeout_seconds)
+            try:
+                done = PipesK8sClient().run(context=context, namespace=self.namespace, base_pod_meta=node0["metadata"],
+                                            base_pod_spec=node0["spec"], pod_wait_timeout=self.pod_wait_timeout_seconds)
+            except Exception as e:
+                here = Path(config_path).parent / "torchelastic" / PurePosixPath(self.log_dir(cfg, context.run_id, step)).name
+                raise training_failure(None, here, Path(log_path)) from e
             for result in done.get_results():
                 metadata.update(result.metadata or {})
         finally:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -19,13 +20,22 @@ from dagster import (
     ConfigurableResource,
     Failure,
     InputContext,
+    MetadataValue,
     OutputContext,
     PipesTempFileContextInjector,
     PipesTempFileMessageReader,
     open_pipes_session,
 )
 
-from largetrain_core.launch import launch_commands, proc_stat, process_tree
+from largetrain_core.launch import (
+    AGENT_ERROR_FILE,
+    describe_failure,
+    exit_status,
+    launch_commands,
+    proc_stat,
+    process_tree,
+    rank_errors,
+)
 from largetrain_core.storage import ArtefactError, read_json, relative_to_root, resolve_under, verify_manifest, write_json_atomic
 from largetrain_core.training.config import TRACKING, TrainConfig
 from largetrain_dagster.configs import dagster_config
@@ -131,20 +141,27 @@ class TorchrunLauncher(ConfigurableResource):
     node_rank: int = 0  # this node's position in hosts (one Dagster run per node starts its torchrun agent)
     master_port: int = 29500
 
-    def command(self, config_path: Path) -> list[str]:
-        """This node's torchrun command (largetrain_core.launch.launch_commands, static rendezvous)."""
+    def command(self, config_path: Path, log_dir: Path | None = None) -> list[str]:
+        """This node's torchrun command (largetrain_core.launch.launch_commands, static rendezvous);
+        ``log_dir``: torchrun's --log-dir, where every rank's error file is written."""
         cmds = launch_commands(str(config_path), self.hosts or ["localhost"], self.nproc_per_node, self.master_port,
-                               python=sys.executable)["torchrun"]
+                               python=sys.executable, log_dir=str(log_dir) if log_dir else None)["torchrun"]
         return shlex.split(cmds[self.node_rank])
 
     def run(self, context, config_path: Path, log_path: Path) -> dict:
         """Run the training to completion; return the metadata rank 0 reported through Pipes.
 
-        Raises dagster.Failure with the tail of the training log when the processes fail.
-        """
+        Every start gets a fresh torchrun log directory ``<dir of config_path>/torchelastic/<time>-*``,
+        where each rank records its uncaught exception (largetrain_core.launch.record) and torchrun its
+        own (TORCHELASTIC_ERROR_FILE); removed again after a successful run. Raises
+        :func:`training_failure` when the processes fail."""
         threads = self.threads_per_rank or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-        cmd = self.command(config_path)
+        logs = Path(config_path).parent / "torchelastic"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%S-"), dir=logs))
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+               "TORCHELASTIC_ERROR_FILE": str(log_dir / AGENT_ERROR_FILE)}
+        cmd = self.command(config_path, log_dir)
         context.log.info(f"launching: {' '.join(cmd)} (OMP_NUM_THREADS={threads}); log: {log_path}")
         metadata: dict = {}
         with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
@@ -160,13 +177,28 @@ class TorchrunLauncher(ConfigurableResource):
                         context.log.warning(f"stopping training process group {proc.pid}")
                     stop_process_group(proc, self.kill_grace_seconds)
             if proc.returncode != 0:
-                lines = Path(log_path).read_text(errors="replace").splitlines()
-                errors = [line for line in lines if re.search(r"^(\[rank\d+\]: )?\w*(Error|Exception)\b", line)]
-                raise Failure(f"training exited with code {proc.returncode}: {errors[-1] if errors else 'see log'}\n"
-                              f"last lines of {log_path}:\n" + "\n".join(lines[-30:]))
+                raise training_failure(proc.returncode, log_dir, log_path)
+            if not any(p.is_file() for p in log_dir.rglob("*")):
+                shutil.rmtree(log_dir, ignore_errors=True)  # a finished run leaves only torchrun's empty directories
             for result in session.get_results():
                 metadata.update(result.metadata or {})
         return metadata
+
+
+def training_failure(returncode: int | None, log_dir: Path, log_path: Path) -> Failure:
+    """The dagster.Failure of a failed torchrun: each rank's recorded error (full exception type,
+    message, rank, the file it concerns; largetrain_core.launch.describe_failure) in the description
+    and as ``rank_errors`` metadata. ``allow_retries`` is False for a deterministic error (a rank raised
+    one of its own: a bad config, data or file fails the same way again), so the RetryPolicy retries only
+    a killed or preempted run."""
+    errors = rank_errors(log_dir)
+    text, retryable = describe_failure(returncode, errors)
+    shown = [{k: v for k, v in e.items() if k != "traceback"} for e in errors]
+    return Failure(f"{text}\nTraining log: {log_path}; error files under {log_dir}",
+                   metadata={"rank_errors": MetadataValue.json(shown), "train_log": MetadataValue.path(str(log_path)),
+                             "error_files": MetadataValue.path(str(log_dir)),
+                             "torchrun_exit": exit_status(returncode), "retryable": retryable},
+                   allow_retries=retryable)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_seconds: float) -> None:

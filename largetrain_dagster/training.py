@@ -3,6 +3,7 @@ Hugging Face directory) and ``lora_adapter`` (PEFT LoRA on the base, trained wit
 the blocking check ``loss_finite_and_decreasing``. The training runs in its own processes, started by
 the launcher resource through Dagster Pipes (largetrain_dagster.resources)."""
 
+import functools
 import json
 from pathlib import Path
 from typing import Optional
@@ -23,7 +24,7 @@ from dagster import (
 from pydantic import Field
 
 from largetrain_core.digest import DigestCache, tree_digest
-from largetrain_core.model import import_pretrained, tokenizer_mismatch
+from largetrain_core.model import import_pretrained, max_positions, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
 from largetrain_core.storage import (
     data_version,
@@ -91,13 +92,17 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
         rebuilt_because = "; ".join(problems)
         context.log.warning(f"{key} {version} at {out} does not match its manifest; running the training again "
                             f"(it resumes from its newest complete checkpoint): {rebuilt_because}")
-    out.mkdir(parents=True, exist_ok=True)
     tracking = trackers.model_dump()
     tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
     tracking["report_to"] = [*tracking["report_to"], *(["dagster_pipes"] if "dagster_pipes" not in tracking["report_to"] else [])]
-    cfg = TrainConfig.from_dict({**config.model_dump(exclude={"pretrained_model"}), **set_by_asset, **tracking,
-                                 "output_dir": str(out), "run_name": f"{key}-{version}"})
-    cfg.validate()  # fail here, before any process starts
+    try:  # fail here, before any process starts, and never retry: a config error fails the same way again
+        cfg = TrainConfig.from_dict({**config.model_dump(exclude={"pretrained_model"}), **set_by_asset, **tracking,
+                                     "output_dir": str(out), "run_name": f"{key}-{version}"})
+        cfg.validate()
+        cfg.validate_inputs()
+    except ValueError as e:
+        raise Failure(f"{key}: {e}. Nothing was launched; not retried (change the config).", allow_retries=False) from e
+    out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "train_config.json"
     write_json_atomic(cfg_path, cfg.to_dict())
     reported = launcher.run(context, cfg_path, out / "train.log")
@@ -138,6 +143,8 @@ def _train_output(out: Path, version: str, summary: dict, config: Config, reused
     extra = {**stats, "loss_curve": MetadataValue.md(f"| step | loss | lr | MFU |\n|---|---|---|---|\n{curve}"),
              "precision": summary["precision"], "precision_reason": summary["precision_reason"],
              "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"]),
+             "resumed_from": (MetadataValue.path(summary["resumed_from"]) if summary.get("resumed_from")
+                              else "none: started from step 0"),
              **_tracker_metadata(out / RECORDS)}
     svg = Path(summary.get("loss_curve") or out / "loss_curve.svg")
     if svg.exists():
@@ -163,6 +170,22 @@ def _tracker_metadata(records_file: Path) -> dict:
 # (e.g. resume_from_checkpoint: never after a bad checkpoint) reuses the same output directory and its checkpoints.
 NOT_VERSIONED = {"resume_from_checkpoint", "peak_flops"}
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
+# Raised in the asset's own process, these say that a config, a file or the data is wrong: a retry would
+# fail the same way. (What fails inside the training processes is classified by the launcher.)
+DETERMINISTIC = (ValueError, LookupError, FileNotFoundError, NotADirectoryError)
+
+
+def not_retried_when_deterministic(fn):
+    """Wrap a training asset's compute function: a DETERMINISTIC exception becomes
+    ``Failure(allow_retries=False)`` naming it, so TRAIN_RETRY retries only what a retry can fix."""
+    @functools.wraps(fn)
+    def compute(*args, **kwargs):
+        try:
+            yield from fn(*args, **kwargs)
+        except DETERMINISTIC as e:
+            raise Failure(f"{fn.__name__}: {type(e).__name__}: {e}. Not retried: it would fail the same way again.",
+                          allow_retries=False) from e
+    return compute
 
 
 @asset(key="base_checkpoint", group_name="training", code_version=CODE_VERSIONS["base_checkpoint"],
@@ -170,6 +193,7 @@ TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
        retry_policy=TRAIN_RETRY, kinds={"deepspeed", "pytorch"},
        check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="base_checkpoint", blocking=True)],
        description="A causal LM pretrained from a preset with DeepSpeed (torchrun, ZeRO, activation checkpointing); a Hugging Face directory.")
+@not_retried_when_deterministic
 def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage,
                     launcher: TorchrunLauncher, trackers: TrackerSettings, shards: dict):
     if config.pretrained_model:
@@ -199,7 +223,14 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
     problem = tokenizer_mismatch(src, manifest, Path(shards["path"]))
     if problem:
         raise Failure(f"base_checkpoint imports {src}, but pretrain/token_shards do not use its tokenizer: {problem}. "
-                      f"Set the tokenizer asset's pretrained_model to {src} and re-materialize the shards.")
+                      f"Set the tokenizer asset's pretrained_model to {src} and re-materialize the shards.",
+                      allow_retries=False)
+    positions = max_positions(src)
+    if positions is not None and positions < manifest["seq_len"]:
+        raise Failure(f"base_checkpoint imports {src}, whose max_position_embeddings is {positions}, but "
+                      f"pretrain/token_shards hold sequences of seq_len={manifest['seq_len']} tokens: set the token_shards' "
+                      f"seq_len to at most {positions} (both corpora) and re-materialize them. Not retried.",
+                      allow_retries=False)
 
     def build(out: Path) -> dict:
         info = import_pretrained(src, out / "model")
@@ -220,13 +251,14 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
        io_manager_key="handles", pool="accelerators", retry_policy=TRAIN_RETRY, kinds={"peft", "deepspeed"},
        check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True)],
        description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.")
+@not_retried_when_deterministic
 def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, storage: Storage,
                  launcher: TorchrunLauncher, trackers: TrackerSettings, base: dict, shards: dict):
     problem = tokenizer_mismatch(Path(base["stats"]["output"]), TokenShards(Path(shards["path"]), "train").manifest,
                                  Path(shards["path"]))
     if problem:
         raise Failure(f"domain shards {shards['path']} do not fit the base model {base['stats']['output']}: {problem}; "
-                      f"re-materialize tokenizer and domain/token_shards")
+                      f"re-materialize tokenizer and domain/token_shards", allow_retries=False)
     version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(exclude=NOT_VERSIONED), base["data_version"],
                            shards["data_version"], launcher.nproc_per_node)
     out, summary, reused = _train(context, storage, launcher, trackers, "lora_adapter", version, config,

@@ -1,8 +1,10 @@
 """A training step that crashes is retried by the asset's RetryPolicy and resumes from its checkpoint.
 
 The crash is injected from outside, as a node failure would be: once the first checkpoint is
-complete (COMPLETE.json), rank 1 is killed with SIGKILL. torchrun fails, the asset raises, Dagster
-retries the step, and the new torchrun resumes from that checkpoint instead of step 0.
+complete (COMPLETE.json), rank 1 is killed with SIGKILL. torchrun fails, no rank recorded an error of
+its own (largetrain_core.launch.describe_failure), the asset raises a retryable Failure, Dagster
+retries the step, and the new torchrun resumes from that checkpoint instead of step 0. A deterministic
+error is not retried: tests/test_train_faults.py.
 """
 
 import os
@@ -50,8 +52,12 @@ def test_crashed_training_retries_and_resumes_from_checkpoint(tmp_path):
         watcher.join(timeout=5)
         assert killed, "the crash was not injected"
         assert result.success
-        types = [e.dagster_event.event_type_value for e in instance.all_logs(result.run_id) if e.dagster_event and e.step_key == "base_checkpoint"]
+        events = [e.dagster_event for e in instance.all_logs(result.run_id) if e.dagster_event and e.step_key == "base_checkpoint"]
+        types = [e.event_type_value for e in events]
         assert types.count("STEP_UP_FOR_RETRY") == 1 and types.count("STEP_RESTARTED") == 1
+        # the killed rank recorded nothing; what the other rank recorded, if anything, is a consequence
+        (retry,) = [e for e in events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+        assert "without an error of its own in any rank: a process was killed or preempted" in retry.event_specific_data.error.to_string()
         md = instance.get_latest_materialization_event(AssetKey("base_checkpoint")).asset_materialization.metadata
         assert md["steps"].value == 8 and md["reused"].value is False
     log = next(root.glob("base_checkpoint/*/train.log")).read_text(errors="replace")

@@ -1,5 +1,8 @@
 """The training entry point: ``torchrun --nproc_per_node N -m largetrain_core.training CONFIG.json``
-(a :class:`~largetrain_core.training.config.TrainConfig` as JSON). Exit status 0 after a finished run."""
+(a :class:`~largetrain_core.training.config.TrainConfig` as JSON). Exit status 0 after a finished run.
+
+An uncaught exception is recorded in torchrun's per-rank error file (largetrain_core.launch.record)
+before it ends the process: its full type, message, rank and the file it concerns reach the launcher."""
 
 import json
 import logging
@@ -7,7 +10,10 @@ import os
 import sys
 from pathlib import Path
 
+from largetrain_core.launch import concerning, record
 
+
+@record
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -20,7 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     from largetrain_core.training.config import TrainConfig
     from largetrain_core.training.trainer import run
 
-    run(TrainConfig.from_dict(json.loads(Path(argv[0]).read_text())))
+    with concerning(argv[0], "reading the training config"):
+        cfg = TrainConfig.from_dict(json.loads(Path(argv[0]).read_text()))
+        cfg.validate()
+        cfg.validate_inputs()
+    run(cfg)
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -2,10 +2,18 @@
 newest complete one, prune, and the RNG states they carry.
 
 A checkpoint is DeepSpeed's ``save_checkpoint`` of every rank plus client state (step, consumed
-samples, sampler seed and epoch, every rank's RNG states, config hash). It counts only once
-``COMPLETE.json`` (every file and its size) is written, last, by rank 0 after a barrier, so a save
-cut short by a crash is never resumed from. DeepSpeed loads these files with ``torch.load``: only
-resume from checkpoints this project wrote.
+samples, sampler seed and epoch, every rank's RNG states, config hash, world size, DeepSpeed's
+``universal_checkpoint_info``). It counts only once ``COMPLETE.json`` (step, world size, ZeRO stage,
+every file and its size) is written, last, by rank 0 after a barrier, so a save cut short by a crash
+is never resumed from. DeepSpeed loads these files with ``torch.load``: only resume from checkpoints
+this project wrote.
+
+Resuming at another world size: ZeRO (stages 1-3) partitions the optimizer state by data-parallel
+rank, and DeepSpeed refuses to load a partitioned checkpoint at another world size
+(``ZeRORuntimeException``). :func:`universal` converts it with DeepSpeed's own
+``deepspeed.checkpoint.ds_to_universal`` (one file per parameter: fp32 weights, Adam's moments and
+step, under ``zero/<parameter name>/``), which DeepSpeed loads at any world size with
+``"checkpoint": {"load_universal": true}`` (its "Universal Checkpointing", Lian et al. 2024).
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from largetrain_core.launch import maybe_fault
+from largetrain_core.launch import concerning, maybe_fault
+
+SKIP_HINT = "set resume_from_checkpoint to an older checkpoint directory, or never, to skip it"
 
 MARKER = "COMPLETE.json"
 
@@ -63,18 +73,89 @@ def find_newest_complete(ckpt_root: Path) -> tuple[Path | None, list[str]]:
 
 def resume_point(setting: str, ckpt_root: Path) -> tuple[Path | None, list[str]]:
     """The checkpoint that ``resume_from_checkpoint`` names: ``auto`` the newest complete one (or None),
-    ``never`` None, else that directory; plus the messages of skipped incomplete checkpoints."""
+    ``never`` None, else that directory (ValueError when it is not a complete checkpoint); plus the
+    messages of skipped incomplete checkpoints."""
     if setting == "auto":
         return find_newest_complete(ckpt_root)
-    return (None if setting == "never" else Path(setting)), []
+    if setting == "never":
+        return None, []
+    problem = verify(Path(setting))
+    if problem:
+        raise ValueError(f"resume_from_checkpoint {setting} is not a complete checkpoint: {problem}")
+    return Path(setting), []
 
 
-def mark_complete(ckpt: Path, step: int) -> None:
-    """Write ``COMPLETE.json`` (step and every file's size) atomically, after every rank's files are written."""
+def mark_complete(ckpt: Path, step: int, world_size: int | None = None, zero_stage: int | None = None) -> None:
+    """Write ``COMPLETE.json`` (step, the world size and ZeRO stage that wrote it, every file's size)
+    atomically, after every rank's files are written."""
     files = {p.relative_to(ckpt).as_posix(): p.stat().st_size for p in sorted(ckpt.rglob("*")) if p.is_file()}
     tmp = ckpt / f".{MARKER}.tmp"
-    tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
+    tmp.write_text(json.dumps({"step": step, "world_size": world_size, "zero_stage": zero_stage, "files": files},
+                              indent=1))
     os.replace(tmp, ckpt / MARKER)
+
+
+def saved_topology(ckpt: Path) -> dict:
+    """``{"world_size", "zero_stage"}`` of the run that wrote the complete checkpoint ``ckpt``, from its
+    ``COMPLETE.json``; for a marker written before these were recorded, the world size is the number of
+    DeepSpeed ZeRO partition files (``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``) and the stage None.
+    Raises ValueError naming the marker when it is missing or unreadable."""
+    marker = ckpt / MARKER
+    try:
+        data = json.loads(marker.read_text())
+        files = data["files"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{marker}: not a complete checkpoint's marker ({type(e).__name__}: {e})") from e
+    world = data.get("world_size")
+    if world is None:
+        ranks = {m.group(1) for f in files if (m := re.fullmatch(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f))}
+        world = len(ranks) or None
+    return {"world_size": world, "zero_stage": data.get("zero_stage")}
+
+
+def needs_universal(ckpt: Path, world_size: int, zero_stage: int) -> bool:
+    """Whether resuming ``ckpt`` with ``world_size`` ranks needs the universal format: a ZeRO stage >= 1
+    checkpoint (partitioned optimizer state) written by another number of ranks."""
+    saved = saved_topology(ckpt)
+    stage = saved["zero_stage"] if saved["zero_stage"] is not None else zero_stage
+    return stage >= 1 and saved["world_size"] is not None and saved["world_size"] != world_size
+
+
+UNIVERSAL_MARKER = "UNIVERSAL.json"
+
+
+def universal_dir(ckpt: Path, ckpt_root: Path) -> Path:
+    """Where :func:`universal` puts the universal form of ``ckpt``: ``<ckpt_root>/universal/<tag>/``."""
+    return ckpt_root / "universal" / ckpt.name
+
+
+def universal(ckpt: Path, ckpt_root: Path) -> Path:
+    """Convert the complete checkpoint ``ckpt`` to DeepSpeed's universal format in :func:`universal_dir`
+    with ``ds_to_universal`` (in this process, one worker), into a temporary sibling renamed into
+    place with ``UNIVERSAL.json`` (the source and its marker) written last; a finished conversion of
+    the same source is reused. Returns the directory, to load with ``load_checkpoint(dir.parent,
+    tag=dir.name)`` under ``"checkpoint": {"load_universal": true}``. One process converts."""
+    import argparse
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    final = universal_dir(ckpt, ckpt_root)
+    source = {"source": str(ckpt.resolve()), "source_marker": json.loads((ckpt / MARKER).read_text())}
+    done = final / UNIVERSAL_MARKER
+    if done.exists() and json.loads(done.read_text()) == source:
+        return final
+    tmp = final.with_name(f".tmp-{ckpt.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    # inject_missing_state: checkpoints written before the client state carried universal_checkpoint_info
+    with concerning(ckpt, "loading the checkpoint", SKIP_HINT):
+        ds_to_universal.main(argparse.Namespace(input_folder=str(ckpt), output_folder=str(tmp), num_extract_workers=1,
+                                                num_merge_workers=1, keep_temp_folder=False, strict=True,
+                                                inject_missing_state=True))
+    (tmp / UNIVERSAL_MARKER).write_text(json.dumps(source, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
 
 
 def prune(ckpt_root: Path, keep: int) -> None:
@@ -100,23 +181,34 @@ def set_rng_state(state: dict) -> None:
 
 
 def save(engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int, world: int, dist) -> None:
-    """``save_checkpoint`` on every rank with ``client`` state plus every rank's RNG states, then the
-    completion marker (rank 0, after a barrier), then pruning to ``keep`` complete checkpoints."""
+    """``save_checkpoint`` on every rank with ``client`` state plus every rank's RNG states, the world
+    size and DeepSpeed's ``universal_checkpoint_info`` (what ``ds_to_universal`` requires of a client),
+    then the completion marker (rank 0, after a barrier), then pruning to ``keep`` complete checkpoints."""
+    from deepspeed.checkpoint.constants import (
+        UNIVERSAL_CHECKPOINT_INFO,
+        UNIVERSAL_CHECKPOINT_VERSION_KEY,
+        UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+    )
+
     gathered: list = [None] * world
     dist.all_gather_object(gathered, rng_state())
-    engine.save_checkpoint(str(ckpt_root), tag=tag(step), client_state={**client, "step": step, "rng": gathered})
+    client = {**client, "step": step, "rng": gathered, "world_size": world,
+              UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
+    engine.save_checkpoint(str(ckpt_root), tag=tag(step), client_state=client)
     maybe_fault("mid_save", step, rank)  # this rank's files written, the others' maybe not, no marker yet
     dist.barrier()
     if rank == 0:
-        mark_complete(ckpt_root / tag(step), step)
+        mark_complete(ckpt_root / tag(step), step, world, engine.zero_optimization_stage())
         prune(ckpt_root, keep)
     dist.barrier()
 
 
 def load(engine, ckpt: Path, rank: int) -> dict:
-    """Load ``ckpt`` into ``engine`` (model, optimizer, scheduler, loss scaler), restore this rank's RNG
-    states (rank 0's when the checkpoint has fewer ranks), and return the client state."""
-    _, client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    """Load ``ckpt`` (a checkpoint, or its :func:`universal` form) into ``engine`` (model, optimizer,
+    scheduler, loss scaler), restore this rank's RNG states (the last saved rank's when the checkpoint
+    has fewer ranks), and return the client state."""
+    with concerning(ckpt, "loading the checkpoint", SKIP_HINT):
+        _, client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name)
     rngs = client["rng"]
     set_rng_state(rngs[min(rank, len(rngs) - 1)] if isinstance(rngs, list) else rngs)
     return client

@@ -16,10 +16,11 @@ def resolve_precision(precision: str, cuda: bool) -> tuple[str, str]:
     return "fp32", "auto on CPU: fp32 (DeepSpeed's CPU accelerator does not support fp16; bf16 matmul is slow without AMX/AVX512-BF16)"
 
 
-def deepspeed_config(cfg: TrainConfig, world_size: int, precision: str) -> dict:
+def deepspeed_config(cfg: TrainConfig, world_size: int, precision: str, load_universal: bool = False) -> dict:
     """The DeepSpeed JSON config for ``cfg`` (keys as in DeepSpeed's config documentation): ZeRO stage
     and offload, AdamW (betas 0.9/0.95, eps 1e-8), WarmupCosineLR (linear warmup, cosine to
-    ``min_lr_ratio``), gradient clipping, and fp16 (dynamic loss scaling) or bf16."""
+    ``min_lr_ratio``), gradient clipping, and fp16 (dynamic loss scaling) or bf16. ``load_universal``:
+    the checkpoint to resume is in DeepSpeed's universal format (``checkpoint.load_universal``)."""
     zero: dict = {"stage": cfg.zero_stage}
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
@@ -39,6 +40,8 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, precision: str) -> dict:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if load_universal:
+        ds["checkpoint"] = {"load_universal": True}
     if precision == "fp16":
         # loss_scale 0 = dynamic; start at 2^16, halve on overflow, double after 1000 clean steps (DeepSpeed defaults).
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,

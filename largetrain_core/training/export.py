@@ -33,7 +33,7 @@ def export(engine, cfg: TrainConfig, out: Path, rank: int, dist) -> Path:
             _save_adapter(engine.module, cfg.lora.adapter_name, state, tmp)
         _replace_dir(tmp, final)
         if cfg.mode == "lora" and cfg.lora.merge_export:
-            export_merged(Path(cfg.base_model), final, cfg.lora.adapter_name, out / "merged")
+            export_merged(Path(cfg.base_model), final, cfg.lora.adapter_name, out / "merged", probe_batch(cfg.train_shards))
     dist.barrier()
     return final
 
@@ -60,20 +60,65 @@ def _save_adapter(module, name: str, state: dict | None, tmp: Path) -> None:
     (tmp / "adapter_name.txt").write_text(name + "\n")
 
 
-def export_merged(base_dir: Path, adapter_dir: Path, adapter_name: str, final: Path) -> None:
+# The largest relative difference between the merged export's logits and base + adapter's on the probe
+# batch: max |merged - unmerged| / max |unmerged|. fp32 merging reorders one matmul's sums, which moves
+# logits by about 1e-7 of their size; a wrong merge (a tied weight updated twice) moves them by O(1).
+MERGE_TOLERANCE = 1e-5
+
+
+def probe_batch(shards: str | Path, n: int = 2):
+    """The first ``n`` sequences of the shards' validation split (the train split when validation is
+    empty), as an int64 tensor of shape (n, seq_len): the inputs on which a merged export is checked."""
+    import numpy as np
+    import torch
+
+    from largetrain_core.shards import TokenShards
+
+    data = TokenShards(Path(shards), "validation")
+    data = data if len(data) else TokenShards(Path(shards), "train")
+    rows = data.take(np.arange(min(n, len(data))))[:, :-1]
+    return torch.from_numpy(rows.astype(np.int64))
+
+
+def export_merged(base_dir: Path, adapter_dir: Path, adapter_name: str, final: Path, probe) -> None:
     """``final``: base + adapter folded into the base weights (W + (lora_alpha / r) B A, peft
     ``merge_and_unload``), a HF directory with the base's tokenizer. Built from the exported files on
-    CPU in fp32, so that it also proves the exported adapter loads, the same under every ZeRO stage."""
-    from peft import PeftModel
+    CPU in fp32, so that it also proves the exported adapter loads, the same under every ZeRO stage.
+
+    Verified before it is put in place: the written directory, loaded again, must give the logits of
+    base + adapter (unmerged) on ``probe`` (int64 token ids, shape (batch, positions)) within
+    MERGE_TOLERANCE relative; else nothing is written and ValueError names the difference and its cause
+    (the adapted modules whose weight is tied to another's, lora.tied_targets, when there are any)."""
+    import torch
+    from peft import PeftConfig, PeftModel
 
     from largetrain_core.model import load_model
     from largetrain_core.tokenizer import load_tokenizer_info, save_hf_tokenizer
+    from largetrain_core.training.lora import tied_targets
 
-    merged = PeftModel.from_pretrained(load_model(base_dir), str(adapter_dir), adapter_name=adapter_name).merge_and_unload()
+    base = load_model(base_dir)
+    targets = PeftConfig.from_pretrained(str(adapter_dir)).target_modules
+    tied = tied_targets(base, [targets] if isinstance(targets, str) else sorted(targets))
+    model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=adapter_name).eval()
+    with torch.no_grad():
+        want = model(input_ids=probe).logits
+    merged = model.merge_and_unload()
     merged.config.use_cache = True
     tmp = final.with_name(f".tmp-{final.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     merged.save_pretrained(str(tmp), safe_serialization=True)
+    with torch.no_grad():
+        got = load_model(tmp).eval()(input_ids=probe).logits
+    diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+    if not diff <= MERGE_TOLERANCE:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = ("the adapter changes modules whose weight is tied to another's: "
+                 + "; ".join(f"{m} with {', '.join(o)}" for m, o in sorted(tied.items()))) if tied else \
+            "merge_and_unload does not reproduce this adapter"
+        raise ValueError(f"merged export of {adapter_dir} on {base_dir} refused: its logits differ from base + adapter "
+                         f"by {diff:.3g} (max relative) on a probe batch of {probe.shape[0]} x {probe.shape[1]} tokens, "
+                         f"more than {MERGE_TOLERANCE:g}; {cause}. The adapter itself is exported; load it with PEFT "
+                         "on the base model instead of merging")
     if (base_dir / "tokenizer.json").exists():
         save_hf_tokenizer(load_tokenizer_info(base_dir), tmp)
     _replace_dir(tmp, final)

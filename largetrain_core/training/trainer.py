@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from largetrain_core.launch import maybe_fault
+from largetrain_core.launch import concerning, maybe_fault
 from largetrain_core.model import build_model, load_model, parameter_count
 from largetrain_core.shards import DistributedSampler, TokenShards
 from largetrain_core.storage import write_json_atomic
@@ -107,16 +107,18 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.data = TokenShards(Path(cfg.train_shards), "train")
+        with concerning(cfg.train_shards, "opening the token shards"):
+            self.data = TokenShards(Path(cfg.train_shards), "train")
         if len(self.data) == 0:
             raise ValueError(f"{cfg.train_shards}: the train split holds no sequence")
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
         self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")
+        self.resumed_from, load_from = self.resume_point()
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=deepspeed_config(cfg, self.world, self.precision))
-        self.resume()
+            config=deepspeed_config(cfg, self.world, self.precision, load_universal=load_from != self.resumed_from))
+        self.resume(load_from)
         self.sampler = DistributedSampler(len(self.data), seed=cfg.seed, rank=self.rank, world_size=self.world)
         self.tokens_per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps * self.world * self.data.seq_len
         mcfg = (model.get_base_model() if cfg.mode == "lora" else model).config
@@ -133,7 +135,8 @@ class Trainer:
         if cfg.mode == "pretrain":
             model = build_model(cfg.preset, m["vocab_size"], self.data.seq_len, m["eos_id"], m.get("bos_id"), seed=cfg.seed)
         else:
-            model = load_model(Path(cfg.base_model))
+            with concerning(cfg.base_model, "loading the base model"):
+                model = load_model(Path(cfg.base_model))
             if model.config.vocab_size < m["vocab_size"]:
                 raise ValueError(f"{cfg.train_shards}: token ids up to {m['vocab_size'] - 1} "
                                  f"do not fit the base model's vocabulary of {model.config.vocab_size}")
@@ -144,16 +147,30 @@ class Trainer:
             self.info(f"LoRA r={cfg.lora.r} lora_alpha={cfg.lora.lora_alpha} on {targets}")
         return model
 
-    def resume(self) -> None:
-        """Load the checkpoint ``resume_from_checkpoint`` names (engine state, step, samples, RNG), if any."""
-        cfg = self.cfg
-        self.resumed_from, skipped = checkpoints.resume_point(cfg.resume_from_checkpoint, self.ckpt_root)
+    def resume_point(self) -> tuple[Path | None, Path | None]:
+        """(the checkpoint ``resume_from_checkpoint`` names, what to load for it): the checkpoint itself,
+        or, when it was written by another number of ranks under ZeRO, its universal form, converted
+        by rank 0 (checkpoints.universal)."""
+        ckpt, skipped = checkpoints.resume_point(self.cfg.resume_from_checkpoint, self.ckpt_root)
         for s in skipped:
             self.info(s)
+        self.resumed_world = checkpoints.saved_topology(ckpt)["world_size"] if ckpt else None
+        if ckpt is None or not checkpoints.needs_universal(ckpt, self.world, self.cfg.zero_stage):
+            return ckpt, ckpt
+        self.info(f"{ckpt} was written by {self.resumed_world} ranks, this run has {self.world}: "
+                  "loading it through DeepSpeed's universal checkpoint format")
+        if self.rank == 0:
+            checkpoints.universal(ckpt, self.ckpt_root)
+        dist.barrier()
+        return ckpt, checkpoints.universal_dir(ckpt, self.ckpt_root)
+
+    def resume(self, load_from: Path | None) -> None:
+        """Load ``load_from`` (engine state, step, samples, RNG), if any."""
+        cfg = self.cfg
         if self.resumed_from is None:
             self.info("starting from scratch" if cfg.mode == "pretrain" else f"starting LoRA on {cfg.base_model}")
             return
-        client = checkpoints.load(self.engine, self.resumed_from, self.rank)
+        client = checkpoints.load(self.engine, load_from, self.rank)
         if client["config_hash"] != cfg.config_hash():
             self.info(f"warning: {self.resumed_from} was written with config {client['config_hash']}, "
                       f"this run is {cfg.config_hash()}")
@@ -250,6 +267,8 @@ class Trainer:
                 "last_loss": self.last_loss, "tokens_per_s": tps, "mfu": mfu(tps, self.flops_per_token, self.peak),
                 "peak_flops": self.peak, "peak_flops_source": self.peak_source, "flops_per_token": self.flops_per_token,
                 "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+                "resumed_from_step": self.step - self.steps_this_run if self.resumed_from else None,
+                "resumed_from_world_size": self.resumed_world,
                 "tokens_seen": self.consumed * self.data.seq_len, "precision": self.precision,
                 "precision_reason": self.precision_reason, "world_size": self.world, "zero_stage": self.cfg.zero_stage,
                 "parameters": self.n_params, "trainable_parameters": self.n_trainable, "output": str(export_dir),

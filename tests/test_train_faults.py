@@ -1,0 +1,358 @@
+"""Training faults a user meets (issue 12 kinds 5 and 10, issue 15 item 3): the failure names its cause
+(every rank's exception from torch's elastic error files) and is retried only when the processes were
+killed; configurations that cannot work fail before any process starts; LoRA on tied weights; a ZeRO
+checkpoint resumed at another world size; a resumed training says where it resumed from."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dagster import AssetKey, DagsterInstance
+from safetensors.torch import load_file
+
+from largetrain_core.launch import describe_failure, rank_errors
+from largetrain_core.model import PRESETS, build_model
+from largetrain_core.training.config import PRECISIONS, WANDB_MODES, ZERO_STAGES, TrainConfig
+from largetrain_core.training.trackers import TRACKERS
+from test_train import REPO, metrics, shards  # noqa: F401  (shards: the module-scoped tiny token shards)
+
+def _tiny_base(directory: Path, vocab: int, max_positions: int = 64, eos_id: int = 0) -> Path:
+    """A tiny Llama saved as a Hugging Face directory: the llama-tiny preset, tie_word_embeddings true
+    (lm_head.weight is model.embed_tokens.weight)."""
+    build_model("llama-tiny", vocab, max_positions, eos_id=eos_id, seed=3).save_pretrained(directory)
+    return directory
+
+
+def _step_events(instance, run_id: str, step: str) -> list[str]:
+    return [e.dagster_event.event_type_value for e in instance.all_logs(run_id)
+            if e.dagster_event and e.step_key == step]
+
+
+def _failure(result) -> tuple[str, dict]:
+    """(description, metadata) of the run's step failure (a dagster.Failure's user data)."""
+    (ev,) = [e for e in result.last.all_events if e.is_step_failure]
+    data = ev.event_specific_data
+    user = data.user_failure_data
+    return user.description, {k: getattr(v, "value", v) for k, v in user.metadata.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 15 item 3: settings that cannot work, refused with the valid choices; the launchpad lists them
+
+
+def test_config_errors_name_the_valid_choices():
+    with pytest.raises(ValueError, match="preset must be one of llama-tiny, llama-3m, llama-20m, llama-125m, not 'llama-7b'"):
+        TrainConfig(output_dir="o", train_shards="s", preset="llama-7b").validate(cuda=False)
+    with pytest.raises(ValueError, match=r"max_steps \(20\) is below warmup_steps \(50;.*at most 20 \(e\.g\. 2"):
+        TrainConfig(output_dir="o", train_shards="s", max_steps=20, warmup_steps=50).validate(cuda=False)
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, fp16, bf16, not 'fp8'"):
+        TrainConfig(output_dir="o", train_shards="s", precision="fp8").validate(cuda=False)
+    with pytest.raises(ValueError, match="zero_stage must be one of 0, 1, 2, 3, not 4"):
+        TrainConfig(output_dir="o", train_shards="s", zero_stage=4).validate(cuda=False)
+
+
+def test_launchpad_descriptions_list_the_valid_choices():
+    """The descriptions Dagster's launchpad shows (the config schema of the training assets and the
+    trackers resource) name every preset, precision, ZeRO stage, tracker and W&B mode."""
+    from largetrain_dagster.resources import TrackerSettings
+    from largetrain_dagster.training import BaseCheckpointConfig, LoraAdapterConfig
+
+    def described(cls) -> dict:
+        return {k: v.description or "" for k, v in cls.model_fields.items()}
+
+    base, lora, trackers = described(BaseCheckpointConfig), described(LoraAdapterConfig), described(TrackerSettings)
+    assert all(p in base["preset"] for p in PRESETS)
+    for fields in (base, lora):
+        assert all(p in fields["precision"] for p in PRECISIONS)
+        assert all(str(z) in fields["zero_stage"] for z in ZERO_STAGES)
+        assert "warmup_steps" in fields["max_steps"] and "max_steps" in fields["warmup_steps"]
+    assert all(t in trackers["report_to"] for t in TRACKERS)
+    assert all(m in described(TrackerSettings.model_fields["wandb"].annotation)["mode"] for m in WANDB_MODES)
+
+
+def test_inputs_that_cannot_work_are_refused_before_training(shards, tmp_path):  # noqa: F811
+    """validate_inputs reads the shards' manifest and the base model's config.json (meta device): a base
+    model shorter than the shards' sequences, LoRA targets that match nothing or touch a tied weight
+    (tests/cases: LoRA on tied weights), a named checkpoint that is not complete."""
+    from largetrain_core.shards import TokenShards
+
+    m = TokenShards(shards, "train").manifest
+    short = _tiny_base(tmp_path / "short", 320, max_positions=16)
+    base = _tiny_base(tmp_path / "base", 320)
+
+    def lora(model, **settings) -> TrainConfig:
+        return TrainConfig.from_dict({"output_dir": str(tmp_path / "o"), "train_shards": str(shards), "mode": "lora",
+                                      "base_model": str(model), "lora": settings})
+
+    with pytest.raises(ValueError, match=f"max_position_embeddings=16 positions, the shards .* seq_len={m['seq_len']} "
+                                         "tokens: re-materialize the token shards with seq_len <= 16"):
+        lora(short).validate_inputs()
+    lora(base).validate_inputs()  # the default targets (decoder linear layers) are fine
+    with pytest.raises(ValueError, match=r"lm_head shares its weight with model\.embed_tokens\.weight.*Remove \['lm_head'\]"):
+        lora(base, target_modules=["q_proj", "lm_head"]).validate_inputs()
+    with pytest.raises(ValueError, match=r"model\.embed_tokens shares its weight with lm_head\.weight"):
+        lora(base, target_modules=["embed_tokens"]).validate_inputs()
+    with pytest.raises(ValueError, match=r"\['qproj'\] match no module of the base model; its adaptable linear layers "
+                                         r"are \['down_proj', 'gate_proj', 'k_proj'"):
+        lora(base, target_modules=["qproj", "v_proj"]).validate_inputs()
+    untied = tmp_path / "untied"
+    model = build_model("llama-tiny", 320, 64, eos_id=0, seed=3)
+    model.config.tie_word_embeddings = False
+    type(model)(model.config).save_pretrained(untied)
+    lora(untied, target_modules=["lm_head"]).validate_inputs()  # an untied head can be adapted and merged
+    half = tmp_path / "o" / "checkpoints" / "step-000002"
+    half.mkdir(parents=True)
+    cfg = TrainConfig(output_dir=str(tmp_path / "o"), train_shards=str(shards), resume_from_checkpoint=str(half))
+    with pytest.raises(ValueError, match="resume_from_checkpoint .*step-000002 is not a complete checkpoint: no COMPLETE.json"):
+        cfg.validate_inputs()
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 12 kind 10 (a): the merged export is verified before it is written
+
+
+def test_merged_export_is_verified_against_base_plus_adapter(shards, tmp_path):  # noqa: F811
+    """An adapter on lm_head of a tied model (built with PEFT directly, as a config that bypassed the
+    check would train it): export_merged measures the merged model against base + adapter on a probe
+    batch of the shards and refuses, naming the tied weight; nothing is written. An adapter on q_proj/v_proj
+    merges within 1e-5 and is written."""
+    from peft import LoraConfig, get_peft_model
+
+    from largetrain_core.model import load_model
+    from largetrain_core.training.export import MERGE_TOLERANCE, export_merged, probe_batch
+
+    base = _tiny_base(tmp_path / "base", 320)
+    probe = probe_batch(shards)
+    assert probe.shape == (2, 32) and probe.dtype == torch.int64
+    for name, targets in (("tied", ["lm_head", "q_proj"]), ("plain", ["q_proj", "v_proj"])):
+        model = get_peft_model(load_model(base), LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+        torch.manual_seed(0)
+        for pname, p in model.named_parameters():
+            if "lora_B" in pname:
+                torch.nn.init.normal_(p, std=0.05)  # a trained adapter: lora_B no longer zero
+        model.save_pretrained(tmp_path / name)
+        final = tmp_path / f"merged-{name}"
+        if name == "tied":
+            with pytest.raises(ValueError, match=r"merged export of .* refused: its logits differ from base \+ adapter by "
+                                                 r"[0-9.e+-]+ \(max relative\) on a probe batch of 2 x 32 tokens, more than "
+                                                 r"1e-05; the adapter changes modules whose weight is tied to another's: "
+                                                 r"lm_head with model\.embed_tokens\.weight"):
+                export_merged(base, tmp_path / name, "default", final, probe)
+            assert not final.exists() and not final.with_name(f".tmp-{final.name}").exists()
+        else:
+            export_merged(base, tmp_path / name, "default", final, probe)
+            with torch.no_grad():
+                want = model.eval()(input_ids=probe).logits
+                got = load_model(final).eval()(input_ids=probe).logits
+            assert float((got - want).abs().max() / want.abs().max()) <= MERGE_TOLERANCE
+            assert (want - load_model(base)(input_ids=probe).logits).abs().max() > 1e-3  # the adapter matters
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 12 kind 10 (b): a ZeRO checkpoint written by 2 ranks, resumed with 1
+
+
+def _torchrun(config: dict, path: Path, nproc: int, log_dir: Path | None = None) -> subprocess.CompletedProcess:
+    path.write_text(json.dumps(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LARGETRAIN_FAULT", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           *(["--log-dir", str(log_dir)] if log_dir else []), "-m", "largetrain_core.training", str(path)]
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
+
+
+def test_zero2_checkpoint_of_two_ranks_resumes_on_one_through_the_universal_format(shards, tmp_path):  # noqa: F811
+    """tests/cases, resume at another world size: 2 ranks, ZeRO-2, fp32, micro-batch 2, 8 steps with
+    checkpoints at 3 and 6; COMPLETE.json records world size 2 and stage 2. One rank with gradient
+    accumulation 2 (the same 4 sequences per step, by the sampler's global positions) resumes from
+    step 3: the checkpoint is converted by DeepSpeed's ds_to_universal and loaded with load_universal,
+    and steps 4..8 give bitwise the losses and grad norms of the 2-rank run (the Adam moments were
+    restored exactly); the summary says where it resumed from and at which world size that was written."""
+    two = tmp_path / "two_ranks"
+    cfg = TrainConfig(output_dir=str(two), train_shards=str(shards), preset="llama-tiny", zero_stage=2, precision="fp32",
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=8, learning_rate=5e-3, warmup_steps=2,
+                      save_steps=3, save_total_limit=3, report_to=[], tokenizer=str(shards)).to_dict()
+    proc = _torchrun(cfg, tmp_path / "two.json", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step3 = two / "checkpoints" / "step-000003"
+    marker = json.loads((step3 / "COMPLETE.json").read_text())
+    assert (marker["world_size"], marker["zero_stage"]) == (2, 2)
+
+    one = tmp_path / "one_rank"
+    proc = _torchrun({**cfg, "output_dir": str(one), "gradient_accumulation_steps": 2, "resume_from_checkpoint": str(step3)},
+                     tmp_path / "one.json", 1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{step3} was written by 2 ranks, this run has 1: loading it through DeepSpeed's universal" in proc.stderr
+    universal = one / "checkpoints" / "universal" / "step-000003"
+    assert json.loads((universal / "UNIVERSAL.json").read_text())["source"] == str(step3)
+    assert (universal / "zero" / "model.layers.0.self_attn.q_proj.weight" / "exp_avg.pt").is_file()
+    want, got = metrics(two), metrics(one)
+    assert sorted(got) == list(range(4, 9))
+    for step in range(4, 9):
+        assert got[step]["loss"] == want[step]["loss"], (step, got[step]["loss"], want[step]["loss"])
+        assert got[step]["grad_norm"] == want[step]["grad_norm"], step
+        assert got[step]["consumed_samples"] == want[step]["consumed_samples"]
+    summary = json.loads((one / "summary.json").read_text())
+    assert summary["resumed_from"] == str(step3) and summary["resumed_from_step"] == 3
+    assert summary["resumed_from_world_size"] == 2 and summary["world_size"] == 1 and summary["steps_this_run"] == 5
+    a, b = load_file(two / "model" / "model.safetensors"), load_file(one / "model" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
+    step6 = json.loads((one / "checkpoints" / "step-000006" / "COMPLETE.json").read_text())
+    assert step6["world_size"] == 1  # what it writes from now on is a 1-rank checkpoint
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 12 kind 5: every rank's exception reaches the user, through torch's elastic error files
+
+
+def _damage(ckpt: Path, rank: int) -> Path:
+    """Overwrite rank ``rank``'s ZeRO optimizer partition with garbage of the same size (bit rot: the
+    size check of COMPLETE.json still passes)."""
+    f = ckpt / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+    f.write_bytes(b"x" * f.stat().st_size)
+    return f
+
+
+def test_rank_errors_name_type_message_rank_and_file(shards, tmp_path):  # noqa: F811
+    """2 ranks resume a checkpoint whose rank-1 partition is garbage: rank 1 raises
+    ``_pickle.UnpicklingError`` (a dotted type, which the former log pattern missed) while loading it,
+    rank 0 then fails in a collective (a consequence). Each rank's error file (torchrun --log-dir)
+    holds the full type, message, rank and the checkpoint; describe_failure puts rank 1's first,
+    marks rank 0's as a consequence and says: not retried."""
+    out = tmp_path / "run"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=2, learning_rate=5e-3, warmup_steps=1,
+                      save_steps=2, report_to=[], tokenizer=str(shards)).to_dict()
+    assert _torchrun(cfg, tmp_path / "a.json", 2).returncode == 0
+    ckpt = out / "checkpoints" / "step-000002"
+    _damage(ckpt, 1)
+    logs = tmp_path / "logs"
+    proc = _torchrun({**cfg, "max_steps": 4, "resume_from_checkpoint": str(ckpt)}, tmp_path / "b.json", 2, logs)
+    assert proc.returncode == 1
+    errors = rank_errors(logs)
+    own = [e for e in errors if not e["transient"]]
+    assert [(e["rank"], e["type"], e["file"]) for e in own] == [(1, "_pickle.UnpicklingError", str(ckpt))]
+    assert own[0]["message"] == "invalid load key, 'x'." and own[0]["world_size"] == 2
+    assert "set resume_from_checkpoint to an older checkpoint directory, or never" in own[0]["notes"][0]
+    assert Path(own[0]["error_file"]).parts[-2:] == ("1", "error.json") and "Traceback" in own[0]["traceback"]
+    text, retryable = describe_failure(proc.returncode, errors)
+    assert not retryable
+    lines = text.splitlines()
+    assert lines[0].startswith("training failed (exit code 1 of torchrun): 1 rank(s) raised an error. Not retried")
+    assert lines[1].startswith("rank 1: _pickle.UnpicklingError: invalid load key, 'x'. while loading the checkpoint")
+    assert f"[file: {ckpt}]" in lines[1]
+    assert all("(a consequence of another process failing)" in line for line in lines[2:])
+
+
+def test_training_failures_through_dagster(tmp_path):
+    """Through Dagster, on the pretraining lineage of a tiny corpus slice (base_checkpoint has a RetryPolicy):
+    an unknown preset and max_steps below warmup_steps fail in the asset, listing the valid choices, with
+    no process started and no retry; an imported model that is not there, or shorter than the shards'
+    sequences, likewise; a
+    training whose rank 1 fails loading a damaged checkpoint fails with rank 1's full exception type,
+    message and file in the failure, not retried; a training resumed from a checkpoint says so in its
+    materialization metadata."""
+    from largetrain_dagster.definitions import build_definitions, lineage_assets
+    from largetrain_dagster.resources import read_handle
+    from largetrain_dagster.training import base_checkpoint
+    from lineage import materialize_lineage
+    from test_pipeline import CORPORA, corpus, tiny_run_config
+
+    assert base_checkpoint.op.retry_policy is not None and base_checkpoint.op.retry_policy.max_retries >= 1
+    corpus("linux-doc")
+    root = tmp_path / "root"
+    defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled")
+    assets = lineage_assets()
+    ops = {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith("pretrain__") or k == "tokenizer"}
+    train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 4, "save_steps": 2,
+             "save_total_limit": 5, "logging_steps": 2, "warmup_steps": 1}
+
+    def base(instance, config: dict):
+        return materialize_lineage(assets, defs.resources, instance, {"ops": {"base_checkpoint": {"config": config}}},
+                                   ["base_checkpoint"], raise_on_error=False)
+
+    with DagsterInstance.ephemeral() as instance:
+        prep = materialize_lineage(assets, defs.resources, instance, {"ops": ops},
+                                   [k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text"])
+        assert prep.success
+
+        for bad, expected in ((
+                {"preset": "llama-7b"}, "preset must be one of llama-tiny, llama-3m, llama-20m, llama-125m, not 'llama-7b'"), (
+                {"max_steps": 5, "warmup_steps": 50}, "max_steps (5) is below warmup_steps (50;")):
+            result = base(instance, {**train, **bad})
+            assert not result.success
+            description, _ = _failure(result)
+            assert expected in description and "Nothing was launched; not retried" in description
+            assert "STEP_UP_FOR_RETRY" not in _step_events(instance, result.run_id, "base_checkpoint")
+        assert not (root / "base_checkpoint").exists()  # nothing was written, no process started
+
+        tok = Path(read_handle(root, AssetKey("tokenizer"))["path"])
+        vocab = json.loads((Path(read_handle(root, AssetKey(["pretrain", "token_shards"]))["path"]) / "manifest.json")
+                           .read_text())["vocab_size"]
+        short = _tiny_base(tmp_path / "short_model", vocab, max_positions=16)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            if (tok / f).exists():
+                (short / f).write_bytes((tok / f).read_bytes())
+        result = base(instance, {"pretrained_model": str(tmp_path / "no_such_model")})
+        description, _ = _failure(result)
+        assert f"MissingArtefactError: {tmp_path / 'no_such_model'}: missing" in description
+        assert "Not retried" in description and "STEP_UP_FOR_RETRY" not in _step_events(instance, result.run_id, "base_checkpoint")
+        result = base(instance, {"pretrained_model": str(short)})
+        description, _ = _failure(result)
+        assert "whose max_position_embeddings is 16, but pretrain/token_shards hold sequences of seq_len=64 tokens" in description
+        assert "STEP_UP_FOR_RETRY" not in _step_events(instance, result.run_id, "base_checkpoint")
+        assert not (root / "base_checkpoint").exists()
+
+        first = base(instance, train)
+        assert first.success
+        md = first.asset_materializations_for_node("base_checkpoint")[0].metadata
+        assert md["resumed_from"].value == "none: started from step 0"
+        out = Path(md["path"].value)
+        step2, step4 = out / "checkpoints" / "step-000002", out / "checkpoints" / "step-000004"
+
+        # a longer training resumed from the finished run's step-4 checkpoint: its metadata says so
+        resumed = base(instance, {**train, "max_steps": 6, "resume_from_checkpoint": str(step4)})
+        assert resumed.success
+        md = resumed.asset_materializations_for_node("base_checkpoint")[0].metadata
+        assert md["resumed_from"].value == str(step4)
+        assert (md["resumed_from_step"].value, md["steps_this_run"].value, md["steps"].value) == (4, 2, 6)
+        assert md["resumed_from_world_size"].value == 2
+
+        _damage(step2, 1)
+        failed = base(instance, {**train, "max_steps": 8, "resume_from_checkpoint": str(step2)})
+        assert not failed.success
+        description, meta = _failure(failed)
+        assert "1 rank(s) raised an error. Not retried" in description
+        assert f"rank 1: _pickle.UnpicklingError: invalid load key, 'x'. while loading the checkpoint {step2}" in description
+        assert f"[file: {step2}]" in description
+        assert meta["retryable"] is False and meta["torchrun_exit"] == "exit code 1"
+        own = [e for e in meta["rank_errors"] if not e["transient"]]
+        assert [(e["rank"], e["type"]) for e in own] == [(1, "_pickle.UnpicklingError")]
+        events = _step_events(instance, failed.run_id, "base_checkpoint")
+        assert "STEP_UP_FOR_RETRY" not in events and events.count("STEP_FAILURE") == 1
+
+
+def test_k8s_pods_write_error_files_on_the_shared_volume():
+    from largetrain_dagster.k8s import K8sTorchrunLauncher
+
+    launcher = K8sTorchrunLauncher(nnodes=2)
+    cmd = launcher.pod_manifest("/data/lora_adapter/v1/train_config.json", "abcdef123456", "lora_adapter", 1)[
+        "spec"]["containers"][0]["command"]
+    assert "--log-dir=/data/lora_adapter/v1/torchelastic/lora-adapter-abcdef123456" in cmd
+    assert cmd[-3:] == ["-m", "largetrain_core.training", "/data/lora_adapter/v1/train_config.json"]  # a torchrun option
+
+
+@pytest.mark.parametrize("exc, transient", [(ValueError("bad"), False), (ConnectionResetError("peer"), True)])
+def test_transient_means_a_consequence(exc, transient):
+    """Only errors that another process's end causes are transient; a ValueError never is."""
+    from largetrain_core.launch import error_record
+
+    try:
+        raise exc
+    except Exception as e:
+        assert error_record(e)["transient"] is transient
