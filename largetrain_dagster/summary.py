@@ -58,10 +58,10 @@ def render(instance: DagsterInstance) -> str:
                      f"in {_fmt(m.get('steps'))} steps, {_fmt(m.get('tokens_per_s'), ',.0f')} tokens/s, "
                      f"{m.get('precision', 'n/a')} on {_fmt(m.get('world_size'))} ranks; {m.get('output', 'n/a')}")
     ev = _metadata(instance, "evaluation")
+    cut = ev.get("adapter_domain_perplexity_reduction_percent")
     lines.append("held-out perplexity: base on kernel docs {}, base on Shakespeare {}, base + adapter on Shakespeare {} ({} lower)".format(
         _fmt(ev.get("base_pretrain_perplexity"), ".1f"), _fmt(ev.get("base_domain_perplexity"), ".1f"),
-        _fmt(ev.get("adapter_domain_perplexity"), ".1f"),
-        _fmt(ev.get("adapter_domain_perplexity_reduction"), ".1%")))
+        _fmt(ev.get("adapter_domain_perplexity"), ".1f"), "n/a" if cut is None else f"{cut:.1f} %"))
     lines.append(f"evaluation: {ev.get('path', 'n/a')}")
     return "\n".join(lines)
 
