@@ -15,7 +15,6 @@ import xxhash
 from tokenizers import Tokenizer
 
 from largetrain_core.shards import TokenShards, build_token_shards, export_hdf5
-from largetrain_core.tokenizer import EOS_TOKEN
 from parts import write_parts
 
 REPO = Path(__file__).resolve().parents[1]
