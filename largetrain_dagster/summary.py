@@ -7,7 +7,6 @@ Dagster recorded, not what is on disk.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from dagster import AssetKey, DagsterInstance
@@ -67,18 +66,10 @@ def render(instance: DagsterInstance) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--seconds", type=int, help="wall time of the pipeline, to print")
-    p.add_argument("--log", help="the run's log, to find the run id")
-    args = p.parse_args(argv)
+    argparse.ArgumentParser(description=__doc__).parse_args(argv)
     with DagsterInstance.get() as instance:
-        print("\n== largetrain demo summary ==")
+        print("== largetrain demo summary ==")
         print(render(instance))
-    if args.log:
-        m = re.findall(r"RUN_SUCCESS|RUN_FAILURE", open(args.log).read())
-        print(f"runs: {m.count('RUN_SUCCESS')} succeeded, {m.count('RUN_FAILURE')} failed (log: {args.log})")
-    if args.seconds is not None:
-        print(f"pipeline wall time: {args.seconds // 60} min {args.seconds % 60} s")
     return 0
 
 
