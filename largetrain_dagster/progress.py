@@ -73,8 +73,9 @@ class TrainingProgress:
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
         self._offset += len(complete)
         for line in complete.splitlines():
-            if line.strip():
-                self._last = json.loads(line)
+            row = json.loads(line) if line.strip() else {}
+            if "loss" in row:  # a training step's row (other rows, e.g. evaluations, are not progress)
+                self._last = row
         if self._last is None:
             return None
         step = int(self._last["step"])
