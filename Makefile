@@ -28,22 +28,11 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
 
-# The demo through the dagster CLI: one run per data partition for the per-document steps
-# (raw_corpus + cleaned_text of both corpora), then one run for everything after them.
-DAGSTER_CLI = $(VENV)/bin/dagster asset materialize -m largetrain_dagster.definitions -c configs/demo.yaml
-PREP = pretrain/raw_corpus,pretrain/cleaned_text,domain/raw_corpus,domain/cleaned_text
-REST = not group:landed_data and not key:"*/raw_corpus" and not key:"*/cleaned_text"
-
+# The demo: largetrain_dagster.demo launches one prepare_partitions run per data partition, then one
+# lineage run, through the instance and the code location of workspace.yaml (so `make dev` lists them
+# under the code location's jobs); it shows progress here and writes everything the runs print to $(DATA)/demo.log.
 demo: install corpora $(DAGSTER_HOME)/dagster.yaml
-	@start=$$(date +%s); : > $(DATA)/demo.log; \
-	fail() { tail -n 60 $(DATA)/demo.log; echo "demo failed; full log: $(DATA)/demo.log"; exit 1; }; \
-	for p in $$($(PY) -c 'from largetrain_dagster.partitions import DATA_PARTITIONS as d; print(*d.get_partition_keys())'); do \
-	  echo "data partition $$p: raw_corpus, cleaned_text"; \
-	  $(DAGSTER_CLI) --select '$(PREP)' --partition $$p >> $(DATA)/demo.log 2>&1 || fail; \
-	done; \
-	echo "deduplicated_text (all partitions) -> token_shards -> tokenizer -> base_checkpoint -> lora_adapter -> evaluation"; \
-	$(DAGSTER_CLI) --select '$(REST)' >> $(DATA)/demo.log 2>&1 || fail; \
-	$(PY) -m largetrain_dagster.summary --seconds $$(( $$(date +%s) - start )) --log $(DATA)/demo.log
+	$(PY) -m largetrain_dagster.demo -c configs/demo.yaml -w workspace.yaml --log $(DATA)/demo.log
 
 test: install corpora
 	scripts/install_system_deps.sh

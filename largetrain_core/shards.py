@@ -15,6 +15,9 @@ Shard file: an uncompressed Arrow IPC file with one column
 ``input_ids: fixed_size_list<uint16|uint32>[seq_len + 1]`` and schema metadata ``seq_len``,
 ``dtype``, ``eos_id``, ``vocab_size``, ``tokenizer_sha256``. ``manifest.json`` lists every shard
 with its sequence count, byte size and xxh3-128 checksum.
+
+Exports for other loaders: Megatron-LM ``IndexedDataset`` (``export_megatron``) and HDF5
+(``export_hdf5``); the CLI: ``python -m largetrain_core.shards {inspect,export-megatron,export-hdf5}``.
 """
 
 from __future__ import annotations
@@ -388,6 +391,63 @@ def export_megatron(shards_dir: Path, split: str, out_prefix: Path) -> dict:
     return {"sequences": n, "tokens": n * width, "dtype": dtype.name}
 
 
+def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: int = 1024) -> dict:
+    """Write one split as an HDF5 file (h5py) for loaders that expect HDF5.
+
+    Layout:
+
+    * ``input_ids``: (sequences, seq_len + 1), the shards' dtype (uint16/uint32), chunked by
+      ``chunk_sequences`` rows, uncompressed: the packed windows exactly as training reads them.
+    * ``document_offsets``: int64, (documents + 1,): where each document starts in the row-major
+      token stream ``input_ids[:].reshape(-1)``; the last entry is the stream's length. Document
+      ``k`` is ``stream[offsets[k]:offsets[k + 1]]`` and ends with EOS (packing appends EOS to every
+      document and encodes special-token text inside a document as plain text, so EOS marks exactly
+      the document ends), except that the last document may be cut where the split's dropped
+      remainder begins (attribute ``last_document_complete``). Documents that fell wholly into the
+      dropped remainder have no entry: ``len(offsets) - 1`` can be below the split's ``documents``.
+    * attributes of the root: the manifest's scalars (``format``, ``seq_len``, ``dtype``, ``eos_id``,
+      ``bos_id`` (-1 without BOS), ``vocab_size``, ``tokenizer_sha256``, ``source_data_version``,
+      ``validation_fraction``, ``seed``), ``split``, the split's counts (``sequences``, ``tokens``,
+      ``documents``, ``document_tokens``, ``dropped_remainder_tokens``), and ``manifest_json`` (the
+      whole manifest.json, with every shard's checksum).
+
+    Written under a temporary name and renamed. Returns ``{"sequences", "tokens", "documents", "dtype"}``.
+    Raises ShardError when the shard directory does not match its manifest.
+    """
+    import h5py
+
+    data = TokenShards(Path(shards_dir), split)
+    m = data.manifest
+    n, width = len(data), data.seq_len + 1
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp")
+    starts = [np.zeros(1, dtype=np.int64)] if n else []
+    with h5py.File(tmp, "w") as f:
+        ids = f.create_dataset("input_ids", shape=(n, width), dtype=data.dtype,
+                               chunks=(max(1, min(chunk_sequences, n)), width) if n else None)
+        for lo in range(0, n, chunk_sequences):
+            rows = data.take(np.arange(lo, min(n, lo + chunk_sequences)))
+            ids[lo: lo + len(rows)] = rows
+            ends = np.flatnonzero(rows.reshape(-1) == m["eos_id"]).astype(np.int64) + lo * width + 1
+            starts.append(ends)
+        offsets = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+        total = n * width
+        offsets = np.append(offsets[offsets < total], total)
+        f.create_dataset("document_offsets", data=offsets)
+        for key in ("format", "seq_len", "dtype", "eos_id", "vocab_size", "tokenizer_sha256", "source_data_version",
+                    "validation_fraction", "seed"):
+            f.attrs[key] = m[key]
+        f.attrs["bos_id"] = -1 if m.get("bos_id") is None else m["bos_id"]
+        f.attrs["split"] = split
+        for key in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens"):
+            f.attrs[key] = m["splits"][split][key]
+        f.attrs["last_document_complete"] = bool(n == 0 or data[n - 1][-1] == m["eos_id"])
+        f.attrs["manifest_json"] = json.dumps(m)
+    os.replace(tmp, out_path)
+    return {"sequences": n, "tokens": total, "documents": len(offsets) - 1, "dtype": data.dtype.name}
+
+
 def inspect(path: Path, split: str = "train") -> str:
     """Human-readable summary of a shard directory: sequences, tokens, dtype, tokenizer hash, one decoded sample."""
     shards = TokenShards(Path(path), split, verify_checksums=True)
@@ -414,10 +474,16 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("path")
     e.add_argument("out_prefix")
     e.add_argument("--split", default="train", choices=SPLITS)
+    h = sub.add_parser("export-hdf5", help="write a split as HDF5: input_ids, document_offsets, manifest attributes")
+    h.add_argument("path")
+    h.add_argument("out", help="the .h5 file to write")
+    h.add_argument("--split", default="train", choices=SPLITS)
     args = p.parse_args(argv)
     try:
         if args.cmd == "inspect":
             print(inspect(Path(args.path), args.split))
+        elif args.cmd == "export-hdf5":
+            print(json.dumps(export_hdf5(Path(args.path), args.split, Path(args.out))))
         else:
             print(json.dumps(export_megatron(Path(args.path), args.split, Path(args.out_prefix))))
     except ShardError as e:

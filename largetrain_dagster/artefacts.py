@@ -6,6 +6,8 @@ directory renamed into place when complete; the data version is a hash of the as
 (CODE_VERSIONS), its config and its inputs' data versions (docs/ARCHITECTURE.md, Lineage).
 """
 
+import math
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -63,8 +65,11 @@ def build_or_reuse(context: AssetExecutionContext, storage: Storage, key: list[s
 
 
 def asset_output(path: Path, version: str, stats: dict, config: Config | dict, reused: bool, extra: dict | None = None) -> Output:
-    """The asset's Output: the JSON handle (path, data version, stats) and metadata (path, data version,
-    reused, config, every numeric stat, ``extra``), with the data version Dagster records."""
+    """The asset's Output: the JSON handle (path, data version, stats, exact) and metadata (path, data
+    version, reused, config, every numeric stat, ``extra``), with the data version Dagster records.
+
+    Metadata is for people and plots: floats (in stats and ``extra``) are rounded to 4 significant
+    digits (``rounded``); units go in the label (``seconds``, ``size_mib``, ``kept_percent``)."""
     cfg = config if isinstance(config, dict) else config.model_dump()
     handle = {"path": str(path), "data_version": version, "stats": stats}
     md = {"path": MetadataValue.path(str(path)), "data_version": version, "reused": reused,
@@ -73,7 +78,29 @@ def asset_output(path: Path, version: str, stats: dict, config: Config | dict, r
     if stats.get("rebuilt_because"):
         md["rebuilt_because"] = MetadataValue.text(stats["rebuilt_because"])
     md.update(extra or {})
+    md = {k: rounded(v) if isinstance(v, float) else v for k, v in md.items()}
     return Output(handle, metadata=md, data_version=DataVersion(version))
+
+
+def rounded(value: float, digits: int = 4) -> float:
+    """``value`` to ``digits`` significant digits (9.04213 -> 9.042, 1234.56 -> 1235.0); NaN and inf as they are."""
+    return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+
+
+def percent(part: float, whole: float) -> float:
+    """``100 * part / whole`` to 4 significant digits; 0.0 when ``whole`` is 0."""
+    return rounded(100.0 * part / whole) if whole else 0.0
+
+
+def mib(n_bytes: int) -> float:
+    """Bytes in MiB (2**20 bytes), to 4 significant digits."""
+    return rounded(n_bytes / 2**20)
+
+
+def text_block(text: str) -> str:
+    """``text`` as a fenced markdown block shown verbatim (the fence is longer than any backtick run in it)."""
+    fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+    return f"{fence}text\n{text}\n{fence}"
 
 
 def md_table(counts: dict, header=("reason", "documents")) -> MetadataValue:

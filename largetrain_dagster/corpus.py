@@ -34,7 +34,7 @@ from largetrain_core.dedup import DedupConfig, deduplicate, key_hashes
 from largetrain_core.provenance import check_provenance, describe, read_provenance
 from largetrain_core.storage import data_version, part_files
 from largetrain_dagster import partitions
-from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse, md_table
+from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse, md_table, mib, percent
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.resources import Storage
 
@@ -102,7 +102,9 @@ def corpus_assets(role: str) -> list:
         error = rejection_error(stats, reader)
         if error:
             raise Failure(f"{source} (partition {pk}): {error}; see {path / 'rejected.parquet'}")
-        extra = {"source": MetadataValue.path(source), "content_digest": digest}
+        read = stats["documents"] + stats["not_sampled"] + stats["rejected"]  # every record read, before subsetting
+        extra = {"source": MetadataValue.path(source), "content_digest": digest, "size_mib": mib(stats["bytes"]),
+                 "rejected_percent": percent(stats["rejected"], read)}
         if provenance:
             extra.update(provenance=MetadataValue.json(provenance), corpus_version=describe(provenance))
             mismatch = check_provenance(source, provenance)
@@ -129,7 +131,9 @@ def corpus_assets(role: str) -> list:
         part = {k: raw["stats"][k] for k in ("partition", "partitions")}
         path, stats, reused = build_or_reuse(context, storage, [role, "cleaned_text", context.partition_key], version,
                                      lambda out: {**clean_corpus(Path(raw["path"]), out, quality), **part})
-        return asset_output(path, version, stats, config, reused, {"filtered_by_reason": md_table(stats["filtered_by_reason"])})
+        return asset_output(path, version, stats, config, reused, {
+            "filtered_by_reason": md_table(stats["filtered_by_reason"]), "kept_percent": percent(stats["kept"], stats["input"]),
+            "kept_mib": mib(stats["bytes_kept"])})
 
     @asset(key=[role, "deduplicated_text"], group_name=group, code_version=CODE_VERSIONS["deduplicated_text"],
            ins={"raw": AssetIn(key=[role, "raw_corpus"]), "cleaned": AssetIn(key=[role, "cleaned_text"])},
@@ -187,7 +191,9 @@ def corpus_assets(role: str) -> list:
             "accounting": md_table(summary, ("outcome", "documents")),
             "outcomes_by_reason": MetadataValue.md(markdown_table(outcomes)),
             "outcomes_table": MetadataValue.path(str(path / "outcomes.parquet")),
-            **{f"documents_{k}": v for k, v in summary.items()}, **extra})
+            **{f"documents_{k}": v for k, v in summary.items()},
+            **{f"{k}_percent": percent(summary[k], summary["input"]) for k in ("kept", "filtered", "duplicate", "rejected")},
+            **extra})
         yield AssetCheckResult(check_name="accounting", passed=acc["balanced"],
                                metadata={**summary, "problems": MetadataValue.json(acc["problems"])})
 

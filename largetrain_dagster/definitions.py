@@ -23,7 +23,7 @@ from dagster import AssetSelection, Definitions, define_asset_job
 from largetrain_dagster import partitions
 from largetrain_dagster.corpus import corpus_assets, dedup_checks
 from largetrain_dagster.evaluation import evaluation
-from largetrain_dagster.landing import LANDED_ASSETS, landing_sensor
+from largetrain_dagster.landing import LANDED_ASSETS, landed_automation, landing_sensor
 from largetrain_dagster.partitions import PARTITION_STEPS, PARTITIONED_KEYS, ROLES  # noqa: F401 (PARTITIONED_KEYS: public)
 from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, TrackerSettings
 from largetrain_dagster.schedules import retrain_lora_adapter
@@ -53,7 +53,7 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
         assets=assets + LANDED_ASSETS,
         asset_checks=dedup_checks(ROLES),
         jobs=[prepare, lineage],
-        sensors=[landing_sensor],
+        sensors=[landing_sensor, landed_automation],
         schedules=[retrain_lora_adapter],
         resources={
             "storage": Storage(root=root),

@@ -15,7 +15,10 @@ as many files of a few GB, e.g. C4's 1,024 JSONL.gz shards, so a file is the nat
   with the reason.
 * ``landed/cleaned_text`` and the global ``landed/deduplicated_text`` carry
   ``AutomationCondition.eager()``: when a partition is (re)materialized, the automation daemon
-  updates what is downstream of it. ``landed/deduplicated_text`` reads every partition.
+  updates what is downstream of it. ``landed/deduplicated_text`` reads every partition. The
+  conditions are evaluated by ``landed_automation``, an automation condition sensor over the
+  landed chain that is running by default (Dagster's implicit sensor starts stopped), so under
+  ``dagster dev`` a landed file is read, cleaned and deduplicated without a click.
 * Training assets have no automation condition: they start only when asked (or by the schedule in
   ``largetrain_dagster.schedules``, stopped by default).
 
@@ -34,7 +37,9 @@ from dagster import (
     AssetExecutionContext,
     AssetIn,
     AssetKey,
+    AssetSelection,
     AutomationCondition,
+    AutomationConditionSensorDefinition,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
     Failure,
@@ -179,3 +184,10 @@ def landing_sensor(context: SensorEvaluationContext, storage: Storage):
         dynamic_partitions_requests=[landed_batches.build_add_request(to_add)] if to_add else [],
         cursor=json.dumps({**seen, **new}, sort_keys=True),
     )
+
+
+landed_automation = AutomationConditionSensorDefinition(
+    "landed_automation", target=AssetSelection.groups("landed_data"), default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=30,
+    description="Evaluates the landed chain's automation conditions (eager: a cleaned partition updates the global "
+                "dedup). Running by default, like landing_sensor: it only ever starts data preparation.")

@@ -39,6 +39,7 @@ from largetrain_core.launch import (
 from largetrain_core.storage import ArtefactError, read_json, relative_to_root, resolve_under, verify_manifest, write_json_atomic
 from largetrain_core.training.config import TRACKING, TrainConfig
 from largetrain_dagster.configs import dagster_config
+from largetrain_dagster.progress import TrainingProgress
 
 
 class Storage(ConfigurableResource):
@@ -131,7 +132,9 @@ class TorchrunLauncher(ConfigurableResource):
 
     ``nproc_per_node`` ranks on this host; ``threads_per_rank`` sets OMP_NUM_THREADS (0 = cores /
     ranks, so ranks x threads <= cores). Cancelling the run, or any error in the asset, sends
-    SIGTERM and then SIGKILL to the whole process group, so no rank survives.
+    SIGTERM and then SIGKILL to the whole process group, so no rank survives. Every
+    ``progress_seconds`` while it runs, the run log gets a progress line (step/total, loss,
+    tokens/s, ETA; largetrain_dagster.progress) when a new step was logged.
     """
 
     nproc_per_node: int = 2
@@ -140,6 +143,7 @@ class TorchrunLauncher(ConfigurableResource):
     hosts: list[str] = []  # several nodes: every node's address, the first holds the rendezvous; [] = this host alone
     node_rank: int = 0  # this node's position in hosts (one Dagster run per node starts its torchrun agent)
     master_port: int = 29500
+    progress_seconds: float = 10.0
 
     def command(self, config_path: Path, log_dir: Path | None = None) -> list[str]:
         """This node's torchrun command (largetrain_core.launch.launch_commands, static rendezvous);
@@ -169,9 +173,17 @@ class TorchrunLauncher(ConfigurableResource):
             env.update(session.get_bootstrap_env_vars())
             with open(log_path, "ab") as logf:
                 proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+                progress, shown = TrainingProgress(config_path.parent), None
+                next_report = time.monotonic() + self.progress_seconds
                 try:
                     while proc.poll() is None:
                         time.sleep(0.5)
+                        if time.monotonic() >= next_report:
+                            next_report = time.monotonic() + self.progress_seconds
+                            p = progress.poll()
+                            if p is not None and p.step != shown:
+                                context.log.info(f"training progress: {p.line()}")
+                                shown = p.step
                 finally:
                     if proc.poll() is None:
                         context.log.warning(f"stopping training process group {proc.pid}")

@@ -166,6 +166,9 @@ def _tracker_metadata(records_file: Path) -> dict:
     return md
 
 
+LOSS_CHECK = ("every logged training loss is finite and the mean of the last 10% of steps is below the mean of the "
+              "first 10% (blocking)")
+
 # Settings that do not change the trained weights stay out of the data version, so that changing them
 # (e.g. resume_from_checkpoint: never after a bad checkpoint) reuses the same output directory and its checkpoints.
 NOT_VERSIONED = {"resume_from_checkpoint", "peak_flops"}
@@ -191,7 +194,7 @@ def not_retried_when_deterministic(fn):
 @asset(key="base_checkpoint", group_name="training", code_version=CODE_VERSIONS["base_checkpoint"],
        ins={"shards": AssetIn(key=["pretrain", "token_shards"])}, io_manager_key="handles", pool="accelerators",
        retry_policy=TRAIN_RETRY, kinds={"deepspeed", "pytorch"},
-       check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="base_checkpoint", blocking=True)],
+       check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="base_checkpoint", blocking=True, description=LOSS_CHECK)],
        description="A causal LM pretrained from a preset with DeepSpeed (torchrun, ZeRO, activation checkpointing); a Hugging Face directory.")
 @not_retried_when_deterministic
 def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage,
@@ -249,7 +252,7 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
 @asset(key="lora_adapter", group_name="training", code_version=CODE_VERSIONS["lora_adapter"],
        ins={"base": AssetIn(key="base_checkpoint"), "shards": AssetIn(key=["domain", "token_shards"])},
        io_manager_key="handles", pool="accelerators", retry_policy=TRAIN_RETRY, kinds={"peft", "deepspeed"},
-       check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True)],
+       check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True, description=LOSS_CHECK)],
        description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.")
 @not_retried_when_deterministic
 def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, storage: Storage,

@@ -158,3 +158,9 @@ def test_automation_and_schedule_policies():
     assert schedule.default_status == DefaultScheduleStatus.STOPPED
     assert schedule.cron_schedule == "0 3 * * 0"
     assert defs.resolve_sensor_def("landing_sensor").default_status == DefaultSensorStatus.RUNNING
+    # the landed chain's conditions are evaluated by a sensor that runs by default (README, Operations) ...
+    auto = defs.resolve_sensor_def("landed_automation")
+    assert auto.default_status == DefaultSensorStatus.RUNNING
+    assert auto.asset_selection.resolve(graph) == {RAW, CLEAN, DEDUP}
+    # ... and no asset is left to Dagster's implicit automation sensor, which would start stopped
+    assert {s.name for s in defs.get_repository_def().sensor_defs} == {"landing_sensor", "landed_automation"}

@@ -90,6 +90,10 @@ def test_whole_lineage_materializes(tmp_path):
         assert checks[("evaluation", "adapter_beats_base_on_domain")]  # blocking: the run would have failed
         ev = md("evaluation")
         assert all(ev[k] > 1 for k in ("base_pretrain_perplexity", "base_domain_perplexity", "adapter_domain_perplexity"))
+        # read by people: a percentage, and the generations as verbatim text blocks, one per prompt and model
+        cut = 100 * (1 - ev["adapter_domain_perplexity"] / ev["base_domain_perplexity"])
+        assert 0 < ev["adapter_domain_perplexity_reduction_percent"] < 100 and abs(ev["adapter_domain_perplexity_reduction_percent"] - cut) < 0.1
+        assert ev["sample_generations"].count("```text\n") == 3 * 3 and "Prompt 3" in ev["sample_generations"]
 
     base_dir = Path(base["output"])
     model = AutoModelForCausalLM.from_pretrained(base_dir)

@@ -3,6 +3,10 @@
 * the web UI in headless Chromium (Debian chromium + chromium-driver, through selenium): the asset
   graph shows the stage names; a cheap partitioned asset is materialized by clicking in the UI (a
   backfill of every data partition, run by the daemon); GraphQL says every partition's run succeeded;
+* the demo's driver (largetrain_dagster.demo): its run is listed under the code location's job, and the
+  asset page shows the rounded metadata (checked in the browser, with a screenshot of the table);
+* declarative automation, on by default: a file renamed into the landing directory is read, cleaned
+  and deduplicated by the daemon without a click;
 * cancellation: a training launched through GraphQL is terminated through GraphQL while torchrun
   and its ranks run; no process of the training's process group survives, and the run is CANCELED;
 * the concurrency pool: while the training runs, the instance shows the ``accelerators`` pool with
@@ -14,6 +18,7 @@ The server is stopped by its PID and process group (SIGTERM, then SIGKILL).
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -253,6 +258,117 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
     assert {m["runId"] for m in mats} == {r["runId"] for r in runs}
     # the 38 plays, spread over the partitions
     assert sum({e["label"]: e.get("intValue") for e in m["metadataEntries"]}["documents"] for m in mats) == 38
+
+
+def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_numbers(server, tmp_path):
+    """The demo's driver launches a prepare_partitions run; the UI lists it under the code location's job,
+    and the asset page shows the metadata rounded, with units in the labels (a screenshot is taken of it)."""
+    config = tmp_path / "demo.yaml"
+    config.write_text(json.dumps({"ops": {
+        "pretrain__raw_corpus": {"config": {"path": str(CORPORA / "linux-doc" / "admin-guide"), "max_documents": 20}},
+        "domain__raw_corpus": {"config": {"path": str(CORPORA / "shakespeare" / "comedies"), "max_documents": 1}}}}))
+    env = {**os.environ, "DAGSTER_HOME": str(server.home), "LARGETRAIN_ROOT": str(server.root), "LARGETRAIN_WANDB_MODE": "disabled"}
+    log = tmp_path / "demo.log"
+    r = subprocess.run([sys.executable, "-m", "largetrain_dagster.demo", "-c", str(config), "--jobs", "prepare_partitions",
+                        "--partitions", PARTITION_KEYS[0], "--log", str(log)], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + log.read_text(errors="replace")[-3000:]
+    out = r.stdout
+    # the terminal: the stages in order, a line per materialization, where the log and the UI are;
+    # everything the run printed went to the log instead
+    assert f"[1/1] prepare_partitions, partition {PARTITION_KEYS[0]}" in out
+    assert "raw_corpus (domain, pretrain) -> cleaned_text (domain, pretrain)" in out
+    for key in ("domain/raw_corpus", "domain/cleaned_text", "pretrain/raw_corpus", "pretrain/cleaned_text"):
+        assert f"✓ {key} [{PARTITION_KEYS[0]}]" in out
+    assert f"full log: {log}" in out and "web UI:" in out and "RUN_SUCCESS" not in out
+    assert "RUN_SUCCESS" in log.read_text(errors="replace")
+    (prefix,) = re.findall(r"\(run ([0-9a-f]{8})\)", out)
+
+    # GraphQL, as the UI's job page asks: the run is under the code location's prepare_partitions job
+    data = server.graphql("""{ pipelineOrError(params: {repositoryLocationName: "largetrain", repositoryName: "__repository__",
+        pipelineName: "prepare_partitions"}) { ... on Pipeline { runs { runId status tags { key value } } } } }""")
+    runs = data["pipelineOrError"]["runs"]
+    assert [r["runId"][:8] for r in runs] == [prefix] and runs[0]["status"] == "SUCCESS"
+    assert {"key": "dagster/partition", "value": PARTITION_KEYS[0]} in runs[0]["tags"]
+    instance = DagsterInstance.from_config(str(server.home))
+    try:  # the hidden tag the UI filters a location's runs by, and the origin it re-executes from
+        run = instance.get_run_by_id(runs[0]["runId"])
+        assert run.tags_for_storage()[".dagster/repository"] == "__repository__@largetrain"
+        assert run.remote_job_origin.location_name == "largetrain"
+    finally:
+        instance.dispose()
+
+    # what a user sees on the asset page of pretrain/cleaned_text: the partition's metadata, floats rounded
+    data = server.graphql("""{ assetOrError(assetKey: {path: ["pretrain", "cleaned_text"]}) { ... on Asset {
+        assetMaterializations(limit: 1) { runId partition metadataEntries { label
+          ... on FloatMetadataEntry { floatValue } ... on IntMetadataEntry { intValue } } } } } }""")
+    (mat,) = data["assetOrError"]["assetMaterializations"]
+    assert mat["runId"][:8] == prefix
+    md = {e["label"]: e.get("floatValue", e.get("intValue")) for e in mat["metadataEntries"]}
+    assert md["input"] >= 5 and md["kept_percent"] == float(f"{100 * md['kept'] / md['input']:.4g}") and 0 < md["kept_mib"] < 1
+    driver = _chrome(tmp_path / "chromium-profile")
+    try:
+        from selenium.webdriver.common.by import By
+
+        driver.get(f"{server.url}/assets/pretrain/cleaned_text?partition={PARTITION_KEYS[0]}")
+        label = _wait(lambda: [e for e in driver.find_elements(By.XPATH, "//td[normalize-space(.)='kept_mib']") if e.is_displayed()],
+                      "the asset page to show the materialization's metadata", 120)[0]
+        time.sleep(2)  # the community dialog opens a moment after the page
+        _dismiss_community_dialog(driver)
+        table = label.find_element(By.XPATH, "./ancestor::table[1]")
+        shown = {}
+        for row in table.find_elements(By.XPATH, ".//tr[td]"):
+            cells = row.find_elements(By.XPATH, "./td")
+            shown[cells[0].text.strip()] = cells[-1]
+        cell = shown["kept_mib"]
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
+        # what the user sees at the value's place is the value itself, not an overlay
+        assert driver.execute_script("""const r = arguments[0].getBoundingClientRect();
+            const top = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+            return arguments[0].contains(top);""", cell)
+        shot = table.screenshot_as_png
+        (tmp_path / "cleaned_text_metadata.png").write_bytes(shot)
+        assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 1000
+        assert shown["kept_mib"].text == str(md["kept_mib"]) and shown["kept_percent"].text == f"{md['kept_percent']:g}"
+        assert "size_mib" not in shown  # cleaned_text's own metadata, not raw_corpus's
+        numbers = [c.text for c in shown.values() if re.fullmatch(r"-?\d+(\.\d+)?", c.text)]
+        floats = [n for n in numbers if "." in n]  # every float shown with at most 4 significant digits
+        assert len(numbers) >= 10 and floats and all(len(n.replace(".", "").lstrip("-0")) <= 4 for n in floats), numbers
+    finally:
+        driver.quit()
+
+
+def test_landed_file_is_cleaned_and_deduplicated_without_a_click(server):
+    """Declarative automation is on by default: a file renamed into the landing directory is read and
+    cleaned by the landing sensor's run, then deduplicated by the automation sensor's, with nothing launched by hand."""
+    data = server.graphql("""{ sensorsOrError(repositorySelector: {repositoryLocationName: "largetrain", repositoryName: "__repository__"}) {
+        ... on Sensors { results { name sensorState { status } } } } }""")
+    states = {s["name"]: s["sensorState"]["status"] for s in data["sensorsOrError"]["results"]}
+    assert states == {"landing_sensor": "RUNNING", "landed_automation": "RUNNING"}
+
+    landing = server.root / "landing" / "shakespeare"
+    landing.mkdir(parents=True)
+    part = landing / "twelfth-night.md.part"  # uploaders write under a partial name, then rename
+    shutil.copy(corpus("shakespeare") / "comedies" / "twelfth-night.md", part)
+    part.rename(landing / "twelfth-night.md")
+
+    def deduplicated():
+        data = server.graphql("""{ assetOrError(assetKey: {path: ["landed", "deduplicated_text"]}) { ... on Asset {
+            assetMaterializations(limit: 1) { runId metadataEntries { label ... on IntMetadataEntry { intValue } } } } } }""")
+        return (data["assetOrError"] or {}).get("assetMaterializations")
+
+    (mat,) = _wait(deduplicated, "the landed file to be deduplicated by automation", 900, every=5, log=server.log)
+    md = {e["label"]: e.get("intValue") for e in mat["metadataEntries"]}
+    assert md["partitions"] == 1 and md["input"] == md["kept"] == 1
+    runs = server.graphql("""{ runsOrError { ... on Runs { results { runId status assetSelection { path } tags { key value } } } } }""")
+    landed = [r for r in runs["runsOrError"]["results"] if any(a["path"][0] == "landed" for a in r["assetSelection"] or [])]
+    by_sensor = {}
+    for r in landed:
+        tags = {t["key"]: t["value"] for t in r["tags"]}
+        by_sensor.setdefault(tags.get("dagster/sensor_name"), []).append(r)
+    assert sorted(by_sensor) == ["landed_automation", "landing_sensor"], by_sensor  # no run without a sensor: none by hand
+    assert [r["status"] for r in by_sensor["landing_sensor"]] == ["SUCCESS"]
+    assert mat["runId"] in {r["runId"] for r in by_sensor["landed_automation"]}
 
 
 def test_pool_and_terminating_training_runs_leaves_no_process(server):

@@ -1,0 +1,89 @@
+"""A running training's progress, read from its output directory: ``metrics.jsonl`` (one JSON row per
+optimizer step, appended by rank 0: step, loss, tokens_per_s, ...; largetrain_core.train) and
+``train_config.json`` (``max_steps``). What the run log (TorchrunLauncher) and the demo's terminal
+(largetrain_dagster.demo) show while a training runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One reading: optimizer ``step`` of ``total``; ``loss`` (nats per token) and ``tokens_per_s``
+    of that step; ``eta_s``: seconds left at the step rate observed since the reader started
+    (wall clock, so checkpoint saves count), None until two different steps were seen."""
+
+    step: int
+    total: int | None
+    loss: float
+    tokens_per_s: float
+    eta_s: float | None
+
+    def line(self) -> str:
+        """``step 120/500 (24%), loss 6.123, 5,432 tokens/s, ETA 3 min 10 s``."""
+        done = f"step {self.step}/{self.total} ({self.step / self.total:.0%})" if self.total else f"step {self.step}"
+        running = self.eta_s is not None and (self.total is None or self.step < self.total)
+        eta = f", ETA {duration(self.eta_s)}" if running else ""
+        return f"{done}, loss {self.loss:.3f}, {self.tokens_per_s:,.0f} tokens/s{eta}"
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 10 s``, ``1 h 05 min``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class TrainingProgress:
+    """Follows ``out_dir/metrics.jsonl`` as it grows (reading only the new complete lines each poll)."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self._offset = 0
+        self._last: dict | None = None
+        self._first_seen: tuple[float, int] | None = None  # (monotonic time, step) of the first row read
+        self._total: int | None = None
+
+    def total(self) -> int | None:
+        """``max_steps`` from train_config.json, once it exists."""
+        if self._total is None:
+            try:
+                self._total = int(json.loads((self.out_dir / "train_config.json").read_text())["max_steps"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+        return self._total
+
+    def poll(self, now: float | None = None) -> Progress | None:
+        """The newest step's progress, or None before the first step is logged."""
+        now = time.monotonic() if now is None else now
+        try:
+            with open(self.out_dir / "metrics.jsonl", "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except OSError:
+            return None
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self._offset += len(complete)
+        for line in complete.splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if "loss" in row:  # a training step's row (other rows, e.g. evaluations, are not progress)
+                self._last = row
+        if self._last is None:
+            return None
+        step = int(self._last["step"])
+        if self._first_seen is None:
+            self._first_seen = (now, step)
+        total = self.total()
+        t0, s0 = self._first_seen
+        eta = None
+        if total is not None and step > s0 and now > t0:
+            eta = max(0.0, (total - step) * (now - t0) / (step - s0))
+        return Progress(step, total, float(self._last["loss"]), float(self._last.get("tokens_per_s") or 0.0), eta)
