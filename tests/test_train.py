@@ -240,7 +240,7 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
     # steps 4-6 were logged again after each resume, with bitwise the same losses
     history = {(m.step, m.value) for m in client.get_metric_history(ml["run_id"], "loss")}
     assert history == {(step, got[step]["loss"]) for step in range(1, 9)}
-    assert {a.path for a in client.list_artifacts(ml["run_id"])} == {"loss_curve.svg", "model", "summary.json"}
+    assert {a.path for a in client.list_artifacts(ml["run_id"])} == {"loss_curve.png", "model", "summary.json"}
     assert "model/model.safetensors" in {a.path for a in client.list_artifacts(ml["run_id"], "model")}
 
 
@@ -449,8 +449,10 @@ def test_launch_commands_and_mfu_inputs():
     s = launch_commands("cfg.json", ["a", "b"], 4)["torchrun"]
     assert "--node_rank 1 --master_addr a --master_port 29500" in s[1]
     assert "--standalone" in launch_commands("cfg.json", ["a"], 2)["torchrun"][0]
-    # PaLM appendix B: 6N + 12 L H S
+    # PaLM appendix B: 6N + 12 L H S; frozen weights (LoRA) skip the weight gradient: 4N + 2N_trainable + 12 L H S
     assert model_flops_per_token(1000, 2, 64, 32) == 6 * 1000 + 12 * 2 * 64 * 32
+    assert model_flops_per_token(1000, 2, 64, 32, n_trainable=10) == 4 * 1000 + 2 * 10 + 12 * 2 * 64 * 32
+    assert model_flops_per_token(1000, 2, 64, 32, n_trainable=1000) == model_flops_per_token(1000, 2, 64, 32)
     intel = "model name\t: Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz\nflags\t\t: fpu avx2 fma avx512f\n"
     peak, how = cpu_peak_flops(cores=4, cpuinfo=intel)
     assert peak == pytest.approx(4 * 2.3e9 * 64) and "AVX-512" in how
@@ -505,7 +507,7 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
             manifest = json.loads((Path(md(role, "token_shards")["path"]) / "manifest.json").read_text())
             assert manifest["eos_id"] == eos["id"]
         adapter = md("lora_adapter")
-        assert adapter["steps"] == 8 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
+        assert adapter["steps"] == 8 and adapter["training_curves_png"].endswith("loss_curve.png")
         # each tracker's run in the metadata; MLflow's store under the storage root holds every step's loss
         out = Path(adapter["path"])
         assert adapter["wandb_run_id"] and adapter["wandb_sync_command"].startswith("`wandb sync --id ")
@@ -578,3 +580,107 @@ def test_unknown_tracker_is_refused():
         TrainConfig(output_dir="o", train_shards="s", report_to=["tensorboard"]).validate(cuda=False)
     with pytest.raises(ValueError, match="unknown training config lora keys \\['rank'\\]"):
         TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "lora": {"rank": 4}})
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory, shards) -> Path:
+    """A freshly initialized llama-tiny for the shards' vocabulary, saved as a Hugging Face directory."""
+    from largetrain_core.model import build_model
+
+    m = _manifest(shards)
+    out = tmp_path_factory.mktemp("tiny_base")
+    build_model("llama-tiny", m["vocab_size"], m["seq_len"], m["eos_id"], m.get("bos_id"), seed=3).save_pretrained(out)
+    return out
+
+
+def test_evaluation_during_training_leaves_the_training_bitwise_unchanged(shards, tiny_base, tmp_path):
+    """2 ranks, ZeRO-2, LoRA with lora_dropout 0.2 (dropout draws from torch's RNG in every training
+    forward): evaluating every 2 steps gives bitwise the same training losses, grad norms and adapter
+    weights as not evaluating. The evaluations (steps 2, 4, 6 and the last, 7) report the mean
+    cross-entropy over the first eval_max_sequences validation sequences (the ranks' shares together),
+    recomputed here in one process, and its perplexity; the summary and the PNG carry them."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    outs = {}
+    for strategy in ("no", "steps"):
+        out = tmp_path / f"eval-{strategy}"
+        cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), mode="lora", base_model=str(tiny_base),
+                          zero_stage=2, activation_checkpointing=False, micro_batch_size=2, max_steps=7,
+                          learning_rate=1e-2, warmup_steps=1, save_steps=7, eval_strategy=strategy, eval_steps=2,
+                          eval_max_sequences=5, report_to=[], lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.2})
+        torchrun(TrainConfig.from_dict(cfg.to_dict()), tmp_path)
+        outs[strategy] = out
+    off, on = metrics(outs["no"]), metrics(outs["steps"])
+    assert sorted(off) == sorted(on) == list(range(1, 8))
+    for step in range(1, 8):
+        assert on[step]["loss"] == off[step]["loss"], (step, on[step]["loss"], off[step]["loss"])
+        assert on[step]["grad_norm"] == off[step]["grad_norm"], step
+        assert "eval_loss" not in off[step]
+    assert [s for s in on if "eval_loss" in on[s]] == [2, 4, 6, 7]
+    a = load_file(outs["no"] / "adapter" / "adapter_model.safetensors")
+    b = load_file(outs["steps"] / "adapter" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    # the last evaluation, recomputed in one process from the exported adapter
+    val = TokenShards(shards, "validation")
+    assert len(val) >= 5
+    ids = torch.from_numpy(val.take(np.arange(5)).astype(np.int64))
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_base), outs["steps"] / "adapter").eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids[:, :-1]).logits
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
+    assert on[7]["eval_loss"] == pytest.approx(want, rel=1e-5)
+    assert on[7]["eval_perplexity"] == pytest.approx(np.exp(on[7]["eval_loss"]), rel=1e-12)
+    summary = json.loads((outs["steps"] / "summary.json").read_text())
+    assert summary["eval_loss"] == on[7]["eval_loss"] and summary["eval_step"] == 7 and not summary["stopped_early"]
+    best = min((on[s]["eval_loss"], s) for s in (2, 4, 6, 7))
+    assert (summary["best_eval_loss"], summary["best_eval_step"]) == best
+    assert "eval_loss" not in json.loads((outs["no"] / "summary.json").read_text())
+    # LoRA's MFU counts no weight gradient for the frozen base: 4N + 2N_trainable + 12LHS
+    n, k = summary["parameters"], summary["trainable_parameters"]
+    assert summary["flops_per_token"] == 4 * n + 2 * k + 12 * 2 * 64 * _manifest(shards)["seq_len"]
+    assert summary["mfu_formula"].startswith("MFU = tokens/s x FLOPs/token / peak FLOP/s; FLOPs/token = 4N + 2N_trainable")
+    png = Path(summary["loss_curve"])
+    assert png.name == "loss_curve.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_early_stopping_ends_the_run_and_a_resume_keeps_it_ended(shards, tmp_path):
+    """early_stopping_patience 2 with a threshold no decrease can reach (100 nats): the evaluations of
+    steps 2 and 3 do not improve on step 1's by more, so the run stops after step 3 of 20 with a
+    checkpoint there and the model exported; the best validation loss is still the lowest one. Started
+    again (resume auto), it resumes the stopped state from that checkpoint and trains no further step."""
+    out = tmp_path / "early"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=20, learning_rate=5e-3,
+                      warmup_steps=1, save_steps=10, eval_steps=1, eval_max_sequences=4, early_stopping_patience=2,
+                      early_stopping_threshold=100.0, report_to=[], tokenizer=str(shards))
+    proc = torchrun(cfg, tmp_path)
+    assert "early stopping at step 3" in proc.stderr
+    rows = metrics(out)
+    assert sorted(rows) == [1, 2, 3] and all("eval_loss" in r for r in rows.values())
+    summary = json.loads((out / "summary.json").read_text())
+    best = min(rows.values(), key=lambda r: r["eval_loss"])
+    assert summary["stopped_early"] and summary["steps"] == 3
+    assert (summary["best_eval_loss"], summary["best_eval_step"]) == (best["eval_loss"], best["step"])
+    assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists() and (out / "model" / "model.safetensors").exists()
+
+    proc = torchrun(cfg, tmp_path)
+    assert "step-000003 at step 3" in proc.stderr
+    again = json.loads((out / "summary.json").read_text())
+    assert again["steps"] == 3 and again["steps_this_run"] == 0 and again["stopped_early"]
+    assert sorted(metrics(out)) == [1, 2, 3]
+
+
+def test_evaluation_settings_are_checked():
+    base = {"output_dir": "o", "train_shards": "s"}
+    with pytest.raises(ValueError, match="eval_strategy must be 'steps' or 'no'"):
+        TrainConfig.from_dict({**base, "eval_strategy": "epoch"}).validate(cuda=False)
+    with pytest.raises(ValueError, match="early_stopping_patience must be null or >= 1 with eval_strategy 'steps'"):
+        TrainConfig.from_dict({**base, "eval_strategy": "no", "early_stopping_patience": 2}).validate(cuda=False)
+    with pytest.raises(ValueError, match="eval_steps and eval_max_sequences must be >= 1"):
+        TrainConfig.from_dict({**base, "eval_steps": 0}).validate(cuda=False)
+    # evaluation changes no weight unless early stopping acts on it
+    plain = TrainConfig.from_dict(base)
+    assert TrainConfig.from_dict({**base, "eval_steps": 7, "eval_strategy": "no"}).config_hash() == plain.config_hash()
+    assert TrainConfig.from_dict({**base, "early_stopping_patience": 3}).config_hash() != plain.config_hash()
