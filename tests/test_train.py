@@ -465,6 +465,8 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
     their config); both corpora are tokenized with its tokenizer (its EOS </s>, its BOS <s>); no pretraining
     runs; the LoRA adapter trains on the imported model, reporting to W&B (offline) and MLflow (the
     storage root's SQLite store), whose runs the metadata names; evaluation reports perplexities and generations."""
+    import base64
+
     from dagster import AssetKey, DagsterInstance
     from mlflow.tracking import MlflowClient
 
@@ -508,6 +510,19 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
             assert manifest["eos_id"] == eos["id"]
         adapter = md("lora_adapter")
         assert adapter["steps"] == 8 and adapter["training_curves_png"].endswith("loss_curve.png")
+        # what an engineer reads first: the curves inline, then rounded numbers with their units
+        png = Path(adapter["training_curves_png"]).read_bytes()
+        assert adapter["training_curves"] == \
+            f"![training and validation loss, learning rate](data:image/png;base64,{base64.b64encode(png).decode()})"
+        summary = json.loads((Path(adapter["path"]) / "summary.json").read_text())
+        assert adapter["first_loss"] == round(summary["first_loss"], 3) and adapter["eval_loss"] == round(summary["eval_loss"], 3)
+        assert adapter["mfu_percent"] == round(100 * summary["mfu"], 1)
+        assert adapter["peak_tflops"] == round(summary["peak_flops"] / 1e12, 3)
+        assert "mfu" not in adapter and "peak_flops" not in adapter  # only the rounded, unit-named numbers
+        assert "4N + 2N_trainable + 12LHS" in adapter["mfu_formula"]
+        table = adapter["loss_table"].splitlines()
+        assert table[0].startswith("| step | training loss (nats) | validation loss (nats) |")
+        assert table[-1].startswith("| 8 | ") and table[-1].split("|")[3].strip() == f"{summary['eval_loss']:.4f}"
         # each tracker's run in the metadata; MLflow's store under the storage root holds every step's loss
         out = Path(adapter["path"])
         assert adapter["wandb_run_id"] and adapter["wandb_sync_command"].startswith("`wandb sync --id ")
