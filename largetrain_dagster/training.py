@@ -112,7 +112,7 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
 
 
 # What a finished training leaves in its output directory, recorded in its _manifest.json and verified before reuse.
-TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.svg")
+TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.png")
 
 
 def seal_training(out: Path) -> None:
