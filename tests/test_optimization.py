@@ -9,6 +9,7 @@ import pytest
 from dagster import AssetKey, DagsterInstance
 
 from largetrain_core.shards import build_token_shards
+from largetrain_core.storage import write_manifest
 from largetrain_core.training.ablation import (
     BASELINE,
     VARIANT_NAMES,
@@ -53,6 +54,7 @@ def tiny_shards(tmp_path, bpe_dir, sentences) -> Path:
     out = tmp_path / "shards"
     out.mkdir()
     build_token_shards(docs, bpe_dir, out, seq_len=32, validation_fraction=0.1)
+    write_manifest(out)  # as the token_shards asset seals its directory: the IO manager verifies it on load
     return out
 
 
