@@ -699,3 +699,27 @@ def test_evaluation_settings_are_checked():
     plain = TrainConfig.from_dict(base)
     assert TrainConfig.from_dict({**base, "eval_steps": 7, "eval_strategy": "no"}).config_hash() == plain.config_hash()
     assert TrainConfig.from_dict({**base, "early_stopping_patience": 3}).config_hash() != plain.config_hash()
+
+
+def test_evaluation_under_zero3_with_uneven_shares(shards, tmp_path):
+    """ZeRO-3 gathers a partitioned layer's weights from all ranks in each forward, so the ranks run as
+    many evaluation forwards each: 5 validation sequences on 2 ranks at micro-batch 2 give rank 0 two
+    batches and rank 1 one, plus one it does not count. The validation loss of the last step equals the
+    mean cross-entropy of exactly those 5 sequences under the exported model. (llama-tiny's weights are
+    all below DeepSpeed's stage3_param_persistence_threshold of 1e5 elements, so they stay whole on
+    every rank and unequal forward counts would not hang here; the equal counts matter for real sizes.)"""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "z3eval"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=3,
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=2, learning_rate=5e-3,
+                      warmup_steps=1, save_steps=2, eval_steps=1, eval_max_sequences=5, report_to=[],
+                      tokenizer=str(shards))
+    torchrun(cfg, tmp_path)
+    rows = metrics(out)
+    assert all("eval_loss" in rows[s] for s in (1, 2))
+    ids = torch.from_numpy(TokenShards(shards, "validation").take(np.arange(5)).astype(np.int64))
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(out / "model").eval()(input_ids=ids[:, :-1]).logits
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
+    assert rows[2]["eval_loss"] == pytest.approx(want, rel=1e-5)

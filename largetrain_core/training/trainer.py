@@ -137,7 +137,9 @@ class Trainer:
                 raise ValueError(f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to "
                                  "evaluate on; make the shards with validation_fraction > 0 or set eval_strategy 'no'")
             # strided over the first eval_max_sequences: every rank a share, the same sequences every time
-            self.eval_indices = np.arange(self.rank, min(len(self.validation), cfg.eval_max_sequences), self.world)
+            n = min(len(self.validation), cfg.eval_max_sequences)
+            self.eval_indices = np.arange(self.rank, n, self.world)
+            self.eval_batches = math.ceil(math.ceil(n / self.world) / cfg.micro_batch_size)  # rank 0's, the most
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
         self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")
@@ -262,13 +264,18 @@ class Trainer:
         with _rng_preserved(self.device if self.cuda else None), torch.no_grad():
             self.engine.eval()
             try:
-                for start in range(0, len(self.eval_indices), cfg.micro_batch_size):
+                # Every rank runs the same number of forward passes (ZeRO-3 gathers the weights of each
+                # layer from all ranks in every forward): a rank short of sequences runs sequence 0 and
+                # does not count it.
+                for start in range(0, self.eval_batches * cfg.micro_batch_size, cfg.micro_batch_size):
                     idx = self.eval_indices[start:start + cfg.micro_batch_size]
-                    batch = torch.from_numpy(self.validation.take(idx).astype(np.int64)).to(self.device)
+                    counted = len(idx) > 0
+                    batch = torch.from_numpy(self.validation.take(idx if counted else [0]).astype(np.int64)).to(self.device)
                     logits = self.engine(input_ids=batch[:, :-1]).logits
-                    sums[0] += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1),
-                                               reduction="sum").double()
-                    sums[1] += batch[:, 1:].numel()
+                    if counted:
+                        sums[0] += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                   batch[:, 1:].reshape(-1), reduction="sum").double()
+                        sums[1] += batch[:, 1:].numel()
             finally:
                 self.engine.train()
         dist.all_reduce(sums)
