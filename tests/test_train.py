@@ -533,6 +533,11 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
         assert run.data.params["mode"] == "lora" and run.data.params["lora.r"] == "4"
         assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")) == \
             [(r["step"], r["loss"]) for r in read_metrics(out / "metrics.jsonl")]
+        # the plot's other series reach the tracker too: the learning rate and every evaluation
+        for series in ("lr", "eval_loss", "eval_perplexity"):
+            assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, series)) == \
+                [(r["step"], r[series]) for r in read_metrics(out / "metrics.jsonl") if series in r], series
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == [8]  # eval_steps 50 > 8 steps
         assert "adapter/adapter_model.safetensors" in {a.path for a in client.list_artifacts(run.info.run_id, "adapter")}
         ev = md("evaluation")
         assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
