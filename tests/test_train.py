@@ -694,7 +694,7 @@ def test_early_stopping_ends_the_run_and_a_resume_keeps_it_ended(shards, tmp_pat
 
 def test_evaluation_settings_are_checked():
     base = {"output_dir": "o", "train_shards": "s"}
-    with pytest.raises(ValueError, match="eval_strategy must be 'steps' or 'no'"):
+    with pytest.raises(ValueError, match="eval_strategy must be one of steps, no, not 'epoch'"):
         TrainConfig.from_dict({**base, "eval_strategy": "epoch"}).validate(cuda=False)
     with pytest.raises(ValueError, match="early_stopping_patience must be null or >= 1 with eval_strategy 'steps'"):
         TrainConfig.from_dict({**base, "eval_strategy": "no", "early_stopping_patience": 2}).validate(cuda=False)

@@ -262,7 +262,7 @@ def _problems(c: TrainConfig, cuda: bool) -> list[str]:
     if c.mode == "pretrain" and c.lora.merge_export:
         p.append("lora.merge_export applies to mode 'lora' only; set it to false for pretraining")
     if c.eval_strategy not in EVAL_STRATEGIES:
-        p.append(f"eval_strategy must be 'steps' or 'no', not {c.eval_strategy!r}")
+        p.append(f"eval_strategy must be one of {', '.join(EVAL_STRATEGIES)}, not {c.eval_strategy!r}")
     if c.eval_steps < 1 or c.eval_max_sequences < 1:
         p.append(f"eval_steps and eval_max_sequences must be >= 1, not {c.eval_steps} and {c.eval_max_sequences}")
     if c.early_stopping_patience is not None and (c.early_stopping_patience < 1 or c.eval_strategy == "no"):
