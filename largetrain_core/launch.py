@@ -79,9 +79,11 @@ def maybe_fault(point: str, step: int, rank: int) -> None:
 
 
 def launch_commands(config_path: str, hosts: list[str], nproc_per_node: int, port: int = 29500,
-                    rdzv_backend: str = "static", python: str = "python", log_dir: str | None = None) -> dict:
-    """The commands that start ``config_path`` on ``hosts`` (node rank = position in the list; the first
-    host holds the rendezvous store), ``nproc_per_node`` ranks on each.
+                    rdzv_backend: str = "static", python: str = "python", log_dir: str | None = None,
+                    module: str = ENTRY_MODULE) -> dict:
+    """The commands that start ``module`` (the training; or the ablation,
+    largetrain_core.training.ablation) with ``config_path`` on ``hosts`` (node rank = position in the
+    list; the first host holds the rendezvous store), ``nproc_per_node`` ranks on each.
 
     Returns ``{"torchrun": [one command per node, to run on that node], "hostfile": DeepSpeed hostfile
     text ("host slots=N" lines), "deepspeed": the one command to run on hosts[0] with that hostfile
@@ -105,10 +107,10 @@ def launch_commands(config_path: str, hosts: list[str], nproc_per_node: int, por
             where = f"--nnodes {n} --rdzv_backend c10d --rdzv_endpoint {hosts[0]}:{port} --rdzv_id largetrain"
         logs = f"--log-dir {shlex.quote(str(log_dir))} " if log_dir else ""
         cmds.append(f"{shlex.quote(python)} -m torch.distributed.run {where} --nproc_per_node {nproc_per_node} "
-                    f"{logs}-m {ENTRY_MODULE} {shlex.quote(str(config_path))}")
+                    f"{logs}-m {module} {shlex.quote(str(config_path))}")
     hostfile = "".join(f"{h} slots={nproc_per_node}\n" for h in dict.fromkeys(hosts))
     ds = (f"deepspeed --hostfile hostfile --master_addr {hosts[0]} --master_port {port} "
-          f"--module {ENTRY_MODULE} {shlex.quote(str(config_path))}")
+          f"--module {module} {shlex.quote(str(config_path))}")
     return {"torchrun": cmds, "hostfile": hostfile, "deepspeed": ds}
 
 

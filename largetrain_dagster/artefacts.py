@@ -28,7 +28,8 @@ from largetrain_dagster.resources import Storage
 
 # Bump an asset's code version when its code changes what it writes: Dagster then marks it stale.
 CODE_VERSIONS = {"raw_corpus": "5", "cleaned_text": "6", "deduplicated_text": "4", "tokenizer": "2",
-                 "token_shards": "2", "base_checkpoint": "2", "lora_adapter": "2", "evaluation": "2"}
+                 "token_shards": "2", "base_checkpoint": "3", "lora_adapter": "3", "evaluation": "2",
+                 "optimization_report": "1"}
 
 
 
@@ -64,9 +65,10 @@ def build_or_reuse(context: AssetExecutionContext, storage: Storage, key: list[s
     return final, {**stats, "rebuilt_because": rebuilt_because} if rebuilt_because else stats, False
 
 
-def asset_output(path: Path, version: str, stats: dict, config: Config | dict, reused: bool, extra: dict | None = None) -> Output:
+def asset_output(path: Path, version: str, stats: dict, config: Config | dict, reused: bool, extra: dict | None = None,
+                 stats_metadata: bool = True) -> Output:
     """The asset's Output: the JSON handle (path, data version, stats, exact) and metadata (path, data
-    version, reused, config, every numeric stat, ``extra``), with the data version Dagster records.
+    version, reused, config, every numeric stat unless ``stats_metadata`` is False, ``extra``), with the data version Dagster records.
 
     Metadata is for people and plots: floats (in stats and ``extra``) are rounded to 4 significant
     digits (``rounded``); units go in the label (``seconds``, ``size_mib``, ``kept_percent``)."""
@@ -74,7 +76,8 @@ def asset_output(path: Path, version: str, stats: dict, config: Config | dict, r
     handle = {"path": str(path), "data_version": version, "stats": stats}
     md = {"path": MetadataValue.path(str(path)), "data_version": version, "reused": reused,
           "config": MetadataValue.json(cfg)}
-    md.update({k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    if stats_metadata:  # else the caller shows the stats it chose in ``extra``
+        md.update({k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if stats.get("rebuilt_because"):
         md["rebuilt_because"] = MetadataValue.text(stats["rebuilt_because"])
     md.update(extra or {})

@@ -10,8 +10,9 @@ LARGETRAIN_WANDB_MODE offline/online/disabled; MLFLOW_TRACKING_URI MLflow's stor
 LARGETRAIN_DATA_PARTITIONS the number of hash partitions of raw_corpus and cleaned_text (default 4).
 
 Jobs: ``prepare_partitions`` (raw_corpus + cleaned_text of both corpora, one run per partition: a
-backfill over all partitions) and ``lineage`` (everything after: the global dedup, tokenizer,
-shards, training, evaluation).
+backfill over all partitions), ``lineage`` (everything after: the global dedup, tokenizer,
+shards, training, evaluation) and ``optimization_ablation`` (the ``optimization_report`` asset, outside
+the lineage: which training optimizations pay on this model and hardware).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from largetrain_dagster import partitions
 from largetrain_dagster.corpus import corpus_assets, dedup_checks
 from largetrain_dagster.evaluation import evaluation
 from largetrain_dagster.landing import LANDED_ASSETS, landed_automation, landing_sensor
+from largetrain_dagster.optimization import optimization_report
 from largetrain_dagster.partitions import PARTITION_STEPS, PARTITIONED_KEYS, ROLES  # noqa: F401 (PARTITIONED_KEYS: public)
 from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, TrackerSettings
 from largetrain_dagster.schedules import retrain_lora_adapter
@@ -47,12 +49,16 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
     # The landed chain (dynamically partitioned, largetrain_dagster.landing) is in neither job.
     prepare = define_asset_job("prepare_partitions", selection=PARTITION_STEPS, partitions_def=partitions.DATA_PARTITIONS,
                                description="raw corpus -> cleaned text of both corpora, one partition per run (backfill all partitions)")
-    lineage = define_asset_job("lineage", selection=AssetSelection.all() - AssetSelection.groups("landed_data") - PARTITION_STEPS,
+    lineage = define_asset_job("lineage", selection=AssetSelection.all() - AssetSelection.groups("landed_data", "optimization")
+                               - PARTITION_STEPS,
                                description="deduplicated text (all partitions) -> token shards -> base checkpoint -> LoRA adapter -> evaluation")
+    optimization = define_asset_job("optimization_ablation", selection=AssetSelection.assets(optimization_report),
+                                    description="short training runs of each optimization on this model and hardware "
+                                                "against plain data parallel (needs pretrain/token_shards)")
     return Definitions(
-        assets=assets + LANDED_ASSETS,
+        assets=assets + LANDED_ASSETS + [optimization_report],
         asset_checks=dedup_checks(ROLES),
-        jobs=[prepare, lineage],
+        jobs=[prepare, lineage, optimization],
         sensors=[landing_sensor, landed_automation],
         schedules=[retrain_lora_adapter],
         resources={

@@ -67,13 +67,14 @@ class K8sTorchrunLauncher(TorchrunLauncher):
         """torchrun's --log-dir of one training step (every node's ranks' error files), beside the config."""
         return str(PurePosixPath(config_path).parent / "torchelastic" / _dns(f"{step}-{run_id}"))
 
-    def torchrun_command(self, config_path: str, rdzv_host: str, run_id: str, log_dir: str | None = None) -> list[str]:
+    def torchrun_command(self, config_path: str, rdzv_host: str, run_id: str, log_dir: str | None = None,
+                         module: str = ENTRY_MODULE) -> list[str]:
         return ["python", "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc_per_node}",
                 "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_host}:{self.rdzv_port}", f"--rdzv_id={run_id}",
-                "--max_restarts=0", *([f"--log-dir={log_dir}"] if log_dir else []), "-m", ENTRY_MODULE, config_path]
+                "--max_restarts=0", *([f"--log-dir={log_dir}"] if log_dir else []), "-m", module, config_path]
 
-    def pod_manifest(self, config_path: str, run_id: str, step: str, node: int) -> dict[str, Any]:
-        """The pod of node ``node`` (0 .. nnodes-1) as a Kubernetes manifest dict (camelCase)."""
+    def pod_manifest(self, config_path: str, run_id: str, step: str, node: int, module: str = ENTRY_MODULE) -> dict[str, Any]:
+        """The pod of node ``node`` (0 .. nnodes-1), running ``module``, as a Kubernetes manifest dict (camelCase)."""
         prefix, service = self.names(run_id, step)
         rdzv_host = f"{prefix}-0.{service}.{self.namespace}.svc.cluster.local"
         limits = {"cpu": self.cpu_per_node, "memory": self.memory_per_node}
@@ -87,7 +88,8 @@ class K8sTorchrunLauncher(TorchrunLauncher):
             "containers": [{
                 "name": "torchrun",
                 "image": self.image,
-                "command": self.torchrun_command(config_path, rdzv_host, run_id, self.log_dir(config_path, run_id, step)),
+                "command": self.torchrun_command(config_path, rdzv_host, run_id, self.log_dir(config_path, run_id, step),
+                                                 module),
                 "env": [{"name": "LARGETRAIN_ROOT", "value": self.mount_path}, {"name": "PYTHONUNBUFFERED", "value": "1"},
                         {"name": "OMP_NUM_THREADS", "value": str(max(1, int(float(self.cpu_per_node)) // self.nproc_per_node))},
                         {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": True}}}],
@@ -115,7 +117,7 @@ class K8sTorchrunLauncher(TorchrunLauncher):
                          "ports": [{"name": "rdzv", "port": self.rdzv_port, "targetPort": self.rdzv_port}],
                          "publishNotReadyAddresses": True}}
 
-    def render(self, config_path: str, run_id: str, step: str) -> dict[str, Any]:
+    def render(self, config_path: str, run_id: str, step: str, module: str = ENTRY_MODULE) -> dict[str, Any]:
         """Every object a training creates: ``{"service": V1Service, "pods": [V1Pod per node]}``, built with
         the kubernetes client models (unknown or misspelled fields raise)."""
         import kubernetes
@@ -124,7 +126,7 @@ class K8sTorchrunLauncher(TorchrunLauncher):
 
         pods = []
         for node in range(self.nnodes):
-            m = self.pod_manifest(config_path, run_id, step, node)
+            m = self.pod_manifest(config_path, run_id, step, node, module)
             pods.append(build_pod_body(pod_name=m["metadata"]["name"], image=None, command=None, env_vars={},
                                        base_pod_meta=m["metadata"], base_pod_spec=m["spec"]))
         svc = self.service_manifest(run_id, step)
@@ -135,7 +137,7 @@ class K8sTorchrunLauncher(TorchrunLauncher):
                                        "spec": k8s_snake_case_dict(kubernetes.client.V1ServiceSpec, svc["spec"])})
         return {"service": service, "pods": pods}
 
-    def run(self, context, config_path, log_path) -> dict:
+    def run(self, context, config_path, log_path, module: str = ENTRY_MODULE) -> dict:
         """Create the service and the pods of nodes 1..N-1, run node 0 through PipesK8sClient, and delete
         everything afterwards. The config path must lie on the shared volume (the storage root).
 
@@ -146,14 +148,14 @@ class K8sTorchrunLauncher(TorchrunLauncher):
 
         cfg = str(PurePosixPath(self.mount_path) / PurePosixPath(config_path).relative_to(os.environ.get("LARGETRAIN_ROOT", "/data")))
         step = context.op.name if hasattr(context, "op") else "train"
-        objects = self.render(cfg, context.run_id, step)
+        objects = self.render(cfg, context.run_id, step, module)
         api = DagsterKubernetesClient.production_client().core_api
         api.create_namespaced_service(self.namespace, objects["service"])
         metadata: dict = {}
         try:
             for pod in objects["pods"][1:]:
                 api.create_namespaced_pod(self.namespace, pod)
-            node0 = self.pod_manifest(cfg, context.run_id, step, 0)
+            node0 = self.pod_manifest(cfg, context.run_id, step, 0, module)
             try:
                 done = PipesK8sClient().run(context=context, namespace=self.namespace, base_pod_meta=node0["metadata"],
                                             base_pod_spec=node0["spec"], pod_wait_timeout=self.pod_wait_timeout_seconds)

@@ -29,6 +29,7 @@ from dagster import (
 
 from largetrain_core.launch import (
     AGENT_ERROR_FILE,
+    ENTRY_MODULE,
     describe_failure,
     exit_status,
     launch_commands,
@@ -145,15 +146,16 @@ class TorchrunLauncher(ConfigurableResource):
     master_port: int = 29500
     progress_seconds: float = 10.0
 
-    def command(self, config_path: Path, log_dir: Path | None = None) -> list[str]:
-        """This node's torchrun command (largetrain_core.launch.launch_commands, static rendezvous);
-        ``log_dir``: torchrun's --log-dir, where every rank's error file is written."""
+    def command(self, config_path: Path, log_dir: Path | None = None, module: str = ENTRY_MODULE) -> list[str]:
+        """This node's torchrun command of ``module`` (largetrain_core.launch.launch_commands, static
+        rendezvous); ``log_dir``: torchrun's --log-dir, where every rank's error file is written."""
         cmds = launch_commands(str(config_path), self.hosts or ["localhost"], self.nproc_per_node, self.master_port,
-                               python=sys.executable, log_dir=str(log_dir) if log_dir else None)["torchrun"]
+                               python=sys.executable, log_dir=str(log_dir) if log_dir else None, module=module)["torchrun"]
         return shlex.split(cmds[self.node_rank])
 
-    def run(self, context, config_path: Path, log_path: Path) -> dict:
-        """Run the training to completion; return the metadata rank 0 reported through Pipes.
+    def run(self, context, config_path: Path, log_path: Path, module: str = ENTRY_MODULE) -> dict:
+        """Run the training (or another entry point ``module``, such as the ablation) to completion;
+        return the metadata rank 0 reported through Pipes.
 
         Every start gets a fresh torchrun log directory ``<dir of config_path>/torchelastic/<time>-*``,
         where each rank records its uncaught exception (largetrain_core.launch.record) and torchrun its
@@ -165,7 +167,7 @@ class TorchrunLauncher(ConfigurableResource):
         log_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%S-"), dir=logs))
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                "TORCHELASTIC_ERROR_FILE": str(log_dir / AGENT_ERROR_FILE)}
-        cmd = self.command(config_path, log_dir)
+        cmd = self.command(config_path, log_dir, module)
         context.log.info(f"launching: {' '.join(cmd)} (OMP_NUM_THREADS={threads}); log: {log_path}")
         metadata: dict = {}
         with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),

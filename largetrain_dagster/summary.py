@@ -54,7 +54,9 @@ def render(instance: DagsterInstance) -> str:
     for key, label in (("base_checkpoint", "base model"), ("lora_adapter", "LoRA adapter")):
         m = _metadata(instance, key)
         lines.append(f"{label}: loss {_fmt(m.get('first_loss'), '.3f')} -> {_fmt(m.get('last_loss'), '.3f')} "
-                     f"in {_fmt(m.get('steps'))} steps, {_fmt(m.get('tokens_per_s'), ',.0f')} tokens/s, "
+                     f"in {_fmt(m.get('steps'))} steps (validation loss {_fmt(m.get('eval_loss'), '.3f')}, "
+                     f"perplexity {_fmt(m.get('eval_perplexity'), '.1f')}), {_fmt(m.get('tokens_per_s'), ',.0f')} tokens/s, "
+                     f"MFU {_fmt(m.get('mfu_percent'), '.1f')} %, "
                      f"{m.get('precision', 'n/a')} on {_fmt(m.get('world_size'))} ranks; {m.get('output', 'n/a')}")
     ev = _metadata(instance, "evaluation")
     cut = ev.get("adapter_domain_perplexity_reduction_percent")

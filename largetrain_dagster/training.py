@@ -46,7 +46,7 @@ from largetrain_dagster.resources import Storage, TorchrunLauncher, TrackerSetti
 # Filled in by the asset (paths, mode) or by the TrackerSettings resource, not by the run config.
 SET_BY_ASSET = ("output_dir", "train_shards", "mode", "base_model", "tokenizer", *TRACKING)
 # Production defaults where they differ from TrainConfig's (whose defaults suit a short test run).
-TRAINING_DEFAULTS = {"micro_batch_size": 8, "max_steps": 1000, "warmup_steps": 50, "save_steps": 200}
+TRAINING_DEFAULTS = {"micro_batch_size": 8, "max_steps": 1000, "warmup_steps": 50, "save_steps": 200, "eval_steps": 100}
 
 
 class BaseCheckpointConfig(dagster_config(TrainConfig, "BaseCheckpointTrainConfig", exclude=(*SET_BY_ASSET, "lora"),
@@ -112,7 +112,7 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
 
 
 # What a finished training leaves in its output directory, recorded in its _manifest.json and verified before reuse.
-TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.svg")
+TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.png")
 
 
 def seal_training(out: Path) -> None:
@@ -131,27 +131,73 @@ def moved_summary(out: Path) -> dict:
 
 
 def _train_output(out: Path, version: str, summary: dict, config: Config, reused: bool) -> Output:
-    """Metadata: the summary's numbers, a loss table (about 20 rows), the loss curve, and each tracker's
-    run record (``<tracker>_run_id``, its location, e.g. ``wandb_sync_command`` for offline W&B)."""
+    """Metadata: the curves (training and validation loss and learning rate against step) as an inline
+    PNG and its path, the run's numbers rounded with the unit in the name (:func:`training_numbers`),
+    the loss table, and each tracker's run record (``<tracker>_run_id``, its location, e.g.
+    ``wandb_sync_command`` for offline W&B)."""
     import base64
 
     rows = read_metrics(out / METRICS)
-    every = max(1, len(rows) // 20)
-    curve = "\n".join(f"| {r['step']} | {r['loss']:.4f} | {r['lr']:.2e} | {r.get('mfu') or float('nan'):.3f} |"
-                      for r in rows[::every])
-    stats = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    extra = {**stats, "loss_curve": MetadataValue.md(f"| step | loss | lr | MFU |\n|---|---|---|---|\n{curve}"),
-             "precision": summary["precision"], "precision_reason": summary["precision_reason"],
-             "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"]),
-             "resumed_from": (MetadataValue.path(summary["resumed_from"]) if summary.get("resumed_from")
-                              else "none: started from step 0"),
-             **_tracker_metadata(out / RECORDS)}
-    svg = Path(summary.get("loss_curve") or out / "loss_curve.svg")
-    if svg.exists():
-        extra["loss_curve_svg"] = MetadataValue.path(str(svg))
-        b64 = base64.b64encode(svg.read_bytes()).decode()
-        extra["loss_curve_plot"] = MetadataValue.md(f"![loss curve](data:image/svg+xml;base64,{b64})")
-    return asset_output(out, version, {**summary}, config, reused, extra)
+    extra = {}
+    png = Path(summary.get("loss_curve") or out / "loss_curve.png")
+    if png.suffix == ".png" and png.exists():
+        b64 = base64.b64encode(png.read_bytes()).decode()
+        extra["training_curves"] = MetadataValue.md(f"![training and validation loss, learning rate](data:image/png;base64,{b64})")
+        extra["training_curves_png"] = MetadataValue.path(str(png))
+    extra.update(training_numbers(summary, rows))
+    extra.update({"loss_table": MetadataValue.md(loss_table(rows)), "mfu_formula": MetadataValue.text(summary["mfu_formula"]),
+                  "precision": summary["precision"], "precision_reason": summary["precision_reason"],
+                  "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"]),
+                  "resumed_from": (MetadataValue.path(summary["resumed_from"]) if summary.get("resumed_from")
+                                   else "none: started from step 0"),
+                  **_tracker_metadata(out / RECORDS)})
+    return asset_output(out, version, {**summary}, config, reused, extra, stats_metadata=False)
+
+
+def training_numbers(summary: dict, rows: list[dict]) -> dict:
+    """The run's numbers for people and Dagster's plots: rounded, the unit in the name (losses in nats
+    to 3 decimals, percentages to 1, TFLOP/s to 3, seconds to 1, memory in GiB to 3); None left out."""
+    last = rows[-1] if rows else {}
+    peak_mem = last.get("peak_memory_gib", last.get("peak_rss_gib"))
+
+    def r(value, digits):
+        return None if value is None else round(value, digits) if digits else int(round(value))
+
+    def pct(value):
+        return None if value is None else round(100 * value, 1)
+
+    numbers = {
+        "steps": summary["steps"], "steps_this_run": summary["steps_this_run"], "stopped_early": summary.get("stopped_early"),
+        "first_loss": r(summary["first_loss"], 3), "last_loss": r(summary["last_loss"], 3),
+        "eval_loss": r(summary.get("eval_loss"), 3), "eval_perplexity": r(summary.get("eval_perplexity"), 2),
+        "best_eval_loss": r(summary.get("best_eval_loss"), 3), "best_eval_step": summary.get("best_eval_step"),
+        "tokens_per_s": r(summary["tokens_per_s"], 0), "mfu_percent": pct(summary["mfu"]),
+        "mean_mfu_percent": pct(summary.get("mean_mfu")),
+        "peak_tflops": r(summary["peak_flops"] / 1e12 if summary["peak_flops"] else None, 3),
+        "mflops_per_token": r(summary["flops_per_token"] / 1e6, 2), "peak_memory_gib": r(peak_mem, 3),
+        "train_seconds": r(summary["train_seconds"], 1), "eval_seconds": r(summary.get("eval_seconds"), 1),
+        "tokens_seen": summary["tokens_seen"], "parameters": summary["parameters"],
+        "trainable_parameters": summary["trainable_parameters"],
+        "trainable_percent": round(100 * summary["trainable_parameters"] / summary["parameters"], 2),
+        "world_size": summary["world_size"], "zero_stage": summary["zero_stage"],
+    }
+    return {k: v for k, v in numbers.items() if v is not None}
+
+
+def loss_table(rows: list[dict], about: int = 20) -> str:
+    """Markdown table of about ``about`` evenly spaced steps plus every evaluated step and the last step:
+    step, training loss, validation loss, learning rate, MFU (%)."""
+    every = max(1, len(rows) // about)
+    keep = {r["step"] for r in rows[::every]} | {r["step"] for r in rows if r.get("eval_loss") is not None}
+    keep |= {rows[-1]["step"]} if rows else set()
+
+    def num(value, fmt):
+        return "" if value is None else format(value, fmt)
+
+    lines = [f"| {r['step']} | {num(r['loss'], '.4f')} | {num(r.get('eval_loss'), '.4f')} | {num(r.get('lr'), '.2e')} | "
+             f"{num(100 * r['mfu'] if r.get('mfu') is not None else None, '.1f')} |" for r in rows if r["step"] in keep]
+    return "| step | training loss (nats) | validation loss (nats) | learning rate | MFU (%) |\n|---|---|---|---|---|\n" + \
+        "\n".join(lines)
 
 
 def _tracker_metadata(records_file: Path) -> dict:

@@ -32,7 +32,7 @@ VARYING = {
     "metrics.jsonl": "per-step tokens/s, MFU, peak memory and time (loss, lr, grad norm compared exactly)",
     "train_config.json": "output_dir, the shard / base model paths and the MLflow tracking URI under the storage root (every other setting compared)",
     "train.log": "timings and paths in the torchrun / DeepSpeed log",
-    "loss_curve.svg": "the plot's title carries no path, but its axis ticks are from the same losses: compared exactly",
+    "loss_curve.png": "the plot's title carries no path, and its curves are of the same losses: compared exactly",
     "adapter_config.json": "PEFT records base_model_name_or_path, the absolute path of the base model directory, and "
                            "writes target_modules from a Python set, in an order that changes with PYTHONHASHSEED "
                            "(compared as a set)",
@@ -45,7 +45,7 @@ VARYING = {
     "_manifest.json": "every file's modification time, and the sizes and checksums of the files above (the file "
                       "list and every other file's size and checksums compared exactly)",
 }
-DROP = {"seconds", "fetched_at", "tokens_per_s", "mfu", "mean_mfu", "train_seconds", "output", "loss_curve", "peak_memory_bytes",
+DROP = {"seconds", "fetched_at", "tokens_per_s", "mfu", "mean_mfu", "train_seconds", "eval_seconds", "output", "loss_curve", "peak_memory_bytes",
         "peak_memory_gib", "time", "elapsed", "step_seconds", "resumed_from", "output_dir", "train_shards",
         "tokenizer", "base_model", "source", "tracking_uri"}
 
@@ -110,10 +110,11 @@ def _same_but_varying(name: str, a: Path, b: Path) -> None:
         assert _without(json.loads(a.read_text())) == _without(json.loads(b.read_text())), a
     elif name == "metrics.jsonl":
         rows = [[json.loads(line) for line in p.read_text().splitlines() if line.strip()] for p in (a, b)]
-        keys = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped_steps", "tokens_seen")
+        keys = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped_steps", "tokens_seen", "eval_loss",
+                "eval_perplexity")
         assert [{k: r.get(k) for k in keys} for r in rows[0]] == [{k: r.get(k) for k in keys} for r in rows[1]], a
         assert rows[0] and all(isinstance(r["loss"], float) for r in rows[0])
-    elif name == "loss_curve.svg":
+    elif name == "loss_curve.png":
         assert a.read_bytes() == b.read_bytes(), a
     elif name == "adapter_config.json":
         cfgs = [json.loads(p.read_text()) for p in (a, b)]

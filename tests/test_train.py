@@ -240,7 +240,7 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
     # steps 4-6 were logged again after each resume, with bitwise the same losses
     history = {(m.step, m.value) for m in client.get_metric_history(ml["run_id"], "loss")}
     assert history == {(step, got[step]["loss"]) for step in range(1, 9)}
-    assert {a.path for a in client.list_artifacts(ml["run_id"])} == {"loss_curve.svg", "model", "summary.json"}
+    assert {a.path for a in client.list_artifacts(ml["run_id"])} == {"loss_curve.png", "model", "summary.json"}
     assert "model/model.safetensors" in {a.path for a in client.list_artifacts(ml["run_id"], "model")}
 
 
@@ -449,8 +449,10 @@ def test_launch_commands_and_mfu_inputs():
     s = launch_commands("cfg.json", ["a", "b"], 4)["torchrun"]
     assert "--node_rank 1 --master_addr a --master_port 29500" in s[1]
     assert "--standalone" in launch_commands("cfg.json", ["a"], 2)["torchrun"][0]
-    # PaLM appendix B: 6N + 12 L H S
+    # PaLM appendix B: 6N + 12 L H S; frozen weights (LoRA) skip the weight gradient: 4N + 2N_trainable + 12 L H S
     assert model_flops_per_token(1000, 2, 64, 32) == 6 * 1000 + 12 * 2 * 64 * 32
+    assert model_flops_per_token(1000, 2, 64, 32, n_trainable=10) == 4 * 1000 + 2 * 10 + 12 * 2 * 64 * 32
+    assert model_flops_per_token(1000, 2, 64, 32, n_trainable=1000) == model_flops_per_token(1000, 2, 64, 32)
     intel = "model name\t: Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz\nflags\t\t: fpu avx2 fma avx512f\n"
     peak, how = cpu_peak_flops(cores=4, cpuinfo=intel)
     assert peak == pytest.approx(4 * 2.3e9 * 64) and "AVX-512" in how
@@ -463,6 +465,8 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
     their config); both corpora are tokenized with its tokenizer (its EOS </s>, its BOS <s>); no pretraining
     runs; the LoRA adapter trains on the imported model, reporting to W&B (offline) and MLflow (the
     storage root's SQLite store), whose runs the metadata names; evaluation reports perplexities and generations."""
+    import base64
+
     from dagster import AssetKey, DagsterInstance
     from mlflow.tracking import MlflowClient
 
@@ -505,7 +509,20 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
             manifest = json.loads((Path(md(role, "token_shards")["path"]) / "manifest.json").read_text())
             assert manifest["eos_id"] == eos["id"]
         adapter = md("lora_adapter")
-        assert adapter["steps"] == 8 and adapter["loss_curve_svg"].endswith("loss_curve.svg")
+        assert adapter["steps"] == 8 and adapter["training_curves_png"].endswith("loss_curve.png")
+        # what an engineer reads first: the curves inline, then rounded numbers with their units
+        png = Path(adapter["training_curves_png"]).read_bytes()
+        assert adapter["training_curves"] == \
+            f"![training and validation loss, learning rate](data:image/png;base64,{base64.b64encode(png).decode()})"
+        summary = json.loads((Path(adapter["path"]) / "summary.json").read_text())
+        assert adapter["first_loss"] == round(summary["first_loss"], 3) and adapter["eval_loss"] == round(summary["eval_loss"], 3)
+        assert adapter["mfu_percent"] == round(100 * summary["mfu"], 1)
+        assert adapter["peak_tflops"] == round(summary["peak_flops"] / 1e12, 3)
+        assert "mfu" not in adapter and "peak_flops" not in adapter  # only the rounded, unit-named numbers
+        assert "4N + 2N_trainable + 12LHS" in adapter["mfu_formula"]
+        table = adapter["loss_table"].splitlines()
+        assert table[0].startswith("| step | training loss (nats) | validation loss (nats) |")
+        assert table[-1].startswith("| 8 | ") and table[-1].split("|")[3].strip() == f"{summary['eval_loss']:.4f}"
         # each tracker's run in the metadata; MLflow's store under the storage root holds every step's loss
         out = Path(adapter["path"])
         assert adapter["wandb_run_id"] and adapter["wandb_sync_command"].startswith("`wandb sync --id ")
@@ -516,6 +533,11 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained, tmp_path):
         assert run.data.params["mode"] == "lora" and run.data.params["lora.r"] == "4"
         assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")) == \
             [(r["step"], r["loss"]) for r in read_metrics(out / "metrics.jsonl")]
+        # the plot's other series reach the tracker too: the learning rate and every evaluation
+        for series in ("lr", "eval_loss", "eval_perplexity"):
+            assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, series)) == \
+                [(r["step"], r[series]) for r in read_metrics(out / "metrics.jsonl") if series in r], series
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == [8]  # eval_steps 50 > 8 steps
         assert "adapter/adapter_model.safetensors" in {a.path for a in client.list_artifacts(run.info.run_id, "adapter")}
         ev = md("evaluation")
         assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
@@ -578,3 +600,131 @@ def test_unknown_tracker_is_refused():
         TrainConfig(output_dir="o", train_shards="s", report_to=["tensorboard"]).validate(cuda=False)
     with pytest.raises(ValueError, match="unknown training config lora keys \\['rank'\\]"):
         TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "lora": {"rank": 4}})
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory, shards) -> Path:
+    """A freshly initialized llama-tiny for the shards' vocabulary, saved as a Hugging Face directory."""
+    from largetrain_core.model import build_model
+
+    m = _manifest(shards)
+    out = tmp_path_factory.mktemp("tiny_base")
+    build_model("llama-tiny", m["vocab_size"], m["seq_len"], m["eos_id"], m.get("bos_id"), seed=3).save_pretrained(out)
+    return out
+
+
+def test_evaluation_during_training_leaves_the_training_bitwise_unchanged(shards, tiny_base, tmp_path):
+    """2 ranks, ZeRO-2, LoRA with lora_dropout 0.2 (dropout draws from torch's RNG in every training
+    forward): evaluating every 2 steps gives bitwise the same training losses, grad norms and adapter
+    weights as not evaluating. The evaluations (steps 2, 4, 6 and the last, 7) report the mean
+    cross-entropy over the first eval_max_sequences validation sequences (the ranks' shares together),
+    recomputed here in one process, and its perplexity; the summary and the PNG carry them."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    outs = {}
+    for strategy in ("no", "steps"):
+        out = tmp_path / f"eval-{strategy}"
+        cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), mode="lora", base_model=str(tiny_base),
+                          zero_stage=2, activation_checkpointing=False, micro_batch_size=2, max_steps=7,
+                          learning_rate=1e-2, warmup_steps=1, save_steps=7, eval_strategy=strategy, eval_steps=2,
+                          eval_max_sequences=5, report_to=[], lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.2})
+        torchrun(TrainConfig.from_dict(cfg.to_dict()), tmp_path)
+        outs[strategy] = out
+    off, on = metrics(outs["no"]), metrics(outs["steps"])
+    assert sorted(off) == sorted(on) == list(range(1, 8))
+    for step in range(1, 8):
+        assert on[step]["loss"] == off[step]["loss"], (step, on[step]["loss"], off[step]["loss"])
+        assert on[step]["grad_norm"] == off[step]["grad_norm"], step
+        assert "eval_loss" not in off[step]
+    assert [s for s in on if "eval_loss" in on[s]] == [2, 4, 6, 7]
+    a = load_file(outs["no"] / "adapter" / "adapter_model.safetensors")
+    b = load_file(outs["steps"] / "adapter" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    # the last evaluation, recomputed in one process from the exported adapter
+    val = TokenShards(shards, "validation")
+    assert len(val) >= 5
+    ids = torch.from_numpy(val.take(np.arange(5)).astype(np.int64))
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_base), outs["steps"] / "adapter").eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids[:, :-1]).logits
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
+    assert on[7]["eval_loss"] == pytest.approx(want, rel=1e-5)
+    assert on[7]["eval_perplexity"] == pytest.approx(np.exp(on[7]["eval_loss"]), rel=1e-12)
+    summary = json.loads((outs["steps"] / "summary.json").read_text())
+    assert summary["eval_loss"] == on[7]["eval_loss"] and summary["eval_step"] == 7 and not summary["stopped_early"]
+    best = min((on[s]["eval_loss"], s) for s in (2, 4, 6, 7))
+    assert (summary["best_eval_loss"], summary["best_eval_step"]) == best
+    assert "eval_loss" not in json.loads((outs["no"] / "summary.json").read_text())
+    # LoRA's MFU counts no weight gradient for the frozen base: 4N + 2N_trainable + 12LHS
+    n, k = summary["parameters"], summary["trainable_parameters"]
+    assert summary["flops_per_token"] == 4 * n + 2 * k + 12 * 2 * 64 * _manifest(shards)["seq_len"]
+    assert summary["mfu_formula"].startswith("MFU = tokens/s x FLOPs/token / peak FLOP/s; FLOPs/token = 4N + 2N_trainable")
+    png = Path(summary["loss_curve"])
+    assert png.name == "loss_curve.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_early_stopping_ends_the_run_and_a_resume_keeps_it_ended(shards, tmp_path):
+    """early_stopping_patience 2 with a threshold no decrease can reach (100 nats): the evaluations of
+    steps 2 and 3 do not improve on step 1's by more, so the run stops after step 3 of 20 with a
+    checkpoint there and the model exported; the best validation loss is still the lowest one. Started
+    again (resume auto), it resumes the stopped state from that checkpoint and trains no further step."""
+    out = tmp_path / "early"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=20, learning_rate=5e-3,
+                      warmup_steps=1, save_steps=10, eval_steps=1, eval_max_sequences=4, early_stopping_patience=2,
+                      early_stopping_threshold=100.0, report_to=[], tokenizer=str(shards))
+    proc = torchrun(cfg, tmp_path)
+    assert "early stopping at step 3" in proc.stderr
+    rows = metrics(out)
+    assert sorted(rows) == [1, 2, 3] and all("eval_loss" in r for r in rows.values())
+    summary = json.loads((out / "summary.json").read_text())
+    best = min(rows.values(), key=lambda r: r["eval_loss"])
+    assert summary["stopped_early"] and summary["steps"] == 3
+    assert (summary["best_eval_loss"], summary["best_eval_step"]) == (best["eval_loss"], best["step"])
+    assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists() and (out / "model" / "model.safetensors").exists()
+
+    proc = torchrun(cfg, tmp_path)
+    assert "step-000003 at step 3" in proc.stderr
+    again = json.loads((out / "summary.json").read_text())
+    assert again["steps"] == 3 and again["steps_this_run"] == 0 and again["stopped_early"]
+    assert sorted(metrics(out)) == [1, 2, 3]
+
+
+def test_evaluation_settings_are_checked():
+    base = {"output_dir": "o", "train_shards": "s"}
+    with pytest.raises(ValueError, match="eval_strategy must be one of steps, no, not 'epoch'"):
+        TrainConfig.from_dict({**base, "eval_strategy": "epoch"}).validate(cuda=False)
+    with pytest.raises(ValueError, match="early_stopping_patience must be null or >= 1 with eval_strategy 'steps'"):
+        TrainConfig.from_dict({**base, "eval_strategy": "no", "early_stopping_patience": 2}).validate(cuda=False)
+    with pytest.raises(ValueError, match="eval_steps and eval_max_sequences must be >= 1"):
+        TrainConfig.from_dict({**base, "eval_steps": 0}).validate(cuda=False)
+    # evaluation changes no weight unless early stopping acts on it
+    plain = TrainConfig.from_dict(base)
+    assert TrainConfig.from_dict({**base, "eval_steps": 7, "eval_strategy": "no"}).config_hash() == plain.config_hash()
+    assert TrainConfig.from_dict({**base, "early_stopping_patience": 3}).config_hash() != plain.config_hash()
+
+
+def test_evaluation_under_zero3_with_uneven_shares(shards, tmp_path):
+    """ZeRO-3 gathers a partitioned layer's weights from all ranks in each forward, so the ranks run as
+    many evaluation forwards each: 5 validation sequences on 2 ranks at micro-batch 2 give rank 0 two
+    batches and rank 1 one, plus one it does not count. The validation loss of the last step equals the
+    mean cross-entropy of exactly those 5 sequences under the exported model. (llama-tiny's weights are
+    all below DeepSpeed's stage3_param_persistence_threshold of 1e5 elements, so they stay whole on
+    every rank and unequal forward counts would not hang here; the equal counts matter for real sizes.)"""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "z3eval"
+    cfg = TrainConfig(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=3,
+                      activation_checkpointing=False, micro_batch_size=2, max_steps=2, learning_rate=5e-3,
+                      warmup_steps=1, save_steps=2, eval_steps=1, eval_max_sequences=5, report_to=[],
+                      tokenizer=str(shards))
+    torchrun(cfg, tmp_path)
+    rows = metrics(out)
+    assert all("eval_loss" in rows[s] for s in (1, 2))
+    ids = torch.from_numpy(TokenShards(shards, "validation").take(np.arange(5)).astype(np.int64))
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(out / "model").eval()(input_ids=ids[:, :-1]).logits
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
+    assert rows[2]["eval_loss"] == pytest.approx(want, rel=1e-5)

@@ -3,7 +3,8 @@ and their validation.
 
 Names follow Hugging Face ``TrainingArguments`` (``learning_rate``, ``max_grad_norm``,
 ``warmup_steps``, ``logging_steps``, ``save_steps``, ``save_total_limit``, ``report_to``,
-``run_name``, ``resume_from_checkpoint``), PEFT ``LoraConfig`` (``r``, ``lora_alpha``,
+``run_name``, ``resume_from_checkpoint``, ``eval_strategy``, ``eval_steps``; ``early_stopping_patience``
+and ``early_stopping_threshold`` as in its ``EarlyStoppingCallback``), PEFT ``LoraConfig`` (``r``, ``lora_alpha``,
 ``lora_dropout``, ``target_modules``) and DeepSpeed (``zero_stage``, ``offload_optimizer``,
 ``gradient_accumulation_steps``). Every field's ``metadata["description"]`` is what the Dagster
 launchpad shows for it.
@@ -23,6 +24,9 @@ ZERO_STAGES = (0, 1, 2, 3)
 # Where the run is reported, not what it trains: outside the config hash, and in Dagster a resource.
 TRACKING = ("report_to", "run_name", "wandb", "mlflow")
 MODES = ("pretrain", "lora")
+EVAL_STRATEGIES = ("steps", "no")
+# Evaluation settings change no weight unless early stopping acts on them (then they are in the config hash).
+EVALUATION = ("eval_strategy", "eval_steps", "eval_max_sequences", "early_stopping_patience", "early_stopping_threshold")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
@@ -114,6 +118,18 @@ class TrainConfig:
         "universal checkpoint format)."))
     logging_steps: int = field(default=10, metadata=_doc(
         "Log a progress line every this many steps (metrics go to the trackers every step)."))
+    eval_strategy: str = field(default="steps", metadata=_doc(
+        "steps: validation loss and perplexity on the shards' validation split every eval_steps steps and after the "
+        "last step (needs a non-empty validation split); no: no evaluation during training."))
+    eval_steps: int = field(default=50, metadata=_doc("Evaluate every this many optimizer steps (eval_strategy steps)."))
+    eval_max_sequences: int = field(default=64, metadata=_doc(
+        "Validation sequences per evaluation: the first ones of the split (the same each time), divided among the "
+        "ranks; bounds the cost of an evaluation."))
+    early_stopping_patience: Optional[int] = field(default=None, metadata=_doc(
+        "Stop training after this many evaluations in a row without a validation loss below the best one by more "
+        "than early_stopping_threshold (a checkpoint is saved there); null = never stop early."))
+    early_stopping_threshold: float = field(default=0.0, metadata=_doc(
+        "Decrease of the validation loss (nats) that counts as an improvement for early stopping, >= 0."))
     lora: LoraSettings = field(default_factory=LoraSettings, metadata=_doc("LoRA settings (mode lora)."))
     report_to: list[str] = field(default_factory=lambda: ["wandb"], metadata=_doc(
         "Trackers that receive params, per-step metrics and artefacts: any of wandb, mlflow, dagster_pipes "
@@ -135,10 +151,10 @@ class TrainConfig:
 
     def config_hash(self) -> str:
         """sha256 (16 hex digits) of the settings that change the trained weights (not paths, logging,
-        trackers, checkpoint cadence or resume)."""
+        trackers, checkpoint cadence, resume, or evaluation without early stopping)."""
         d = self.to_dict()
         for k in ("output_dir", "resume_from_checkpoint", "logging_steps", "save_steps", "save_total_limit",
-                  "peak_flops", *TRACKING):
+                  "peak_flops", *TRACKING, *(EVALUATION if self.early_stopping_patience is None else ())):
             d.pop(k)
         d["lora"].pop("merge_export")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -245,6 +261,15 @@ def _problems(c: TrainConfig, cuda: bool) -> list[str]:
         p.append(f"lora.adapter_name must be an identifier (letters, digits, _), not {c.lora.adapter_name!r}")
     if c.mode == "pretrain" and c.lora.merge_export:
         p.append("lora.merge_export applies to mode 'lora' only; set it to false for pretraining")
+    if c.eval_strategy not in EVAL_STRATEGIES:
+        p.append(f"eval_strategy must be one of {', '.join(EVAL_STRATEGIES)}, not {c.eval_strategy!r}")
+    if c.eval_steps < 1 or c.eval_max_sequences < 1:
+        p.append(f"eval_steps and eval_max_sequences must be >= 1, not {c.eval_steps} and {c.eval_max_sequences}")
+    if c.early_stopping_patience is not None and (c.early_stopping_patience < 1 or c.eval_strategy == "no"):
+        p.append(f"early_stopping_patience must be null or >= 1 with eval_strategy 'steps', not "
+                 f"{c.early_stopping_patience} with {c.eval_strategy!r}")
+    if c.early_stopping_threshold < 0:
+        p.append(f"early_stopping_threshold must be >= 0 nats, not {c.early_stopping_threshold}")
     if c.peak_flops is not None and c.peak_flops <= 0:
         p.append(f"peak_flops must be > 0 FLOP/s or null (derive), not {c.peak_flops}")
     return p

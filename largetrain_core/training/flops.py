@@ -13,16 +13,37 @@ from pathlib import Path
 # Dense fp16/bf16 tensor-core peak FLOP/s per device (vendor data sheets, without sparsity).
 CUDA_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "V100": 125e12}
 
+FLOPS_SOURCES = ("6N + 12LHS: Chowdhery et al. 2022 (PaLM), appendix B; the backward pass as gradients with respect "
+                 "to the inputs plus to the weights, 2N FLOPs per token each: Narayanan et al. 2021 (Megatron-LM, SC21), "
+                 "FLOPs count")
 
-def model_flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 N + 12 L H S (Chowdhery et al. 2022, PaLM, appendix B; forward +
-    backward, attention scores included, activation recomputation not counted, as MFU prescribes).
 
-    n_params: every parameter that takes part in the matmuls (for LoRA: the whole model; the
-    frozen weights still cost the forward and the input-gradient part of the backward, so 6 N is an
-    upper bound there, by 2 N per token).
+def model_flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: int,
+                          n_trainable: int | None = None) -> float:
+    """Training FLOPs per token: 4 N + 2 N_trainable + 12 L H S.
+
+    A weight matrix costs 2 FLOPs per parameter per token in the forward pass, 2 more for the
+    gradient with respect to its input and 2 more for the gradient with respect to itself
+    (Narayanan et al. 2021, Megatron-LM, their FLOPs count); a frozen weight (LoRA's base model) needs no weight
+    gradient, so only the ``n_trainable`` parameters pay the last 2. The attention scores (QK^T and
+    AV, no weights) cost 4 L H S forward and twice that backward, trained or frozen: 12 L H S.
+    With every weight trained this is 6 N + 12 L H S (Chowdhery et al. 2022, PaLM, appendix B).
+    Activation recomputation is not counted, as MFU prescribes.
+
+    n_params: every parameter that takes part in the matmuls (for LoRA the base model and the
+    adapter); n_trainable: those that get a weight gradient (None: all of them).
     """
-    return 6.0 * n_params + 12.0 * n_layers * hidden * seq_len
+    n_trainable = n_params if n_trainable is None else n_trainable
+    return 4.0 * n_params + 2.0 * n_trainable + 12.0 * n_layers * hidden * seq_len
+
+
+def flops_formula(n_params: int, n_trainable: int, n_layers: int, hidden: int, seq_len: int) -> str:
+    """The FLOPs-per-token formula of :func:`model_flops_per_token` with its numbers and sources, for reports."""
+    terms = "6N + 12LHS" if n_trainable == n_params else "4N + 2N_trainable + 12LHS (frozen weights: no weight gradient)"
+    return (f"MFU = tokens/s x FLOPs/token / peak FLOP/s; FLOPs/token = {terms} with N = {n_params:,}, "
+            f"N_trainable = {n_trainable:,}, L = {n_layers}, H = {hidden}, S = {seq_len} = "
+            f"{model_flops_per_token(n_params, n_layers, hidden, seq_len, n_trainable):.4g} "
+            f"(recomputation not counted; {FLOPS_SOURCES})")
 
 
 def cpu_peak_flops(cores: int | None = None, ghz: float | None = None, cpuinfo: str | None = None) -> tuple[float, str]:

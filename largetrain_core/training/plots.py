@@ -1,43 +1,97 @@
-"""The training loss curve as a standalone SVG (no plotting library needed; any browser shows it)."""
+"""Charts as PNG files (matplotlib's Agg renderer, no display needed): a training run's curves
+(:func:`training_curves_png`) and bar charts against a baseline (:func:`bars_png`). The same inputs
+give the same bytes (no time stamp is written)."""
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
 
-def loss_curve_svg(rows: list[dict], out: Path, title: str = "training loss") -> Path:
-    """Write the loss curve (x: optimizer step, y: loss in nats, linear axes, min/max labelled) as a
-    standalone SVG (no plotting library needed; any browser shows it). Atomic write. Returns ``out``."""
-    pts = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None and math.isfinite(r["loss"])]
-    w, h, left, right, top, bottom = 640, 360, 60, 20, 30, 40
-    if pts:
-        x0, x1 = pts[0][0], max(pts[-1][0], pts[0][0] + 1)
-        y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
-        y1 = y1 if y1 > y0 else y0 + 1
-        sx = lambda x: left + (x - x0) / (x1 - x0) * (w - left - right)  # noqa: E731
-        sy = lambda y: top + (y1 - y) / (y1 - y0) * (h - top - bottom)  # noqa: E731
-        path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(pts))
-    else:
-        x0 = x1 = 0
-        y0 = y1 = float("nan")
-        path = ""
-    svg = f"""<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<rect width="{w}" height="{h}" fill="white"/>
-<text x="{w / 2}" y="18" text-anchor="middle" font-size="14">{title}</text>
-<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>
-<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>
-<text x="{left}" y="{h - bottom + 16}" text-anchor="middle">{x0}</text>
-<text x="{w - right}" y="{h - bottom + 16}" text-anchor="middle">{x1}</text>
-<text x="{w / 2}" y="{h - 8}" text-anchor="middle">step</text>
-<text x="{left - 6}" y="{top + 4}" text-anchor="end">{y1:.3f}</text>
-<text x="{left - 6}" y="{h - bottom}" text-anchor="end">{y0:.3f}</text>
-<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">loss (nats)</text>
-<path d="{path}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>
-</svg>
-"""
+
+def _figure(width: float, height: float, rows: int, cols: int = 1, sharex: bool = False):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, cols, sharex=sharex, squeeze=False)
+
+
+def _save(fig, out: Path) -> Path:
+    """Write ``fig`` as PNG to ``out`` atomically (a temporary sibling renamed into place)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(svg)
+    tmp.write_bytes(buf.getvalue())
     os.replace(tmp, out)
     return out
+
+
+def _finite(rows: list[dict], key: str) -> tuple[list, list]:
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def training_curves_png(rows: list[dict], out: Path, title: str = "training") -> Path:
+    """Two panels over the optimizer step (metrics.jsonl rows, ascending): the training loss of every
+    step and the validation loss of every evaluation (``eval_loss``), in nats; and the learning rate.
+    Labelled axes and ticks; non-finite values are left out. Atomic write. Returns ``out``."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = _figure(8, 6, 2, sharex=True)
+    ax_loss, ax_lr = axes[0][0], axes[1][0]
+    x, y = _finite(rows, "loss")
+    ax_loss.plot(x, y, color="#1f77b4", linewidth=1.2, label="training loss")
+    ex, ey = _finite(rows, "eval_loss")
+    if ex:
+        ax_loss.plot(ex, ey, color="#d62728", marker="o", markersize=4, linewidth=1.2, label="validation loss")
+    ax_loss.set_ylabel("loss (nats)")
+    ax_loss.set_title(title)
+    ax_loss.grid(True, alpha=0.3)
+    ax_loss.legend(loc="upper right")
+    x, y = _finite(rows, "lr")
+    ax_lr.plot(x, y, color="#2ca02c", linewidth=1.2)
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_xlabel("optimizer step")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    ax_lr.grid(True, alpha=0.3)
+    ax_lr.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _save(fig, out)
+
+
+def bars_png(panels: list[tuple[str, dict[str, float | None], str]], baseline: str, out: Path, title: str) -> Path:
+    """One bar panel per ``(y label, {bar name: value}, "ratio" | "difference")``, in a grid of two
+    columns; the ``baseline`` bar's value is drawn as a dashed line across each panel and every other
+    bar is labelled with its ratio to it ("1.23x") or its difference ("+0.012"). Missing values (None)
+    leave an empty slot labelled "n/a". Atomic write."""
+    cols = 2
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = _figure(5.5 * cols, 3.6 * rows, rows, cols)
+    for i, (label, values, how) in enumerate(panels):
+        ax = axes[i // cols][i % cols]
+        names = list(values)
+        heights = [values[n] if values[n] is not None else 0.0 for n in names]
+        colors = ["#7f7f7f" if n == baseline else "#1f77b4" for n in names]
+        bars = ax.bar(range(len(names)), heights, color=colors)
+        base = values.get(baseline)
+        if base:
+            ax.axhline(base, color="#7f7f7f", linestyle="--", linewidth=1)
+        for n, bar in zip(names, bars):
+            v = values[n]
+            if v is None or n == baseline or base is None:
+                text = "n/a" if v is None else "baseline" if n == baseline else f"{v:.3g}"
+            else:
+                text = f"{v - base:+.3f}" if how == "difference" else f"{v / base:.2f}x" if base else f"{v:.3g}"
+            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                        fontsize=8, xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.margins(y=0.15)
+    for j in range(len(panels), rows * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    fig.suptitle(title)
+    return _save(fig, out)

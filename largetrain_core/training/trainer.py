@@ -5,11 +5,21 @@ Each rank reads its own slice of the token shards through
 :class:`largetrain_core.shards.DistributedSampler`; DeepSpeed runs ZeRO (stage 0-3), AdamW, the
 warmup + cosine schedule and, on CUDA, fp16 with dynamic loss scaling. Outputs under ``output_dir``:
 ``checkpoints/`` (checkpoints.py), ``model/`` / ``adapter/`` / ``merged/`` (export.py),
-``metrics.jsonl`` and ``trackers.json`` (trackers.py), ``summary.json`` and ``loss_curve.svg``.
+``metrics.jsonl`` and ``trackers.json`` (trackers.py), ``summary.json`` and ``loss_curve.png``
+(training and validation loss and learning rate against step, plots.py).
+
+Evaluation during training (``eval_strategy: steps``): every ``eval_steps`` steps and after the last
+one, the mean next-token cross-entropy (nats) and perplexity on the first ``eval_max_sequences``
+sequences of the shards' validation split, divided among the ranks; logged as ``eval_loss`` and
+``eval_perplexity`` in the step's metrics. It runs in eval mode without gradients and restores every
+RNG state it could touch, so the training's losses are the same with it and without it (tested,
+bitwise on CPU). Optional early stopping (``early_stopping_patience``, Hugging Face's
+EarlyStoppingCallback rule) ends the run after that many evaluations without improvement.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -31,9 +41,9 @@ from largetrain_core.training import checkpoints
 from largetrain_core.training.config import TrainConfig
 from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
 from largetrain_core.training.export import export
-from largetrain_core.training.flops import job_peak_flops, mfu, model_flops_per_token
+from largetrain_core.training.flops import flops_formula, job_peak_flops, mfu, model_flops_per_token
 from largetrain_core.training.lora import add_lora
-from largetrain_core.training.plots import loss_curve_svg
+from largetrain_core.training.plots import training_curves_png
 from largetrain_core.training.trackers import METRICS, Trackers, read_metrics
 
 log = logging.getLogger("largetrain.training")
@@ -70,6 +80,10 @@ class Trainer:
         self.trackers = Trackers(cfg, self.rank)
         self.step = self.consumed = self.steps_this_run = 0
         self.first_loss = self.last_loss = None
+        self.eval_indices = None  # this rank's validation sequences (None: no evaluation)
+        self.eval_seconds = 0.0
+        # early stopping: the best validation loss so far, its step, evaluations since, and whether it stopped
+        self.early = {"best_eval_loss": None, "best_eval_step": None, "bad_evals": 0, "stopped": False}
 
     def info(self, msg: str) -> None:
         if self.rank == 0:
@@ -81,15 +95,21 @@ class Trainer:
         self.trackers.start()
         self.setup()
         t_run = time.perf_counter()
-        while self.step < cfg.max_steps:
+        while self.step < cfg.max_steps and not self.early["stopped"]:
             row = self.train_step()
             row.update(self.evaluate())
             self.trackers.log_metrics(self.step, row)
             maybe_fault("after_step", self.step, self.rank)
-            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
-                self.info(f"step {self.step}/{cfg.max_steps} loss {row['loss']:.4f} lr {row['lr']:.2e} "
-                          f"{row['tokens_per_s']:.0f} tokens/s")
-            if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps:
+            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval_loss" in row:
+                left = (time.perf_counter() - t_run) / self.steps_this_run * (cfg.max_steps - self.step)
+                evaluated = f", validation loss {row['eval_loss']:.4f}" if "eval_loss" in row else ""
+                self.info(f"step {self.step}/{cfg.max_steps} loss {row['loss']:.4f}{evaluated} lr {row['lr']:.2e} "
+                          f"{row['tokens_per_s']:.0f} tokens/s ETA {_duration(left)}")
+            if self.early["stopped"]:
+                self.info(f"early stopping at step {self.step}: no validation loss below "
+                          f"{self.early['best_eval_loss']:.4f} (step {self.early['best_eval_step']}) by more than "
+                          f"{cfg.early_stopping_threshold} nats in {cfg.early_stopping_patience} evaluations")
+            if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps or self.early["stopped"]:
                 self.save()
         return self.finish(time.perf_counter() - t_run)
 
@@ -111,6 +131,15 @@ class Trainer:
             self.data = TokenShards(Path(cfg.train_shards), "train")
         if len(self.data) == 0:
             raise ValueError(f"{cfg.train_shards}: the train split holds no sequence")
+        if cfg.eval_strategy != "no":
+            self.validation = TokenShards(Path(cfg.train_shards), "validation")
+            if len(self.validation) == 0:
+                raise ValueError(f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to "
+                                 "evaluate on; make the shards with validation_fraction > 0 or set eval_strategy 'no'")
+            # strided over the first eval_max_sequences: every rank a share, the same sequences every time
+            n = min(len(self.validation), cfg.eval_max_sequences)
+            self.eval_indices = np.arange(self.rank, n, self.world)
+            self.eval_batches = math.ceil(math.ceil(n / self.world) / cfg.micro_batch_size)  # rank 0's, the most
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
         self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")
@@ -122,12 +151,12 @@ class Trainer:
         self.sampler = DistributedSampler(len(self.data), seed=cfg.seed, rank=self.rank, world_size=self.world)
         self.tokens_per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps * self.world * self.data.seq_len
         mcfg = (model.get_base_model() if cfg.mode == "lora" else model).config
-        self.flops_per_token = model_flops_per_token(self.n_params, mcfg.num_hidden_layers, mcfg.hidden_size,
-                                                     self.data.seq_len)
+        shape = (mcfg.num_hidden_layers, mcfg.hidden_size, self.data.seq_len)
+        self.flops_per_token = model_flops_per_token(self.n_params, *shape, n_trainable=self.n_trainable)
+        self.mfu_formula = flops_formula(self.n_params, self.n_trainable, *shape)
         self.peak, self.peak_source = job_peak_flops(cfg.peak_flops, self.cuda, self.world,
                                                      int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
-        self.info(f"model FLOPs/token {self.flops_per_token:.3g} (6N + 12LHS); "
-                  f"peak {self.peak or float('nan'):.3g} FLOP/s: {self.peak_source}")
+        self.info(f"{self.mfu_formula}; peak {self.peak or float('nan'):.3g} FLOP/s: {self.peak_source}")
 
     def build_model(self):
         """The preset built from scratch (pretrain) or the base model with a fresh LoRA adapter (lora)."""
@@ -175,6 +204,7 @@ class Trainer:
             self.info(f"warning: {self.resumed_from} was written with config {client['config_hash']}, "
                       f"this run is {cfg.config_hash()}")
         self.step, self.consumed = client["step"], client["consumed_samples"]
+        self.early.update(client.get("early_stopping", {}))
         self.info(f"resumed from {self.resumed_from} at step {self.step}, {self.consumed} samples consumed")
 
     # ------------------------------------------------------------------------------------------
@@ -217,23 +247,57 @@ class Trainer:
             opt = self.optimizer
             row["loss_scale"] = float(getattr(opt, "cur_scale", getattr(opt, "loss_scale", float("nan"))))
             row["skipped_steps"] = int(self.engine.skipped_steps)
-        if self.cuda:
-            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        else:
-            import resource
-
-            row["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        row["peak_memory_gib" if self.cuda else "peak_rss_gib"] = peak_memory_gib(self.device)
         return row
 
     def evaluate(self) -> dict:
-        """Metrics of an evaluation after the current step, merged into its row (the hook for evaluation
-        during training; this trainer evaluates nothing)."""
-        return {}
+        """After every ``eval_steps``-th step and the last one (``eval_strategy: steps``): ``eval_loss``
+        (mean next-token cross-entropy in nats over every target token of this rank's and the other
+        ranks' validation sequences), ``eval_perplexity`` (exp of it) and ``eval_seconds``; else {}.
+        Every rank takes part. Eval mode, no gradients, every RNG state restored afterwards; updates the
+        early-stopping state."""
+        cfg = self.cfg
+        if self.eval_indices is None or not (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
+            return {}
+        t0 = time.perf_counter()
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # nats, target tokens
+        with _rng_preserved(self.device if self.cuda else None), torch.no_grad():
+            self.engine.eval()
+            try:
+                # Every rank runs the same number of forward passes (ZeRO-3 gathers the weights of each
+                # layer from all ranks in every forward): a rank short of sequences runs sequence 0 and
+                # does not count it.
+                for start in range(0, self.eval_batches * cfg.micro_batch_size, cfg.micro_batch_size):
+                    idx = self.eval_indices[start:start + cfg.micro_batch_size]
+                    counted = len(idx) > 0
+                    batch = torch.from_numpy(self.validation.take(idx if counted else [0]).astype(np.int64)).to(self.device)
+                    logits = self.engine(input_ids=batch[:, :-1]).logits
+                    if counted:
+                        sums[0] += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                   batch[:, 1:].reshape(-1), reduction="sum").double()
+                        sums[1] += batch[:, 1:].numel()
+            finally:
+                self.engine.train()
+        dist.all_reduce(sums)
+        loss = float(sums[0] / sums[1])
+        seconds = time.perf_counter() - t0
+        self.eval_seconds += seconds
+        # Hugging Face's rule: the best is the lowest loss; patience counts evaluations not below it by the threshold
+        e = self.early
+        enough = e["best_eval_loss"] is None or loss < e["best_eval_loss"] - cfg.early_stopping_threshold
+        e["bad_evals"] = 0 if enough else e["bad_evals"] + 1
+        if e["best_eval_loss"] is None or loss < e["best_eval_loss"]:
+            e.update(best_eval_loss=loss, best_eval_step=self.step)
+        if cfg.early_stopping_patience is not None and e["bad_evals"] >= cfg.early_stopping_patience:
+            e["stopped"] = True
+        return {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else math.inf,
+                "eval_seconds": seconds}
 
     def save(self) -> None:
         """A complete checkpoint of the current step (checkpoints.save), with the sampler's position."""
         client = {"consumed_samples": self.consumed, "sampler_seed": self.cfg.seed,
-                  "sampler_epoch": self.consumed // len(self.data), "config_hash": self.cfg.config_hash()}
+                  "sampler_epoch": self.consumed // len(self.data), "config_hash": self.cfg.config_hash(),
+                  "early_stopping": dict(self.early)}
         checkpoints.save(self.engine, self.ckpt_root, self.step, client, self.cfg.save_total_limit, self.rank,
                          self.world, dist)
         self.info(f"checkpoint {checkpoints.tag(self.step)} complete")
@@ -242,7 +306,7 @@ class Trainer:
     # the end
 
     def finish(self, elapsed: float) -> dict:
-        """Export, release DeepSpeed, write ``summary.json`` and the loss curve, hand both to the trackers."""
+        """Export, release DeepSpeed, write ``summary.json`` and the curves, hand both to the trackers."""
         export_dir = export(self.engine, self.cfg, self.out, self.rank, dist)
         # Release DeepSpeed's hooks and background state (ZeRO-3 parameter coordinator) on every rank
         # before the process group goes away: without it a ZeRO-3 rank could abort at interpreter exit
@@ -253,7 +317,13 @@ class Trainer:
         if self.rank == 0:
             rows = read_metrics(self.out / METRICS)
             summary["mean_mfu"] = (sum(r["mfu"] for r in rows if r.get("mfu")) / len(rows)) if self.peak and rows else None
-            summary["loss_curve"] = str(loss_curve_svg(rows, self.out / "loss_curve.svg", f"{self.cfg.mode} loss"))
+            evals = [r for r in rows if r.get("eval_loss") is not None]  # every start's, a resumed run's too
+            if evals:
+                best = min(evals, key=lambda r: r["eval_loss"])
+                summary.update(eval_loss=evals[-1]["eval_loss"], eval_perplexity=evals[-1]["eval_perplexity"],
+                               eval_step=evals[-1]["step"], best_eval_loss=best["eval_loss"], best_eval_step=best["step"])
+            title = {"pretrain": "pretraining", "lora": "LoRA adapter"}[self.cfg.mode]
+            summary["loss_curve"] = str(training_curves_png(rows, self.out / "loss_curve.png", title))
             write_json_atomic(self.out / "summary.json", summary)
             for path in (Path(summary["loss_curve"]), export_dir, self.out / "merged"):
                 if path.exists():
@@ -262,10 +332,13 @@ class Trainer:
         return summary
 
     def summary(self, export_dir: Path, elapsed: float) -> dict:
-        tps = (self.steps_this_run * self.tokens_per_step / elapsed) if self.steps_this_run else None
+        """The run's totals; tokens/s and MFU over this start's wall time less its evaluations."""
+        train_s = elapsed - self.eval_seconds
+        tps = (self.steps_this_run * self.tokens_per_step / train_s) if self.steps_this_run else None
         return {"steps": self.step, "steps_this_run": self.steps_this_run, "first_loss": self.first_loss,
                 "last_loss": self.last_loss, "tokens_per_s": tps, "mfu": mfu(tps, self.flops_per_token, self.peak),
                 "peak_flops": self.peak, "peak_flops_source": self.peak_source, "flops_per_token": self.flops_per_token,
+                "mfu_formula": self.mfu_formula, "stopped_early": self.early["stopped"], "eval_seconds": self.eval_seconds,
                 "resumed_from": str(self.resumed_from) if self.resumed_from else None,
                 "resumed_from_step": self.step - self.steps_this_run if self.resumed_from else None,
                 "resumed_from_world_size": self.resumed_world,
@@ -273,3 +346,45 @@ class Trainer:
                 "precision_reason": self.precision_reason, "world_size": self.world, "zero_stage": self.cfg.zero_stage,
                 "parameters": self.n_params, "trainable_parameters": self.n_trainable, "output": str(export_dir),
                 "train_seconds": elapsed}
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory since the start or the last :func:`reset_peak_memory`, GiB: the CUDA caching
+    allocator's peak allocation on ``device``, or on CPU this process's peak resident set (VmHWM of
+    /proc/self/status; ru_maxrss where there is no /proc)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start :func:`peak_memory_gib` afresh: ``torch.cuda.reset_peak_memory_stats``, or on Linux "5" to
+    /proc/self/clear_refs, which resets VmHWM to the current resident set (proc(5)). Elsewhere a no-op."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+@contextlib.contextmanager
+def _rng_preserved(cuda_device: torch.device | None):
+    """Restore python's, numpy's and torch's (CPU and ``cuda_device``) RNG states on exit."""
+    state = checkpoints.rng_state()
+    with torch.random.fork_rng(devices=[cuda_device] if cuda_device is not None else []):
+        yield
+    checkpoints.set_rng_state(state)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as h:mm:ss."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
