@@ -1,10 +1,11 @@
 """The accounting rule (docs/ARCHITECTURE.md, Accounting): every input document ends in exactly one of
 ``kept``, ``filtered``, ``duplicate`` or ``rejected``, and ``kept + filtered + duplicate + rejected == input``.
 
-Class balancing (largetrain_core.balance, in deduplicated_text) adds two files to the dedup
-directory: documents left out by down-sampling are *filtered* (reason ``balance_downsample``,
-``balance_dropped.parquet``); extra up-sampled copies (``balance_repeats.parquet``) are repeats of
-kept documents, not input documents, so ``kept`` counts the part rows minus those copies.
+Class balancing (largetrain_core.balance, in deduplicated_text): documents left out by
+down-sampling are *filtered* (reason ``balance_downsample``, ``balance_dropped.parquet``);
+up-sampling is intended repetition, a ``copies`` weight on kept documents, never a row of its own, so
+``kept`` counts distinct documents and the ``repeats`` (extra copies) are reported beside the sum,
+never in it, and never as duplicates.
 
 Counts are taken from the stage outputs on disk (Parquet row counts from the file footers), not
 from what the stages said they wrote, so a lost or double-written part file breaks the balance.
@@ -18,7 +19,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from largetrain_core.balance import BALANCE_DROPPED, BALANCE_REPEATS
+from largetrain_core.balance import BALANCE_DROPPED, repeat_counts
 from largetrain_core.storage import as_dirs, part_files
 
 
@@ -31,7 +32,8 @@ def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path]
     one directory, or one per partition).
 
     Returns ``input`` (documents read + records rejected), ``kept``, ``filtered``, ``duplicate``,
-    ``rejected``, ``repeats`` (up-sampled copies in the part files, not counted in ``kept``),
+    ``rejected``, ``repeats`` (intended extra copies: the ``copies`` weights of the kept documents minus
+one each, outside the sum) and ``repeated_documents`` (kept documents with copies > 1),
     ``balanced`` (the rule holds for the whole chain and for each stage) and ``problems`` (one
     message per stage that does not balance).
     """
@@ -40,8 +42,8 @@ def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path]
     rejected = _rows(d / "rejected.parquet" for d in as_dirs(raw_dir))
     cleaned = _rows(part_files(cleaned_dir))
     filtered = _rows(d / "filtered.parquet" for d in as_dirs(cleaned_dir))
-    repeats = _rows(_present(dedup_dir / BALANCE_REPEATS))
-    kept = _rows(part_files(dedup_dir)) - repeats
+    repeated_documents, repeats = repeat_counts(dedup_dir)
+    kept = _rows(part_files(dedup_dir))
     duplicate = _rows([dedup_dir / "duplicates.parquet"])
     downsampled = _rows(_present(dedup_dir / BALANCE_DROPPED))
     problems = []
@@ -53,7 +55,7 @@ def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path]
     total = read + rejected
     filtered += downsampled
     return {"input": total, "kept": kept, "filtered": filtered, "duplicate": duplicate, "rejected": rejected,
-            "repeats": repeats,
+            "repeats": repeats, "repeated_documents": repeated_documents,
             "balanced": not problems and kept + filtered + duplicate + rejected == total, "problems": problems}
 
 
@@ -68,11 +70,11 @@ def _reject_code(reason: str) -> str:
 
 
 def outcome_table(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path) -> pl.DataFrame:
-    """Documents per (outcome, reason): kept (reason null; up-sampled copies not counted), filtered
+    """Documents per (outcome, reason): kept (reason null; distinct documents, whatever their copies), filtered
     (the rule's code, or ``balance_downsample``), duplicate
     ("exact"/"near"), rejected (the reader's reason without positions). Columns outcome, reason (Utf8),
     documents (Int64), sorted; the documents column sums to the accounting ``input``."""
-    kept = _rows(part_files(dedup_dir)) - _rows(_present(Path(dedup_dir) / BALANCE_REPEATS))
+    kept = _rows(part_files(dedup_dir))
     frames = [
         pl.DataFrame({"outcome": ["kept"], "reason": [None], "documents": [kept]},
                      schema={"outcome": pl.Utf8, "reason": pl.Utf8, "documents": pl.Int64}),

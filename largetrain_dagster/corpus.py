@@ -27,7 +27,7 @@ from dagster import (
 from pydantic import Field
 
 from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table
-from largetrain_core.balance import balance_parts, histogram_markdown
+from largetrain_core.balance import balance_parts, histogram_markdown, repeat_counts
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, duplicate_ids, fingerprint, ingest, rejection_error
 from largetrain_core.dedup import DedupConfig, deduplicate, key_hashes
@@ -54,7 +54,9 @@ class DeduplicatedTextConfig(dagster_config(DedupConfig, "DedupSettings")):
         "{} = uniform over the classes present. null = no balancing."))
     balance_mode: str = Field(default="downsample", description=(
         "downsample: sample every class without replacement, dropped documents count as filtered "
-        "(balance_downsample); upsample: keep every document and add seeded repeats (balance_repeats.parquet)."))
+        "(balance_downsample); upsample: keep every document once and draw seeded extra copies of the minority "
+        "classes, kept as a `copies` weight per document (never as rows, so they are not duplicates); "
+        "token_shards repeats each document `copies` times in its train split."))
     balance_seed: int = Field(default=0, description="Seed of the balancing draw (numpy PCG64).")
 
     def to_core(self) -> DedupConfig:
@@ -177,7 +179,7 @@ def corpus_assets(role: str) -> list:
             b = stats["balance"]
             extra = {"class_histogram": MetadataValue.md(histogram_markdown(b["before"], b["after"])),
                      "balance": MetadataValue.json(b), "balance_dropped": b["balance_dropped"],
-                     "balance_repeats": b["balance_repeats"]}
+                     "balance_repeats": b["balance_repeats"], "repeated_documents": b["repeated_documents"]}
         acc = corpus_accounting(raw_dirs, cleaned_dirs, path)
         summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
         outcomes = pl.read_parquet(path / "outcomes.parquet")
@@ -189,7 +191,8 @@ def corpus_assets(role: str) -> list:
             "outcomes_table": MetadataValue.path(str(path / "outcomes.parquet")),
             **{f"documents_{k}": v for k, v in summary.items()}, **extra})
         yield AssetCheckResult(check_name="accounting", passed=acc["balanced"],
-                               metadata={**summary, "problems": MetadataValue.json(acc["problems"])})
+                               metadata={**summary, "intended_repeats": acc["repeats"],
+                                         "problems": MetadataValue.json(acc["problems"])})
 
     return [raw_corpus, cleaned_text, deduplicated_text]
 
@@ -228,11 +231,15 @@ def no_exact_duplicates_check(key: list[str]):
     """A blocking check on ``key`` (a deduplicated_text asset): no two kept documents share a dedup key."""
 
     @asset_check(asset=key, name="no_exact_duplicates", blocking=True,
-                 description="Recounted from the files: no two kept documents have the same dedup key (NFKC, case-folded, whitespace-collapsed).")
+                 description="Recounted from the files: no two kept documents have the same dedup key (NFKC, case-folded, "
+                             "whitespace-collapsed). Intended repetition (balancing's `copies` weight) is no duplicate: "
+                             "it is counted apart (intended_repeats).")
     def _check(handle: dict) -> AssetCheckResult:
         docs, dups, examples = count_exact_duplicates(Path(handle["path"]))
+        repeated, repeats = repeat_counts(Path(handle["path"]))
         return AssetCheckResult(passed=dups == 0, metadata={"documents": docs, "duplicates": dups,
-                                                            "examples": MetadataValue.json(examples)})
+                                                            "examples": MetadataValue.json(examples),
+                                                            "intended_repeats": repeats, "repeated_documents": repeated})
 
     return _check
 
