@@ -37,6 +37,8 @@ def corpus_version(corpus: dict | None) -> str:
         line = describe(corpus["provenance"])
         return line + (f" -- {corpus['provenance']['note']}" if corpus["provenance"].get("note") else "")
     digests = corpus.get("content_digests") or {}
+    if len(set(digests.values())) == 1 and len(digests) > 1:  # one file split across partitions
+        return f"no provenance file; content digest {(next(iter(digests.values())) or 'n/a')[:16]} (every partition)"
     return "no provenance file; content digests " + ", ".join(f"{k} {(d or 'n/a')[:16]}" for k, d in sorted(digests.items()))
 
 
@@ -113,7 +115,7 @@ def _models(instance: DagsterInstance) -> list[str]:
     lora = _metadata(instance, "lora_adapter")
     if lora:
         targets = lora.get("lora_target_modules") or "n/a"
-        lines.append(f"LoRA adapter: r={_fmt(lora.get('lora_r'))}, lora_alpha={_fmt(lora.get('lora_alpha'))} on {targets}: "
+        lines.append(f"LoRA adapter: r={_fmt(lora.get('lora_r'))}, lora_alpha={_fmt(lora.get('lora_alpha'), 'g')} on {targets}: "
                      f"{_training(lora)}; {lora.get('output', 'n/a')}")
     else:
         lines.append("LoRA adapter: not materialized")
