@@ -1,10 +1,11 @@
 """The accounting rule (docs/ARCHITECTURE.md, Accounting): every input document ends in exactly one of
 ``kept``, ``filtered``, ``duplicate`` or ``rejected``, and ``kept + filtered + duplicate + rejected == input``.
 
-Class balancing (largetrain_core.balance, in deduplicated_text) adds two files to the dedup
-directory: documents left out by down-sampling are *filtered* (reason ``balance_downsample``,
-``balance_dropped.parquet``); extra up-sampled copies (``balance_repeats.parquet``) are repeats of
-kept documents, not input documents, so ``kept`` counts the part rows minus those copies.
+Class balancing (largetrain_core.balance, in deduplicated_text): documents left out by
+down-sampling are *filtered* (reason ``balance_downsample``, ``balance_dropped.parquet``);
+up-sampling is intended repetition, a ``copies`` weight on kept documents, never a row of its own, so
+``kept`` counts distinct documents and the ``repeats`` (extra copies) are reported beside the sum,
+never in it, and never as duplicates.
 
 Counts are taken from the stage outputs on disk (Parquet row counts from the file footers), not
 from what the stages said they wrote, so a lost or double-written part file breaks the balance.
@@ -18,7 +19,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from largetrain_core.balance import BALANCE_DROPPED, BALANCE_REPEATS
+from largetrain_core.balance import BALANCE_DROPPED, repeat_counts
 from largetrain_core.storage import as_dirs, part_files
 
 
@@ -31,7 +32,8 @@ def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path]
     one directory, or one per partition).
 
     Returns ``input`` (documents read + records rejected), ``kept``, ``filtered``, ``duplicate``,
-    ``rejected``, ``repeats`` (up-sampled copies in the part files, not counted in ``kept``),
+    ``rejected``, ``repeats`` (intended extra copies: the ``copies`` weights of the kept documents minus
+one each, outside the sum) and ``repeated_documents`` (kept documents with copies > 1),
     ``balanced`` (the rule holds for the whole chain and for each stage) and ``problems`` (one
     message per stage that does not balance).
     """
@@ -40,8 +42,8 @@ def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path]
     rejected = _rows(d / "rejected.parquet" for d in as_dirs(raw_dir))
     cleaned = _rows(part_files(cleaned_dir))
     filtered = _rows(d / "filtered.parquet" for d in as_dirs(cleaned_dir))
-    repeats = _rows(_present(dedup_dir / BALANCE_REPEATS))
-    kept = _rows(part_files(dedup_dir)) - repeats
+    repeated_documents, repeats = repeat_counts(dedup_dir)
+    kept = _rows(part_files(dedup_dir))
     duplicate = _rows([dedup_dir / "duplicates.parquet"])
     downsampled = _rows(_present(dedup_dir / BALANCE_DROPPED))
     problems = []
@@ -53,7 +55,7 @@ def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path]
     total = read + rejected
     filtered += downsampled
     return {"input": total, "kept": kept, "filtered": filtered, "duplicate": duplicate, "rejected": rejected,
-            "repeats": repeats,
+            "repeats": repeats, "repeated_documents": repeated_documents,
             "balanced": not problems and kept + filtered + duplicate + rejected == total, "problems": problems}
 
 
@@ -68,11 +70,11 @@ def _reject_code(reason: str) -> str:
 
 
 def outcome_table(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path) -> pl.DataFrame:
-    """Documents per (outcome, reason): kept (reason null; up-sampled copies not counted), filtered
+    """Documents per (outcome, reason): kept (reason null; distinct documents, whatever their copies), filtered
     (the rule's code, or ``balance_downsample``), duplicate
     ("exact"/"near"), rejected (the reader's reason without positions). Columns outcome, reason (Utf8),
     documents (Int64), sorted; the documents column sums to the accounting ``input``."""
-    kept = _rows(part_files(dedup_dir)) - _rows(_present(Path(dedup_dir) / BALANCE_REPEATS))
+    kept = _rows(part_files(dedup_dir))
     frames = [
         pl.DataFrame({"outcome": ["kept"], "reason": [None], "documents": [kept]},
                      schema={"outcome": pl.Utf8, "reason": pl.Utf8, "documents": pl.Int64}),
@@ -96,3 +98,46 @@ def markdown_table(table: pl.DataFrame) -> str:
     rows = [f"| {o} | {r if r is not None else ''} | {d} |" for o, r, d in table.iter_rows()]
     return "\n".join(["| outcome | reason | documents |", "|---|---|---|", *rows,
                       f"| **total** | | **{int(table['documents'].sum() or 0)}** |"])
+
+
+def reason_setting(outcome: str, reason: str | None) -> str:
+    """The setting that decides whether documents of (``outcome``, ``reason``) are removed, in words
+    (the step's config field as the run config names it), for the removal warning."""
+    from largetrain_core.rules import GROUPS
+
+    if outcome == "filtered":
+        for group in GROUPS:
+            for rule in group.rules:
+                if rule.code == reason:
+                    p = rule.params[0]
+                    own = (f"`{p.name}: false` switches the rule off" if p.type is bool else
+                           f"`{p.name}` (default {p.default}; null switches the rule off)")
+                    return f"cleaned_text {own}, or `{group.name}: false` the whole group"
+        if reason == "empty":
+            return "no setting: the record has no text (raw_corpus `text_field` names the field read)"
+        if reason == "balance_downsample":
+            return ("deduplicated_text `balance_mode: upsample` keeps every document, "
+                    "`balance_target: null` switches balancing off")
+    if outcome == "duplicate":
+        if reason == "near":
+            return "deduplicated_text `near: false` keeps near duplicates (MinHash, Jaccard ~0.72 at bands 14 x rows 8)"
+        return "no setting: the same text up to Unicode NFKC, case and whitespace"
+    if outcome == "rejected":
+        return "raw_corpus: unreadable records, each with file, position and reason in rejected.parquet"
+    return "no setting"
+
+
+def removal_warning(what: str, input_documents: int, removed: list[tuple[str, str | None, int]], threshold: float | None,
+                    top: int = 5) -> str | None:
+    """A warning when the documents ``removed`` (rows of outcome, reason, documents) are more than
+    ``threshold`` (a share, 0..1; None: never) of ``input_documents``: how many went, the ``top``
+    reasons by count and the setting that would change each (:func:`reason_setting`). None otherwise."""
+    gone = sum(n for _, _, n in removed)
+    if threshold is None or not input_documents or gone <= threshold * input_documents:
+        return None
+    rows = sorted((r for r in removed if r[2] > 0), key=lambda r: (-r[2], r[0], r[1] or ""))
+    reasons = "; ".join(f"{n:,} {outcome} {reason or ''} -> {reason_setting(outcome, reason)}".replace("  ", " ")
+                        for outcome, reason, n in rows[:top])
+    more = f"; {len(rows) - top} more reasons" if len(rows) > top else ""
+    return (f"{what}: {gone:,} of {input_documents:,} documents removed ({gone / input_documents:.0%}, more than "
+            f"warn_removed_fraction {threshold:g}). Top reasons: {reasons}{more}. README, \"Which rules suit your text\".")

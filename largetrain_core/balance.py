@@ -14,6 +14,13 @@ the part files of a deduplicated_text directory in place. Plain re-sampling (as 
 is dropped. The draw uses numpy's PCG64 seeded with ``seed``, classes in sorted order, so the result
 is a pure function of (frame, label column, target, mode, seed). Output rows keep input order
 (extra up-sampled copies follow their original).
+
+Intended repetition is a weight, never a copy in the data: :func:`balance_parts` keeps each
+up-sampled document once and writes how often it is to be trained on in the column ``copies``
+(UInt32, >= 1), so that the deduplicated corpus still holds distinct documents (its
+``no_exact_duplicates`` check and the accounting see no copies) and an accidental duplicate is never
+mistaken for an intended one. The token shards repeat a document ``copies`` times in the train split
+(largetrain_core.shards); any other data-mixing weight in whole copies can use the same column.
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ def balance(df: pl.DataFrame, label: str, target: dict[str, float] | None = None
 
 
 BALANCE_DROPPED = "balance_dropped.parquet"
-BALANCE_REPEATS = "balance_repeats.parquet"
+COPIES = "copies"  # the column of intended repetition: how many times the train split holds the document
 _ROW_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "label": pl.Utf8}
 
 
@@ -90,13 +97,14 @@ def balance_parts(directory: Path, target: dict[str, float] | None = None, mode:
 
     The class histogram is taken over all parts together (global row order = sorted part files,
     rows in order) and :func:`balance` picks the rows, so the result equals balancing the
-    concatenated corpus. Each part is rewritten with its chosen rows (up-sampled copies right after
-    their original). Writes ``balance_dropped.parquet`` (doc_id, source, label, reason
-    ``"balance_downsample"``: one row per document left out by down-sampling, an outcome *filtered*
-    in the accounting) and ``balance_repeats.parquet`` (doc_id, source, label: one row per extra
-    up-sampled copy; the original stays *kept*, copies are not input documents and so are outside the
-    accounting sum). Returns ``{"before", "after", "target", "mode", "seed", "balance_dropped",
-    "balance_repeats"}``. Raises ValueError when the parts have no ``label`` column and as :func:`balance`.
+    concatenated corpus. Down-sampling rewrites each part with its chosen rows and writes
+    ``balance_dropped.parquet`` (doc_id, source, label, reason ``"balance_downsample"``: one row per
+    document left out, an outcome *filtered* in the accounting). Up-sampling keeps every row once and
+    adds the column ``copies`` (UInt32: 1 + the extra copies drawn; see the module docstring), so the
+    parts still hold distinct documents. Returns ``{"before", "after" (counting copies), "target",
+    "mode", "seed", "balance_dropped", "balance_repeats" (extra copies, the sum of copies - 1),
+    "repeated_documents" (documents with copies > 1)}``. Raises ValueError when the parts have no
+    ``label`` column and as :func:`balance`.
     """
     directory = Path(directory)
     parts = part_files(directory)
@@ -105,24 +113,38 @@ def balance_parts(directory: Path, target: dict[str, float] | None = None, mode:
     labels = pl.concat([pl.read_parquet(p, columns=["label"]) for p in parts]).with_row_index("row")
     chosen, meta = balance(labels, "label", target, mode, seed)
     picks = chosen["row"].to_numpy()
-    dropped, repeats, start = [], [], 0
+    dropped, start, repeats, repeated = [], 0, 0, 0
     for p in parts:
         df = pl.read_parquet(p)
         mine = picks[(picks >= start) & (picks < start + df.height)] - start
-        out = df[mine]
-        out.write_parquet(p)
-        kept_once = np.zeros(df.height, dtype=bool)
-        kept_once[mine] = True
-        dropped.append(df.filter(pl.Series(~kept_once)).select("doc_id", "source", "label"))
-        first = np.ones(len(mine), dtype=bool)
-        first[1:] = mine[1:] != mine[:-1]
-        repeats.append(out.filter(pl.Series(~first)).select("doc_id", "source", "label"))
+        copies = np.bincount(mine, minlength=df.height).astype(np.uint32)
+        if mode == "up":
+            df.with_columns(pl.Series(COPIES, copies, dtype=pl.UInt32)).write_parquet(p)
+        else:
+            df.filter(pl.Series(copies > 0)).write_parquet(p)
+        dropped.append(df.filter(pl.Series(copies == 0)).select("doc_id", "source", "label"))
+        repeats += int(np.maximum(copies.astype(np.int64) - 1, 0).sum())
+        repeated += int((copies > 1).sum())
         start += df.height
     drop = pl.concat(dropped).cast(_ROW_SCHEMA).with_columns(reason=pl.lit("balance_downsample", pl.Utf8))
-    rep = pl.concat(repeats).cast(_ROW_SCHEMA)
     drop.write_parquet(directory / BALANCE_DROPPED)
-    rep.write_parquet(directory / BALANCE_REPEATS)
-    return {**meta, "balance_dropped": drop.height, "balance_repeats": rep.height}
+    return {**meta, "balance_dropped": drop.height, "balance_repeats": repeats, "repeated_documents": repeated}
+
+
+def repeat_counts(directory: Path) -> tuple[int, int]:
+    """(documents with ``copies`` > 1, extra copies = sum of ``copies`` - 1) over the part files of
+    ``directory``; (0, 0) when they have no ``copies`` column. Raises ValueError naming the part file
+    when a value is null or below 1."""
+    documents = extra = 0
+    for p in part_files(directory):
+        if COPIES not in pl.read_parquet_schema(p):
+            continue
+        c = pl.read_parquet(p, columns=[COPIES])[COPIES]
+        if c.null_count() or (c < 1).any():
+            raise ValueError(f"{p}: column {COPIES!r} must be >= 1 in every row (how many times the document is trained on)")
+        documents += int((c > 1).sum())
+        extra += int((c - 1).sum())
+    return documents, extra
 
 
 def histogram_markdown(before: dict[str, int], after: dict[str, int]) -> str:

@@ -11,6 +11,14 @@ Split: a document goes to ``validation`` when ``xxh64(doc_id, seed) / 2**64 < va
 (stable under reordering and re-batching); if that leaves validation empty while there are at least
 two documents, the document with the smallest hash is moved there, so both splits exist.
 
+Intended repetition: a document whose ``copies`` column (largetrain_core.balance: up-sampling, or any
+whole-copy data-mixing weight) is ``c > 1`` goes into the train split ``c`` times: once in corpus
+order with every other document, then once more in each of the passes 2..c over the documents with
+at least that many copies, so a document's copies lie far apart in the token stream rather than in
+one window. The validation split holds each of its documents once (held-out perplexity measures the
+corpus as it is). The manifest counts them apart from the documents: ``repeated_documents``,
+``repeat_copies`` (the extra copies) and ``repeat_tokens`` per split.
+
 Shard file: an uncompressed Arrow IPC file with one column
 ``input_ids: fixed_size_list<uint16|uint32>[seq_len + 1]`` and schema metadata ``seq_len``,
 ``dtype``, ``eos_id``, ``vocab_size``, ``tokenizer_sha256``. ``manifest.json`` lists every shard
@@ -36,6 +44,7 @@ import polars as pl
 import pyarrow as pa
 import xxhash
 
+from largetrain_core.balance import COPIES
 from largetrain_core.storage import ArtefactError, loading, part_files
 from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info, read_tokenizer
 
@@ -75,9 +84,17 @@ class _SplitWriter:
         self.shards: list[dict] = []
         self.documents = 0
         self.document_tokens = 0
+        self.repeated_documents = 0
+        self.repeat_copies = 0
+        self.repeat_tokens = 0
 
-    def add(self, docs: list[np.ndarray]) -> None:
-        self.documents += len(docs)
+    def add(self, docs: list[np.ndarray], repeat: bool = False) -> None:
+        """Pack ``docs`` (token arrays); ``repeat``: they are extra copies of documents already added."""
+        if repeat:
+            self.repeat_copies += len(docs)
+            self.repeat_tokens += sum(len(d) for d in docs)
+        else:
+            self.documents += len(docs)
         for d in docs:
             self.pending.append(d)
             self.pending_tokens += len(d)
@@ -121,7 +138,8 @@ class _SplitWriter:
         sequences = sum(s["sequences"] for s in self.shards)
         return {"shards": self.shards, "sequences": sequences, "tokens": sequences * self.window,
                 "documents": self.documents, "document_tokens": self.document_tokens,
-                "dropped_remainder_tokens": self.pending_tokens}
+                "repeated_documents": self.repeated_documents, "repeat_copies": self.repeat_copies,
+                "repeat_tokens": self.repeat_tokens, "dropped_remainder_tokens": self.pending_tokens}
 
 
 def split_of(doc_ids: list[str], validation_fraction: float, seed: int) -> np.ndarray:
@@ -135,8 +153,10 @@ def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq
                        batch_documents: int = 512, source_data_version: str = "") -> dict:
     """Tokenize the ``part-*.parquet`` documents of ``in_dir`` and write shards + manifest.json to ``out_dir``.
 
-    Memory is bounded by ``batch_documents`` documents plus one shard's open record batch.
-    Returns the manifest (dict). Raises ValueError on bad arguments.
+    Memory is bounded by ``batch_documents`` documents plus one shard's open record batch. A
+    ``copies`` column repeats documents in the train split (module docstring). Returns the manifest
+    (dict). Raises ValueError on bad arguments and, naming the part file, on a ``copies`` value that is
+    null or below 1.
     """
     if seq_len < 1 or not 0.0 <= validation_fraction < 1.0:
         raise ValueError(f"need seq_len >= 1 and 0 <= validation_fraction < 1, got {seq_len}, {validation_fraction}")
@@ -150,15 +170,38 @@ def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq
     if ids and len(ids) >= 2 and validation_fraction > 0 and not split_of(ids, validation_fraction, seed).any():
         forced = min(ids, key=lambda d: xxhash.xxh64_intdigest(d.encode(), seed))
     writers = {s: _SplitWriter(out_dir, s, seq_len, info, sequences_per_shard) for s in SPLITS}
+
+    def validation(doc_ids: list[str]) -> np.ndarray:
+        is_val = split_of(doc_ids, validation_fraction, seed)
+        if forced is not None:
+            is_val |= np.array([d == forced for d in doc_ids], dtype=bool)
+        return is_val
+
+    most_copies = 1
     for part in parts:
+        weighted = COPIES in pl.read_parquet_schema(part)
         for batch in _read_part(part).iter_slices(batch_documents):
-            doc_ids = batch["doc_id"].to_list()
-            is_val = split_of(doc_ids, validation_fraction, seed)
-            if forced is not None:
-                is_val |= np.array([d == forced for d in doc_ids], dtype=bool)
+            is_val = validation(batch["doc_id"].to_list())
+            if weighted:
+                c = batch[COPIES]
+                if c.null_count() or (c < 1).any():
+                    raise ValueError(f"{part}: column {COPIES!r} must be >= 1 in every row (how many times the "
+                                     f"train split holds the document)")
+                train_copies = c.to_numpy()[~is_val]
+                most_copies = max(most_copies, int(train_copies.max(initial=1)))
+                writers["train"].repeated_documents += int((train_copies > 1).sum())
             encoded = encode_documents(tok, info, batch["text"].to_list())
             writers["train"].add([e for e, v in zip(encoded, is_val) if not v])
             writers["validation"].add([e for e, v in zip(encoded, is_val) if v])
+    for k in range(1, most_copies):  # pass k + 1: the train documents with more than k copies
+        for part in parts:
+            if COPIES not in pl.read_parquet_schema(part):
+                continue
+            for batch in _read_part(part, ["doc_id", "text", COPIES]).iter_slices(batch_documents):
+                again = (batch[COPIES].to_numpy() > k) & ~validation(batch["doc_id"].to_list())
+                if again.any():
+                    texts = [t for t, a in zip(batch["text"].to_list(), again) if a]
+                    writers["train"].add(encode_documents(tok, info, texts), repeat=True)
     manifest = {
         "format": FORMAT, "seq_len": seq_len, "dtype": info.dtype.name, "eos_id": info.eos_id, "bos_id": info.bos_id,
         "vocab_size": info.vocab_size, "tokenizer_sha256": info.sha256, "source_data_version": source_data_version,

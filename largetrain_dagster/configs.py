@@ -114,3 +114,40 @@ def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None 
     if key is not None:
         _CACHE[key] = model
     return model
+
+
+class RunConfigError(ValueError):
+    """A run config key under ``ops`` that names no step (the message lists the valid names)."""
+
+
+def check_ops_keys(run_config: dict | None, selected: typing.Collection[str], known: typing.Collection[str]) -> list[str]:
+    """The rule for the keys under a run config's ``ops`` (README, "Run config keys").
+
+    A key is a step's name: the asset key with ``__`` between its parts (``domain__raw_corpus`` for
+    ``domain/raw_corpus``). ``selected``: the steps of this run; ``known``: every step of the job or code
+    location the run was selected from. A key of a selected step applies. A key of a known step outside
+    the selection is allowed and not used by this run (one config file serves every run of a recipe:
+    the per-partition runs and the run of the rest; Dagster treats a named job's unselected steps the
+    same way). Returns those keys, sorted. Raises RunConfigError naming every key that is no step at
+    all, with the ``__`` spelling of a key written with ``/`` or ``.``, the closest names, and the steps
+    of the run.
+    """
+    import difflib
+
+    ops = (run_config or {}).get("ops") or {}
+    known = set(known) | set(selected)
+    unknown = [k for k in ops if k not in known]
+    if unknown:
+        hints = []
+        for k in unknown:
+            spelled = k.replace("/", "__").replace(".", "__")
+            if spelled in known:
+                hints.append(f"{k!r}: write {spelled!r} (run config names a step by its asset key with __ between the parts)")
+            else:
+                close = difflib.get_close_matches(spelled, sorted(known), n=3, cutoff=0.6)
+                hints.append(f"{k!r}: no such step" + (f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""))
+        raise RunConfigError(
+            f"run config: {len(unknown)} key(s) under ops name no step, so their settings would be ignored: "
+            + "; ".join(hints) + f". Steps of this run: {', '.join(sorted(selected))}. "
+            f"Every step: {', '.join(sorted(known))}.")
+    return sorted(k for k in ops if k not in set(selected))

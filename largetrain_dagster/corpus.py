@@ -26,8 +26,8 @@ from dagster import (
 )
 from pydantic import Field
 
-from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table
-from largetrain_core.balance import balance_parts, histogram_markdown
+from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table, removal_warning
+from largetrain_core.balance import balance_parts, histogram_markdown, repeat_counts
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, duplicate_ids, fingerprint, ingest, rejection_error
 from largetrain_core.dedup import DedupConfig, deduplicate, key_hashes
@@ -42,11 +42,32 @@ ROLES = partitions.ROLES
 
 
 RawCorpusConfig = dagster_config(ReaderConfig, "RawCorpusConfig", defaults={"path": ""}, exclude=("partition", "partitions"))
-CleanedTextConfig = dagster_config(QualityConfig, "CleanedTextConfig")
+WARN_REMOVED = 0.5
+
+
+def _warn_removed_field(what: str):
+    return Field(default=WARN_REMOVED, description=(
+        f"Log a WARNING (and metadata removal_warning) when {what} removes more than this share of its input "
+        "documents, with the top reasons and the setting that changes each. null: never. Not part of the data version."))
+
+
+_QualitySettings = dagster_config(QualityConfig, "QualitySettings")
+
+
+class CleanedTextConfig(_QualitySettings):
+    """The quality rules (largetrain_core.rules): each group's on/off switch and each rule's threshold."""
+
+    warn_removed_fraction: Optional[float] = _warn_removed_field("this partition's cleaning")
+
+    def to_core(self) -> QualityConfig:
+        return _QualitySettings(**self.model_dump(exclude={"warn_removed_fraction"})).to_core()
 
 
 class DeduplicatedTextConfig(dagster_config(DedupConfig, "DedupSettings")):
     """Exact + MinHash-LSH near-duplicate removal (largetrain_core.dedup), then optional class balancing."""
+
+    warn_removed_fraction: Optional[float] = _warn_removed_field(
+        "the corpus's whole chain (rejected, filtered, duplicate, balanced away, over every partition)")
 
     balance_target: Optional[dict[str, float]] = Field(default=None, description=(
         "Class balancing after dedup (largetrain_core.balance; needs raw_corpus label_field): target share per "
@@ -54,12 +75,14 @@ class DeduplicatedTextConfig(dagster_config(DedupConfig, "DedupSettings")):
         "{} = uniform over the classes present. null = no balancing."))
     balance_mode: str = Field(default="downsample", description=(
         "downsample: sample every class without replacement, dropped documents count as filtered "
-        "(balance_downsample); upsample: keep every document and add seeded repeats (balance_repeats.parquet)."))
+        "(balance_downsample); upsample: keep every document once and draw seeded extra copies of the minority "
+        "classes, kept as a `copies` weight per document (never as rows, so they are not duplicates); "
+        "token_shards repeats each document `copies` times in its train split."))
     balance_seed: int = Field(default=0, description="Seed of the balancing draw (numpy PCG64).")
 
     def to_core(self) -> DedupConfig:
         """The dedup settings (the balance fields are read by :meth:`balancing`)."""
-        return DedupConfig(**self.model_dump(exclude={"balance_target", "balance_mode", "balance_seed"}))
+        return DedupConfig(**self.model_dump(exclude={"balance_target", "balance_mode", "balance_seed", "warn_removed_fraction"}))
 
     def balancing(self) -> Optional[dict]:
         """The balance settings (None without a target); raises Failure on an unknown balance_mode."""
@@ -131,9 +154,15 @@ def corpus_assets(role: str) -> list:
         part = {k: raw["stats"][k] for k in ("partition", "partitions")}
         path, stats, reused = build_or_reuse(context, storage, [role, "cleaned_text", context.partition_key], version,
                                      lambda out: {**clean_corpus(Path(raw["path"]), out, quality), **part})
-        return asset_output(path, version, stats, config, reused, {
-            "filtered_by_reason": md_table(stats["filtered_by_reason"]), "kept_percent": percent(stats["kept"], stats["input"]),
-            "kept_mib": mib(stats["bytes_kept"])})
+        extra = {"filtered_by_reason": md_table(stats["filtered_by_reason"]), "kept_percent": percent(stats["kept"], stats["input"]),
+                 "kept_mib": mib(stats["bytes_kept"])}
+        warning = removal_warning(f"{role}/cleaned_text partition {context.partition_key}", stats["input"],
+                                  [("filtered", r, n) for r, n in stats["filtered_by_reason"].items()],
+                                  config.warn_removed_fraction)
+        if warning:
+            context.log.warning(warning)
+            extra["removal_warning"] = MetadataValue.text(warning)
+        return asset_output(path, version, stats, config, reused, extra)
 
     @asset(key=[role, "deduplicated_text"], group_name=group, code_version=CODE_VERSIONS["deduplicated_text"],
            ins={"raw": AssetIn(key=[role, "raw_corpus"]), "cleaned": AssetIn(key=[role, "cleaned_text"])},
@@ -181,10 +210,15 @@ def corpus_assets(role: str) -> list:
             b = stats["balance"]
             extra = {"class_histogram": MetadataValue.md(histogram_markdown(b["before"], b["after"])),
                      "balance": MetadataValue.json(b), "balance_dropped": b["balance_dropped"],
-                     "balance_repeats": b["balance_repeats"]}
+                     "balance_repeats": b["balance_repeats"], "repeated_documents": b["repeated_documents"]}
         acc = corpus_accounting(raw_dirs, cleaned_dirs, path)
         summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
         outcomes = pl.read_parquet(path / "outcomes.parquet")
+        warning = removal_warning(f"{role} corpus (raw_corpus -> cleaned_text -> deduplicated_text)", summary["input"],
+                                  [r for r in outcomes.iter_rows() if r[0] != "kept"], config.warn_removed_fraction)
+        if warning:
+            context.log.warning(warning)
+            extra["removal_warning"] = MetadataValue.text(warning)
         corpus = corpus_lineage(raw, cleaned)
         stats = {**stats, "documents": summary, "corpus": corpus}  # for the model cards (largetrain_dagster.model_cards)
         yield asset_output(path, version, stats, config, reused, {"corpus": MetadataValue.json(corpus),
@@ -195,7 +229,8 @@ def corpus_assets(role: str) -> list:
             **{f"{k}_percent": percent(summary[k], summary["input"]) for k in ("kept", "filtered", "duplicate", "rejected")},
             **extra})
         yield AssetCheckResult(check_name="accounting", passed=acc["balanced"],
-                               metadata={**summary, "problems": MetadataValue.json(acc["problems"])})
+                               metadata={**summary, "intended_repeats": acc["repeats"],
+                                         "problems": MetadataValue.json(acc["problems"])})
 
     return [raw_corpus, cleaned_text, deduplicated_text]
 
@@ -234,11 +269,15 @@ def no_exact_duplicates_check(key: list[str]):
     """A blocking check on ``key`` (a deduplicated_text asset): no two kept documents share a dedup key."""
 
     @asset_check(asset=key, name="no_exact_duplicates", blocking=True,
-                 description="Recounted from the files: no two kept documents have the same dedup key (NFKC, case-folded, whitespace-collapsed).")
+                 description="Recounted from the files: no two kept documents have the same dedup key (NFKC, case-folded, "
+                             "whitespace-collapsed). Intended repetition (balancing's `copies` weight) is no duplicate: "
+                             "it is counted apart (intended_repeats).")
     def _check(handle: dict) -> AssetCheckResult:
         docs, dups, examples = count_exact_duplicates(Path(handle["path"]))
+        repeated, repeats = repeat_counts(Path(handle["path"]))
         return AssetCheckResult(passed=dups == 0, metadata={"documents": docs, "duplicates": dups,
-                                                            "examples": MetadataValue.json(examples)})
+                                                            "examples": MetadataValue.json(examples),
+                                                            "intended_repeats": repeats, "repeated_documents": repeated})
 
     return _check
 

@@ -15,7 +15,7 @@ class EvaluationConfig(Config):
     max_sequences: int = Field(default=64, description="Validation sequences evaluated per corpus.")
     prompts: list[str] = Field(default=["To be, or not to be,", "My lord, the king", "The kernel"],
                                description="Prompts continued greedily by the base and by base + adapter.")
-    max_new_tokens: int = 24
+    max_new_tokens: int = Field(default=24, description="Tokens generated per prompt (greedy).")
 
 
 @asset(key="evaluation", group_name="training", code_version=CODE_VERSIONS["evaluation"], io_manager_key="handles",

@@ -19,6 +19,7 @@ from dagster import (
     ConfigurableIOManager,
     ConfigurableResource,
     Failure,
+    InitResourceContext,
     InputContext,
     MetadataValue,
     OutputContext,
@@ -39,17 +40,55 @@ from largetrain_core.launch import (
 )
 from largetrain_core.storage import ArtefactError, read_json, relative_to_root, resolve_under, verify_manifest, write_json_atomic
 from largetrain_core.training.config import TRACKING, TrainConfig
-from largetrain_dagster.configs import dagster_config
+from largetrain_dagster.configs import RunConfigError, check_ops_keys, dagster_config
 from largetrain_dagster.progress import TrainingProgress
 
 
 class Storage(ConfigurableResource):
-    """The storage root (docs/ARCHITECTURE.md, Lineage). Artefacts go to ``<root>/<asset key path>/<data_version>/``."""
+    """The storage root (docs/ARCHITECTURE.md, Lineage). Artefacts go to ``<root>/<asset key path>/<data_version>/``.
+
+    Every asset of the lineage uses it, so its setup also holds the run config rule: before a step's
+    body runs, every key under the run config's ``ops`` must name a step (configs.check_ops_keys), else
+    the step fails with the valid names. ``dagster asset materialize -c`` would otherwise drop such a key
+    without a word."""
 
     root: str = ".largetrain"
 
     def path(self, *parts: str) -> Path:
         return Path(self.root).resolve().joinpath(*parts)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        run, instance = context.dagster_run, context.instance
+        if run is None or instance is None:  # built outside a run (a test, a sensor): no run config to check
+            return
+        selected, known = run_steps(instance, run)
+        if not selected:
+            return
+        try:
+            unused = check_ops_keys(run.run_config, selected, known)
+        except RunConfigError as e:
+            raise Failure(str(e)) from None
+        if unused and CONFIG_CHECKED_TAG not in (instance.get_run_by_id(run.run_id) or run).tags:
+            instance.add_run_tags(run.run_id, {CONFIG_CHECKED_TAG: "true"})  # one log line per run, not per step
+            context.log.info(f"run config for steps outside this run, not used by it: {', '.join(unused)} "
+                             f"(they apply to the runs that select those steps)")
+
+
+CONFIG_CHECKED_TAG = "largetrain/run_config_checked"
+
+
+def run_steps(instance, run) -> tuple[set[str], set[str]]:
+    """(the steps of ``run``, every step of the job it was selected from): node names from the run's job
+    snapshot and its parent's (an asset selection of the CLI or the UI runs a subset of the code
+    location's implicit asset job). Empty sets when the instance holds no snapshot."""
+    def nodes(snapshot_id):
+        snap = instance.get_job_snapshot(snapshot_id) if snapshot_id else None
+        return (snap, {n.node_name for n in snap.dep_structure_snapshot.node_invocation_snaps}) if snap else (None, set())
+
+    snap, selected = nodes(run.job_snapshot_id)
+    lineage = snap.lineage_snapshot if snap else None
+    known = nodes(lineage.parent_snapshot_id)[1] if lineage else set()
+    return selected, known | selected
 
 
 def handle_file(root: str | Path, key: AssetKey, partition: str | None = None) -> Path:

@@ -1,4 +1,5 @@
-"""Print what the last materialization of each asset recorded: `python -m largetrain_dagster.summary`.
+"""Print what the last materialization of each asset recorded: `python -m largetrain_dagster.summary`
+(`make demo` ends with it; after a recipe of your own, run it with the same DAGSTER_HOME).
 
 Reads the Dagster instance under DAGSTER_HOME (the materialization metadata), so it shows what
 Dagster recorded, not what is on disk.
@@ -7,6 +8,7 @@ Dagster recorded, not what is on disk.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from dagster import AssetKey, DagsterInstance
@@ -35,43 +37,122 @@ def corpus_version(corpus: dict | None) -> str:
         line = describe(corpus["provenance"])
         return line + (f" -- {corpus['provenance']['note']}" if corpus["provenance"].get("note") else "")
     digests = corpus.get("content_digests") or {}
+    if len(set(digests.values())) == 1 and len(digests) > 1:  # one file split across partitions
+        return f"no provenance file; content digest {(next(iter(digests.values())) or 'n/a')[:16]} (every partition)"
     return "no provenance file; content digests " + ", ".join(f"{k} {(d or 'n/a')[:16]}" for k, d in sorted(digests.items()))
 
 
-def render(instance: DagsterInstance) -> str:
+def _balancing(dedup: dict) -> list[str]:
+    """Lines on the class balancing of a deduplicated_text materialization (none when it had none)."""
+    b = dedup.get("balance")
+    if not b:
+        return []
+    mode = {"down": "down-sampled", "up": "up-sampled"}.get(b.get("mode"), b.get("mode"))
+    before, after = b.get("before") or {}, b.get("after") or {}
+    classes = ", ".join(f"{c} {before.get(c, 0):,} -> {after.get(c, 0):,}" for c in sorted(set(before) | set(after)))
+    line = f"  balancing ({mode}, seed {b.get('seed')}): per class before -> after: {classes}"
+    if b.get("mode") == "up":
+        line += (f"; {b.get('balance_repeats', 0):,} extra copies of {b.get('repeated_documents', 0):,} documents, "
+                 f"trained on in the train split (intended repeats, not duplicates)")
+    else:
+        line += f"; {b.get('balance_dropped', 0):,} documents left out (counted as filtered, reason balance_downsample)"
+    return [line]
+
+
+def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
+    raw = _metadata(instance, role, "raw_corpus")
+    dedup = _metadata(instance, role, "deduplicated_text")
+    shards = _metadata(instance, role, "token_shards")
+    corpus = dedup.get("corpus") or {}
+    lines = [f"{label} ({role}): {corpus.get('source') or raw.get('source', 'n/a')}",
+             f"  corpus version: {corpus_version(corpus)}"]
+    balanced = (dedup.get("balance") or {}).get("balance_dropped", 0)
+    filtered = dedup.get("documents_filtered")
+    rules = None if filtered is None else filtered - balanced
+    exact, near = dedup.get("duplicate_exact"), dedup.get("duplicate_near")
+    lines.append(f"  documents read {_fmt(dedup.get('documents_input'))} / kept {_fmt(dedup.get('documents_kept'))} / "
+                 f"filtered by the quality rules {_fmt(rules)}"
+                 + (f" + by balancing {balanced:,}" if balanced else "")
+                 + f" / duplicates {_fmt(dedup.get('documents_duplicate'))}"
+                 + (f" (exact {exact:,}, near {near:,})" if exact is not None and near is not None else "")
+                 + f" / rejected {_fmt(dedup.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")
+    if dedup.get("removal_warning"):
+        lines.append(f"  WARNING: {dedup['removal_warning']}")
+    lines += _balancing(dedup)
+    repeats = shards.get("train_repeat_copies")
+    lines.append(f"  token shards: {_fmt(shards.get('total_tokens'))} tokens; sequences train {_fmt(shards.get('train_sequences'))}, "
+                 f"validation {_fmt(shards.get('validation_sequences'))}"
+                 + (f"; the train split repeats {shards.get('train_repeated_documents', 0):,} documents "
+                    f"({repeats:,} extra copies, {shards.get('train_repeat_tokens', 0):,} tokens)" if repeats else "")
+                 + f"; {shards.get('path', 'n/a')}")
+    return lines
+
+
+def _training(m: dict) -> str:
+    """Loss, steps, speed and precision of a training materialization, as far as it recorded them."""
+    parts = [f"loss {_fmt(m.get('first_loss'), '.3f')} -> {_fmt(m.get('last_loss'), '.3f')} in {_fmt(m.get('steps'))} steps"]
+    if m.get("eval_loss") is not None:
+        parts.append(f"validation loss {_fmt(m.get('eval_loss'), '.3f')} (perplexity {_fmt(m.get('eval_perplexity'), '.1f')})")
+    parts.append(f"{_fmt(m.get('tokens_per_s'), ',.0f')} tokens/s")
+    if m.get("mfu_percent") is not None:
+        parts.append(f"MFU {_fmt(m.get('mfu_percent'), '.1f')} %")
+    parts.append(f"{m.get('precision', 'n/a')} on {_fmt(m.get('world_size'))} ranks")
+    return ", ".join(parts)
+
+
+def _models(instance: DagsterInstance) -> list[str]:
+    base = _metadata(instance, "base_checkpoint")
     lines = []
-    for role, label in (("pretrain", "pretraining corpus"), ("domain", "domain corpus")):
-        raw = _metadata(instance, role, "raw_corpus")
-        dedup = _metadata(instance, role, "deduplicated_text")
-        shards = _metadata(instance, role, "token_shards")
-        lines.append(f"{role} ({label}; source {raw.get('source', 'n/a')})")
-        lines.append(f"  corpus version: {corpus_version(dedup.get('corpus'))}")
-        lines.append(f"  documents read {_fmt(dedup.get('documents_input'))} / kept {_fmt(dedup.get('documents_kept'))} / "
-                     f"filtered {_fmt(dedup.get('documents_filtered'))} / duplicates {_fmt(dedup.get('documents_duplicate'))} / "
-                     f"rejected {_fmt(dedup.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")
-        lines.append(f"  token shards: {_fmt(shards.get('total_tokens'))} tokens; sequences train {_fmt(shards.get('train_sequences'))}, "
-                     f"validation {_fmt(shards.get('validation_sequences'))}; {shards.get('path', 'n/a')}")
-    for key, label in (("base_checkpoint", "base model"), ("lora_adapter", "LoRA adapter")):
-        m = _metadata(instance, key)
-        lines.append(f"{label}: loss {_fmt(m.get('first_loss'), '.3f')} -> {_fmt(m.get('last_loss'), '.3f')} "
-                     f"in {_fmt(m.get('steps'))} steps (validation loss {_fmt(m.get('eval_loss'), '.3f')}, "
-                     f"perplexity {_fmt(m.get('eval_perplexity'), '.1f')}), {_fmt(m.get('tokens_per_s'), ',.0f')} tokens/s, "
-                     f"MFU {_fmt(m.get('mfu_percent'), '.1f')} %, "
-                     f"{m.get('precision', 'n/a')} on {_fmt(m.get('world_size'))} ranks; {m.get('output', 'n/a')}")
+    if base.get("imported_from"):
+        digest = base.get("imported_content_digest")
+        lines.append(f"base model: imported from {base['imported_from']}" + (f" (content {digest[:16]})" if digest else "")
+                     + f", not trained here; {base.get('output', 'n/a')}")
+    elif base:
+        preset = (base.get("config") or {}).get("preset", "n/a")
+        lines.append(f"base model: pretrained here from preset {preset}: {_training(base)}; {base.get('output', 'n/a')}")
+    else:
+        lines.append("base model: not materialized")
+    lora = _metadata(instance, "lora_adapter")
+    if lora:
+        targets = lora.get("lora_target_modules") or "n/a"
+        lines.append(f"LoRA adapter: r={_fmt(lora.get('lora_r'))}, lora_alpha={_fmt(lora.get('lora_alpha'), 'g')} on {targets}: "
+                     f"{_training(lora)}; {lora.get('output', 'n/a')}")
+    else:
+        lines.append("LoRA adapter: not materialized")
+    return lines
+
+
+def render(instance: DagsterInstance) -> str:
+    """What the latest materializations recorded: each corpus (source, version, documents by outcome,
+    balancing, shards), the base model's origin (pretrained preset or imported directory) and training,
+    the adapter's r, alpha and target modules, and the held-out perplexities."""
+    lines = [*_corpus(instance, "pretrain", "pretraining corpus"), *_corpus(instance, "domain", "domain corpus"),
+             *_models(instance)]
     ev = _metadata(instance, "evaluation")
     cut = ev.get("adapter_domain_perplexity_reduction_percent")
-    lines.append("held-out perplexity: base on kernel docs {}, base on Shakespeare {}, base + adapter on Shakespeare {} ({} lower)".format(
-        _fmt(ev.get("base_pretrain_perplexity"), ".1f"), _fmt(ev.get("base_domain_perplexity"), ".1f"),
-        _fmt(ev.get("adapter_domain_perplexity"), ".1f"), "n/a" if cut is None else f"{cut:.1f} %"))
+    if cut is None and ev.get("adapter_domain_perplexity_reduction") is not None:
+        cut = 100 * ev["adapter_domain_perplexity_reduction"]
+    lines.append("held-out perplexity: base on the pretraining corpus {}, base on the domain corpus {}, "
+                 "base + adapter on the domain corpus {} ({} lower)".format(
+                     _fmt(ev.get("base_pretrain_perplexity"), ".1f"), _fmt(ev.get("base_domain_perplexity"), ".1f"),
+                     _fmt(ev.get("adapter_domain_perplexity"), ".1f"), "n/a" if cut is None else f"{cut:.1f} %"))
     lines.append(f"evaluation: {ev.get('path', 'n/a')}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(description=__doc__).parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--seconds", type=int, help="wall time of the pipeline, to print")
+    p.add_argument("--log", help="the run's log, to find the run id")
+    args = p.parse_args(argv)
     with DagsterInstance.get() as instance:
-        print("== largetrain demo summary ==")
+        print("\n== largetrain summary ==")
         print(render(instance))
+    if args.log:
+        m = re.findall(r"RUN_SUCCESS|RUN_FAILURE", open(args.log).read())
+        print(f"runs: {m.count('RUN_SUCCESS')} succeeded, {m.count('RUN_FAILURE')} failed (log: {args.log})")
+    if args.seconds is not None:
+        print(f"pipeline wall time: {args.seconds // 60} min {args.seconds % 60} s")
     return 0
 
 

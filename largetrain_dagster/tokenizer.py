@@ -19,7 +19,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what largetrain
 
 class TokenizerConfig(Config):
     vocab_size: int = Field(default=8192, description="BPE vocabulary size including the EOS token.")
-    min_frequency: int = 2
+    min_frequency: int = Field(default=2, description="A pair is merged only when it occurs at least this often (tokenizers BpeTrainer).")
     max_pretoken_chars: int = Field(default=MAX_PRETOKEN_CHARS, description=(
         "Runs of more than this many whitespace or non-whitespace characters are cut into pieces of this "
         "length before training (the trainer's time grows with the square of a pre-token's length; "

@@ -200,6 +200,17 @@ def loss_table(rows: list[dict], about: int = 20) -> str:
         "\n".join(lines)
 
 
+def adapter_metadata(adapter_dir: Path) -> dict:
+    """``lora_r``, ``lora_alpha`` and ``lora_target_modules`` (sorted, comma-separated) from PEFT's
+    adapter_config.json in ``adapter_dir``; {} when it is missing."""
+    f = Path(adapter_dir) / "adapter_config.json"
+    if not f.exists():
+        return {}
+    a = json.loads(f.read_text())
+    return {"lora_r": a.get("r"), "lora_alpha": a.get("lora_alpha"),
+            "lora_target_modules": ", ".join(sorted(a.get("target_modules") or []))}
+
+
 def _tracker_metadata(records_file: Path) -> dict:
     """``<tracker>_<key>`` for every entry of every tracker's run record (trackers.json): directories as
     paths, URLs as links, commands as code."""
@@ -290,7 +301,8 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
     path, stats, reused = build_or_reuse(context, storage, ["base_checkpoint"], version, build)
     stats["output"] = str(path / "model")
     yield asset_output(path, version, stats, config, reused, {"output": MetadataValue.path(stats["output"]),
-                                                         "imported_from": MetadataValue.path(str(src))})
+                                                         "imported_from": MetadataValue.path(str(src)),
+                                                         "imported_content_digest": content})
     yield AssetCheckResult(check_name="loss_finite_and_decreasing", passed=True,
                            metadata={"note": "imported pretrained model: no training run to check"})
 
@@ -316,6 +328,7 @@ def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, stor
                base_model=Path(base["stats"]["output"]))
     if not reused:
         seal_training(out)
-    yield _train_output(out, version, summary, config, reused)
+    output = _train_output(out, version, summary, config, reused)
+    yield output.with_metadata({**output.metadata, **adapter_metadata(Path(summary["output"]))})
     yield _loss_check(out / METRICS)
 

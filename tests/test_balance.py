@@ -77,20 +77,23 @@ def test_balance_parts_down_equals_balancing_the_concatenation(tmp_path):
     assert got.equals(expect) and got.height == 6
     dropped = pl.read_parquet(d / "balance_dropped.parquet")
     assert meta["balance_dropped"] == dropped.height == 4 and dropped["reason"].unique().to_list() == ["balance_downsample"]
-    assert set(dropped["doc_id"]) | set(got["doc_id"]) == set(whole["doc_id"]) and pl.read_parquet(d / "balance_repeats.parquet").height == 0
+    assert set(dropped["doc_id"]) | set(got["doc_id"]) == set(whole["doc_id"]) and "copies" not in got.columns
 
 
-def test_balance_parts_up_repeats_follow_originals(tmp_path):
-    from largetrain_core.balance import balance_parts
+def test_balance_parts_up_is_a_copies_weight_not_copied_rows(tmp_path):
+    from largetrain_core.balance import balance_parts, repeat_counts
 
     d = _parts(tmp_path / "d", [["a", "a", "b"], ["a", "b"], ["c"]])
+    before = pl.concat([pl.read_parquet(p) for p in sorted(d.glob("part-*.parquet"))])
     meta = balance_parts(d, None, "up", seed=2)
     # N = max(3 / (1/3), ...) = 9: a keeps its 3, b gets 1 extra copy, c 2
-    assert meta["after"] == {"a": 3, "b": 3, "c": 3} and meta["balance_repeats"] == 3 and meta["balance_dropped"] == 0
-    rep = pl.read_parquet(d / "balance_repeats.parquet")
-    assert sorted(rep["label"].to_list()) == ["b", "c", "c"]
-    assert pl.read_parquet(d / "part-00002.parquet")["doc_id"].to_list() == ["d5"] * 3   # copies follow the original
-    assert sum(pl.read_parquet(p).height for p in d.glob("part-*.parquet")) == 9
+    assert meta["after"] == {"a": 3, "b": 3, "c": 3} and meta["balance_dropped"] == 0
+    assert (meta["repeated_documents"], meta["balance_repeats"]) == (2, 3) == repeat_counts(d)
+    after = pl.concat([pl.read_parquet(p) for p in sorted(d.glob("part-*.parquet"))])
+    assert after.drop("copies").equals(before)  # every document once, nothing else changed
+    weights = dict(zip(after["doc_id"], after["copies"]))
+    assert weights["d5"] == 3 and sum(weights.values()) == 9 and min(weights.values()) == 1
+    assert sorted(c for doc, c in weights.items() if c > 1) == [2, 3] and after["copies"].dtype == pl.UInt32
 
 
 def test_balance_parts_needs_a_label_column(tmp_path):
@@ -166,3 +169,5 @@ def test_dagster_balance_downsample_and_upsample(tmp_path):
     assert [(c.check_name, c.passed) for c in checks] == [("accounting", True)]
     assert "| `<null>` | 1 | 6 |" in md["class_histogram"].value and "| **total** | **12** | **24** |" in md["class_histogram"].value
     assert (md["documents_kept"].value, md["documents_filtered"].value, md["balance_repeats"].value) == (12, 1, 12)
+    parts = pl.concat([pl.read_parquet(p) for p in sorted(Path(md["path"].value).glob("part-*.parquet"))])
+    assert parts.height == parts["doc_id"].n_unique() == 12 and parts["copies"].sum() == 24

@@ -265,6 +265,46 @@ def test_validation_gets_a_document_when_there_are_two(tmp_path, make_word_token
         assert m["splits"]["train"]["documents"] == len(d)
 
 
+def test_copies_repeat_train_documents_in_later_passes_and_are_counted_apart(tmp_path, make_word_tokenizer):
+    """Intended repetition (the ``copies`` weight of up-sampling): a train document with c copies is
+    packed c times, its extra copies in passes after every document, never beside the original; a
+    validation document once; the manifest counts the copies apart from the documents."""
+    tok = make_word_tokenizer(tmp_path / "tok", ["a", "b", "c", "d", "e"])  # EOS id 5
+    docs = [("d1", "a"), ("d2", "b b"), ("d3", "c"), ("d4", "d d d"), ("d5", "e")]
+    copies = {"d1": 1, "d2": 3, "d3": 1, "d4": 2, "d5": 2}
+    frac = 0.3
+    # a seed whose split puts a repeated document in validation and keeps d2 (3 copies) in train
+    seed = next(s for s in range(1000) if {d for d, _ in docs if is_validation(d, frac, s)} in ({"d4"}, {"d5"}))
+    val = {d for d, _ in docs if is_validation(d, frac, seed)}
+    src = write_parts(tmp_path / "in", [docs[:3], docs[3:]])
+    for p in sorted(src.glob("part-*.parquet")):
+        df = pl.read_parquet(p)
+        df.with_columns(copies=pl.Series([copies[d] for d in df["doc_id"]], dtype=pl.UInt32)).write_parquet(p)
+    out = tmp_path / "out"
+    out.mkdir()
+    m = build_token_shards(src, tok, out, seq_len=1, validation_fraction=frac, seed=seed)
+    ids = {w: i for i, w in enumerate(["a", "b", "c", "d", "e"])}
+    enc = {d: [ids[w] for w in t.split()] + [5] for d, t in docs}
+    train = [d for d, _ in docs if d not in val]
+    expected = [t for k in range(3) for d in train if copies[d] > k for t in enc[d]]  # pass 1, 2, 3
+    got = TokenShards(out, "train")
+    stream = got.take(range(len(got))).reshape(-1).tolist()  # seq_len 1: windows of 2, back to back
+    assert stream == expected[:len(stream)] and len(expected) - len(stream) < 2
+    t = m["splits"]["train"]
+    assert t["documents"] == len(train)
+    assert t["repeated_documents"] == sum(copies[d] > 1 for d in train)
+    assert t["repeat_copies"] == sum(copies[d] - 1 for d in train)
+    assert t["repeat_tokens"] == sum((copies[d] - 1) * len(enc[d]) for d in train)
+    v = m["splits"]["validation"]
+    assert (v["documents"], v["repeat_copies"], v["document_tokens"]) == (len(val), 0, sum(len(enc[d]) for d in val))
+
+    p = sorted(src.glob("part-*.parquet"))[1]
+    pl.read_parquet(p).with_columns(copies=pl.Series([1, 0], dtype=pl.UInt32)).write_parquet(p)
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(ValueError, match=f"{p.name}.*'copies' must be >= 1"):
+        build_token_shards(src, tok, tmp_path / "bad", seq_len=1, validation_fraction=frac, seed=seed)
+
+
 # ---------------------------------------------------------------------------------------------
 # the 65,536-token vocabulary (shared case, built here)
 
