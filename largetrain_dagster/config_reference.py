@@ -2,7 +2,7 @@
 ``python -m largetrain_dagster.config_reference > docs/CONFIG.md``.
 
 Every asset of the lineage that takes a run config (its ``config`` parameter's ``dagster.Config``
-class) gets a table of its fields: name (nested fields as ``lora.r``), type, default and the
+class), and ``optimization_report`` (job ``optimization_ablation``), gets a table of its fields: name (nested fields as ``lora.r``), type, default and the
 field's description, which is what the Dagster launchpad shows. tests/test_config_reference.py
 fails when docs/CONFIG.md differs from what this prints, so the document cannot drift from the code.
 """
@@ -87,11 +87,12 @@ def field_rows(cls: type[Config], prefix: str = "") -> list[tuple[str, str, str,
 
 def steps() -> list[tuple[str, list[str], type[Config]]]:
     """(asset name, the step names that take it, its config class) for every configurable step of
-    the lineage, in lineage order; the steps of both corpus roles share one entry."""
+    the lineage, in lineage order, then ``optimization_report``; the steps of both corpus roles share one entry."""
     from largetrain_dagster.definitions import lineage_assets
+    from largetrain_dagster.optimization import optimization_report
 
     out: dict[str, tuple[list[str], type]] = {}
-    for a in lineage_assets():
+    for a in [*lineage_assets(), optimization_report]:
         param = inspect.signature(a.op.compute_fn.decorated_fn).parameters.get("config")
         if param is None:
             continue

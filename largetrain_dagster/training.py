@@ -155,8 +155,9 @@ def _train_output(out: Path, version: str, summary: dict, config: Config, reused
 
 
 def training_numbers(summary: dict, rows: list[dict]) -> dict:
-    """The run's numbers for people and Dagster's plots: rounded, the unit in the name (losses in nats
-    to 3 decimals, percentages to 1, TFLOP/s to 3, seconds to 1, memory in GiB to 3); None left out."""
+    """The run's numbers for people and Dagster's plots: every integer of the summary as it is (steps,
+    parameters, resumed_from_step, ...), and its measurements rounded, the unit in the name (losses in
+    nats to 3 decimals, percentages to 1, TFLOP/s to 3, seconds to 1, memory in GiB to 3); None left out."""
     last = rows[-1] if rows else {}
     peak_mem = last.get("peak_memory_gib", last.get("peak_rss_gib"))
 
@@ -166,8 +167,9 @@ def training_numbers(summary: dict, rows: list[dict]) -> dict:
     def pct(value):
         return None if value is None else round(100 * value, 1)
 
-    numbers = {
-        "steps": summary["steps"], "steps_this_run": summary["steps_this_run"], "stopped_early": summary.get("stopped_early"),
+    numbers = {k: v for k, v in summary.items() if isinstance(v, int) and not isinstance(v, bool)}
+    numbers.update({
+        "stopped_early": summary.get("stopped_early"),
         "first_loss": r(summary["first_loss"], 3), "last_loss": r(summary["last_loss"], 3),
         "eval_loss": r(summary.get("eval_loss"), 3), "eval_perplexity": r(summary.get("eval_perplexity"), 2),
         "best_eval_loss": r(summary.get("best_eval_loss"), 3), "best_eval_step": summary.get("best_eval_step"),
@@ -176,11 +178,8 @@ def training_numbers(summary: dict, rows: list[dict]) -> dict:
         "peak_tflops": r(summary["peak_flops"] / 1e12 if summary["peak_flops"] else None, 3),
         "mflops_per_token": r(summary["flops_per_token"] / 1e6, 2), "peak_memory_gib": r(peak_mem, 3),
         "train_seconds": r(summary["train_seconds"], 1), "eval_seconds": r(summary.get("eval_seconds"), 1),
-        "tokens_seen": summary["tokens_seen"], "parameters": summary["parameters"],
-        "trainable_parameters": summary["trainable_parameters"],
         "trainable_percent": round(100 * summary["trainable_parameters"] / summary["parameters"], 2),
-        "world_size": summary["world_size"], "zero_stage": summary["zero_stage"],
-    }
+    })
     return {k: v for k, v in numbers.items() if v is not None}
 
 

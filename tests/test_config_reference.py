@@ -6,6 +6,7 @@ from pathlib import Path
 
 from largetrain_dagster.config_reference import field_rows, render, steps
 from largetrain_dagster.definitions import lineage_assets
+from largetrain_dagster.optimization import optimization_report
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "CONFIG.md"
 
@@ -17,8 +18,9 @@ def test_committed_reference_is_up_to_date():
 
 def test_every_step_and_field_is_described():
     named = {n for _, names, _ in steps() for n in names}
-    configurable = {a.op.name for a in lineage_assets() if "config" in inspect.signature(a.op.compute_fn.decorated_fn).parameters}
-    assert named == configurable and {"domain__raw_corpus", "lora_adapter", "evaluation"} <= named
+    configurable = {a.op.name for a in [*lineage_assets(), optimization_report]
+                    if "config" in inspect.signature(a.op.compute_fn.decorated_fn).parameters}
+    assert named == configurable and {"domain__raw_corpus", "lora_adapter", "evaluation", "optimization_report"} <= named
     for name, _, cls in steps():
         rows = field_rows(cls)
         assert rows, name
