@@ -145,7 +145,8 @@ def test_chain_counts_balance(chain):
     assert read_parts(dd)["doc_id"].to_list() == ["g1", "g3", "notes.txt"]
     assert pl.read_parquet(dd / "duplicates.parquet")["duplicate_of"].to_list() == ["g1"]
     acc = corpus_accounting(raw, cleaned, dd)
-    assert acc == {"input": 9, "kept": 3, "filtered": 2, "duplicate": 1, "rejected": 3, "repeats": 0, "balanced": True,
+    assert acc == {"input": 9, "kept": 3, "filtered": 2, "duplicate": 1, "rejected": 3, "repeats": 0, "repeated_documents": 0,
+                   "balanced": True,
                    "problems": []}
     assert acc["kept"] + acc["filtered"] + acc["duplicate"] + acc["rejected"] == acc["input"]
 
