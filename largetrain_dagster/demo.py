@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from largetrain_dagster.configs import check_ops_keys
 from largetrain_dagster.partitions import DATA_PARTITIONS
 from largetrain_dagster.progress import TrainingProgress, duration
 
@@ -60,10 +61,19 @@ def stage_order(asset_graph, job_name: str) -> str:
     return " -> ".join(stages)
 
 
+def job_config(run_config: dict, nodes: set[str], steps: set[str]) -> dict:
+    """``run_config`` with its ops cut down to ``nodes`` (one job's steps). Raises configs.RunConfigError
+    when a key names none of ``steps`` (every step of the code location): a misspelled key is an error,
+    never cut away unseen (configs.check_ops_keys)."""
+    check_ops_keys(run_config, nodes, steps)
+    return {**run_config, "ops": {op: c for op, c in (run_config.get("ops") or {}).items() if op in nodes}}
+
+
 def create_run(instance: DagsterInstance, workspace, job_name: str, run_config: dict, tags: dict):
     """A run of ``job_name`` of the workspace's code location, created as ``dagster job launch`` and the
     UI create theirs (remote job origin and code origin attached); ``run_config``'s ops are cut down to
-    the job's nodes. Returns the DagsterRun (not started)."""
+    the job's nodes. Returns the DagsterRun (not started). Raises configs.RunConfigError when a key under
+    ``ops`` names no step of the code location."""
     from dagster._core.definitions.selector import JobSubsetSelector
 
     location = workspace.get_code_location(LOCATION)
@@ -71,7 +81,7 @@ def create_run(instance: DagsterInstance, workspace, job_name: str, run_config: 
     remote_job = location.get_job(JobSubsetSelector(location_name=LOCATION, repository_name=REPOSITORY,
                                                     job_name=job_name, op_selection=None))
     nodes = {n.node_name for n in remote_job.job_snapshot.dep_structure_snapshot.node_invocation_snaps}
-    config = {**run_config, "ops": {op: c for op, c in (run_config.get("ops") or {}).items() if op in nodes}}
+    config = job_config(run_config, nodes, {k.to_python_identifier() for k in repo.asset_graph.get_all_asset_keys()})
     plan = location.get_execution_plan(remote_job, config, step_keys_to_execute=None, known_state=None,
                                        instance=instance).execution_plan_snapshot
     return instance.create_run(

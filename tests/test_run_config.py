@@ -92,3 +92,15 @@ def test_unselected_steps_config_is_allowed_and_logged_once(tmp_path, monkeypatc
     assert [m for m in logs if "not used by it" in m] == [
         "run config for steps outside this run, not used by it: pretrain__cleaned_text, tokenizer "
         "(they apply to the runs that select those steps)"]
+
+
+def test_the_demo_driver_refuses_a_misspelled_step_instead_of_cutting_it():
+    """`python -m largetrain_dagster.demo -c FILE` cuts the config down to each job's steps: a key that
+    names no step is an error there too, not a key silently cut away."""
+    from largetrain_dagster.demo import job_config
+
+    cfg = {"ops": {"domain__raw_corpus": {"config": {"path": "x"}}, "lora_adapter": {"config": {}}}, "execution": {}}
+    assert job_config(cfg, {"domain__raw_corpus"}, STEPS) == {"ops": {"domain__raw_corpus": {"config": {"path": "x"}}},
+                                                              "execution": {}}
+    with pytest.raises(RunConfigError, match="'domain/raw_corpus': write 'domain__raw_corpus'"):
+        job_config({"ops": {"domain/raw_corpus": {}}}, {"domain__raw_corpus"}, STEPS)
