@@ -45,6 +45,7 @@ import pyarrow as pa
 import xxhash
 
 from largetrain_core.balance import COPIES
+from largetrain_core.digest import file_digest
 from largetrain_core.storage import ArtefactError, loading, part_files
 from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info, read_tokenizer
 
@@ -55,13 +56,6 @@ SPLITS = ("train", "validation")
 class ShardError(ArtefactError):
     """A shard directory that does not match its manifest (the message names the file)."""
 
-
-def _checksum(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _SplitWriter:
@@ -130,7 +124,7 @@ class _SplitWriter:
         with pa.ipc.new_file(str(path), self.schema) as writer:
             writer.write_batch(pa.record_batch([col], schema=self.schema))
         self.shards.append({"file": name, "sequences": self.filled, "bytes": path.stat().st_size,
-                            "xxh3_128": _checksum(path)})
+                            "xxh3_128": file_digest(path)})
         self.buffer, self.filled = None, 0
 
     def finish(self) -> dict:
@@ -265,7 +259,7 @@ class TokenShards:
         size = path.stat().st_size
         if size != entry["bytes"]:
             raise ShardError(f"{path}: {size} bytes on disk, manifest says {entry['bytes']} (truncated or rewritten)")
-        if self.verify_checksums and _checksum(path) != entry["xxh3_128"]:
+        if self.verify_checksums and file_digest(path) != entry["xxh3_128"]:
             raise ShardError(f"{path}: xxh3-128 checksum differs from manifest.json")
         try:
             reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))

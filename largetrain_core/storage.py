@@ -26,6 +26,8 @@ from typing import Any, Iterable, Iterator
 
 import xxhash
 
+from largetrain_core.digest import file_digest
+
 MANIFEST = "_manifest.json"
 MANIFEST_FORMAT = "largetrain.manifest/1"
 # verify_manifest hashes a file whole up to this size; a larger one by SAMPLE_BLOCKS blocks of SAMPLE_BLOCK bytes.
@@ -101,13 +103,6 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise
 
 
-def _xxh3_full(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _xxh3_sample(path: Path, size: int) -> str:
     """xxh3-128 of SAMPLE_BLOCKS blocks of SAMPLE_BLOCK bytes at evenly spaced offsets, the first at 0 and
@@ -145,7 +140,7 @@ def write_manifest(directory: str | Path, paths: Iterable[str] | None = None) ->
     files = {}
     for p in _files(directory, paths):
         st = p.stat()
-        entry = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "xxh3_128": _xxh3_full(p)}
+        entry = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "xxh3_128": file_digest(p)}
         if st.st_size > FULL_CHECKSUM_MAX_BYTES:
             entry["sample_xxh3_128"] = _xxh3_sample(p, st.st_size)
         files[p.relative_to(directory).as_posix()] = entry
@@ -187,7 +182,7 @@ def verify_manifest(directory: str | Path, full: bool = False) -> list[str]:
         if st.st_size != entry["bytes"]:
             problems.append(f"{path}: {st.st_size} bytes, {MANIFEST} says {entry['bytes']} (truncated or rewritten)")
         elif full or st.st_size <= FULL_CHECKSUM_MAX_BYTES or st.st_mtime_ns != entry["mtime_ns"] or "sample_xxh3_128" not in entry:
-            if _xxh3_full(path) != entry["xxh3_128"]:
+            if file_digest(path) != entry["xxh3_128"]:
                 problems.append(f"{path}: content differs from {MANIFEST} (xxh3-128 checksum)")
         elif _xxh3_sample(path, st.st_size) != entry["sample_xxh3_128"]:
             problems.append(f"{path}: content differs from {MANIFEST} (xxh3-128 of sampled blocks)")
