@@ -149,18 +149,18 @@ def _finish(out_dir: Path, expected: dict[Path, int]) -> None:
 BYTES_PER_TASK = 8 << 20  # default of spark.largetrain.bytesPerTask
 
 
-def _items(spark: SparkSession, items: list[tuple[int, str]], sizes: list[int]) -> DataFrame:
-    """A DataFrame (item long, payload string) of ``items`` in contiguous runs, one Spark partition (task)
-    per run, balanced by ``sizes`` (bytes): one run per core at least, more while runs stay above
-    ``spark.largetrain.bytesPerTask`` (default 8 MiB), at most four per core; order kept within each run."""
+def _runs(spark: SparkSession, items: list[tuple[int, str]], sizes: list[int]) -> tuple[DataFrame, object]:
+    """``items`` (item, payload) cut into contiguous runs, one Spark task each, balanced by ``sizes``
+    (bytes): one run per core at least, more while runs stay above ``spark.largetrain.bytesPerTask``
+    (default 8 MiB), at most four per core. Returns a DataFrame of one row per run (``id``, one
+    partition each) and the runs as a broadcast variable, which the tasks read (:func:`_items_of`)."""
     n, par = len(items), spark.sparkContext.defaultParallelism
     target = int(spark.conf.get("spark.largetrain.bytesPerTask", str(BYTES_PER_TASK)))
     w = np.asarray(sizes, dtype=np.float64) + 1.0
     tasks = max(1, min(n, max(par, min(4 * par, int(np.ceil(w.sum() / max(1, target)))))))
     cut = np.searchsorted(np.cumsum(w), np.linspace(0, w.sum(), tasks + 1)[1:-1], side="right")
-    runs = [r.tolist() for r in np.split(np.arange(n), cut) if len(r)]
-    rdd = spark.sparkContext.parallelize([[items[i] for i in r] for r in runs], len(runs))
-    return spark.createDataFrame(rdd.flatMap(lambda run: run), "item long, payload string")
+    runs = [[items[i] for i in r] for r in np.split(np.arange(n), cut) if len(r)]
+    return spark.range(len(runs), numPartitions=len(runs)), spark.sparkContext.broadcast(runs)
 
 
 _STEP = {"name": ""}  # the step the driver is in, for the progress log
@@ -172,16 +172,26 @@ def _describe(spark: SparkSession, description: str) -> None:
     _STEP["name"] = description
 
 
-def _manifest(df: DataFrame, fn: Callable, description: str) -> list[tuple[int, dict]]:
-    """Run ``fn`` over every item (mapInArrow) and collect its (item, stats), sorted by item."""
-    _describe(df.sparkSession, description)
-    rows = df.mapInArrow(fn, MANIFEST).collect()
+def _manifest(spark: SparkSession, items: list[tuple[int, str]], sizes: list[int], task: Callable, spec: dict,
+              description: str) -> list[tuple[int, dict]]:
+    """Run ``task(spec, batches)`` over the runs of ``items`` (mapInArrow) and collect each item's
+    (item, stats), sorted by item."""
+    if not items:
+        return []
+    _describe(spark, description)
+    df, runs = _runs(spark, items, sizes)
+    try:
+        rows = df.mapInArrow(partial(task, {**spec, "runs": runs}), MANIFEST).collect()
+    finally:
+        runs.destroy()
     return sorted((r.item, json.loads(r.stats)) for r in rows)
 
 
-def _items_of(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, str]]:
+def _items_of(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, str]]:
+    """The (item, payload) of the runs whose ids the task got."""
     for b in batches:
-        yield from zip(b.column("item").to_pylist(), b.column("payload").to_pylist())
+        for run in b.column("id").to_pylist():
+            yield from spec["runs"].value[run]
 
 
 def _manifest_batch(item: int, stats: dict) -> pa.RecordBatch:
@@ -193,7 +203,7 @@ def _manifest_batch(item: int, stats: dict) -> pa.RecordBatch:
 
 def _ingest_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The task's run of files as one chunk (numbered by its first file), read by corpus.ingest."""
-    items = list(_items_of(batches))
+    items = list(_items_of(spec, batches))
     if not items:
         return
     chunk, rels = items[0][0], [rel for _, payload in items for rel in json.loads(payload)]
@@ -239,7 +249,7 @@ def ingest(spark: SparkSession, config: ReaderConfig, out_dir: Path, *, max_docu
         items, weights = ([(0, json.dumps(rels))] if files else []), [root.stat().st_size] if files else []
     else:
         items, weights = [(i, json.dumps([r])) for i, r in enumerate(rels)], [f.stat().st_size for f in files]
-    manifest = _manifest(_items(spark, items, weights), partial(_ingest_task, spec), "raw_corpus: read files") if items else []
+    manifest = _manifest(spark, items, weights, _ingest_task, spec, "raw_corpus: read files")
     expected = {}
     for chunk, s in manifest:
         expected.update({out_dir / "_chunks" / f"{chunk:06d}-{j:05d}.parquet": n for j, n in enumerate(s["part_rows"])})
@@ -288,7 +298,7 @@ def _empty_rejected() -> pa.Table:
 
 def _clean_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     cfg, out = spec["quality"], Path(spec["out"])
-    for i, path in _items_of(batches):
+    for i, path in _items_of(spec, batches):
         tmp = _attempt_dir(spec["out"], i)
         (tmp / "in").mkdir()
         (tmp / "out").mkdir()
@@ -308,8 +318,7 @@ def clean(spark: SparkSession, in_dir: Path, out_dir: Path, cfg: QualityConfig) 
         (out_dir / d).mkdir()
     spec = {"quality": cfg, "out": str(out_dir)}
     items = [(i, str(p.resolve())) for i, p in enumerate(parts)]
-    manifest = _manifest(_items(spark, items, [p.stat().st_size for p in parts]), partial(_clean_task, spec),
-                         "cleaned_text: normalize and filter") if items else []
+    manifest = _manifest(spark, items, [p.stat().st_size for p in parts], _clean_task, spec, "cleaned_text: normalize and filter")
     _finish(out_dir, {**{out_dir / f"part-{i:05d}.parquet": s["kept"] for i, s in manifest},
                       **{out_dir / "_filtered" / f"{i:05d}.parquet": s["filtered"] for i, s in manifest}})
     totals: dict = {}
@@ -336,26 +345,67 @@ def _signature_schema(cfg: DedupConfig) -> str:
     return f"row long, part long, doc_id string, key_hash long, n_words long{bands}"
 
 
+def _signature_rows(t: pa.Table, first: int, part: int, cfg: DedupConfig) -> Iterator[pa.RecordBatch]:
+    """A signature table (dedup.signature_table) as the rows of the Spark signature frame: its global
+    rows from ``first``, its part, and the uint64 hashes as int64 (the same bits; Spark has no uint64)."""
+    n = t.num_rows
+    cols = {"row": pa.array(np.arange(first, first + n, dtype=np.int64)), "part": pa.array(np.full(n, part, np.int64)),
+            "doc_id": t.column("doc_id").cast(pa.string()),
+            "key_hash": pa.array(t.column("key_hash").to_numpy().view(np.int64))}
+    cols["n_words"] = t.column("n_words") if cfg.near else pa.array(np.zeros(n, np.int64))
+    for b in range(cfg.bands if cfg.near else 0):
+        cols[band_column(b)] = pa.array(t.column(band_column(b)).to_numpy().view(np.int64))
+    yield from pa.table(cols).to_batches(max_chunksize=1024)
+
+
 def _signature_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Per part: dedup.write_signatures (the local engine's signature file, published under
-    signatures/), then its rows to Spark with their global row; uint64 hashes as int64 (same bits)."""
-    cfg = spec["dedup"]
-    for i, payload in _items_of(batches):
+    signatures/), then its rows to Spark."""
+    for i, payload in _items_of(spec, batches):
         path, first = json.loads(payload)
         tmp = _attempt_dir(spec["out"], i)
-        n = write_signatures([Path(path)], tmp / "sig.parquet", cfg)
+        write_signatures([Path(path)], tmp / "sig.parquet", spec["dedup"])
         t = pq.read_table(tmp / "sig.parquet")
         _publish(tmp / "sig.parquet", Path(spec["out"]) / "signatures" / f"part-{i:05d}.parquet")
-        cols = {"row": pa.array(np.arange(first, first + n, dtype=np.int64)), "part": pa.array(np.full(n, i, np.int64)),
-                "doc_id": t.column("doc_id").cast(pa.string()),
-                "key_hash": pa.array(t.column("key_hash").to_numpy().view(np.int64))}
-        if cfg.near:
-            cols["n_words"] = t.column("n_words")
-            for b in range(cfg.bands):
-                cols[band_column(b)] = pa.array(t.column(band_column(b)).to_numpy().view(np.int64))
-        else:
-            cols["n_words"] = pa.array(np.zeros(n, np.int64))
-        yield from pa.table(cols).to_batches(max_chunksize=1024)
+        yield from _signature_rows(t, first, i, spec["dedup"])
+
+
+def _read_signatures_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for i, payload in _items_of(spec, batches):
+        path, first = json.loads(payload)
+        yield from _signature_rows(pq.read_table(path), first, i, spec["dedup"])
+
+
+def signature_frame(spark: SparkSession, signature_files: list[Path], cfg: DedupConfig = DedupConfig()) -> DataFrame:
+    """Signature files already written (dedup.write_signatures, e.g. a deduplicated_text's
+    ``signatures/``) as the Spark signature frame, global rows in file order; for :func:`duplicates`."""
+    counts = [pq.ParquetFile(f).metadata.num_rows for f in signature_files]
+    firsts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = [(i, json.dumps([str(Path(f).resolve()), int(firsts[i])])) for i, f in enumerate(signature_files)]
+    df, runs = _runs(spark, items, [Path(f).stat().st_size for f in signature_files])
+    return df.mapInArrow(partial(_read_signatures_task, {"dedup": cfg, "runs": runs}), _signature_schema(cfg))
+
+
+def duplicates(sig: DataFrame, cfg: DedupConfig, log: Callable[[str], None] = lambda m: None) -> DataFrame:
+    """The global step on Spark: from the signature frame (persisted by the caller) to one row per
+    duplicate: part, row (global), doc_id, cluster_id (the kept copy's row), duplicate_of (its doc_id),
+    kind ("exact" when the key hashes are equal, else "near"), key_hash (int64 bits); persisted."""
+    stars = connected_components(candidate_edges(sig, cfg), log)
+    member = sig.select(F.col("row").alias("u"), "part", "doc_id", "key_hash")
+    root = sig.select(F.col("row").alias("v"), F.col("doc_id").alias("duplicate_of"), F.col("key_hash").alias("root_key"))
+    dups = (stars.join(member, "u").join(root, "v").select(
+        "part", F.col("u").alias("row"), "doc_id", F.col("v").alias("cluster_id"), "duplicate_of",
+        F.when(F.col("key_hash") == F.col("root_key"), F.lit("exact")).otherwise(F.lit("near")).alias("kind"), "key_hash")
+        .persist(StorageLevel.MEMORY_AND_DISK))
+    dups.count()
+    stars.unpersist()
+    return dups
+
+
+def shuffle_partitions(spark: SparkSession, documents: int, cfg: DedupConfig) -> int:
+    """Shuffle partitions of the global step: about 2 million (band, hash) rows each, at least 2 per
+    core (AQE does not coalesce the partitions of persisted plans)."""
+    return max(2 * spark.sparkContext.defaultParallelism, -(-documents * (cfg.bands + 1) // 2_000_000))
 
 
 def candidate_edges(sig: DataFrame, cfg: DedupConfig) -> DataFrame:
@@ -436,25 +486,18 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
     n = int(firsts[-1])
     spec = {"dedup": cfg, "out": str(out_dir)}
     items = [(i, json.dumps([str(p.resolve()), int(firsts[i])])) for i, p in enumerate(parts)]
-    sc = spark.sparkContext
-    work = _items(spark, items, [p.stat().st_size for p in parts])
-    # shuffle partitions from the data: about 2 million (band, hash) rows each, at least 2 per core
-    # (AQE does not coalesce the partitions of persisted plans)
+    runs_df, runs = _runs(spark, items, [p.stat().st_size for p in parts])
     previous = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(max(2 * sc.defaultParallelism, -(-n * (cfg.bands + 1) // 2_000_000))))
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(spark, n, cfg)))
     _describe(spark, "deduplicated_text: MinHash signatures")
-    sig = work.mapInArrow(partial(_signature_task, spec), _signature_schema(cfg)).persist(StorageLevel.MEMORY_AND_DISK)
+    sig = (runs_df.mapInArrow(partial(_signature_task, {**spec, "runs": runs}), _signature_schema(cfg))
+           .persist(StorageLevel.MEMORY_AND_DISK))
     sig.count()  # computed once, in one stage (its two readers below would otherwise race to compute it)
     log(f"signatures of {n} documents in {len(parts)} parts")
     _describe(spark, "deduplicated_text: candidate pairs (shuffle on band, hash) and connected components")
-    stars = connected_components(candidate_edges(sig, cfg), log)
-    member = sig.select(F.col("row").alias("u"), "part", "doc_id", "key_hash")
-    root = sig.select(F.col("row").alias("v"), F.col("doc_id").alias("duplicate_of"), F.col("key_hash").alias("root_key"))
-    dups = (stars.join(member, "u").join(root, "v").select(
-        "part", F.col("u").alias("row"), "doc_id", F.col("v").alias("cluster_id"), "duplicate_of",
-        F.when(F.col("key_hash") == F.col("root_key"), F.lit("exact")).otherwise(F.lit("near")).alias("kind"), "key_hash")
-        .persist(StorageLevel.MEMORY_AND_DISK))
+    dups = duplicates(sig, cfg, log)
     _describe(spark, "deduplicated_text: write kept documents")
+    work = spark.createDataFrame(items, "item long, payload string")  # one row per part (a local relation)
     written = (work.groupBy("item").cogroup(dups.withColumnRenamed("part", "item").groupBy("item"))
                .applyInArrow(partial(_write_task, spec), MANIFEST).collect())
     manifest = sorted((r.item, json.loads(r.stats)) for r in written)
@@ -462,12 +505,12 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
                        F.sum(F.when(F.col("kind") == "exact", 1).otherwise(0)).alias("e")).first()
     sig.unpersist()
     dups.unpersist()
+    runs.destroy()
     _finish(out_dir, {**{out_dir / f"part-{i:05d}.parquet": s["input"] - s["duplicate"] for i, s in manifest},
                       **{out_dir / "_dups" / f"{i:05d}.parquet": s["duplicate"] for i, s in manifest},
                       **{out_dir / "signatures" / f"part-{i:05d}.parquet": counts[i] for i in range(len(parts))}})
     _concat_parquet([out_dir / "_dups" / f"{i:05d}.parquet" for i, _ in manifest], out_dir / "duplicates.parquet",
                     pl.DataFrame(schema=DUP_SCHEMA).to_arrow().schema)
-    stars.unpersist()
     spark.conf.set("spark.sql.shuffle.partitions", previous)
     shutil.rmtree(out_dir / "_dups")
     d, e = int(summary["d"] or 0), int(summary["e"] or 0)
