@@ -25,8 +25,8 @@ filtered ids and reasons, duplicates with kept copy, cluster and kind, every cou
 ``--quick`` reads a seeded 25% sample of the files (``partition_of(path, 4) == 0``, i.e. data partition
 0 of 4) instead of all of them.
 
-Memory of the dedup global step: a synthetic signature set of N documents (10^6; ``--quick`` 2 x
-10^5) in part files of 1,024: random key and band hashes, 10% exact copies of an earlier document
+Memory of the dedup global step: a synthetic signature set of N = 10^6 documents (for Spark under
+``--quick``: 2 x 10^5, whose duplicates are checked against the local engine's) in part files of 1,024: random key and band hashes, 10% exact copies of an earlier document
 (key and all bands), 5% near copies (a quarter of the bands of an earlier document, another key), 1%
 without words. Each in a fresh process, after the imports and a warm-up read:
 
@@ -118,6 +118,7 @@ def global_step_worker(which: str, sig_dir: str) -> None:
         path.write_text(src)
         spec = importlib.util.spec_from_file_location("dedup_before", path)
         mod = importlib.util.module_from_spec(spec)
+        sys.modules["dedup_before"] = mod  # dataclasses look their module up
         spec.loader.exec_module(mod)
     else:
         from largetrain_core import dedup as mod
@@ -208,8 +209,8 @@ def spark_global_step(sig_dir: Path) -> dict:
         sampler.start()
         t0 = time.perf_counter()
         sig = spark_prep.signature_frame(spark, files, cfg).persist(StorageLevel.MEMORY_AND_DISK)
-        dups = spark_prep.duplicates(sig, cfg)
-        count = dups.count()
+        _, counts = spark_prep.duplicates(sig, cfg, lambda m: print(m, file=sys.stderr, flush=True))
+        count = counts["duplicate"]
         seconds = time.perf_counter() - t0
         mem = sampler.stop()
         return {**mem, "seconds": seconds, "duplicates": count, "documents": n}
@@ -331,6 +332,7 @@ def main() -> None:
             runs[f"spark_{executors}_executors"] = {"master": master, "seconds": seconds, "documents_per_s": documents / seconds,
                                                     "session_start_and_warm_up_seconds": start}
             checks[f"spark_{executors}_executors"] = identical(tmp / "local", tmp / f"spark{executors}", local_stats, stats)
+            print(json.dumps({"throughput": runs, "identical": checks}), file=sys.stderr, flush=True)
         res["documents"] = documents
         res["throughput"] = runs
         res["identical"] = checks
@@ -339,18 +341,21 @@ def main() -> None:
         res["spark_scaling_efficiency"] = two / (2 * one)
         res["spark_vs_local_throughput"] = two / runs["local"]["documents_per_s"]
 
-        n = 200_000 if args.quick else 1_000_000
+        n, n_spark = 1_000_000, 200_000 if args.quick else 1_000_000
         for layout in ("list", "columns"):
             synthetic_signatures(tmp / f"sig-{layout}", n, layout)
         before = local_global_step("before", tmp / "sig-list")
         local = local_global_step("local", tmp / "sig-columns")
-        spark = spark_global_step(tmp / "sig-columns")
-        if not before["duplicates"] == local["duplicates"] == spark["duplicates"]:
+        if n_spark != n:
+            synthetic_signatures(tmp / "sig-spark", n_spark, "columns")
+            check = local_global_step("local", tmp / "sig-spark")
+        spark = spark_global_step(tmp / ("sig-spark" if n_spark != n else "sig-columns"))
+        if not before["duplicates"] == local["duplicates"] or spark["duplicates"] != (check if n_spark != n else local)["duplicates"]:
             res["spark_local_identical"] = False
-        res["global_step"] = {"documents": n, "before": before, "local": local, "spark": spark}
+        res["global_step"] = {"documents": n, "before": before, "local": local, "spark": {**spark, "documents": n_spark}}
         res["dedup_global_bytes_per_doc_before"] = before["rss_growth_bytes"] / n
         res["dedup_global_bytes_per_doc_local"] = local["rss_growth_bytes"] / n
-        res["dedup_global_bytes_per_doc_spark"] = spark["max_process_growth_bytes"] / n
+        res["dedup_global_bytes_per_doc_spark"] = spark["max_process_growth_bytes"] / n_spark
         res["dedup_global_memory_reduction"] = before["rss_growth_bytes"] / local["rss_growth_bytes"]
         res["goals"] = {"spark_scaling_efficiency": ">= 0.75", "spark_vs_local_throughput": ">= 0.5 (within 2x)",
                         "dedup_global_memory_reduction": ">= 4"}

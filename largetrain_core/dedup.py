@@ -296,7 +296,7 @@ def _components(n: int, u: np.ndarray, v: np.ndarray) -> np.ndarray:
             parent = nxt
 
 
-def _same_value_edges(values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def same_value_edges(values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Edges (row, first row with the same value) for every row whose value occurred before
     (``rows`` ascending, so the first is the smallest)."""
     if not len(values):

@@ -68,7 +68,8 @@ from pyspark.sql import functions as F
 
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, _shown, ingest as local_ingest, scan
-from largetrain_core.dedup import ASSIGNMENT_SCHEMA, DUP_SCHEMA, DedupConfig, band_column, write_kept, write_signatures
+from largetrain_core.dedup import (ASSIGNMENT_SCHEMA, DUP_SCHEMA, DedupConfig, band_column, same_value_edges, write_kept,
+                                   write_signatures)
 from largetrain_core.storage import part_files, write_json_atomic
 
 MANIFEST = "item long, stats string"  # what every task returns: its item (chunk / part) and its counts as JSON
@@ -386,10 +387,12 @@ def signature_frame(spark: SparkSession, signature_files: list[Path], cfg: Dedup
     return df.mapInArrow(partial(_read_signatures_task, {"dedup": cfg, "runs": runs}), _signature_schema(cfg))
 
 
-def duplicates(sig: DataFrame, cfg: DedupConfig, log: Callable[[str], None] = lambda m: None) -> DataFrame:
+def duplicates(sig: DataFrame, cfg: DedupConfig, log: Callable[[str], None] = lambda m: None) -> tuple[DataFrame, dict]:
     """The global step on Spark: from the signature frame (persisted by the caller) to one row per
     duplicate: part, row (global), doc_id, cluster_id (the kept copy's row), duplicate_of (its doc_id),
-    kind ("exact" when the key hashes are equal, else "near"), key_hash (int64 bits); persisted."""
+    kind ("exact" when the key hashes are equal, else "near"), key_hash (int64 bits), persisted; and
+    its counts ``duplicate``, ``clusters`` (distinct kept copies' doc ids), ``duplicate_exact``,
+    ``duplicate_near``."""
     stars = connected_components(candidate_edges(sig, cfg), log)
     member = sig.select(F.col("row").alias("u"), "part", "doc_id", "key_hash")
     root = sig.select(F.col("row").alias("v"), F.col("doc_id").alias("duplicate_of"), F.col("key_hash").alias("root_key"))
@@ -397,9 +400,11 @@ def duplicates(sig: DataFrame, cfg: DedupConfig, log: Callable[[str], None] = la
         "part", F.col("u").alias("row"), "doc_id", F.col("v").alias("cluster_id"), "duplicate_of",
         F.when(F.col("key_hash") == F.col("root_key"), F.lit("exact")).otherwise(F.lit("near")).alias("kind"), "key_hash")
         .persist(StorageLevel.MEMORY_AND_DISK))
-    dups.count()
+    summary = dups.agg(F.count("*").alias("d"), F.countDistinct("duplicate_of").alias("c"),
+                       F.sum(F.when(F.col("kind") == "exact", 1).otherwise(0)).alias("e")).first()
     stars.unpersist()
-    return dups
+    d, e = int(summary["d"] or 0), int(summary["e"] or 0)
+    return dups, {"duplicate": d, "clusters": int(summary["c"] or 0), "duplicate_exact": e, "duplicate_near": d - e}
 
 
 def shuffle_partitions(spark: SparkSession, documents: int, cfg: DedupConfig) -> int:
@@ -408,18 +413,31 @@ def shuffle_partitions(spark: SparkSession, documents: int, cfg: DedupConfig) ->
     return max(2 * spark.sparkContext.defaultParallelism, -(-documents * (cfg.bands + 1) // 2_000_000))
 
 
+def _edges_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One shuffle partition of (band, h, row): every (band, hash) of it is here whole. Edges (row,
+    smallest row with the same band and hash) by the local engine's sort (dedup.same_value_edges)."""
+    t = pa.Table.from_batches(list(batches))
+    if not t.num_rows:
+        return
+    band, h, rows = (t.column(c).to_numpy() for c in ("band", "h", "row"))
+    order = np.argsort(rows, kind="stable")  # rows ascending: the first of each value is the smallest
+    band, h, rows = band[order], h[order], rows[order]
+    for b in np.unique(band):
+        sel = band == b
+        u, v = same_value_edges(h[sel], rows[sel])
+        if len(u):
+            yield pa.RecordBatch.from_pydict({"u": u, "v": v})
+
+
 def candidate_edges(sig: DataFrame, cfg: DedupConfig) -> DataFrame:
     """Edges (u, v), u > v: every row paired with the smallest row sharing its key hash (band -1) or,
-    for documents with words, one of its band hashes. One shuffle on (band, hash)."""
-    keys = sig.select(F.lit(-1).alias("band"), F.col("key_hash").alias("h"), "row")
-    cand = keys
-    if cfg.near:
-        bands = sig.where(F.col("n_words") > 0).select(
-            F.posexplode(F.array(*[band_column(b) for b in range(cfg.bands)])).alias("band", "h"), "row")
-        cand = keys.unionByName(bands)
-    groups = cand.groupBy("band", "h").agg(F.collect_list("row").alias("rows")).where(F.size("rows") > 1)
-    return (groups.select(F.explode("rows").alias("u"), F.array_min("rows").alias("v"))
-            .where(F.col("u") != F.col("v")).distinct())
+    for documents with words, one of its band hashes. One shuffle, hash-partitioned on (band, hash),
+    no sort; each partition's groups found in numpy (:func:`_edges_task`)."""
+    hashes = [F.col("key_hash")] + ([F.col(band_column(b)) for b in range(cfg.bands)] if cfg.near else [])
+    exploded = sig.select("row", F.posexplode(F.when(F.col("n_words") > 0, F.array(*hashes))
+                                              .otherwise(F.array(F.col("key_hash")))).alias("band", "h"))
+    parts = int(sig.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    return (exploded.repartition(parts, "band", "h").mapInArrow(_edges_task, "u long, v long").distinct())
 
 
 def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m: None) -> DataFrame:
@@ -434,17 +452,21 @@ def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m
     Each round's edges are persisted (the plan of the next round reads them, not their lineage; a
     lost block is recomputed from the lineage, deterministically). The result stays persisted."""
     u, v = F.col("u"), F.col("v")
-    e = edges.persist(StorageLevel.MEMORY_AND_DISK)
-    for rnd in range(200):
-        # one job: materializes this round's edges and tests the fixed point, a set of stars (no node
-        # is a leaf twice, none both a leaf and a centre); the candidate pairs often are one already
+
+    def stars_or_not(e: DataFrame, rnd: int) -> bool:
+        """One job: materializes the round's edges and tests the fixed point, a set of stars (no node
+        is a leaf twice, none both a leaf and a centre); the candidate pairs often are one already."""
         nodes = (e.select(u.alias("n"), F.lit(1).alias("leaf"), F.lit(0).alias("centre"))
                  .unionByName(e.select(v.alias("n"), F.lit(0).alias("leaf"), F.lit(1).alias("centre")))
                  .groupBy("n").agg(F.sum("leaf").alias("l"), F.sum("centre").alias("c")))
         check = nodes.agg(F.sum("l").alias("edges"), F.sum(F.when((F.col("l") > 1) | ((F.col("l") > 0) & (F.col("c") > 0)), 1)
                                                             .otherwise(0)).alias("bad")).first()
         log(f"connected components: round {rnd}, {check['edges'] or 0} edges, {check['bad'] or 0} nodes not in a star")
-        if not check["bad"]:
+        return not check["bad"]
+
+    e = edges.persist(StorageLevel.MEMORY_AND_DISK)
+    for rnd in range(200):
+        if stars_or_not(e, rnd):
             return e
         both = e.select(u.alias("x"), v.alias("y")).unionByName(e.select(v.alias("x"), u.alias("y")))
         m = both.groupBy("x").agg(F.least(F.min("y"), F.col("x")).alias("m"))
@@ -452,6 +474,7 @@ def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m
         m2 = large.groupBy("u").agg(F.min("v").alias("m"))
         small = (large.join(m2, "u").where(v != F.col("m")).select(v.alias("u"), F.col("m").alias("v"))
                  .unionByName(m2.select("u", F.col("m").alias("v"))).distinct()).persist(StorageLevel.MEMORY_AND_DISK)
+        small.count()  # computed from the cached edges of this round before they are dropped
         e.unpersist()
         e = small
     raise RuntimeError("connected components did not converge in 200 rounds")
@@ -492,17 +515,14 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
     _describe(spark, "deduplicated_text: MinHash signatures")
     sig = (runs_df.mapInArrow(partial(_signature_task, {**spec, "runs": runs}), _signature_schema(cfg))
            .persist(StorageLevel.MEMORY_AND_DISK))
-    sig.count()  # computed once, in one stage (its two readers below would otherwise race to compute it)
-    log(f"signatures of {n} documents in {len(parts)} parts")
+    log(f"signatures of {n} documents in {len(parts)} parts, {spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")
     _describe(spark, "deduplicated_text: candidate pairs (shuffle on band, hash) and connected components")
-    dups = duplicates(sig, cfg, log)
+    dups, found = duplicates(sig, cfg, log)
     _describe(spark, "deduplicated_text: write kept documents")
     work = spark.createDataFrame(items, "item long, payload string")  # one row per part (a local relation)
     written = (work.groupBy("item").cogroup(dups.withColumnRenamed("part", "item").groupBy("item"))
                .applyInArrow(partial(_write_task, spec), MANIFEST).collect())
     manifest = sorted((r.item, json.loads(r.stats)) for r in written)
-    summary = dups.agg(F.count("*").alias("d"), F.countDistinct("duplicate_of").alias("c"),
-                       F.sum(F.when(F.col("kind") == "exact", 1).otherwise(0)).alias("e")).first()
     sig.unpersist()
     dups.unpersist()
     runs.destroy()
@@ -513,9 +533,7 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
                     pl.DataFrame(schema=DUP_SCHEMA).to_arrow().schema)
     spark.conf.set("spark.sql.shuffle.partitions", previous)
     shutil.rmtree(out_dir / "_dups")
-    d, e = int(summary["d"] or 0), int(summary["e"] or 0)
-    return {"input": n, "kept": n - d, "duplicate": d, "clusters": int(summary["c"] or 0),
-            "duplicate_exact": e, "duplicate_near": d - e}
+    return {"input": n, "kept": n - found["duplicate"], **found}
 
 
 def _concat_parquet(files: list[Path], out: Path, schema: pa.Schema) -> None:
