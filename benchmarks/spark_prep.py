@@ -147,7 +147,7 @@ class RssSampler:
     after :meth:`start` (a process started later has baseline 0)."""
 
     def __init__(self, every: float = 0.1):
-        from largetrain_core.train import process_tree
+        from largetrain_core.launch import process_tree
 
         self.tree, self.every = process_tree, every
         self.base: dict[int, int] = {}

@@ -70,6 +70,7 @@ from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, _shown, ingest as local_ingest, scan
 from largetrain_core.dedup import (ASSIGNMENT_SCHEMA, DUP_SCHEMA, DedupConfig, band_column, same_value_edges, write_kept,
                                    write_signatures)
+from largetrain_core.readers import REJECT_SCHEMA, RENAMED_SCHEMA
 from largetrain_core.storage import part_files, write_json_atomic
 
 MANIFEST = "item long, stats string"  # what every task returns: its item (chunk / part) and its counts as JSON
@@ -210,8 +211,8 @@ def _ingest_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     chunk, rels = items[0][0], [rel for _, payload in items for rel in json.loads(payload)]
     out = Path(spec["out"])
     tmp = _attempt_dir(spec["out"], chunk)
-    if spec["single_file"]:
-        cfg = spec["config"]  # one corpus file: read as the local engine does (its partition filter included)
+    if spec["whole"]:
+        cfg = spec["config"]  # one file, or a piece of one: read as the local engine reads it
     else:
         corpus = tmp / "corpus"  # links that keep each file's path relative to the corpus root
         for rel in rels:
@@ -220,52 +221,57 @@ def _ingest_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
             link.symlink_to(Path(spec["base"]) / rel)
         cfg = dataclasses.replace(spec["config"], path=str(corpus), partition=0, partitions=1)
     (tmp / "out").mkdir()
-    stats = local_ingest(cfg, tmp / "out", max_documents=spec["max_documents"],
-                         sample_fraction=spec["sample_fraction"], seed=spec["seed"])
+    stats = local_ingest(cfg, tmp / "out")
     stats["part_rows"] = []
     for j, part in enumerate(part_files(tmp / "out")):
         stats["part_rows"].append(pq.ParquetFile(part).metadata.num_rows)
         _publish(part, out / "_chunks" / f"{chunk:06d}-{j:05d}.parquet")
-    _publish(tmp / "out" / "rejected.parquet", out / "_chunks" / f"{chunk:06d}-rejected.parquet")
+    for name in ("rejected", "renamed_ids"):
+        _publish(tmp / "out" / f"{name}.parquet", out / "_chunks" / f"{chunk:06d}-{name}.parquet")
     yield _manifest_batch(chunk, stats)
 
 
-def ingest(spark: SparkSession, config: ReaderConfig, out_dir: Path, *, max_documents: int | None = None,
-           sample_fraction: float = 1.0, seed: int = 0) -> dict:
-    """corpus.ingest on Spark: the same files, documents (ids, order, text) and rejected records, and
-    the same counts (``documents``, ``rejected``, ``bytes``, ``files``, ``skipped_files``,
-    ``not_sampled``, ``parts``). Part files are cut per chunk of files, so their boundaries (not their
-    contents in order) can differ from the local engine's. Raises what corpus.scan raises."""
+def ingest(spark: SparkSession, config: ReaderConfig, out_dir: Path) -> dict:
+    """corpus.ingest on Spark: the same documents (ids, order, text), rejected records, renamed ids and
+    counts. Part files are cut per chunk of files, so their boundaries (not their contents in order)
+    can differ from the local engine's.
+
+    Document ids are unique within a read (readers.Collector renames a repeated id): when an id
+    repeats across chunks, the partition is read again as one chunk, as the local engine reads it.
+    Raises what corpus.scan raises."""
     out_dir = Path(out_dir)
-    root = Path(config.path)
-    files, skipped = scan(root, config.partition, config.partitions)
-    base = root if root.is_dir() else root.parent
-    (out_dir / "skipped_files.txt").write_text("".join(_shown(f.relative_to(base).as_posix()) + "\n" for f in skipped))
-    for d in ("_attempts", "_chunks"):
-        (out_dir / d).mkdir()
-    rels = [f.relative_to(base).as_posix() for f in files]  # the tasks' runs of files are the chunks
-    spec = {"config": config, "out": str(out_dir), "base": str(base), "single_file": root.is_file(),
-            "max_documents": max_documents, "sample_fraction": sample_fraction, "seed": seed}
-    if root.is_file():
-        items, weights = ([(0, json.dumps(rels))] if files else []), [root.stat().st_size] if files else []
+    listed = scan(config.path, config.partition, config.partitions)
+    (out_dir / "skipped_files.txt").write_text(
+        "".join(_shown(f.relative_to(listed.base).as_posix()) + "\n" for f in listed.skipped))
+    whole = Path(config.path).is_file() or any(src.piece for src in listed.sources)
+    rels = [src.rel for src in listed.sources]
+    sizes = [src.path.stat().st_size for src in listed.sources]
+    spec = {"config": config, "out": str(out_dir), "base": str(listed.base), "whole": whole}
+    if whole:  # one task: the file (or its piece) is read as one stream
+        items, sizes = ([(0, json.dumps(rels))] if rels else []), sizes[:1]
     else:
-        items, weights = [(i, json.dumps([r])) for i, r in enumerate(rels)], [f.stat().st_size for f in files]
-    manifest = _manifest(spark, items, weights, _ingest_task, spec, "raw_corpus: read files")
-    expected = {}
-    for chunk, s in manifest:
-        expected.update({out_dir / "_chunks" / f"{chunk:06d}-{j:05d}.parquet": n for j, n in enumerate(s["part_rows"])})
-        expected[out_dir / "_chunks" / f"{chunk:06d}-rejected.parquet"] = s["rejected"]
-    _finish(out_dir, expected)
-    stats = {"documents": 0, "rejected": 0, "bytes": 0, "not_sampled": 0, "parts": 0, "files": len(files),
-             "skipped_files": len(skipped)}
-    rejected = []
+        items = [(i, json.dumps([r])) for i, r in enumerate(rels)]
+    for attempt in ("chunks", "one chunk"):
+        for d in ("_attempts", "_chunks"):
+            shutil.rmtree(out_dir / d, ignore_errors=True)
+            (out_dir / d).mkdir()
+        manifest = _manifest(spark, items, sizes, _ingest_task, spec, "raw_corpus: read files")
+        _finish(out_dir, {out_dir / "_chunks" / f"{chunk:06d}-{j:05d}.parquet": n
+                          for chunk, s in manifest for j, n in enumerate(s["part_rows"])})
+        if len(manifest) < 2 or not _ids_repeat(out_dir / "_chunks"):
+            break
+        items = [(0, json.dumps(rels))]  # ids repeat across chunks: read as the local engine does, in one stream
+    stats = {"documents": 0, "rejected": 0, "renamed_ids": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
+             "files": len(listed.sources), "skipped_files": len(listed.skipped)}
+    tables: dict[str, list] = {"rejected": [], "renamed_ids": []}
     for chunk, s in manifest:  # corpus order: chunks, then their parts
-        rejected.append(pq.read_table(out_dir / "_chunks" / f"{chunk:06d}-rejected.parquet"))
-        stats["rejected"] += s["rejected"]
-        stats["not_sampled"] += s["not_sampled"]
+        for name in tables:
+            tables[name].append(pq.read_table(out_dir / "_chunks" / f"{chunk:06d}-{name}.parquet"))
+        for k in ("rejected", "renamed_ids", "not_sampled", "bytes"):
+            stats[k] += s[k]
         for j, n in enumerate(s["part_rows"]):
             part = out_dir / "_chunks" / f"{chunk:06d}-{j:05d}.parquet"
-            room = n if max_documents is None else max(0, max_documents - stats["documents"])
+            room = n if config.max_documents is None else max(0, config.max_documents - stats["documents"])
             if room < n:  # the partition's first max_documents documents only
                 table = pq.read_table(part)
                 stats["not_sampled"] += n - room
@@ -276,22 +282,27 @@ def ingest(spark: SparkSession, config: ReaderConfig, out_dir: Path, *, max_docu
                 os.replace(part, out_dir / f"part-{stats['parts']:05d}.parquet")
                 stats["parts"] += 1
                 stats["documents"] += room
-        stats["bytes"] += s["bytes"]
-    pq.write_table(pa.concat_tables(rejected) if rejected else _empty_rejected(), out_dir / "rejected.parquet")
+    rejected = pa.concat_tables(tables["rejected"]) if tables["rejected"] else REJECT_SCHEMA.empty_table()
+    pq.write_table(rejected, out_dir / "rejected.parquet")
+    pq.write_table(pa.concat_tables(tables["renamed_ids"]) if tables["renamed_ids"] else RENAMED_SCHEMA.empty_table(),
+                   out_dir / "renamed_ids.parquet")
+    by_file = pl.from_arrow(rejected.select(["source"])).group_by("source").len().sort(["len", "source"], descending=[True, False])
+    stats["rejected_by_file"] = dict(by_file.head(10).iter_rows())
     shutil.rmtree(out_dir / "_chunks")
     return stats
+
+
+def _ids_repeat(chunks: Path) -> bool:
+    """Whether a document id occurs twice among the chunks' part files (only across chunks: each
+    chunk's reader made its own ids unique)."""
+    parts = sorted(chunks.glob("*-[0-9]*.parquet"))
+    return bool(parts) and pl.scan_parquet(parts).select(pl.col("doc_id").is_duplicated().any()).collect().item()
 
 
 def _text_bytes(table: pa.Table) -> int:
     import pyarrow.compute as pc
 
     return int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0) if table.num_rows else 0
-
-
-def _empty_rejected() -> pa.Table:
-    from largetrain_core.corpus import REJECT_SCHEMA
-
-    return REJECT_SCHEMA.empty_table()
 
 
 # ------------------------------------------------------------------------------------------------ cleaned_text
@@ -322,19 +333,20 @@ def clean(spark: SparkSession, in_dir: Path, out_dir: Path, cfg: QualityConfig) 
     manifest = _manifest(spark, items, [p.stat().st_size for p in parts], _clean_task, spec, "cleaned_text: normalize and filter")
     _finish(out_dir, {**{out_dir / f"part-{i:05d}.parquet": s["kept"] for i, s in manifest},
                       **{out_dir / "_filtered" / f"{i:05d}.parquet": s["filtered"] for i, s in manifest}})
-    totals: dict = {}
+    empty = out_dir / "_filtered" / "empty"  # clean_corpus of no part: the counts' keys at 0, the filtered schema
+    (empty / "in").mkdir(parents=True)
+    (empty / "out").mkdir()
+    totals = clean_corpus(empty / "in", empty / "out", cfg)
     for _, s in manifest:
         for k, v in s.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 totals[k] = totals.get(k, 0) + v
     filtered = [pl.read_parquet(out_dir / "_filtered" / f"{i:05d}.parquet") for i, _ in manifest]
-    table = pl.concat(filtered) if filtered else pl.DataFrame(schema={"doc_id": pl.Utf8, "source": pl.Utf8, "reason": pl.Utf8})
+    table = pl.concat(filtered) if filtered else pl.read_parquet(empty / "out" / "filtered.parquet")
     table.write_parquet(out_dir / "filtered.parquet")
     shutil.rmtree(out_dir / "_filtered")
     counts = table.group_by("reason").len().sort("reason")
     totals["filtered_by_reason"] = dict(zip(counts["reason"].to_list(), counts["len"].to_list()))
-    if not manifest:
-        totals.update({k: 0 for k in ("input", "kept", "filtered", "nul_removed", "control_removed", "c4_lines_removed", "bytes_kept")})
     return totals
 
 
@@ -599,8 +611,7 @@ def run_stage(spark: SparkSession, stage: str, args: dict, log: Callable[[str], 
     """Run one stage from its JSON arguments (as written by largetrain_dagster.engine)."""
     out = Path(args["out_dir"])
     if stage == "ingest":
-        return ingest(spark, ReaderConfig(**args["reader"]), out, max_documents=args.get("max_documents"),
-                      sample_fraction=args.get("sample_fraction", 1.0), seed=args.get("seed", 0))
+        return ingest(spark, ReaderConfig(**args["reader"]), out)
     if stage == "clean":
         return clean(spark, Path(args["in_dir"]), out, QualityConfig(**{k: _tuples(v) for k, v in args["quality"].items()}))
     if stage == "deduplicate":

@@ -74,11 +74,11 @@ class DataEngine(ConfigurableResource):
 
     # ---------------------------------------------------------------------------------------- stages
 
-    def ingest(self, context, reader: ReaderConfig, out: Path, **subset) -> dict:
-        """corpus.ingest(reader, out, **subset) on this engine; its counts plus ``engine``."""
+    def ingest(self, context, reader: ReaderConfig, out: Path) -> dict:
+        """corpus.ingest(reader, out) on this engine; its counts plus ``engine``."""
         if self._local():
-            return {**ingest(reader, out, **subset), "engine": {"engine": "local"}}
-        return self._spark(context, "ingest", {"reader": dataclasses.asdict(reader), **subset}, out)
+            return {**ingest(reader, out), "engine": {"engine": "local"}}
+        return self._spark(context, "ingest", {"reader": dataclasses.asdict(reader)}, out)
 
     def clean(self, context, in_dir: Path, out: Path, quality: QualityConfig) -> dict:
         """clean.clean_corpus(in_dir, out, quality) on this engine; its counts plus ``engine``."""

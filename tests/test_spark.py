@@ -6,9 +6,12 @@ Input: a slice of the kernel docs (process/, scsi/, i2c/), exact and near copies
 under another directory (so that clusters span data partitions), and the handed edge cases of
 tests/cases (BOM + CRLF, a lone surrogate, invalid UTF-8, NUL bytes, tiny and
 empty documents, Unicode variants of one sentence, null ids, mixed Parquet schemas, upper-case
-suffixes, a misnamed gzip, Unicode-space lines), read as 2 hash partitions.
+suffixes, a misnamed gzip, Unicode-space lines, a 300,000-letter run), and two JSONL files far apart in
+corpus order whose records repeat each other's ids (the reader renames the later ones), read as 2 hash
+partitions.
 """
 
+import json
 import os
 import re
 import shutil
@@ -21,7 +24,7 @@ import pytest
 
 from largetrain_core.accounting import corpus_accounting, outcome_table
 from largetrain_core.clean import QualityConfig, clean_corpus
-from largetrain_core.corpus import ReaderConfig, ingest
+from largetrain_core.corpus import ReaderConfig, ingest, partition_of
 from largetrain_core.dedup import DedupConfig, deduplicate
 from largetrain_core.storage import part_files
 
@@ -30,7 +33,7 @@ from largetrain_core import spark_prep  # pyspark: the [spark] extra, installed 
 KERNEL = Path(__file__).resolve().parent.parent / ".largetrain" / "corpora" / "linux-doc"
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 CASES = ["bom_crlf.jsonl", "lone_surrogate.jsonl", "invalid_utf8.txt", "nul_bytes.txt", "tiny_docs.jsonl",
-         "unicode_variants.jsonl", "null_ids.jsonl", "mixed_parquet", "upper_case_suffixes",
+         "unicode_variants.jsonl", "null_ids.jsonl", "mixed_parquet", "upper_case_suffixes", "parquet_invalid_utf8.parquet", "genome_sequence.jsonl",
          "unicode_space_lines.txt", "misnamed_compressed"]
 QUALITY = QualityConfig(gopher_repetition=True, c4=True)
 PARTITIONS = 2
@@ -51,6 +54,13 @@ def corpus(tmp_path_factory) -> Path:
     for c in CASES:
         (root / "cases").mkdir(parents=True, exist_ok=True)
         (shutil.copytree if (CASES_DIR / c).is_dir() else shutil.copy)(CASES_DIR / c, root / "cases" / c)
+    # the same record ids in two files of one partition, one early and one late in corpus order
+    late = next(f"kernel/zz_ids_{i}.jsonl" for i in range(100)
+                if partition_of(f"kernel/zz_ids_{i}.jsonl", PARTITIONS) == partition_of("cases/ids.jsonl", PARTITIONS))
+    for rel, texts in (("cases/ids.jsonl", ("first", "second")), (late, ("third", "fourth"))):
+        (root / rel).write_text("".join(json.dumps({"id": f"r{k}", "text": f"The {t} record of the mill and the river, "
+                                                    "with enough words in it to pass the quality rules of the Gopher paper. " * 6})
+                                        + "\n" for k, t in enumerate(texts)))
     originals = sorted((root / "kernel" / "process").glob("*.txt"))[:12]
     for i, f in enumerate(originals):
         text = f.read_text()
@@ -104,7 +114,9 @@ def test_spark_engine_equals_local_engine(spark, corpus, local, tmp_path):
     for p in range(PARTITIONS):
         (lr, ls), (sr, ss) = local["raw"][p], remote["raw"][p]
         assert _docs(lr).equals(_docs(sr)), f"raw_corpus partition {p}: documents (ids, sources, texts, order)"
-        assert pl.read_parquet(lr / "rejected.parquet").equals(pl.read_parquet(sr / "rejected.parquet"))
+        for f in ("rejected.parquet", "renamed_ids.parquet"):
+            assert pl.read_parquet(lr / f).equals(pl.read_parquet(sr / f)), f
+        assert (lr / "skipped_files.txt").read_text() == (sr / "skipped_files.txt").read_text()
         assert {k: v for k, v in ls.items() if k != "parts"} == {k: v for k, v in ss.items() if k != "parts"}
         (lc, lcs), (sc, scs) = local["clean"][p], remote["clean"][p]
         assert _docs(lc).equals(_docs(sc)), f"cleaned_text partition {p}"
@@ -113,6 +125,7 @@ def test_spark_engine_equals_local_engine(spark, corpus, local, tmp_path):
     (ld, lds), (sd, sds) = local["dd"], remote["dd"]
     assert lds == sds
     assert lds["duplicate_exact"] >= 6 and lds["duplicate_near"] >= 1 and lds["clusters"] >= 7
+    assert sum(s["renamed_ids"] for _, s in local["raw"]) == 2  # r0, r1 of the late file
     assert _docs(ld).equals(_docs(sd)), "deduplicated_text: kept documents"
     dups = pl.read_parquet(ld / "duplicates.parquet")
     assert dups.equals(pl.read_parquet(sd / "duplicates.parquet")), "duplicates: same copies, kept copy, cluster, kind"

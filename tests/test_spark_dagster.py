@@ -14,18 +14,19 @@ import time
 from pathlib import Path
 
 import polars as pl
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.corpus import ReaderConfig, ingest
 from largetrain_core.dedup import DedupConfig, deduplicate
 from largetrain_core.storage import part_files
-from largetrain_core.train import proc_stat
+from largetrain_core.launch import proc_stat
 from largetrain_dagster import partitions
 from largetrain_dagster.corpus import corpus_assets
 from largetrain_dagster.definitions import build_definitions
 from largetrain_dagster.engine import DataEngine
 from largetrain_dagster.partitions import data_partitions
+from largetrain_dagster.resources import read_handle
 from lineage import materialize_lineage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ def test_backfill_with_spark_through_materialize(tmp_path, monkeypatch):
             logs = [e.user_message for e in instance.all_logs(r.run_id)]
             assert any(m.startswith("Spark stage ") and "tasks done" in m for m in logs), logs
             assert any("[pipes] external process successfully opened dagster pipes" in m for m in logs)
-    handle = json.loads((root / "_handles" / "domain" / "deduplicated_text.json").read_text())
+    handle = read_handle(root, AssetKey(["domain", "deduplicated_text"]))
     kept, dups = _local_chain(tmp_path / "local")
     assert _docs(Path(handle["path"])).equals(kept)
     assert pl.read_parquet(Path(handle["path"]) / "duplicates.parquet").equals(dups)
@@ -101,7 +102,7 @@ def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(t
         assert m.returncode == 0, out[-3000:]
         assert "RUN_SUCCESS" in out and "engine spark:" in out and "on local[2]" in out
         assert "Spark stage 0 [raw_corpus: read files]: " in out and "[cleaned_text: normalize and filter]: " in out
-        handle = json.loads((tmp_path / "root" / "_handles" / "domain" / "cleaned_text" / f"{key}.json").read_text())
+        handle = read_handle(tmp_path / "root", AssetKey(["domain", "cleaned_text"]), key)
         assert handle["stats"]["engine"]["engine"] == "spark"
         raw, local = tmp_path / f"raw{p}", tmp_path / f"clean{p}"
         raw.mkdir()
