@@ -113,7 +113,12 @@ class DataEngine(ConfigurableResource):
                               "scripts/install_system_deps.sh), or set spark_submit / SPARK_HOME")
             submit = str(Path(spec.origin).parent / "bin" / "spark-submit")
         job = Path(largetrain_core.__file__).parent / "spark_prep.py"
-        confs = [a for k, v in sorted(self.conf.items()) for a in ("--conf", f"{k}={v}")]
+        conf = dict(self.conf)
+        if self.master.startswith("local"):  # the driver JVM starts before the job's session: its options go here
+            from largetrain_core.spark_prep import LOCAL_JVM_CONF
+
+            conf = {**LOCAL_JVM_CONF, **conf}
+        confs = [a for k, v in sorted(conf.items()) for a in ("--conf", f"{k}={v}")]
         return [submit, "--master", self.master, "--name", f"largetrain-{stage}", *confs, str(job), str(job_file)]
 
     def _spark(self, context, stage: str, args: dict, out: Path) -> dict:
