@@ -210,7 +210,7 @@ def test_global_step_same_clusters_in_any_number_of_hash_ranges(tmp_path):
         if i % 3 == 0:
             rows.append((f"b{i}x", text.upper()))  # exact duplicate (case)
         if i % 4 == 0:
-            rows.append((f"b{i}n", text.replace(words[k := 20 * i + 30], "other")))  # near duplicate
+            rows.append((f"b{i}n", text.replace(words[20 * i + 30], "other")))  # near duplicate
     rows += [("e0", "   "), ("e1", ""), ("s0", "w001"), ("s1", "W001")]  # no words / one word
     src = write_parts(tmp_path / "in", [rows[:9], rows[9:20], rows[20:]])
     out = tmp_path / "out"
