@@ -20,6 +20,11 @@ $(VENV)/.installed: pyproject.toml scripts/install_torch.sh
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# the Spark engine's tests need the [spark] extra (pyspark) and Java 17 (scripts/install_system_deps.sh)
+$(VENV)/.spark-installed: pyproject.toml | $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[spark]'
+	touch $@
+
 # Always run: the script fetches a corpus only when its directory or its provenance file is missing.
 corpora: install
 	PYTHON="$(PY)" scripts/fetch_corpora.sh $(DATA)/corpora
@@ -34,7 +39,7 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: install corpora $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -m largetrain_dagster.demo -c configs/demo.yaml -w workspace.yaml --log $(DATA)/demo.log
 
-test: install corpora
+test: install $(VENV)/.spark-installed corpora
 	scripts/install_system_deps.sh
 	$(PY) -m pytest -q
 

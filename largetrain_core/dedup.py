@@ -16,19 +16,24 @@ A document with fewer words than the shingle size has one shingle, its whole wor
 documents match only documents with the same words; a document with no word has no signature and
 takes part in exact deduplication only (never in a near-duplicate cluster).
 
-Clusters are the connected components of exact and band matches (union-find in numpy: min-label
-hooking with pointer jumping). The copy kept is the first in corpus order (sorted partition / part
-file, then row); every other member is a duplicate recorded with ``duplicate_of`` (the kept copy's
-doc_id), ``cluster_id`` (its global row) and ``kind`` ("exact" when its key equals the kept copy's,
-else "near"). The result does not depend on batch size or on how the corpus is partitioned.
+Clusters are the connected components of exact and band matches. The copy kept is the first in
+corpus order (sorted partition / part file, then row); every other member is a duplicate recorded
+with ``duplicate_of`` (the kept copy's doc_id), ``cluster_id`` (its global row) and ``kind`` ("exact"
+when its key equals the kept copy's, else "near"). The result does not depend on batch size, on how
+the corpus is partitioned, or on the engine (largetrain_core.spark_prep computes the same on Spark).
 
 Partitions: :func:`write_signatures` runs per partition (one Parquet file of key and LSH band hashes);
-:func:`cluster_signatures` reads all signature files, so a pair split across partitions is found;
-:func:`write_deduplicated` writes one partition's kept documents from the global assignment.
+:func:`cluster_signatures` reads all signature files, so a pair split across partitions is found, with
+memory bounded per pass and not per corpus: one column (the key, then each band) at a time, in hash
+ranges spilled to disk beyond ``rows_per_pass`` documents (datatrove's stage 2 works per bucket and
+hash range the same way), and a union-find (numpy min-label hooking with pointer jumping) only over the
+documents that have a candidate pair; :func:`write_deduplicated` writes one partition's kept
+documents from the global assignment.
 """
 
 from __future__ import annotations
 
+import tempfile
 import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -229,24 +234,31 @@ def band_hashes(sig: np.ndarray, cfg: DedupConfig) -> np.ndarray:
     return out
 
 
+def band_column(band: int) -> str:
+    """The signature-file column of one LSH band: ``band_00``, ``band_01``, ..."""
+    return f"band_{band:02d}"
+
+
+def signature_table(df: pl.DataFrame, cfg: DedupConfig = DedupConfig()) -> pa.Table:
+    """LSH data of the documents of ``df`` (columns doc_id, text), in order: doc_id (large_string),
+    key_hash (uint64, :func:`key_hashes`) and, when ``cfg.near``, n_words (int64) and one uint64 column per
+    band, ``band_00`` .. (:func:`band_hashes`; one column each, so that the global step reads one band at
+    a time). 8 bytes per band instead of 8 per permutation: 112 B instead of 896 B per document at 14 x 8."""
+    kh, sig, n_words = _signature_columns(df["text"], cfg)
+    cols = {"doc_id": pa.array(df["doc_id"].to_list(), pa.large_string()), "key_hash": pa.array(kh, pa.uint64())}
+    if cfg.near:
+        cols["n_words"] = pa.array(n_words, pa.int64())
+        bh = band_hashes(sig, cfg)
+        for band in range(cfg.bands):
+            cols[band_column(band)] = pa.array(bh[:, band], pa.uint64())
+    return pa.table(cols)
+
+
 def write_signatures(part_files: list[Path], out_file: Path, cfg: DedupConfig = DedupConfig()) -> int:
-    """LSH data of one partition's documents (its ``part_files`` in order) to a Parquet file with
-    doc_id, key_hash (UInt64), n_words (Int64) and, when ``cfg.near``, band_hash
-    (fixed_size_list<uint64>[bands], :func:`band_hashes`): what the global step reads, 8 bytes per
-    band instead of 8 per permutation (112 B instead of 896 B per document at 14 x 8). Returns the
-    number of documents."""
-    tables = []
-    for part in part_files:
-        df = pl.read_parquet(part, columns=["doc_id", "text"])
-        kh, sig, n_words = _signature_columns(df["text"], cfg)
-        cols = {"doc_id": pa.array(df["doc_id"].to_list(), pa.large_string()), "key_hash": pa.array(kh, pa.uint64())}
-        if cfg.near:
-            cols["n_words"] = pa.array(n_words, pa.int64())
-            bh = band_hashes(sig, cfg)
-            cols["band_hash"] = pa.FixedSizeListArray.from_arrays(pa.array(bh.ravel(), pa.uint64()), cfg.bands)
-        tables.append(pa.table(cols))
-    table = pa.concat_tables(tables) if tables else pa.table({"doc_id": pa.array([], pa.large_string()),
-                                                            "key_hash": pa.array([], pa.uint64())})
+    """:func:`signature_table` of one partition's documents (its ``part_files`` in order) to the Parquet
+    file ``out_file`` (written to a temporary name, then renamed). Returns the number of documents."""
+    tables = [signature_table(pl.read_parquet(part, columns=["doc_id", "text"]), cfg) for part in part_files]
+    table = pa.concat_tables(tables) if tables else signature_table(pl.DataFrame(schema={"doc_id": pl.Utf8, "text": pl.Utf8}), cfg)
     tmp = Path(str(out_file) + ".tmp")
     pq.write_table(table, tmp)
     tmp.replace(out_file)
@@ -255,6 +267,13 @@ def write_signatures(part_files: list[Path], out_file: Path, cfg: DedupConfig = 
 
 # ------------------------------------------------------------------------------------------------
 # global
+#
+# The global step holds no per-document array. It reads the signature files one column at a time
+# (the key hash, then each band), cut into hash ranges of at most ``rows_per_pass`` values (the values
+# of one range spilled to disk when there are several, as datatrove's MinhashDedup stage 2 works per
+# bucket and hash range), finds within each range the rows whose value occurred before, and keeps only
+# the union-find of the documents that have a candidate pair, reduced after every pass to one edge
+# (member, smallest row of its component) per such document.
 
 
 def _components(n: int, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -277,8 +296,9 @@ def _components(n: int, u: np.ndarray, v: np.ndarray) -> np.ndarray:
             parent = nxt
 
 
-def _same_value_edges(values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Edges (row, first row with the same value) for every row whose value occurred before."""
+def same_value_edges(values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges (row, first row with the same value) for every row whose value occurred before
+    (``rows`` ascending, so the first is the smallest)."""
     if not len(values):
         return rows[:0], rows[:0]
     order = np.argsort(values, kind="stable")
@@ -289,52 +309,208 @@ def _same_value_edges(values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray,
     return sr[dup], first[dup]
 
 
-def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConfig()) -> pl.DataFrame:
-    """Cluster all documents of all signature files (global row = order of files, then rows).
+def _stars(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The components of the edges (u, v) (global rows) as edges (member, root): one per node that is
+    not the smallest of its component, root = that smallest row; members ascending. Memory: a few
+    int64 per node that has an edge, none for the other documents."""
+    if not len(u):
+        return u, v
+    nodes = np.unique(np.concatenate([u, v]))
+    root = _components(len(nodes), np.searchsorted(nodes, u), np.searchsorted(nodes, v))
+    member = root != np.arange(len(nodes))
+    return nodes[member], nodes[root[member]]
 
-    Returns one row per document: row (Int64), doc_id, cluster_id (Int64: the kept copy's row),
-    duplicate_of (Utf8: the kept copy's doc_id, null for kept documents), kind (null, "exact" or "near").
+
+class _Edges:
+    """Candidate pairs of the global step, kept reduced to (member, root) stars."""
+
+    def __init__(self) -> None:
+        self.u, self.v, self.pending = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], 0
+
+    def add(self, u: np.ndarray, v: np.ndarray) -> None:
+        self.u.append(u)
+        self.v.append(v)
+        self.pending += len(u)
+        if self.pending > 2 * len(self.u[0]) + (1 << 16):  # reduce once the new edges outnumber the stars
+            self.reduce()
+
+    def reduce(self) -> tuple[np.ndarray, np.ndarray]:
+        u, v = _stars(np.concatenate(self.u), np.concatenate(self.v))
+        self.u, self.v, self.pending = [u], [v], 0
+        return u, v
+
+
+def _file_rows(signature_files: list[Path]) -> np.ndarray:
+    """Global row of the first document of each signature file, and the total at the end (from the footers)."""
+    counts = [pq.ParquetFile(f).metadata.num_rows for f in signature_files]
+    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+
+
+class _Spill:
+    """(value, global row) pairs of each (column, hash range), appended in row order to two binary files
+    (uint64 values, int64 rows) under ``directory``; at most ``buffer_bytes`` held in memory between writes."""
+
+    def __init__(self, directory: Path, ranges: int, buffer_bytes: int = 1 << 24) -> None:
+        self.dir, self.ranges, self.limit = Path(directory), ranges, buffer_bytes
+        self.shift = np.uint64(64 - (ranges.bit_length() - 1))  # range = top log2(ranges) bits of the value
+        self.buffers: dict[tuple[str, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.held = 0
+
+    def add(self, column: str, values: np.ndarray, rows: np.ndarray) -> None:
+        if self.ranges == 1:
+            self.buffers.setdefault((column, 0), []).append((values, rows))
+        else:
+            rng = (values >> self.shift).astype(np.int64) if len(values) else np.zeros(0, np.int64)
+            order = np.argsort(rng, kind="stable")
+            bounds = np.searchsorted(rng[order], np.arange(self.ranges + 1))
+            for r in np.flatnonzero(np.diff(bounds)):
+                sel = order[bounds[r]:bounds[r + 1]]
+                self.buffers.setdefault((column, int(r)), []).append((values[sel], rows[sel]))
+        self.held += 16 * len(values)
+        if self.held > self.limit:
+            self.flush()
+
+    def _path(self, column: str, r: int, what: str) -> Path:
+        return self.dir / f"{column}.{r}.{what}"
+
+    def flush(self) -> None:
+        for (column, r), chunks in self.buffers.items():
+            for what, k in (("values", 0), ("rows", 1)):
+                with open(self._path(column, r, what), "ab") as fh:
+                    for chunk in chunks:
+                        fh.write(chunk[k].tobytes())
+        self.buffers, self.held = {}, 0
+
+    def take(self, column: str, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs of one (column, range), rows ascending; its files are deleted."""
+        self.flush()
+        out = []
+        for what, dtype in (("values", np.uint64), ("rows", np.int64)):
+            f = self._path(column, r, what)
+            out.append(np.fromfile(f, dtype=dtype) if f.exists() else np.zeros(0, dtype))
+            f.unlink(missing_ok=True)
+        return out[0], out[1]
+
+
+def _range_edges(spill: _Spill, column: str, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_same_value_edges` of one (column, range) of ``spill``, freeing each array as soon as it
+    is used (peak about 40 bytes per pair instead of 60)."""
+    values, rows = spill.take(column, r)
+    order = np.argsort(values, kind="stable")
+    values = values[order]
+    rows = rows[order]
+    del order
+    start = np.empty(len(values), dtype=bool)
+    start[:1] = True
+    np.not_equal(values[1:], values[:-1], out=start[1:])
+    del values
+    dup = ~start
+    group = np.cumsum(start)[dup] - 1  # for each repeated value: its group among the distinct values
+    return rows[dup], rows[start][group]
+
+
+def _gather(signature_files: list[Path], offsets: np.ndarray, rows: np.ndarray) -> tuple[pl.Series, np.ndarray]:
+    """doc_id and key_hash of the global ``rows`` (sorted, distinct), reading one file at a time."""
+    ids, keys = [], []
+    for i, f in enumerate(signature_files):
+        lo, hi = np.searchsorted(rows, offsets[i]), np.searchsorted(rows, offsets[i + 1])
+        if lo == hi:
+            continue
+        t = pq.ParquetFile(f).read(columns=["doc_id", "key_hash"]).take(pa.array(rows[lo:hi] - offsets[i]))
+        ids.append(pl.from_arrow(t.column("doc_id")).cast(pl.Utf8))
+        keys.append(t.column("key_hash").to_numpy())
+    if not ids:
+        return pl.Series([], dtype=pl.Utf8), np.zeros(0, np.uint64)
+    return pl.concat(ids), np.concatenate(keys)
+
+
+ASSIGNMENT_SCHEMA = {"row": pl.Int64, "doc_id": pl.Utf8, "cluster_id": pl.Int64, "duplicate_of": pl.Utf8,
+                     "kind": pl.Utf8, "key_hash": pl.UInt64}
+
+
+def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConfig(), *,
+                       rows_per_pass: int = 1 << 22, spill_dir: Path | None = None) -> pl.DataFrame:
+    """Cluster all documents of all signature files (global row = order of files, then rows): the
+    connected components of exact-key and band matches, each document's cluster being the smallest
+    row of its component.
+
+    Returns one row per *duplicate* (every document of a cluster except its first), ascending by row:
+    row (Int64), doc_id, cluster_id (Int64: the kept copy's row), duplicate_of (Utf8: the kept copy's
+    doc_id), kind ("exact" when its key hash equals the kept copy's, else "near"), key_hash (UInt64).
+
+    Each signature file is read once; its key and band columns are spilled to ``spill_dir`` (default: the
+    system's temporary directory; 16 bytes per document and column, deleted at the end), cut into
+    hash ranges of at most ``rows_per_pass`` documents. Memory: one (column, range) at a time, about 60
+    bytes per document of it (value, row, sort order, sorted copies), a 16 MiB write buffer, and a few
+    int64 per document that has a duplicate candidate; nothing for the others. The result does not
+    depend on ``rows_per_pass``.
     """
-    tables = [pq.read_table(f) for f in signature_files]
-    n = sum(t.num_rows for t in tables)
-    doc_ids = pl.concat([pl.from_arrow(t.column("doc_id")).cast(pl.Utf8) for t in tables]) if tables else pl.Series([], dtype=pl.Utf8)
-    keys = np.concatenate([t.column("key_hash").to_numpy() for t in tables]) if tables else np.zeros(0, np.uint64)
-    rows = np.arange(n, dtype=np.int64)
-    u, v = _same_value_edges(keys, rows)
-    us, vs = [u], [v]
-    if cfg.near and n:
-        bands = np.concatenate([t.column("band_hash").combine_chunks().flatten().to_numpy().reshape(-1, cfg.bands)
-                                for t in tables])
-        n_words = np.concatenate([t.column("n_words").to_numpy() for t in tables])
-        live = rows[n_words > 0]
-        for band in range(cfg.bands):
-            u, v = _same_value_edges(bands[live, band], live)
-            us.append(u)
-            vs.append(v)
-    root = _components(n, np.concatenate(us), np.concatenate(vs))
-    is_dup = root != rows
-    kind = np.where(~is_dup, None, np.where(keys == keys[root], "exact", "near"))
-    return pl.DataFrame({"row": rows, "doc_id": doc_ids, "cluster_id": root,
-                         "duplicate_of": doc_ids.gather(root).zip_with(pl.Series(is_dup), pl.Series([None] * n, dtype=pl.Utf8)),
-                         "kind": pl.Series(kind.tolist(), dtype=pl.Utf8), "key_hash": pl.Series(keys, dtype=pl.UInt64)})
+    offsets = _file_rows(signature_files)
+    n = int(offsets[-1])
+    ranges = 1 << max(0, int(np.ceil(np.log2(n / rows_per_pass)))) if n > rows_per_pass else 1
+    bands = [band_column(b) for b in range(cfg.bands)] if cfg.near else []
+    edges = _Edges()
+    with tempfile.TemporaryDirectory(prefix="dedup-spill-", dir=spill_dir) as tmp:
+        spill = _Spill(Path(tmp), ranges)
+        for f, first in zip(signature_files, offsets[:-1]):  # each file read once; its columns go to the spill
+            t = pq.ParquetFile(f).read(columns=["key_hash", *(["n_words", *bands] if bands else [])])
+            rows = np.arange(first, first + t.num_rows, dtype=np.int64)
+            spill.add("key_hash", t.column("key_hash").to_numpy(), rows)
+            if bands:
+                live = t.column("n_words").to_numpy() > 0  # documents without words join no band
+                for c in bands:
+                    spill.add(c, t.column(c).to_numpy()[live], rows[live])
+        for c in ["key_hash", *bands]:
+            for r in range(ranges):
+                edges.add(*_range_edges(spill, c, r))
+    member, root = edges.reduce()
+    need = np.unique(np.concatenate([member, root]))
+    ids, keys = _gather(signature_files, offsets, need)
+    mi, ri = np.searchsorted(need, member), np.searchsorted(need, root)
+    return pl.DataFrame({"row": member, "doc_id": ids.gather(mi), "cluster_id": root, "duplicate_of": ids.gather(ri),
+                         "kind": np.where(keys[mi] == keys[ri], "exact", "near").tolist(),
+                         "key_hash": pl.Series(keys[mi], dtype=pl.UInt64)}, schema=ASSIGNMENT_SCHEMA)
+
+
+def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataFrame:
+    """Write the documents of one part file that are not duplicates to ``out_file`` (doc_id, source, text,
+    and label where the input has one, in input order). ``duplicates``: this part's rows of the
+    :func:`cluster_signatures` result with ``row`` counted from the part's first document. Returns the
+    part's duplicates frame (:data:`DUP_SCHEMA`). Raises ValueError when a duplicate's doc_id is not
+    the part's (the part changed since its signatures were computed)."""
+    df = pl.read_parquet(part)
+    is_dup = np.zeros(df.height, dtype=bool)
+    is_dup[duplicates["row"].to_numpy()] = True
+    keep = ["doc_id", "source", "text", *(["label"] if "label" in df.columns else [])]
+    df.filter(~pl.Series(is_dup)).select(keep).write_parquet(out_file)
+    dups = df.filter(pl.Series(is_dup)).select("doc_id", "source")
+    if not dups["doc_id"].equals(duplicates["doc_id"]):
+        raise ValueError(f"{part}: its documents differ from those its signatures were computed from")
+    return dups.with_columns(duplicates["duplicate_of"], duplicates["cluster_id"], duplicates["kind"],
+                             duplicates["key_hash"]).select(*DUP_SCHEMA)
 
 
 def write_deduplicated(part_files: list[Path], assignment: pl.DataFrame, first_row: int, out_dir: Path,
                        first_part: int = 0) -> tuple[int, pl.DataFrame]:
     """Write the kept documents of ``part_files`` (whose first document has global row ``first_row``)
-    to ``out_dir/part-NNNNN.parquet`` numbered from ``first_part`` (doc_id, source, text, and label where
-    the input has one). Returns (rows read, duplicates frame)."""
+    to ``out_dir/part-NNNNN.parquet`` numbered from ``first_part`` (:func:`write_kept`), given the
+    :func:`cluster_signatures` result. Returns (rows read, duplicates frame)."""
     dups, row = [], first_row
+    rows = assignment["row"].to_numpy()
     for i, part in enumerate(part_files):
-        df = pl.read_parquet(part)
-        a = assignment.slice(row, df.height)
-        df = df.with_columns(a["duplicate_of"], a["cluster_id"], a["kind"], a["key_hash"])
-        keep = ["doc_id", "source", "text", *(["label"] if "label" in df.columns else [])]
-        df.filter(pl.col("duplicate_of").is_null()).select(keep).write_parquet(
-            out_dir / f"part-{first_part + i:05d}.parquet")
-        dups.append(df.filter(pl.col("duplicate_of").is_not_null()).select(*DUP_SCHEMA))
-        row += df.height
+        n = pq.ParquetFile(part).metadata.num_rows
+        lo, hi = np.searchsorted(rows, row), np.searchsorted(rows, row + n)
+        mine = assignment.slice(lo, hi - lo).with_columns(pl.col("row") - row)
+        dups.append(write_kept(part, mine, out_dir / f"part-{first_part + i:05d}.parquet"))
+        row += n
     return row - first_row, pl.concat(dups) if dups else pl.DataFrame(schema=DUP_SCHEMA)
+
+
+def dedup_stats(dups: pl.DataFrame, n: int) -> dict:
+    """The counts of :func:`deduplicate` from the duplicates frame of ``n`` input documents."""
+    return {"input": n, "kept": n - dups.height, "duplicate": dups.height,
+            "clusters": dups["duplicate_of"].n_unique() if dups.height else 0,
+            "duplicate_exact": int((dups["kind"] == "exact").sum()), "duplicate_near": int((dups["kind"] == "near").sum())}
 
 
 def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = DedupConfig()) -> dict:
@@ -355,12 +531,10 @@ def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = Ded
         f = sig_dir / f"part-{i:05d}.parquet"
         write_signatures([part], f, cfg)
         sig_files.append(f)
-    assignment = cluster_signatures(sig_files, cfg)
+    assignment = cluster_signatures(sig_files, cfg, spill_dir=Path(out_dir))
     n, dups = write_deduplicated(parts, assignment, 0, Path(out_dir))
     dups.write_parquet(Path(out_dir) / "duplicates.parquet")
-    return {"input": n, "kept": n - dups.height, "duplicate": dups.height,
-            "clusters": dups["duplicate_of"].n_unique() if dups.height else 0,
-            "duplicate_exact": int((dups["kind"] == "exact").sum()), "duplicate_near": int((dups["kind"] == "near").sum())}
+    return dedup_stats(dups, n)
 
 
 def exact_dedup(in_dir: Path | list[Path], out_dir: Path) -> dict:

@@ -27,7 +27,7 @@ from largetrain_core.storage import (
 from largetrain_dagster.resources import Storage
 
 # Bump an asset's code version when its code changes what it writes: Dagster then marks it stale.
-CODE_VERSIONS = {"raw_corpus": "5", "cleaned_text": "6", "deduplicated_text": "5", "tokenizer": "2",
+CODE_VERSIONS = {"raw_corpus": "5", "cleaned_text": "6", "deduplicated_text": "6", "tokenizer": "2",
                  "token_shards": "3", "base_checkpoint": "3", "lora_adapter": "3", "evaluation": "2",
                  "optimization_report": "1"}
 

@@ -28,14 +28,15 @@ from pydantic import Field
 
 from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table, removal_warning
 from largetrain_core.balance import balance_parts, histogram_markdown, repeat_counts
-from largetrain_core.clean import QualityConfig, clean_corpus
-from largetrain_core.corpus import ReaderConfig, duplicate_ids, fingerprint, ingest, rejection_error
-from largetrain_core.dedup import DedupConfig, deduplicate, key_hashes
+from largetrain_core.clean import QualityConfig
+from largetrain_core.corpus import ReaderConfig, duplicate_ids, fingerprint, rejection_error
+from largetrain_core.dedup import DedupConfig, key_hashes
 from largetrain_core.provenance import check_provenance, describe, read_provenance
 from largetrain_core.storage import data_version, part_files
 from largetrain_dagster import partitions
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse, md_table, mib, percent
 from largetrain_dagster.configs import dagster_config
+from largetrain_dagster.engine import DataEngine, engine_metadata
 from largetrain_dagster.resources import Storage
 
 ROLES = partitions.ROLES
@@ -105,7 +106,7 @@ def corpus_assets(role: str) -> list:
     @asset(key=[role, "raw_corpus"], group_name=group, code_version=CODE_VERSIONS["raw_corpus"], partitions_def=partitions.DATA_PARTITIONS,
            io_manager_key="handles", kinds={"parquet"},
            description=f"{description} One hash partition of its files read into Parquet {{doc_id, source, text}}.")
-    def raw_corpus(context: AssetExecutionContext, config: RawCorpusConfig, storage: Storage) -> Output:
+    def raw_corpus(context: AssetExecutionContext, config: RawCorpusConfig, storage: Storage, engine: DataEngine) -> Output:
         source = config.path or str(storage.path(default_source))
         if not Path(source).exists():
             raise Failure(f"{role} corpus not found at {source}: run `make corpora` or set config path")
@@ -123,13 +124,13 @@ def corpus_assets(role: str) -> list:
         version = data_version(CODE_VERSIONS["raw_corpus"], settings, part, digest)
         reader = config.to_core(path=source, **part)
         path, stats, reused = build_or_reuse(context, storage, [role, "raw_corpus", pk], version,
-                                             lambda out: {**ingest(reader, out), **part})
+                                             lambda out: {**engine.ingest(context, reader, out), **part})
         error = rejection_error(stats, reader)
         if error:
             raise Failure(f"{source} (partition {pk}): {error}; see {path / 'rejected.parquet'}")
         read = stats["documents"] + stats["not_sampled"] + stats["rejected"]  # every record read, before subsetting
         extra = {"source": MetadataValue.path(source), "content_digest": digest, "size_mib": mib(stats["bytes"]),
-                 "rejected_percent": percent(stats["rejected"], read)}
+                 "rejected_percent": percent(stats["rejected"], read), **engine_metadata(stats)}
         if provenance:
             extra.update(provenance=MetadataValue.json(provenance), corpus_version=describe(provenance))
             mismatch = check_provenance(source, provenance)
@@ -150,14 +151,15 @@ def corpus_assets(role: str) -> list:
            code_version=CODE_VERSIONS["cleaned_text"], partitions_def=partitions.DATA_PARTITIONS, io_manager_key="handles",
            kinds={"parquet", "polars"},
            description="NFC, control characters and NUL removed, LF line endings; Gopher quality/repetition and C4 line rules with a reason code per removed document.")
-    def cleaned_text(context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, raw: dict) -> Output:
+    def cleaned_text(context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, engine: DataEngine,
+                     raw: dict) -> Output:
         quality = config.to_core()
         version = data_version(CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
         part = {k: raw["stats"][k] for k in ("partition", "partitions")}
         path, stats, reused = build_or_reuse(context, storage, [role, "cleaned_text", context.partition_key], version,
-                                     lambda out: {**clean_corpus(Path(raw["path"]), out, quality), **part})
+                                     lambda out: {**engine.clean(context, Path(raw["path"]), out, quality), **part})
         extra = {"filtered_by_reason": md_table(stats["filtered_by_reason"]), "kept_percent": percent(stats["kept"], stats["input"]),
-                 "kept_mib": mib(stats["bytes_kept"])}
+                 "kept_mib": mib(stats["bytes_kept"]), **engine_metadata(stats)}
         warning = removal_warning(f"{role}/cleaned_text partition {context.partition_key}", stats["input"],
                                   [("filtered", r, n) for r, n in stats["filtered_by_reason"].items()],
                                   config.warn_removed_fraction)
@@ -173,7 +175,7 @@ def corpus_assets(role: str) -> list:
                                        description="kept + filtered + duplicate + rejected == input, recounted from the files")],
            description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH near duplicates removed; the first copy in corpus order (partition, file, row) is kept per cluster.")
     def deduplicated_text(context: AssetExecutionContext, config: DeduplicatedTextConfig, storage: Storage,
-                          raw: dict, cleaned: dict):
+                          engine: DataEngine, raw: dict, cleaned: dict):
         # raw and cleaned: {partition: handle} for every partition, each made with this deployment's partitioning
         keys = sorted(cleaned)
         for name, handles in (("raw_corpus", raw), ("cleaned_text", cleaned)):
@@ -196,7 +198,7 @@ def corpus_assets(role: str) -> list:
                 raise Failure(f"{role}: {clash.height} document ids occur in more than one partition (ids repeat across "
                               f"files), e.g. {shown}. Make the ids unique, or set raw_corpus id_field: null to name "
                               f"documents by file and line, and re-materialize {role}/raw_corpus.")
-            stats = {**deduplicate(cleaned_dirs, out, dcfg), "partitions": len(keys)}
+            stats = {**engine.deduplicate(context, cleaned_dirs, out, dcfg), "partitions": len(keys)}
             if bal:
                 try:
                     stats["balance"] = balance_parts(out, bal["target"], bal["mode"], bal["seed"])
@@ -207,10 +209,10 @@ def corpus_assets(role: str) -> list:
             return stats
 
         path, stats, reused = build_or_reuse(context, storage, [role, "deduplicated_text"], version, build)
-        extra = {}
+        extra = engine_metadata(stats)
         if "balance" in stats:
             b = stats["balance"]
-            extra = {"class_histogram": MetadataValue.md(histogram_markdown(b["before"], b["after"])),
+            extra |= {"class_histogram": MetadataValue.md(histogram_markdown(b["before"], b["after"])),
                      "balance": MetadataValue.json(b), "balance_dropped": b["balance_dropped"],
                      "balance_repeats": b["balance_repeats"], "repeated_documents": b["repeated_documents"]}
         acc = corpus_accounting(raw_dirs, cleaned_dirs, path)

@@ -7,7 +7,8 @@ LARGETRAIN_NPROC the training ranks per node (default 2); LARGETRAIN_REPORT_TO t
 training runs, comma-separated (default ``wandb``; ``wandb,mlflow`` adds MLflow);
 LARGETRAIN_WANDB_MODE offline/online/disabled; MLFLOW_TRACKING_URI MLflow's store (default
 ``sqlite:///<root>/mlruns.db``);
-LARGETRAIN_DATA_PARTITIONS the number of hash partitions of raw_corpus and cleaned_text (default 4).
+LARGETRAIN_DATA_PARTITIONS the number of hash partitions of raw_corpus and cleaned_text (default 4);
+LARGETRAIN_ENGINE / LARGETRAIN_SPARK_MASTER / LARGETRAIN_SPARK_CONF the data-prep engine (largetrain_dagster.engine).
 
 Jobs: ``prepare_partitions`` (raw_corpus + cleaned_text of both corpora, one run per partition: a
 backfill over all partitions), ``lineage`` (everything after: the global dedup, tokenizer,
@@ -23,6 +24,7 @@ from dagster import AssetSelection, Definitions, define_asset_job
 
 from largetrain_dagster import partitions
 from largetrain_dagster.corpus import corpus_assets, dedup_checks
+from largetrain_dagster.engine import DataEngine
 from largetrain_dagster.evaluation import evaluation
 from largetrain_dagster.landing import LANDED_ASSETS, landed_automation, landing_sensor
 from largetrain_dagster.optimization import optimization_report
@@ -70,6 +72,7 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
                 [t.strip() for t in os.environ.get("LARGETRAIN_REPORT_TO", "wandb").split(",") if t.strip()],
                 wandb={"mode": wandb_mode or os.environ.get("LARGETRAIN_WANDB_MODE", "offline")},
                 mlflow={"tracking_uri": os.environ.get("MLFLOW_TRACKING_URI")}),
+            "engine": DataEngine.from_env(),
         },
     )
 

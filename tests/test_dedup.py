@@ -170,3 +170,57 @@ def test_a_double_written_part_file_unbalances(chain):
     acc = corpus_accounting(raw, cleaned, dd)
     assert acc["balanced"] is False
     assert any("deduplicated_text" in p for p in acc["problems"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the global step of near-dedup: hash ranges and the union-find of candidates only
+
+
+def _naive_clusters(sig_files: list[Path], bands: int) -> dict[int, int]:
+    """Every pair compared: a union when the key hashes or (both documents having words) any band match.
+    Returns {row: smallest row of its component} for every row in a component of two or more."""
+    t = pl.concat([pl.read_parquet(f) for f in sig_files])
+    cols = [f"band_{b:02d}" for b in range(bands)]
+    rows = t.select("key_hash", "n_words", *cols).rows()
+    parent = list(range(len(rows)))
+
+    def find(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for i in range(len(rows)):
+        for j in range(i):
+            a, b = rows[i], rows[j]
+            if a[0] == b[0] or (a[1] > 0 and b[1] > 0 and any(x == y for x, y in zip(a[2:], b[2:]))):
+                ri, rj = find(i), find(j)
+                parent[max(ri, rj)] = min(ri, rj)
+    roots = [find(i) for i in range(len(rows))]
+    return {i: r for i, r in enumerate(roots) if roots.count(r) > 1}
+
+
+def test_global_step_same_clusters_in_any_number_of_hash_ranges(tmp_path):
+    from largetrain_core.dedup import DedupConfig, cluster_signatures, deduplicate
+
+    words = [f"w{i:03d}" for i in range(400)]
+    base = [" ".join(words[k:k + 60]) for k in range(0, 300, 20)]  # 15 texts, neighbours overlap by 40 words
+    rows = []
+    for i, text in enumerate(base):
+        rows.append((f"b{i}", text))
+        if i % 3 == 0:
+            rows.append((f"b{i}x", text.upper()))  # exact duplicate (case)
+        if i % 4 == 0:
+            rows.append((f"b{i}n", text.replace(words[20 * i + 30], "other")))  # near duplicate
+    rows += [("e0", "   "), ("e1", ""), ("s0", "w001"), ("s1", "W001")]  # no words / one word
+    src = write_parts(tmp_path / "in", [rows[:9], rows[9:20], rows[20:]])
+    out = tmp_path / "out"
+    out.mkdir()
+    stats = deduplicate(src, out, DedupConfig())
+    sig = sorted((out / "signatures").glob("part-*.parquet"))
+    full = cluster_signatures(sig)
+    assert stats["duplicate_exact"] and stats["duplicate_near"]
+    assert dict(zip(full["row"], full["cluster_id"])) == {
+        r: root for r, root in _naive_clusters(sig, DedupConfig().bands).items() if r != root}
+    for rows_per_pass in (1, 3, 16):  # 64, 32 and 4 hash ranges, spilled to disk
+        assert cluster_signatures(sig, rows_per_pass=rows_per_pass, spill_dir=tmp_path).equals(full)
+    assert not list(tmp_path.glob("dedup-spill-*"))
