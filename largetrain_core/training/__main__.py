@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from largetrain_core.launch import concerning, record
+from largetrain_core.launch import concerning, finish_rank, record
 
 
 @record
@@ -31,18 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.validate()
         cfg.validate_inputs()
     run(cfg)
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    # Every output is written and fsynced by now. Skip the interpreter's teardown: destructors of
-    # DeepSpeed's/gloo's native threads can abort a rank there ("terminate called without an active
-    # exception", seen with ZeRO-3 on CPU), which would turn a finished run into a failed one.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_rank()
 
 
 if __name__ == "__main__":

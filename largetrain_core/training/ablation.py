@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    from largetrain_core.launch import finish_rank
     from largetrain_core.training.trackers import DagsterPipesTracker
 
     cfg = AblationConfig.from_dict(json.loads(Path(argv[0]).read_text()))
@@ -393,16 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         base = next((r for r in report["variants"] if r["name"] == BASELINE), {})
         pipes.finish({"variants_ran": sum(r["status"] == "ran" for r in report["variants"]),
                       "baseline_tokens_per_s": base.get("tokens_per_s")})
-    import torch.distributed as dist
-
-    dist.barrier()
-    dist.destroy_process_group()
-    # As the training entry point: skip the interpreter's teardown, where DeepSpeed's native threads
-    # can abort a finished process (seen with ZeRO-3 on CPU).
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_rank()
 
 
 if __name__ == "__main__":
