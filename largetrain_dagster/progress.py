@@ -1,7 +1,7 @@
 """A running training's progress, read from its output directory: ``metrics.jsonl`` (one JSON row per
 optimizer step, appended by rank 0: step, loss, tokens_per_s, ...; largetrain_core.train) and
-``train_config.json`` (``max_steps``). What the run log (TorchrunLauncher) and the demo's terminal
-(largetrain_dagster.demo) show while a training runs.
+``train_config.json`` (``max_steps``). What the run log and the asset's observations (TorchrunLauncher)
+and the demo's terminal (largetrain_dagster.demo) show while a training runs.
 """
 
 from __future__ import annotations
@@ -30,6 +30,18 @@ class Progress:
         running = self.eta_s is not None and (self.total is None or self.step < self.total)
         eta = f", ETA {duration(self.eta_s)}" if running else ""
         return f"{done}, loss {self.loss:.3f}, {self.tokens_per_s:,.0f} tokens/s{eta}"
+
+    def metadata(self) -> dict[str, int | float]:
+        """Numbers for an AssetObservation, which Dagster plots against time on the asset page: ``step``,
+        ``total_steps`` and ``progress_percent`` (1 decimal) once the total is known, ``loss`` (nats per
+        token, 3 decimals), ``tokens_per_s`` (integer), ``eta_s`` (seconds, 1 decimal) once known."""
+        out: dict[str, int | float] = {"step": self.step}
+        if self.total:
+            out.update(total_steps=self.total, progress_percent=round(100 * self.step / self.total, 1))
+        out.update(loss=round(self.loss, 3), tokens_per_s=round(self.tokens_per_s))
+        if self.eta_s is not None:
+            out["eta_s"] = round(self.eta_s, 1)
+        return out
 
 
 def duration(seconds: float) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dagster import (
     AssetKey,
+    AssetObservation,
     ConfigurableIOManager,
     ConfigurableResource,
     Failure,
@@ -173,8 +174,9 @@ class TorchrunLauncher(ConfigurableResource):
     ``nproc_per_node`` ranks on this host; ``threads_per_rank`` sets OMP_NUM_THREADS (0 = cores /
     ranks, so ranks x threads <= cores). Cancelling the run, or any error in the asset, sends
     SIGTERM and then SIGKILL to the whole process group, so no rank survives. Every
-    ``progress_seconds`` while it runs, the run log gets a progress line (step/total, loss,
-    tokens/s, ETA; largetrain_dagster.progress) when a new step was logged.
+    ``progress_seconds`` while it runs, when a new step was logged, the run log gets a progress line
+    (step/total, loss, tokens/s, ETA; largetrain_dagster.progress) and the asset being materialized an
+    AssetObservation with the same numbers (:func:`progress_asset`), which its page lists and plots.
     """
 
     nproc_per_node: int = 2
@@ -215,6 +217,7 @@ class TorchrunLauncher(ConfigurableResource):
             with open(log_path, "ab") as logf:
                 proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
                 progress, shown = TrainingProgress(config_path.parent), None
+                observed = progress_asset(context)
                 next_report = time.monotonic() + self.progress_seconds
                 try:
                     while proc.poll() is None:
@@ -224,6 +227,10 @@ class TorchrunLauncher(ConfigurableResource):
                             p = progress.poll()
                             if p is not None and p.step != shown:
                                 context.log.info(f"training progress: {p.line()}")
+                                if observed is not None:
+                                    context.log_event(AssetObservation(
+                                        asset_key=observed[0], partition=observed[1], metadata=p.metadata(),
+                                        description=f"training progress: {p.line()} (loss in nats per token)"))
                                 shown = p.step
                 finally:
                     if proc.poll() is None:
@@ -236,6 +243,21 @@ class TorchrunLauncher(ConfigurableResource):
             for result in session.get_results():
                 metadata.update(result.metadata or {})
         return metadata
+
+
+def progress_asset(context) -> tuple[AssetKey, str | None] | None:
+    """(asset key, partition key or None) that a training's progress observations are about: the one
+    asset the step materializes. None for an op's step, or a step materializing several assets (whose
+    progress would be ambiguous): their progress is in the run log only.
+
+    Dagster writes an observation to the event log when it is logged (DagsterEvent.from_step), so the
+    asset page shows it while the step still runs, before the materialization."""
+    if not getattr(context, "has_assets_def", False):
+        return None
+    keys = context.selected_asset_keys
+    if len(keys) != 1:
+        return None
+    return next(iter(keys)), (context.partition_key if context.has_partition_key else None)
 
 
 def training_failure(returncode: int | None, log_dir: Path, log_path: Path) -> Failure:

@@ -1,8 +1,10 @@
 """A running training's progress read from its metrics.jsonl as rank 0 appends to it."""
 
 import json
+from pathlib import Path
 
 from largetrain_dagster.progress import TrainingProgress, duration
+from test_optimization import tiny_shards  # noqa: F401  (a fixture: llama-tiny shards of seq_len 32)
 
 
 def test_progress_follows_the_metrics_file_as_it_grows(tmp_path):
@@ -38,3 +40,45 @@ def test_a_finished_training_shows_no_eta(tmp_path):
     with open(tmp_path / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps({"step": 2, "loss": 2.5, "tokens_per_s": 12.0}) + "\n")
     assert reader.poll(now=1.0).line() == "step 2/2 (100%), loss 2.500, 12 tokens/s"
+
+
+def test_training_progress_is_observed_on_the_asset_while_it_trains(tmp_path, tiny_shards):
+    """base_checkpoint trains llama-tiny through Dagster with a progress line every half second: the instance's
+    event log holds AssetObservations of base_checkpoint, written before the training finished, with
+    increasing steps and the numbers of the run log's lines."""
+    from dagster import AssetKey, DagsterInstance, materialize
+
+    from largetrain_dagster.definitions import build_definitions, lineage_assets
+    from largetrain_dagster.resources import TorchrunLauncher, handle_file, read_handle
+
+    root = tmp_path / "root"
+    defs = build_definitions(root=str(root), nproc_per_node=2, report_to=[])
+    upstream = handle_file(root, AssetKey(["pretrain", "token_shards"]))
+    upstream.parent.mkdir(parents=True)
+    upstream.write_text(json.dumps({"path": str(tiny_shards), "data_version": "tiny", "stats": {}}))
+    steps = 200
+    train = {"preset": "llama-tiny", "max_steps": steps, "warmup_steps": 2, "learning_rate": 5e-3, "micro_batch_size": 4,
+             "save_steps": steps, "logging_steps": steps}
+    resources = {**defs.resources, "launcher": TorchrunLauncher(nproc_per_node=2, progress_seconds=0.5)}
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize(lineage_assets(), selection=[AssetKey("base_checkpoint")], resources=resources, instance=instance,
+                             run_config={"ops": {"base_checkpoint": {"config": train}}})
+        assert result.success
+        records = instance.fetch_observations(AssetKey("base_checkpoint"), limit=1000).records
+        (materialized,) = instance.fetch_materializations(AssetKey("base_checkpoint"), limit=1).records
+        logged = [e.user_message for e in instance.all_logs(result.run_id) if "training progress: step" in e.user_message]
+    records = sorted(records, key=lambda r: r.storage_id)
+    assert len(records) >= 2, "a 200-step training shows its progress more than once"
+    md = [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records]
+    assert [m["step"] for m in md] == sorted({m["step"] for m in md})  # one per new step, increasing
+    assert all(m["total_steps"] == steps and 1 <= m["step"] <= steps and m["tokens_per_s"] > 0 for m in md)
+    assert all(m["progress_percent"] == round(100 * m["step"] / steps, 1) and m["loss"] == round(m["loss"], 3) for m in md)
+    assert "eta_s" in md[-1] and all(r.run_id == result.run_id for r in records)
+    # written while the training ran: before the ranks wrote the summary and before the materialization
+    summary = Path(read_handle(root, AssetKey("base_checkpoint"))["path"]) / "summary.json"
+    assert records[0].timestamp < summary.stat().st_mtime
+    assert all(r.storage_id < materialized.storage_id for r in records)
+    # the same readings as the run log's progress lines, one observation per line
+    assert len(logged) == len(records)
+    assert all(line.startswith(f"training progress: step {m['step']}/{steps} ") for m, line in zip(md, logged))
+    assert [r.asset_observation.description for r in records] == [f"{line} (loss in nats per token)" for line in logged]
