@@ -5,6 +5,9 @@
   backfill of every data partition, run by the daemon); GraphQL says every partition's run succeeded;
 * the demo's driver (largetrain_dagster.demo): its run is listed under the code location's job, and the
   asset page shows the rounded metadata (checked in the browser, with a screenshot of the table);
+* the optimization ablation launched from the browser: the ``optimization_ablation`` job's launchpad,
+  a tiny config typed into its editor, "Launch Run"; the run succeeds and the asset page shows the
+  chart (a loaded image, checked in a screenshot) and the table with rounded numbers;
 * declarative automation, on by default: a file renamed into the landing directory is read, cleaned
   and deduplicated by the daemon without a click;
 * cancellation: a training launched through GraphQL is terminated through GraphQL while torchrun
@@ -29,10 +32,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 
 from largetrain_core.launch import proc_stat
 from largetrain_dagster.definitions import build_definitions
+from largetrain_dagster.resources import read_handle
 from lineage import PARTITION_KEYS, materialize_lineage
 from test_pipeline import CORPORA, REPO, corpus, tiny_run_config
 
@@ -161,6 +165,18 @@ def server(tmp_path_factory):
         _stop_group(proc)
         left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in _group_members(proc.pid)}
         assert not left, f"dagster dev left processes behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def pretrain_shards(server) -> dict:
+    """pretrain/token_shards (and the tokenizer) of the tiny lineage config, materialized in process into the
+    server's storage root (handles are files under it), for the runs launched through the server."""
+    defs = build_definitions(root=str(server.root), nproc_per_node=2, wandb_mode="disabled")
+    ops = {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith("pretrain__") or k == "tokenizer"}
+    with DagsterInstance.ephemeral() as instance:
+        assert materialize_lineage(list(defs.assets), defs.resources, instance, {"ops": ops},
+                                   [k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text"]).success
+    return read_handle(server.root, AssetKey(["pretrain", "token_shards"]))
 
 
 def _chrome(profile: Path):
@@ -338,6 +354,118 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
         driver.quit()
 
 
+ABLATION_CONFIG = """\
+ops:
+  optimization_report:
+    config:
+      preset: llama-tiny
+      steps: 2
+      warmup_steps: 1
+      micro_batch_size: 2
+      variants: [fp16]
+"""
+
+
+def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_table(server, pretrain_shards, tmp_path):
+    """A user's path: the optimization_ablation job's launchpad, a tiny config (llama-tiny, 1 + 2 steps;
+    the baseline, and fp16, which a CPU skips with the reason) typed into its editor, "Launch Run". The
+    run succeeds with that config; the asset page shows the chart (the image loaded at the PNG's size, a
+    screenshot with more than a few colours) and the table's numbers as report.json's, rounded."""
+    import io
+
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    def runs():
+        data = server.graphql("""{ pipelineOrError(params: {repositoryLocationName: "largetrain", repositoryName: "__repository__",
+            pipelineName: "optimization_ablation"}) { ... on Pipeline { runs { runId status runConfigYaml } } } }""")
+        return data["pipelineOrError"]["runs"]
+
+    def visible(xpath: str):
+        return [e for e in driver.find_elements(By.XPATH, xpath) if e.is_displayed()]
+
+    assert runs() == []
+    driver = _chrome(tmp_path / "chromium-profile")
+    try:
+        driver.get(f"{server.url}/locations/largetrain/jobs/optimization_ablation/playground")
+        _wait(lambda: driver.execute_script("const e = document.querySelector('.CodeMirror'); return !!(e && e.CodeMirror);"),
+              "the launchpad's config editor", 120)
+        time.sleep(2)  # the community dialog opens a moment after the page
+        _dismiss_community_dialog(driver)
+        # The editor is CodeMirror 5 (dagster-webserver's RawCodeMirror): its instance hangs on the .CodeMirror
+        # element; setValue fires the change the launchpad listens to, as typing does.
+        driver.execute_script("document.querySelector('.CodeMirror').CodeMirror.setValue(arguments[0]);", ABLATION_CONFIG)
+        _wait(lambda: driver.execute_script("return document.querySelector('.CodeMirror').CodeMirror.getValue();") == ABLATION_CONFIG,
+              "the editor to hold the config", 30)
+        _click_button(driver, "Launch Run", 60)  # enabled once the launchpad has validated the config
+        (run,) = _wait(lambda: runs(), "the run to be created", 60)
+        assert "llama-tiny" in run["runConfigYaml"] and "fp16" in run["runConfigYaml"]  # what was typed, not a default
+
+        status = _wait(lambda: (s := server.run_status(run["runId"])) in ("SUCCESS", "FAILURE", "CANCELED") and s,
+                       "the ablation run to finish", 600, every=3, log=server.log)
+        assert status == "SUCCESS", server.log.read_text(errors="replace")[-3000:]
+        data = server.graphql("""{ assetOrError(assetKey: {path: ["optimization_report"]}) { ... on Asset {
+            assetMaterializations(limit: 1) { runId metadataEntries { label
+              ... on PathMetadataEntry { path } ... on FloatMetadataEntry { floatValue } ... on IntMetadataEntry { intValue } } } } } }""")
+        (mat,) = data["assetOrError"]["assetMaterializations"]
+        assert mat["runId"] == run["runId"]
+        md = {e["label"]: e.get("path", e.get("floatValue", e.get("intValue"))) for e in mat["metadataEntries"]}
+        report = json.loads(Path(md["report_json"]).read_text())
+        png = Image.open(md["optimization_chart_png"])
+
+        # What the user sees on the asset page: the metadata table, floats rounded ...
+        driver.get(f"{server.url}/assets/optimization_report")
+        label = _wait(lambda: visible("//td[normalize-space(.)='optimization_chart']"), "the asset page's metadata", 120)[0]
+        time.sleep(2)
+        _dismiss_community_dialog(driver)
+        table = label.find_element(By.XPATH, "./ancestor::table[1]")
+        shown = {}
+        for row in table.find_elements(By.XPATH, "./tbody/tr[td] | ./tr[td]"):  # not the rows of tables inside values
+            cells = row.find_elements(By.XPATH, "./td")
+            shown[cells[0].text.strip()] = cells[-1]
+        assert shown["data_parallel_tokens_per_s"].text == str(md["data_parallel_tokens_per_s"]) == f"{report['variants'][0]['tokens_per_s']:.0f}"
+        assert shown["data_parallel_peak_memory_gib"].text == f"{md['data_parallel_peak_memory_gib']:g}"
+        floats = [c.text for k, c in shown.items() if isinstance(md.get(k), float)]
+        assert len(floats) >= 4 and all(re.fullmatch(r"-?\d+(\.\d{1,3})?", t) for t in floats), floats
+
+        # ... the chart behind its row's "[Show Markdown]": an <img> of the PNG, loaded at its size, and in a
+        # screenshot the chart's share of ink (bars, axes, text) on white
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", shown["optimization_chart"])
+        shown["optimization_chart"].find_element(By.XPATH, ".//a[normalize-space(.)='[Show Markdown]']").click()
+        img = _wait(lambda: visible("//img[starts-with(@src, 'data:image/png;base64,')]"), "the chart in its dialog", 30)[0]
+        _wait(lambda: driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0;", img),
+              "the chart image to load", 30)
+        assert driver.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight];", img) == list(png.size)
+        shot = img.screenshot_as_png
+        (tmp_path / "optimization_chart.png").write_bytes(shot)
+
+        def ink(image) -> float:  # the fraction of pixels that are not white
+            grey = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA")).convert("L")
+            return 1 - sum(grey.histogram()[250:]) / (grey.width * grey.height)
+
+        seen = Image.open(io.BytesIO(shot))
+        assert seen.width >= 0.9 * png.width and ink(seen) > 0.05 and abs(ink(seen) - ink(png)) < 0.02, (ink(seen), ink(png))
+        _click_button(driver, "Close", 30)
+
+        # ... and the table: one row per variant, the numbers as report.json's, rounded as the report rounds them
+        cell = shown["optimization_table"]
+        if not cell.find_elements(By.XPATH, ".//table"):  # a markdown value over 1,000 characters is behind a link too
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
+            cell.find_element(By.XPATH, ".//a[normalize-space(.)='[Show Markdown]']").click()
+        rendered = _wait(lambda: visible("//table[.//th[normalize-space(.)='variant'] and not(.//table)]"), "the optimization table", 30)[0]
+        rows = {r.find_elements(By.XPATH, "./td")[0].text: [c.text for c in r.find_elements(By.XPATH, "./td")]
+                for r in rendered.find_elements(By.XPATH, ".//tr[td]")}
+        base, fp16 = report["variants"]
+        assert list(rows) == ["data_parallel", "fp16"]
+        assert rows["data_parallel"][1:5] == [f"{base['tokens_per_s']:.0f}", "1.00x", f"{base['peak_memory_gib']:.3f}", "1.00x"]
+        assert rows["data_parallel"][6:8] == [f"{base['loss_after_steps']:.3f}", "+0.000"]
+        assert all(re.fullmatch(r"\d+(\.\d{1,3})?", rows["data_parallel"][i]) for i in (1, 3, 5, 6)), rows
+        assert rows["fp16"][1] == (f"skipped: {fp16['reason']}" if fp16["status"] == "skipped" else f"{fp16['tokens_per_s']:.0f}")
+        (tmp_path / "optimization_table.png").write_bytes(rendered.screenshot_as_png)
+    finally:
+        driver.quit()
+
+
 def test_landed_file_is_cleaned_and_deduplicated_without_a_click(server):
     """Declarative automation is on by default: a file renamed into the landing directory is read and
     cleaned by the landing sensor's run, then deduplicated by the automation sensor's, with nothing launched by hand."""
@@ -371,14 +499,7 @@ def test_landed_file_is_cleaned_and_deduplicated_without_a_click(server):
     assert mat["runId"] in {r["runId"] for r in by_sensor["landed_automation"]}
 
 
-def test_pool_and_terminating_training_runs_leaves_no_process(server):
-    # Upstream of base_checkpoint, in the server's storage root (handles are files under it).
-    defs = build_definitions(root=str(server.root), nproc_per_node=2, wandb_mode="disabled")
-    ops = {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith("pretrain__") or k == "tokenizer"}
-    with DagsterInstance.ephemeral() as instance:
-        assert materialize_lineage(list(defs.assets), defs.resources, instance, {"ops": ops},
-                                   [k.replace("__", "/") for k in ops] + ["pretrain/cleaned_text", "pretrain/deduplicated_text"]).success
-
+def test_pool_and_terminating_training_runs_leaves_no_process(server, pretrain_shards):
     train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 1_000_000, "save_steps": 1000}
     marker = str(server.root / "base_checkpoint")  # in the command line of torchrun and of every rank
 
