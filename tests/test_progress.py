@@ -82,3 +82,44 @@ def test_training_progress_is_observed_on_the_asset_while_it_trains(tmp_path, ti
     assert len(logged) == len(records)
     assert all(line.startswith(f"training progress: step {m['step']}/{steps} ") for m, line in zip(md, logged))
     assert [r.asset_observation.description for r in records] == [f"{line} (loss in nats per token)" for line in logged]
+
+
+def test_progress_is_observed_on_the_one_asset_a_step_materializes():
+    """progress_asset: the asset (and partition) of a single-asset step, the one selected asset of a
+    subsettable multi-asset; None for a step of several assets and for an op."""
+    from dagster import (AssetKey, AssetOut, DagsterInstance, Output, StaticPartitionsDefinition, asset, job,
+                         materialize, multi_asset, op)
+
+    from largetrain_dagster.resources import progress_asset
+
+    seen = {}
+
+    @asset
+    def single(context):
+        seen["single"] = progress_asset(context)
+
+    @asset(partitions_def=StaticPartitionsDefinition(["p1", "p2"]))
+    def parted(context):
+        seen["parted"] = progress_asset(context)
+
+    @multi_asset(outs={"left": AssetOut(is_required=False), "right": AssetOut(is_required=False)}, can_subset=True)
+    def both(context):
+        seen.setdefault("both", []).append(progress_asset(context))
+        for name in sorted(context.op_execution_context.selected_output_names):
+            yield Output(None, output_name=name)
+
+    @op
+    def plain(context):
+        seen["op"] = progress_asset(context)
+
+    @job
+    def plain_job():
+        plain()
+
+    with DagsterInstance.ephemeral() as instance:
+        assert materialize([single, both], instance=instance).success
+        assert materialize([both], selection=[AssetKey("right")], instance=instance).success
+        assert materialize([parted], partition_key="p2", instance=instance).success
+        assert plain_job.execute_in_process(instance=instance).success
+    assert seen == {"single": (AssetKey("single"), None), "parted": (AssetKey("parted"), "p2"),
+                    "both": [None, (AssetKey("right"), None)], "op": None}
