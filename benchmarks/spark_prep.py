@@ -201,15 +201,17 @@ def spark_global_step(sig_dir: Path) -> dict:
         import pyarrow.parquet as pq
 
         n = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-        spark.conf.set("spark.sql.shuffle.partitions", str(spark_prep.shuffle_partitions(spark, n, cfg)))
         from pyspark import StorageLevel
 
         _warm_up(spark)
         sampler = RssSampler()
         sampler.start()
         t0 = time.perf_counter()
-        sig = spark_prep.signature_frame(spark, files, cfg).persist(StorageLevel.MEMORY_AND_DISK)
-        _, counts = spark_prep.duplicates(sig, cfg, lambda m: print(m, file=sys.stderr, flush=True))
+        with spark_prep.global_step_settings(spark, n, cfg):
+            sig = spark_prep.signature_frame(spark, files, cfg).persist(StorageLevel.MEMORY_AND_DISK)
+            dups, counts, stars = spark_prep.duplicates(sig, cfg, lambda m: print(m, file=sys.stderr, flush=True))
+            dups.write.format("noop").mode("overwrite").save()  # the duplicates' joins, as deduplicate computes them
+            stars.unpersist()
         count = counts["duplicate"]
         seconds = time.perf_counter() - t0
         mem = sampler.stop()

@@ -191,7 +191,7 @@ def _in_sample(doc_ids: list[str], fraction: float, seed: int) -> list[bool]:
     return [xxhash.xxh64_intdigest(d.encode(), seed) < limit for d in doc_ids]
 
 
-def ingest(config: ReaderConfig, out_dir: Path) -> dict:
+def ingest(config: ReaderConfig, out_dir: Path, listed: Scan | None = None) -> dict:
     """Read a corpus (partition) into ``out_dir/part-NNNNN.parquet`` (DOC_SCHEMA, one file per batch),
     ``out_dir/rejected.parquet`` (REJECT_SCHEMA), ``out_dir/renamed_ids.parquet`` (RENAMED_SCHEMA:
     documents whose id repeated an earlier one's) and ``out_dir/skipped_files.txt`` (files no reader
@@ -201,12 +201,16 @@ def ingest(config: ReaderConfig, out_dir: Path) -> dict:
     then ``max_documents`` keeps the first N of those in corpus order (per partition). Documents left
     out by the subset are counted (``not_sampled``), not stored.
 
+    ``listed``: the files to read when the caller has them already (e.g. one Spark task's run of
+    the partition's :func:`scan`), else the partition's :func:`scan` of ``config.path``.
+
     Returns counts ``documents``, ``rejected``, ``renamed_ids``, ``bytes`` (UTF-8 of the kept text),
     ``files``, ``skipped_files``, ``not_sampled``, ``parts``, and ``rejected_by_file`` (the ten files
     with the most rejected records: {relative path: count}).
     """
     out_dir = Path(out_dir)
-    listed = scan(config.path, config.partition, config.partitions)
+    if listed is None:
+        listed = scan(config.path, config.partition, config.partitions)
     stats = {"documents": 0, "rejected": 0, "renamed_ids": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
              "files": len(listed.sources), "skipped_files": len(listed.skipped)}
     (out_dir / "skipped_files.txt").write_text(

@@ -177,13 +177,15 @@ _POOL: list = []
 
 def _in_two_threads(texts: pl.Series, fn):
     """fn(first half of texts) and fn(second half) in two threads (polars and numpy release the GIL);
-    returns the two results in order (one call on the whole Series under 64 texts).
+    returns the two results in order (one call on the whole Series under 64 texts, or when polars'
+    pool has one thread: POLARS_MAX_THREADS=1, as in a Spark executor of one core, whose task must
+    not use a second core).
 
     The two threads are created once per process and reused: fresh threads per part made glibc hand
     out new malloc arenas whose freed memory stayed resident (peak RSS grew with the number of parts;
     benchmarks/prep_memory.py)."""
     n = len(texts)
-    if n < 64:
+    if n < 64 or pl.thread_pool_size() < 2:
         return [fn(texts)]
     if not _POOL:
         from concurrent.futures import ThreadPoolExecutor

@@ -6,8 +6,8 @@ One implementation of every rule: Spark runs the core functions, it does not re-
 
 * Reading (:func:`ingest`): the partition's corpus files are listed on the driver (corpus.scan) and cut
   into contiguous, byte-balanced chunks, one Spark task each; a task reads its chunk with the core
-  reader (corpus.ingest over a directory of links that keeps every file's relative path, so document
-  ids, sources and rejected records are the local engine's). The driver numbers the part files in
+  reader (corpus.ingest of the chunk's files, each named by its path relative to the corpus root, so
+  document ids, sources and rejected records are the local engine's). The driver numbers the part files in
   corpus order and applies ``max_documents`` (the first N documents of the partition) across chunks.
 * Cleaning (:func:`clean`): one task per run of raw part files; each part goes through clean.clean_corpus
   (normalization and the quality rules, polars over the part's Arrow data): the cleaned part files
@@ -46,7 +46,6 @@ process was started by Dagster (else to stderr).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
@@ -67,10 +66,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from largetrain_core.clean import QualityConfig, clean_corpus
-from largetrain_core.corpus import ReaderConfig, _shown, ingest as local_ingest, scan
+from largetrain_core.corpus import ReaderConfig, Scan, _shown, ingest as local_ingest, scan
 from largetrain_core.dedup import (ASSIGNMENT_SCHEMA, DUP_SCHEMA, DedupConfig, band_column, same_value_edges, write_kept,
                                    write_signatures)
-from largetrain_core.readers import REJECT_SCHEMA, RENAMED_SCHEMA
+from largetrain_core.readers import REJECT_SCHEMA, RENAMED_SCHEMA, Source, reader_for
 from largetrain_core.storage import part_files, write_json_atomic
 
 MANIFEST = "item long, stats string"
@@ -159,15 +158,20 @@ BYTES_PER_TASK = 8 << 20  # default of spark.largetrain.bytesPerTask
 
 def _runs(spark: SparkSession, items: list[tuple[int, str]], sizes: list[int]) -> tuple[DataFrame, object]:
     """``items`` (item, payload) cut into contiguous runs, one Spark task each, balanced by ``sizes``
-    (bytes): one run per core at least, more while runs stay above ``spark.largetrain.bytesPerTask``
-    (default 8 MiB), at most four per core. Returns a DataFrame of one row per run (``id``, one
-    partition each) and the runs as a broadcast variable, which the tasks read (:func:`_items_of`)."""
+    (bytes): two runs per core at least, more while runs stay above ``spark.largetrain.bytesPerTask``
+    (default 8 MiB), at most four per core, and a multiple of the cores (as many items allowing), so
+    that every core gets the same share of bytes in every stage (time per task is about proportional
+    to its bytes). Returns a DataFrame of one row per run (``id``, one partition each) and the runs as
+    a broadcast variable, which the tasks read (:func:`_items_of`)."""
     n, par = len(items), spark.sparkContext.defaultParallelism
     target = int(spark.conf.get("spark.largetrain.bytesPerTask", str(BYTES_PER_TASK)))
     w = np.asarray(sizes, dtype=np.float64) + 1.0
-    tasks = max(1, min(n, max(par, min(4 * par, int(np.ceil(w.sum() / max(1, target)))))))
+    wanted = min(4 * par, max(2 * par, int(np.ceil(w.sum() / max(1, target)))))
+    tasks = max(1, min(n, -(-wanted // par) * par))
     cut = np.searchsorted(np.cumsum(w), np.linspace(0, w.sum(), tasks + 1)[1:-1], side="right")
-    runs = [[items[i] for i in r] for r in np.split(np.arange(n), cut) if len(r)]
+    for k in range(len(cut)):  # no empty run: each boundary after the previous one, room left for the rest
+        cut[k] = min(max(cut[k], cut[k - 1] + 1 if k else 1), n - (tasks - 1 - k))
+    runs = [[items[i] for i in r] for r in np.split(np.arange(n), cut)]
     return spark.range(len(runs), numPartitions=len(runs)), spark.sparkContext.broadcast(runs)
 
 
@@ -217,17 +221,13 @@ def _ingest_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     chunk, rels = items[0][0], [rel for _, payload in items for rel in json.loads(payload)]
     out = Path(spec["out"])
     tmp = _attempt_dir(spec["out"], chunk)
-    if spec["whole"]:
-        cfg = spec["config"]  # one file, or a piece of one: read as the local engine reads it
-    else:
-        corpus = tmp / "corpus"  # links that keep each file's path relative to the corpus root
-        for rel in rels:
-            link = corpus / rel
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(Path(spec["base"]) / rel)
-        cfg = dataclasses.replace(spec["config"], path=str(corpus), partition=0, partitions=1)
     (tmp / "out").mkdir()
-    stats = local_ingest(cfg, tmp / "out")
+    if spec["whole"]:  # one file, or a piece of one: read as the local engine reads it
+        stats = local_ingest(spec["config"], tmp / "out")
+    else:  # the run's files, each named by its path relative to the corpus root (the local engine's ids)
+        base = Path(spec["base"])
+        listed = Scan([Source(base / rel, rel, reader_for(Path(rel).name)) for rel in rels], [], base)
+        stats = local_ingest(spec["config"], tmp / "out", listed)
     stats["part_rows"] = []
     for j, part in enumerate(part_files(tmp / "out")):
         stats["part_rows"].append(pq.ParquetFile(part).metadata.num_rows)
@@ -405,24 +405,42 @@ def signature_frame(spark: SparkSession, signature_files: list[Path], cfg: Dedup
     return df.mapInArrow(partial(_read_signatures_task, {"dedup": cfg, "runs": runs}), _signature_schema(cfg))
 
 
-def duplicates(sig: DataFrame, cfg: DedupConfig, log: Callable[[str], None] = lambda m: None) -> tuple[DataFrame, dict]:
+def duplicates(sig: DataFrame, cfg: DedupConfig,
+               log: Callable[[str], None] = lambda m: None) -> tuple[DataFrame, dict, DataFrame]:
     """The global step on Spark: from the signature frame (persisted by the caller) to one row per
     duplicate: part, row (global), doc_id, cluster_id (the kept copy's row), duplicate_of (its doc_id),
-    kind ("exact" when the key hashes are equal, else "near"), key_hash (int64 bits), persisted; and
-    its counts ``duplicate``, ``clusters`` (distinct kept copies' doc ids), ``duplicate_exact``,
-    ``duplicate_near``."""
-    stars = connected_components(candidate_edges(sig, cfg), log)
+    kind ("exact" when the key hashes are equal, else "near"), key_hash (int64 bits), not persisted
+    (the caller computes it once); and its counts ``duplicate`` (the stars' leaves) and ``clusters``
+    (their centres: the kept copies with at least one duplicate; the local engine counts distinct
+    kept doc ids, the same number as document ids are unique in a deduplicated_text input, which the
+    asset checks), from the connected components' last job; and the stars (u, v), persisted: the
+    caller unpersists them after its action on the duplicates."""
+    stars, found = connected_components(candidate_edges(sig, cfg), log)
     member = sig.select(F.col("row").alias("u"), "part", "doc_id", "key_hash")
     root = sig.select(F.col("row").alias("v"), F.col("doc_id").alias("duplicate_of"), F.col("key_hash").alias("root_key"))
-    dups = (stars.join(member, "u").join(root, "v").select(
+    dups = stars.join(member, "u").join(root, "v").select(
         "part", F.col("u").alias("row"), "doc_id", F.col("v").alias("cluster_id"), "duplicate_of",
         F.when(F.col("key_hash") == F.col("root_key"), F.lit("exact")).otherwise(F.lit("near")).alias("kind"), "key_hash")
-        .persist(StorageLevel.MEMORY_AND_DISK))
-    summary = dups.agg(F.count("*").alias("d"), F.countDistinct("duplicate_of").alias("c"),
-                       F.sum(F.when(F.col("kind") == "exact", 1).otherwise(0)).alias("e")).first()
-    stars.unpersist()
-    d, e = int(summary["d"] or 0), int(summary["e"] or 0)
-    return dups, {"duplicate": d, "clusters": int(summary["c"] or 0), "duplicate_exact": e, "duplicate_near": d - e}
+    return dups, {"duplicate": found["leaves"], "clusters": found["centres"]}, stars
+
+
+@contextlib.contextmanager
+def global_step_settings(spark: SparkSession, documents: int, cfg: DedupConfig):
+    """Spark SQL settings of the global step, restored on exit: :func:`shuffle_partitions`, and
+    adaptive query execution off. AQE re-plans after every shuffle stage, each re-plan a job of its
+    own (here 17 jobs instead of 5 for the kernel docs, about 2 s of driver round trips); the shuffle
+    partitions are set from the document count and AQE does not coalesce persisted plans; the joins
+    are planned statically (broadcast below spark.sql.autoBroadcastJoinThreshold)."""
+    settings = {"spark.sql.shuffle.partitions": str(shuffle_partitions(spark, documents, cfg)),
+                "spark.sql.adaptive.enabled": "false"}
+    previous = {k: spark.conf.get(k) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            spark.conf.set(k, v)
 
 
 def shuffle_partitions(spark: SparkSession, documents: int, cfg: DedupConfig) -> int:
@@ -458,10 +476,11 @@ def candidate_edges(sig: DataFrame, cfg: DedupConfig) -> DataFrame:
     return (exploded.repartition(parts, "band", "h").mapInArrow(_edges_task, "u long, v long").distinct())
 
 
-def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m: None) -> DataFrame:
+def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m: None) -> tuple[DataFrame, dict]:
     """Connected components of the undirected graph ``edges`` (u, v), u > v, by alternating large-star
     and small-star (Kiveris et al. 2014, algorithm "Alternating", O(log^2 n) rounds): returns (u, v)
-    with one row per node that is not the smallest of its component, v = that smallest node.
+    with one row per node that is not the smallest of its component, v = that smallest node, and the
+    counts ``leaves`` (its rows) and ``centres`` (the components).
 
     Large-star: every node x links each larger neighbour y to m(x), the smallest of x and its
     neighbours. Small-star: every node u links itself and each smaller neighbour to the smallest of
@@ -471,21 +490,23 @@ def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m
     lost block is recomputed from the lineage, deterministically). The result stays persisted."""
     u, v = F.col("u"), F.col("v")
 
-    def stars_or_not(e: DataFrame, rnd: int) -> bool:
+    def stars_or_not(e: DataFrame, rnd: int) -> dict | None:
         """One job: materializes the round's edges and tests the fixed point, a set of stars (no node
-        is a leaf twice, none both a leaf and a centre); the candidate pairs often are one already."""
+        is a leaf twice, none both a leaf and a centre); the candidate pairs often are one already.
+        Returns the stars' ``leaves`` (edges) and ``centres`` at the fixed point, else None."""
         nodes = (e.select(u.alias("n"), F.lit(1).alias("leaf"), F.lit(0).alias("centre"))
                  .unionByName(e.select(v.alias("n"), F.lit(0).alias("leaf"), F.lit(1).alias("centre")))
                  .groupBy("n").agg(F.sum("leaf").alias("l"), F.sum("centre").alias("c")))
         check = nodes.agg(F.sum("l").alias("edges"), F.sum(F.when((F.col("l") > 1) | ((F.col("l") > 0) & (F.col("c") > 0)), 1)
-                                                            .otherwise(0)).alias("bad")).first()
+                                                            .otherwise(0)).alias("bad"),
+                          F.sum(F.when(F.col("c") > 0, 1).otherwise(0)).alias("centres")).first()
         log(f"connected components: round {rnd}, {check['edges'] or 0} edges, {check['bad'] or 0} nodes not in a star")
-        return not check["bad"]
+        return None if check["bad"] else {"leaves": int(check["edges"] or 0), "centres": int(check["centres"] or 0)}
 
     e = edges.persist(StorageLevel.MEMORY_AND_DISK)
     for rnd in range(200):
-        if stars_or_not(e, rnd):
-            return e
+        if (found := stars_or_not(e, rnd)) is not None:
+            return e, found
         both = e.select(u.alias("x"), v.alias("y")).unionByName(e.select(v.alias("x"), u.alias("y")))
         m = both.groupBy("x").agg(F.least(F.min("y"), F.col("x")).alias("m"))
         large = both.join(m, "x").where(F.col("y") > F.col("x")).select(F.col("y").alias("u"), F.col("m").alias("v")).distinct()
@@ -498,26 +519,40 @@ def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m
     raise RuntimeError("connected components did not converge in 200 rounds")
 
 
-def _write_task(spec: dict, parts: pa.Table, dups: pa.Table) -> pa.Table:
-    """One part: its kept documents (dedup.write_kept) and its duplicates frame, published."""
-    (i,), (payload,) = parts.column("item").to_pylist(), parts.column("payload").to_pylist()
-    path, first = json.loads(payload)
-    d = pl.from_arrow(dups).sort("row") if dups.num_rows else pl.DataFrame(schema=ASSIGNMENT_SCHEMA)
-    d = d.with_columns(pl.col("row") - first, pl.col("key_hash").cast(pl.Int64).reinterpret(signed=False)).select(*ASSIGNMENT_SCHEMA)
-    tmp = _attempt_dir(spec["out"], i)
-    frame = write_kept(Path(path), d, tmp / "part.parquet")
-    frame.write_parquet(tmp / "dups.parquet")
+def _part_duplicates(directory: Path) -> pa.Table | None:
+    """The rows Spark wrote for one part (``directory``, ``part=<i>``; absent when it has none)."""
+    files = sorted(directory.glob("*.parquet")) if directory.is_dir() else []
+    tables = [pq.ParquetFile(f).read() for f in files]  # file by file: no partition column inferred from the path
+    return pa.concat_tables(tables) if tables else None
+
+
+def _write_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Per part: its kept documents (dedup.write_kept) and its duplicates frame, published."""
     out = Path(spec["out"])
-    _publish(tmp / "part.parquet", out / f"part-{i:05d}.parquet")
-    _publish(tmp / "dups.parquet", out / "_dups" / f"{i:05d}.parquet")
-    rows = pq.ParquetFile(path).metadata.num_rows
-    return pa.table({"item": [i], "stats": [json.dumps({"input": rows, "duplicate": frame.height})]})
+    for i, payload in _items_of(spec, batches):
+        path, first = json.loads(payload)
+        dups = _part_duplicates(out / "_by_part" / f"part={i}")
+        d = pl.from_arrow(dups).sort("row") if dups is not None else pl.DataFrame(schema=ASSIGNMENT_SCHEMA)
+        d = d.with_columns(pl.col("row") - first, pl.col("key_hash").cast(pl.Int64).reinterpret(signed=False)).select(*ASSIGNMENT_SCHEMA)
+        tmp = _attempt_dir(spec["out"], i)
+        frame = write_kept(Path(path), d, tmp / "part.parquet")
+        frame.write_parquet(tmp / "dups.parquet")
+        _publish(tmp / "part.parquet", out / f"part-{i:05d}.parquet")
+        _publish(tmp / "dups.parquet", out / "_dups" / f"{i:05d}.parquet")
+        rows = pq.ParquetFile(path).metadata.num_rows
+        yield _manifest_batch(i, {"input": rows, "duplicate": frame.height,
+                                  "duplicate_exact": int((frame["kind"] == "exact").sum())})
 
 
 def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = DedupConfig(),
                 log: Callable[[str], None] = lambda m: None) -> dict:
     """dedup.deduplicate on Spark: the same ``signatures/``, kept part files, ``duplicates.parquet`` rows
-    (kept copy, cluster id, kind) and counts; the clustering distributed (module docstring)."""
+    (kept copy, cluster id, kind) and counts; the clustering distributed (module docstring).
+
+    Jobs: signatures with candidate pairs and the connected components' rounds (each round one job,
+    usually one round); the duplicates written by part (Spark's Parquet writer, ``_by_part/part=<i>``,
+    one shuffle on the part); the kept documents written per run of parts, the same balanced runs as
+    the signatures'."""
     out_dir = Path(out_dir)
     parts = part_files(in_dir)
     for d in ("_attempts", "signatures", "_dups"):
@@ -527,31 +562,35 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
     n = int(firsts[-1])
     spec = {"dedup": cfg, "out": str(out_dir)}
     items = [(i, json.dumps([str(p.resolve()), int(firsts[i])])) for i, p in enumerate(parts)]
-    runs_df, runs = _runs(spark, items, [p.stat().st_size for p in parts])
-    previous = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(spark, n, cfg)))
-    _describe(spark, "deduplicated_text: MinHash signatures")
-    sig = (runs_df.mapInArrow(partial(_signature_task, {**spec, "runs": runs}), _signature_schema(cfg))
-           .persist(StorageLevel.MEMORY_AND_DISK))
-    log(f"signatures of {n} documents in {len(parts)} parts, {spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")
-    _describe(spark, "deduplicated_text: candidate pairs (shuffle on band, hash) and connected components")
-    dups, found = duplicates(sig, cfg, log)
-    _describe(spark, "deduplicated_text: write kept documents")
-    work = spark.createDataFrame(items, "item long, payload string")  # one row per part (a local relation)
-    written = (work.groupBy("item").cogroup(dups.withColumnRenamed("part", "item").groupBy("item"))
-               .applyInArrow(partial(_write_task, spec), MANIFEST).collect())
-    manifest = sorted((r.item, json.loads(r.stats)) for r in written)
-    sig.unpersist()
-    dups.unpersist()
-    runs.destroy()
+    sizes = [p.stat().st_size for p in parts]
+    with global_step_settings(spark, n, cfg):
+        runs_df, runs = _runs(spark, items, sizes)
+        _describe(spark, "deduplicated_text: MinHash signatures")
+        sig = (runs_df.mapInArrow(partial(_signature_task, {**spec, "runs": runs}), _signature_schema(cfg))
+               .persist(StorageLevel.MEMORY_AND_DISK))
+        log(f"signatures of {n} documents in {len(parts)} parts, {spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")
+        _describe(spark, "deduplicated_text: candidate pairs (shuffle on band, hash) and connected components")
+        dups, found, stars = duplicates(sig, cfg, log)
+        _describe(spark, "deduplicated_text: duplicates by part")
+        if found["duplicate"]:
+            (dups.repartition("part").write.partitionBy("part").mode("error").parquet(str(out_dir / "_by_part")))
+        stars.unpersist()
+        sig.unpersist()
+        runs.destroy()
+    manifest = _manifest(spark, items, sizes, _write_task, spec, "deduplicated_text: write kept documents")
     _finish(out_dir, {**{out_dir / f"part-{i:05d}.parquet": s["input"] - s["duplicate"] for i, s in manifest},
                       **{out_dir / "_dups" / f"{i:05d}.parquet": s["duplicate"] for i, s in manifest},
                       **{out_dir / "signatures" / f"part-{i:05d}.parquet": counts[i] for i in range(len(parts))}})
+    written = sum(s["duplicate"] for _, s in manifest)
+    if written != found["duplicate"]:
+        raise RuntimeError(f"Spark wrote {written} duplicates, the connected components found {found['duplicate']}")
     _concat_parquet([out_dir / "_dups" / f"{i:05d}.parquet" for i, _ in manifest], out_dir / "duplicates.parquet",
                     pl.DataFrame(schema=DUP_SCHEMA).to_arrow().schema)
-    spark.conf.set("spark.sql.shuffle.partitions", previous)
     shutil.rmtree(out_dir / "_dups")
-    return {"input": n, "kept": n - found["duplicate"], **found}
+    shutil.rmtree(out_dir / "_by_part", ignore_errors=True)
+    exact = sum(s["duplicate_exact"] for _, s in manifest)
+    return {"input": n, "kept": n - found["duplicate"], **found, "duplicate_exact": exact,
+            "duplicate_near": found["duplicate"] - exact}
 
 
 def _concat_parquet(files: list[Path], out: Path, schema: pa.Schema) -> None:
