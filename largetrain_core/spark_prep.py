@@ -452,8 +452,9 @@ def shuffle_partitions(spark: SparkSession, documents: int, cfg: DedupConfig) ->
 def _edges_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """One shuffle partition of (band, h, row): every (band, hash) of it is here whole. Edges (row,
     smallest row with the same band and hash) by the local engine's sort (dedup.same_value_edges)."""
-    t = pa.Table.from_batches(list(batches))
-    if not t.num_rows:
+    batches = list(batches)
+    t = pa.Table.from_batches(batches) if batches else None
+    if t is None or not t.num_rows:
         return
     band, h, rows = (t.column(c).to_numpy() for c in ("band", "h", "row"))
     order = np.argsort(rows, kind="stable")  # rows ascending: the first of each value is the smallest
@@ -519,11 +520,23 @@ def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m
     raise RuntimeError("connected components did not converge in 200 rounds")
 
 
-def _part_duplicates(directory: Path) -> pa.Table | None:
-    """The rows Spark wrote for one part (``directory``, ``part=<i>``; absent when it has none)."""
-    files = sorted(directory.glob("*.parquet")) if directory.is_dir() else []
-    tables = [pq.ParquetFile(f).read() for f in files]  # file by file: no partition column inferred from the path
-    return pa.concat_tables(tables) if tables else None
+def _by_part_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One shuffle partition of the duplicates (every part's rows are in one partition): each part's
+    rows to ``_by_part/<part>.parquet``, published; its manifest row (part, {"rows": n})."""
+    batches = list(batches)
+    t = pa.Table.from_batches(batches) if batches else None
+    if t is None or not t.num_rows:
+        return
+    part = t.column("part").to_numpy()
+    order = np.argsort(part, kind="stable")
+    t, part = t.take(pa.array(order)), part[order]
+    starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]])
+    for a, b in zip(starts, np.r_[starts[1:], len(part)]):
+        i = int(part[a])
+        tmp = _attempt_dir(spec["out"], i)
+        pq.write_table(t.slice(a, b - a).drop_columns(["part"]), tmp / "dups.parquet")
+        _publish(tmp / "dups.parquet", Path(spec["out"]) / "_by_part" / f"{i:05d}.parquet")
+        yield _manifest_batch(i, {"rows": int(b - a)})
 
 
 def _write_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -531,8 +544,8 @@ def _write_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
     out = Path(spec["out"])
     for i, payload in _items_of(spec, batches):
         path, first = json.loads(payload)
-        dups = _part_duplicates(out / "_by_part" / f"part={i}")
-        d = pl.from_arrow(dups).sort("row") if dups is not None else pl.DataFrame(schema=ASSIGNMENT_SCHEMA)
+        f = out / "_by_part" / f"{i:05d}.parquet"
+        d = pl.read_parquet(f).sort("row") if i in spec["with_duplicates"] else pl.DataFrame(schema=ASSIGNMENT_SCHEMA)
         d = d.with_columns(pl.col("row") - first, pl.col("key_hash").cast(pl.Int64).reinterpret(signed=False)).select(*ASSIGNMENT_SCHEMA)
         tmp = _attempt_dir(spec["out"], i)
         frame = write_kept(Path(path), d, tmp / "part.parquet")
@@ -550,12 +563,11 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
     (kept copy, cluster id, kind) and counts; the clustering distributed (module docstring).
 
     Jobs: signatures with candidate pairs and the connected components' rounds (each round one job,
-    usually one round); the duplicates written by part (Spark's Parquet writer, ``_by_part/part=<i>``,
-    one shuffle on the part); the kept documents written per run of parts, the same balanced runs as
-    the signatures'."""
+    usually one round); the duplicates written by part (one shuffle on the part, ``_by_part/``); the
+    kept documents written per run of parts, the same balanced runs as the signatures'."""
     out_dir = Path(out_dir)
     parts = part_files(in_dir)
-    for d in ("_attempts", "signatures", "_dups"):
+    for d in ("_attempts", "signatures", "_dups", "_by_part"):
         (out_dir / d).mkdir()
     counts = [pq.ParquetFile(p).metadata.num_rows for p in parts]
     firsts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -572,12 +584,17 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
         _describe(spark, "deduplicated_text: candidate pairs (shuffle on band, hash) and connected components")
         dups, found, stars = duplicates(sig, cfg, log)
         _describe(spark, "deduplicated_text: duplicates by part")
+        by_part = {}
         if found["duplicate"]:
-            (dups.repartition("part").write.partitionBy("part").mode("error").parquet(str(out_dir / "_by_part")))
+            rows = dups.repartition("part").mapInArrow(partial(_by_part_task, spec), MANIFEST).collect()
+            by_part = {r.item: json.loads(r.stats)["rows"] for r in rows}
+        _finish(out_dir, {out_dir / "_by_part" / f"{i:05d}.parquet": n for i, n in by_part.items()})
+        (out_dir / "_attempts").mkdir()
         stars.unpersist()
         sig.unpersist()
         runs.destroy()
-    manifest = _manifest(spark, items, sizes, _write_task, spec, "deduplicated_text: write kept documents")
+    manifest = _manifest(spark, items, sizes, _write_task, {**spec, "with_duplicates": set(by_part)},
+                         "deduplicated_text: write kept documents")
     _finish(out_dir, {**{out_dir / f"part-{i:05d}.parquet": s["input"] - s["duplicate"] for i, s in manifest},
                       **{out_dir / "_dups" / f"{i:05d}.parquet": s["duplicate"] for i, s in manifest},
                       **{out_dir / "signatures" / f"part-{i:05d}.parquet": counts[i] for i in range(len(parts))}})
@@ -587,7 +604,7 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
     _concat_parquet([out_dir / "_dups" / f"{i:05d}.parquet" for i, _ in manifest], out_dir / "duplicates.parquet",
                     pl.DataFrame(schema=DUP_SCHEMA).to_arrow().schema)
     shutil.rmtree(out_dir / "_dups")
-    shutil.rmtree(out_dir / "_by_part", ignore_errors=True)
+    shutil.rmtree(out_dir / "_by_part")
     exact = sum(s["duplicate_exact"] for _, s in manifest)
     return {"input": n, "kept": n - found["duplicate"], **found, "duplicate_exact": exact,
             "duplicate_near": found["duplicate"] - exact}
