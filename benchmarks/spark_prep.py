@@ -24,7 +24,9 @@ ever add time, so the minimum is the best estimate of the engine's own time. Eve
 JSON (``samples``) with the load average before it and where its CPU time went: ``cpu_seconds``
 by process role (driver Python, driver JVM, executor JVMs, Python workers; /proc, utime + stime of
 the processes alive at the end of the run) and ``machine_cpu_seconds`` (all processes, /proc/stat),
-whose difference is other users' share of the 2 cores during the run.
+whose difference is other users' share of the 2 cores during the run. The Spark sessions of one
+benchmark share the driver JVM (PySpark keeps its gateway), so the first Spark run also warms the
+driver's code: a further reason to take the fastest of several runs.
 
 documents/s = documents read by raw_corpus / seconds of the three stages. ``spark_scaling_efficiency``
 = documents/s with 2 executors / (2 x documents/s with 1); ``spark_vs_local_throughput`` = Spark

@@ -21,7 +21,15 @@ One implementation of every rule: Spark runs the core functions, it does not re-
   and Beyond", SoCC 2014), whose fixed point is one star per component centred on its smallest row,
   i.e. the first document in corpus order: the local engine's kept copy. No process holds data for
   every document: the driver holds the list of part files, executors their shuffle partitions. The
-  kept documents are written per part (cogroup of the parts with their duplicates, dedup.write_kept).
+  duplicates are shuffled on their part and written one file per part; the kept documents are then
+  written per part (dedup.write_kept), in the same byte-balanced runs of parts as the signatures.
+  The global step runs without adaptive query execution (:func:`global_step_settings`): 5 Spark jobs
+  for the whole deduplication instead of 17, its counts from the last connected-components job and
+  the write tasks (no job of its own).
+
+Tasks per stage (:func:`_runs`): a multiple of the cores, 2 to 4 per core, balanced by bytes, so
+that each executor gets an equal share of every stage; a Python task uses the executor's cores
+(POLARS_MAX_THREADS; the MinHash threads follow polars' pool).
 
 Writes (the atomic-directory rule, largetrain_core.storage): ``out_dir`` is the stage's temporary
 directory, renamed into place by the caller when complete. A task writes into an attempt directory
