@@ -9,11 +9,12 @@ directory renamed into place when complete; the data version is a hash of the as
 import math
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, MetadataValue, Output
+from dagster import AssetExecutionContext, BetaWarning, Config, DataVersion, MetadataValue, Output
 
 from largetrain_core.storage import (
     atomic_dir,
@@ -82,7 +83,9 @@ def asset_output(path: Path, version: str, stats: dict, config: Config | dict, r
         md["rebuilt_because"] = MetadataValue.text(stats["rebuilt_because"])
     md.update(extra or {})
     md = {k: rounded(v) if isinstance(v, float) else v for k, v in md.items()}
-    return Output(handle, metadata=md, data_version=DataVersion(version))
+    with warnings.catch_warnings():  # Output's data_version is Dagster's documented way to set it (beta-flagged)
+        warnings.simplefilter("ignore", BetaWarning)
+        return Output(handle, metadata=md, data_version=DataVersion(version))
 
 
 def rounded(value: float, digits: int = 4) -> float:

@@ -4,6 +4,9 @@ Partition ``i`` of ``n`` holds the corpus files that largetrain_core.corpus.part
 ``i`` (``n`` = LARGETRAIN_DATA_PARTITIONS, default 4; a terabyte corpus of ~1,000 files of ~1 GB sets
 e.g. 256), so each partition is its own run (its own pod on Kubernetes) and a new or changed file
 redoes one partition (docs/ARCHITECTURE.md, Lineage).
+
+``python -m largetrain_dagster.partitions`` prints the data partition keys, one per line (what a shell
+loop of one run per partition iterates over).
 """
 
 import os
@@ -35,3 +38,7 @@ DATA_PARTITIONS = data_partitions(os.environ.get("LARGETRAIN_DATA_PARTITIONS", "
 # the partitioned per-document steps of both chains (DATA_PARTITIONS)
 PARTITIONED_KEYS = [AssetKey([role, name]) for role in ROLES for name in ("raw_corpus", "cleaned_text")]
 PARTITION_STEPS = AssetSelection.assets(*PARTITIONED_KEYS)
+
+
+if __name__ == "__main__":
+    print("\n".join(DATA_PARTITIONS.get_partition_keys()))

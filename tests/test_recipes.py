@@ -12,6 +12,9 @@ Every key of every file must name a step of the code location (configs.check_ops
 import copy
 import json
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,9 +53,12 @@ def recipe_commands(path: Path) -> list[tuple[str, bool]]:
         chunk = chunk.split(".venv/bin/")[0]
         assert f"-c configs/{path.name}" in chunk, chunk
         commands.append((re.search(r"--select '([^']+)'", chunk).group(1), "--partition $p" in chunk))
-    loop = re.search(r"for p in ([\d ]+); do", header)
-    if any(parted for _, parted in commands):
-        assert loop and loop.group(1).split() == PARTITION_KEYS  # the loop names every data partition
+    loop = re.search(r"for p in \$\((.+?)\); do", header)
+    if any(parted for _, parted in commands):  # the loop runs over what the command prints: every data partition
+        assert loop, header
+        printed = subprocess.run(shlex.split(loop.group(1).replace(".venv/bin/python", sys.executable)),
+                                 cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+        assert printed == PARTITION_KEYS
     return commands
 
 
