@@ -29,7 +29,7 @@ from pydantic import Field
 from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table, removal_warning
 from largetrain_core.balance import balance_parts, histogram_markdown, repeat_counts
 from largetrain_core.clean import QualityConfig
-from largetrain_core.corpus import ReaderConfig, duplicate_ids, fingerprint, rejection_error
+from largetrain_core.corpus import ReaderConfig, describe_rejections, duplicate_ids, fingerprint, rejection_error
 from largetrain_core.dedup import DedupConfig, key_hashes
 from largetrain_core.provenance import check_provenance, describe, read_provenance
 from largetrain_core.storage import data_version, part_files
@@ -125,12 +125,19 @@ def corpus_assets(role: str) -> list:
         reader = config.to_core(path=source, **part)
         path, stats, reused = build_or_reuse(context, storage, [role, "raw_corpus", pk], version,
                                              lambda out: {**engine.ingest(context, reader, out), **part})
-        error = rejection_error(stats, reader)
+        rejected = path / "rejected.parquet"
+        error = rejection_error(stats, reader, rejected)
         if error:
-            raise Failure(f"{source} (partition {pk}): {error}; see {path / 'rejected.parquet'}")
+            raise Failure(f"{source} (partition {pk}): {error.removesuffix('.')}. Every rejected record: {rejected}")
         read = stats["documents"] + stats["not_sampled"] + stats["rejected"]  # every record read, before subsetting
         extra = {"source": MetadataValue.path(source), "content_digest": digest, "size_mib": mib(stats["bytes"]),
                  "rejected_percent": percent(stats["rejected"], read), **engine_metadata(stats)}
+        if stats["rejected"]:
+            reasons = describe_rejections(rejected)
+            context.log.warning(f"{source} (partition {pk}): {stats['rejected']:,} of {read:,} records rejected (left out of "
+                                f"the corpus; more than max_rejected_fraction={reader.max_rejected_fraction} would fail "
+                                f"the run). {reasons} Every rejected record: {rejected}")
+            extra |= {"rejected_reasons": MetadataValue.text(reasons), "rejected_file": MetadataValue.path(str(rejected))}
         if provenance:
             extra.update(provenance=MetadataValue.json(provenance), corpus_version=describe(provenance))
             mismatch = check_provenance(source, provenance)
@@ -210,6 +217,9 @@ def corpus_assets(role: str) -> list:
 
         path, stats, reused = build_or_reuse(context, storage, [role, "deduplicated_text"], version, build)
         extra = engine_metadata(stats)
+        rejected_files = [str(Path(raw[k]["path"]) / "rejected.parquet") for k in keys if raw[k]["stats"].get("rejected")]
+        if rejected_files:  # the partitions' rejected records, for the summary (each raw_corpus run logged its reasons)
+            extra["rejected_files"] = MetadataValue.json(rejected_files)
         if "balance" in stats:
             b = stats["balance"]
             extra |= {"class_histogram": MetadataValue.md(histogram_markdown(b["before"], b["after"])),

@@ -76,6 +76,8 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
                  + f" / duplicates {_fmt(dedup.get('documents_duplicate'))}"
                  + (f" (exact {exact:,}, near {near:,})" if exact is not None and near is not None else "")
                  + f" / rejected {_fmt(dedup.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")
+    if dedup.get("rejected_files"):
+        lines.append(f"  rejected records (file, position, reason): {', '.join(dedup['rejected_files'])}")
     if dedup.get("removal_warning"):
         lines.append(f"  WARNING: {dedup['removal_warning']}")
     lines += _balancing(dedup)
