@@ -45,6 +45,10 @@ def corpus_version(corpus: dict | None) -> str:
 def _balancing(dedup: dict) -> list[str]:
     """Lines on the class balancing of a deduplicated_text materialization (none when it had none)."""
     b = dedup.get("balance")
+    if not b and dedup.get("labels_not_balanced"):
+        classes = dedup["labels_not_balanced"]
+        return ["  labels read, not balanced (balance_target null): documents per class "
+                + ", ".join(f"{c} {n:,}" for c, n in sorted(classes.items(), key=lambda e: (-e[1], e[0])))]
     if not b:
         return []
     mode = {"down": "down-sampled", "up": "up-sampled"}.get(b.get("mode"), b.get("mode"))
