@@ -15,7 +15,9 @@ from largetrain_dagster.resources import Storage
 
 class TokenShardsConfig(Config):
     seq_len: int = Field(default=1024, description="Sequence length in tokens; windows hold seq_len + 1.")
-    validation_fraction: float = Field(default=0.05, description="Share of documents held out for validation.")
+    validation_fraction: float = Field(default=0.05, description=(
+        "Share of documents held out for validation (the validation loss, the evaluation's perplexities); a split "
+        "under 16 sequences is warned about: perplexity on it is noisy."))
     seed: int = Field(default=0, description="Seed of the document-id hash that picks the validation documents.")
     sequences_per_shard: int = Field(default=8192, description="Sequences per Arrow IPC shard file (the last one holds the rest).")
 
