@@ -41,6 +41,16 @@ def class_histogram(labels: pl.Series) -> dict[str, int]:
     return dict(sorted(zip(counts[counts.columns[0]].to_list(), counts["count"].to_list())))
 
 
+def label_histogram(directories: list[Path]) -> dict[str, int] | None:
+    """Documents per class over the ``part-*.parquet`` files of ``directories`` (:func:`class_histogram`
+    of their ``label`` column), or None when no part has a ``label`` column (no label_field was read).
+    Memory: the label column of every part."""
+    parts = [p for d in directories for p in part_files(Path(d)) if "label" in pl.read_parquet_schema(p)]
+    if not parts:
+        return None
+    return class_histogram(pl.concat([pl.read_parquet(p, columns=["label"]) for p in parts])["label"])
+
+
 def balance(df: pl.DataFrame, label: str, target: dict[str, float] | None = None, mode: str = "down",
             seed: int = 0) -> tuple[pl.DataFrame, dict]:
     """Re-sample ``df`` so that column ``label`` follows ``target`` (see module docstring).

@@ -241,18 +241,71 @@ def ingest(config: ReaderConfig, out_dir: Path, listed: Scan | None = None) -> d
     return stats
 
 
-def rejection_error(stats: dict, config: ReaderConfig) -> str | None:
+_WHERE = r"^(line|row) (\d+): "  # the position prefix of a record's reason (readers.Collector.doc)
+_NUMBERED = r"\b(at (?:byte|column|character)) \d+"  # positions inside a reason
+
+
+def _reason_groups(rejected: Path) -> pl.DataFrame:
+    """The rows of a ``rejected.parquet`` grouped by reason with the positions left out: columns
+    records, text (the first occurrence without its position prefix), source, position, at, n (the
+    first occurrence's place), whole (records rejected as whole files), most frequent first."""
+    df = pl.read_parquet(rejected, columns=["source", "position", "reason"])
+    df = df.with_columns(at=pl.col("reason").str.extract(_WHERE, 1), n=pl.col("reason").str.extract(_WHERE, 2),
+                         text=pl.col("reason").str.replace(_WHERE, ""))
+    return (df.with_columns(key=pl.col("text").str.replace_all(_NUMBERED, "$1 N")).with_row_index("order")
+            .group_by("key")
+            .agg(records=pl.len(), whole=(pl.col("position") == -1).sum(), order=pl.col("order").first(),
+                 **{c: pl.col(c).first() for c in ("text", "source", "position", "at", "n")})
+            .sort(["records", "order"], descending=[True, False]))
+
+
+def rejection_reasons(rejected: Path, top: int = 3) -> list[dict]:
+    """The ``top`` most frequent reasons in a ``rejected.parquet`` (REJECT_SCHEMA), most frequent
+    first (ties: the reason met first): dicts ``reason`` (its first occurrence, without the position
+    prefix), ``records`` (count) and ``first`` (where it first occurred: ``file:line`` for a JSONL
+    line, ``file, row N`` for a columnar row, ``file (whole file)`` for a file rejected as a whole,
+    ``file`` otherwise). Reasons are grouped with their positions (line, row, byte, column,
+    character numbers) left out, so one fault on many lines is one reason."""
+    out = []
+    for g in _reason_groups(rejected).head(top).iter_rows(named=True):
+        first = (f"{g['source']}:{g['n']}" if g["at"] == "line" else f"{g['source']}, row {g['n']}" if g["at"] == "row"
+                 else f"{g['source']} (whole file)" if g["position"] == -1 else g["source"])
+        out.append({"reason": g["text"], "records": g["records"], "first": first})
+    return out
+
+
+def describe_rejections(rejected: Path, top: int = 3) -> str:
+    """The top reasons of a ``rejected.parquet`` in words for a message: ``N x <reason> (first:
+    <where>)``, joined by ``; `` (:func:`rejection_reasons`), how many other reasons there are, and
+    before them, how many files were rejected as a whole (each counts as one record, however many
+    lines it has).
+    Empty when nothing was rejected."""
+    groups = _reason_groups(rejected)
+    if not groups.height:
+        return ""
+    text = "; ".join(f"{r['records']:,} x {r['reason']} (first: {r['first']})" for r in rejection_reasons(rejected, top))
+    more = f"; {groups.height - top} more reasons" if groups.height > top else ""
+    whole = groups["whole"].sum()
+    files = (f"{whole:,} {'files' if whole > 1 else 'file'} rejected as a whole, each counted as one record however "
+             "many lines it has. " if whole else "")
+    return f"{files}Top reasons: {text}{more}."
+
+
+def rejection_error(stats: dict, config: ReaderConfig, rejected: Path | None = None) -> str | None:
     """None when the rejected records are at most ``config.max_rejected_fraction`` of every record
-    read (documents + not sampled + rejected); else the failure message: the counts and the files
-    that caused most rejections."""
+    read (documents + not sampled + rejected); else the failure message: the counts, the files that
+    caused most rejections and, given ``rejected`` (the ``rejected.parquet``), the top reasons with
+    the first place of each (:func:`describe_rejections`)."""
     total = stats["documents"] + stats["not_sampled"] + stats["rejected"]
     if not total or stats["rejected"] / total <= config.max_rejected_fraction:
         return None
     top = stats.get("rejected_by_file") or {}
     files = ", ".join(f"{f} ({n})" for f, n in top.items())
     more = stats["rejected"] - sum(top.values())
-    return (f"{stats['rejected']} of {total} records rejected, more than max_rejected_fraction="
-            f"{config.max_rejected_fraction}; by file: {files}{f' and {more} more' if more else ''}")
+    message = (f"{stats['rejected']:,} of {total:,} records rejected, more than max_rejected_fraction="
+               f"{config.max_rejected_fraction}; by file: {files}{f' and {more} more' if more else ''}")
+    reasons = describe_rejections(rejected) if rejected is not None else ""
+    return f"{message}. {reasons}" if reasons else message
 
 
 def duplicate_ids(raw_dirs: list[Path], names: list[str]) -> pl.DataFrame:

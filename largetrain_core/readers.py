@@ -273,10 +273,30 @@ def _parse_line(raw: bytes, config: ReaderConfig) -> tuple[dict | None, str | No
     except UnicodeDecodeError as e:
         return None, f"invalid UTF-8 at byte {e.start} of the line: {e.reason}"
     except json.JSONDecodeError as e:
-        return None, f"invalid JSON: {e.msg} at column {e.colno}"
-    if not isinstance(record, dict) or not isinstance(record.get(config.text_field), str):
-        return None, f"no string field {config.text_field!r}"
+        return None, f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}"  # "Invalid control character at"
+    if not isinstance(record, dict):
+        return None, f"no string field {config.text_field!r}: the line is a JSON {_json_type(record)}, not an object"
+    if config.text_field not in record:
+        return None, f"no string field {config.text_field!r}: {missing_field_hint(list(record), 'the record has fields')}"
+    if not isinstance(record[config.text_field], str):
+        return None, f"no string field {config.text_field!r}: it is a JSON {_json_type(record[config.text_field])}"
     return record, None
+
+
+def _json_type(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+MISSING_FIELD = "set raw_corpus text_field to the one holding the text"
+
+
+def missing_field_hint(names: list[str], has: str, limit: int = 12) -> str:
+    """What to do about a record or file without the text field, for a rejection's reason: what it
+    ``has`` ("the record has fields", "the file has columns"): the first ``limit`` of ``names``, and
+    the setting to change."""
+    shown = ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return f"{has} {shown or '(none)'}; {MISSING_FIELD}"
 
 
 def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
@@ -299,6 +319,9 @@ def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
     if not bad:
         return None
     more = "" if len(bad) < UNREADABLE_PREFIX else " (not read further)"
+    if all(MISSING_FIELD in reason for _, reason in bad):  # JSON objects, all without the text field
+        which = f"the first {len(bad)} non-empty lines lack it (the rest was not read)" if more else f"its {len(bad)} non-empty lines lack it"
+        return f"no string field {config.text_field!r} on any line: {which}; line {bad[0][0]}: " + bad[0][1].split(": ", 1)[1]
     return f"no readable JSON line: {len(bad)} unreadable lines{more}, the first: line {bad[0][0]}: {bad[0][1]}; is it JSON Lines?"
 
 
@@ -365,7 +388,7 @@ def _columnar(src: Source, config: ReaderConfig, out: Collector, schema: pa.Sche
     (0-based, from the file's start) is the position and the fallback id ``<file>:<row>``."""
     names = schema.names
     if config.text_field not in names:
-        out.reject(src.rel, -1, f"no column {config.text_field!r} (columns: {names})")
+        out.reject(src.rel, -1, f"no column {config.text_field!r}: {missing_field_hint(names, 'the file has columns')}")
         return
     has_id = bool(config.id_field and config.id_field in names)
     has_label = bool(config.label_field and config.label_field in names)
@@ -415,7 +438,7 @@ def _read_parquet(src: Source, config: ReaderConfig, out: Collector) -> Iterator
     if groups:
         yield from _columnar(src, config, out, pf.schema_arrow, batches())
     elif config.text_field not in names:
-        out.reject(src.rel, -1, f"no column {config.text_field!r} (columns: {names})")
+        out.reject(src.rel, -1, f"no column {config.text_field!r}: {missing_field_hint(names, 'the file has columns')}")
 
 
 def _read_arrow(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:

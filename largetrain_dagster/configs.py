@@ -145,7 +145,7 @@ def check_ops_keys(run_config: dict | None, selected: typing.Collection[str], kn
                 hints.append(f"{k!r}: write {spelled!r} (run config names a step by its asset key with __ between the parts)")
             else:
                 close = difflib.get_close_matches(spelled, sorted(known), n=3, cutoff=0.6)
-                hints.append(f"{k!r}: no such step" + (f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""))
+                hints.append(f"{k!r}: no such step" + (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""))
         raise RunConfigError(
             f"run config: {len(unknown)} key(s) under ops name no step, so their settings would be ignored: "
             + "; ".join(hints) + f". Steps of this run: {', '.join(sorted(selected))}. "

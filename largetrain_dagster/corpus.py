@@ -27,9 +27,9 @@ from dagster import (
 from pydantic import Field
 
 from largetrain_core.accounting import corpus_accounting, markdown_table, outcome_table, removal_warning
-from largetrain_core.balance import balance_parts, histogram_markdown, repeat_counts
+from largetrain_core.balance import NULL_LABEL, balance_parts, histogram_markdown, label_histogram, repeat_counts
 from largetrain_core.clean import QualityConfig
-from largetrain_core.corpus import ReaderConfig, duplicate_ids, fingerprint, rejection_error
+from largetrain_core.corpus import ReaderConfig, describe_rejections, duplicate_ids, fingerprint, rejection_error
 from largetrain_core.dedup import DedupConfig, key_hashes
 from largetrain_core.provenance import check_provenance, describe, read_provenance
 from largetrain_core.storage import data_version, part_files
@@ -75,7 +75,8 @@ class DeduplicatedTextConfig(dagster_config(DedupConfig, "DedupSettings")):
     balance_target: Optional[dict[str, float]] = Field(default=None, description=(
         "Class balancing after dedup (largetrain_core.balance; needs raw_corpus label_field): target share per "
         "label (normalized; `<null>` names documents without a label; a class left out or at 0 is dropped). "
-        "{} = uniform over the classes present. null = no balancing."))
+        "{} = uniform over the classes present. null = no balancing (with labels read, a WARNING gives the documents "
+        "per class). Set without labels read: the step fails before any work."))
     balance_mode: str = Field(default="downsample", description=(
         "downsample: sample every class without replacement, dropped documents count as filtered "
         "(balance_downsample); upsample: keep every document once and draw seeded extra copies of the minority "
@@ -125,12 +126,19 @@ def corpus_assets(role: str) -> list:
         reader = config.to_core(path=source, **part)
         path, stats, reused = build_or_reuse(context, storage, [role, "raw_corpus", pk], version,
                                              lambda out: {**engine.ingest(context, reader, out), **part})
-        error = rejection_error(stats, reader)
+        rejected = path / "rejected.parquet"
+        error = rejection_error(stats, reader, rejected)
         if error:
-            raise Failure(f"{source} (partition {pk}): {error}; see {path / 'rejected.parquet'}")
+            raise Failure(f"{source} (partition {pk}): {error.removesuffix('.')}. Every rejected record: {rejected}")
         read = stats["documents"] + stats["not_sampled"] + stats["rejected"]  # every record read, before subsetting
         extra = {"source": MetadataValue.path(source), "content_digest": digest, "size_mib": mib(stats["bytes"]),
                  "rejected_percent": percent(stats["rejected"], read), **engine_metadata(stats)}
+        if stats["rejected"]:
+            reasons = describe_rejections(rejected)
+            context.log.warning(f"{source} (partition {pk}): {stats['rejected']:,} of {read:,} records rejected (left out of "
+                                f"the corpus; more than max_rejected_fraction={reader.max_rejected_fraction} would fail "
+                                f"the run). {reasons} Every rejected record: {rejected}")
+            extra |= {"rejected_reasons": MetadataValue.text(reasons), "rejected_file": MetadataValue.path(str(rejected))}
         if provenance:
             extra.update(provenance=MetadataValue.json(provenance), corpus_version=describe(provenance))
             mismatch = check_provenance(source, provenance)
@@ -187,6 +195,15 @@ def corpus_assets(role: str) -> list:
                                   f"Re-materialize {role}/raw_corpus and {role}/cleaned_text for every partition.")
         raw_dirs, cleaned_dirs = [Path(raw[k]["path"]) for k in keys], [Path(cleaned[k]["path"]) for k in keys]
         dcfg, bal = config.to_core(), config.balancing()
+        if bal:  # before any work: balancing needs labels
+            read = label_histogram(raw_dirs)
+            if read is None or set(read) <= {NULL_LABEL}:
+                raise Failure(
+                    f"{role}/deduplicated_text: balance_target is set but no labels were read: "
+                    + ("raw_corpus label_field is null (set it to the field holding the class)" if read is None else
+                       f"none of the {read.get(NULL_LABEL, 0):,} documents has the field raw_corpus label_field names")
+                    + f". Set label_field and re-materialize {role}/raw_corpus for every partition, "
+                    "or set balance_target: null.")
         # the balance settings enter the version only when set, so unbalanced versions stay as they were
         version = data_version(CODE_VERSIONS["deduplicated_text"], {**dcfg.to_dict(), **({"balance": bal} if bal else {})},
                                [(k, cleaned[k]["data_version"]) for k in keys])
@@ -210,11 +227,22 @@ def corpus_assets(role: str) -> list:
 
         path, stats, reused = build_or_reuse(context, storage, [role, "deduplicated_text"], version, build)
         extra = engine_metadata(stats)
+        rejected_files = [str(Path(raw[k]["path"]) / "rejected.parquet") for k in keys if raw[k]["stats"].get("rejected")]
+        if rejected_files:  # the partitions' rejected records, for the summary (each raw_corpus run logged its reasons)
+            extra["rejected_files"] = MetadataValue.json(rejected_files)
         if "balance" in stats:
             b = stats["balance"]
             extra |= {"class_histogram": MetadataValue.md(histogram_markdown(b["before"], b["after"])),
                      "balance": MetadataValue.json(b), "balance_dropped": b["balance_dropped"],
                      "balance_repeats": b["balance_repeats"], "repeated_documents": b["repeated_documents"]}
+        elif (classes := label_histogram([path])) is not None:  # labels read, not balanced: say so
+            shown = ", ".join(f"{c} {n:,}" for c, n in sorted(classes.items(), key=lambda e: (-e[1], e[0])))
+            context.log.warning(
+                f"{role} corpus: labels were read (raw_corpus label_field) but not balanced: balance_target is null. "
+                f"Documents per class: {shown}. deduplicated_text `balance_target: {{}}` gives every class an equal "
+                "share ({a: 2, b: 1}: those shares), with balance_mode downsample or upsample."
+                + (" No document has the label field: check label_field." if set(classes) == {NULL_LABEL} else ""))
+            extra["labels_not_balanced"] = MetadataValue.json(classes)
         acc = corpus_accounting(raw_dirs, cleaned_dirs, path)
         summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
         outcomes = pl.read_parquet(path / "outcomes.parquet")

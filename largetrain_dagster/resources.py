@@ -105,6 +105,41 @@ def read_handle(root: str | Path, key: AssetKey, partition: str | None = None) -
     return resolve_under(read_json(f, f"handle of {key.to_user_string()} (JSON: path, data_version, stats)"), Path(root).resolve()) if f.exists() else None
 
 
+# Which of `make demo` and the README's recipes (configs/*.yaml, section "Your own data and model")
+# materialize an artefact that later runs build on; the other assets come from every recipe that needs them.
+MADE_BY = {
+    "tokenizer": ("demo", 2, 3), "base_checkpoint": ("demo", 2, 3),
+    "pretrain/raw_corpus": ("demo", 2), "pretrain/cleaned_text": ("demo", 2), "pretrain/deduplicated_text": ("demo", 2),
+    "pretrain/token_shards": ("demo", 2, 3),
+}
+RECIPES = {2: "configs/pretrain_on_my_corpus.yaml", 3: "configs/import_hf_model.yaml"}
+
+
+def not_materialized(key: AssetKey, root: str | Path, partition: str | None = None) -> str:
+    """Why an input is missing and what makes it: the asset (and partition) to materialize, with the
+    CLI selection; for the artefacts that recipes build on (:data:`MADE_BY`), that `make demo` or
+    which recipe builds them; the storage root looked in and the LARGETRAIN_ROOT that sets it."""
+    name = key.to_user_string()
+    f = handle_file(root, key, partition)
+    env, root = os.environ.get("LARGETRAIN_ROOT"), Path(root).resolve()
+    if env is None:
+        origin = "LARGETRAIN_ROOT is unset" + (": the default, .largetrain in the working directory"
+                                               if root == Path(".largetrain").resolve() else "")
+    else:
+        origin = "LARGETRAIN_ROOT" if Path(env).resolve() == root else f"not LARGETRAIN_ROOT={env}: set by the caller"
+    where = f"under the storage root {root} ({origin}; no {f})"
+    what = f"partition {partition} of {name}" if partition is not None else name
+    select = (f"--partition {partition} " if partition is not None else "") + f"--select '{name}'"
+    msg = (f"{what} has not been materialized {where}. Materialize it first (`dagster asset materialize -m "
+           f"largetrain_dagster.definitions -c <your config> {select}`, or select it in the same run), or set "
+           "LARGETRAIN_ROOT to the storage root that holds it.")
+    makers = MADE_BY.get(name)
+    if makers:
+        said = ["`make demo`" if m == "demo" else f"recipe {m} ({RECIPES[m]})" for m in makers]
+        msg += f" {said[0]} builds it" + (f", as {'does' if len(said) == 2 else 'do'} {' and '.join(said[1:])}" if len(said) > 1 else "") + "."
+    return msg
+
+
 class HandleIOManager(ConfigurableIOManager):
     """Stores what an asset returns, a small JSON *handle* (output path, data version, counts), under
     ``<root>/_handles/<asset key path>.json``, or ``<root>/_handles/<asset key path>/<partition>.json``
@@ -146,13 +181,13 @@ class HandleIOManager(ConfigurableIOManager):
         if not context.has_asset_partitions:
             f = self._file(key, None)
             if not f.exists():
-                raise Failure(f"{key.to_user_string()} has not been materialized under {self.root} (no {f})")
+                raise Failure(not_materialized(key, self.root))
             return self._read(f, key.to_user_string())
         out = {}
         for pk in context.asset_partition_keys:
             f = self._file(key, pk)
             if not f.exists():
-                raise Failure(f"partition {pk} of {key.to_user_string()} has not been materialized (no {f})")
+                raise Failure(not_materialized(key, self.root, pk))
             out[pk] = self._read(f, f"partition {pk} of {key.to_user_string()}")
         if context.has_partition_key:  # partition -> the same partition: its one handle
             (handle,) = out.values()

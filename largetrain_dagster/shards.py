@@ -15,10 +15,33 @@ from largetrain_dagster.resources import Storage
 
 class TokenShardsConfig(Config):
     seq_len: int = Field(default=1024, description="Sequence length in tokens; windows hold seq_len + 1.")
-    validation_fraction: float = Field(default=0.05, description="Share of documents held out for validation.")
+    validation_fraction: float = Field(default=0.05, description=(
+        "Share of documents held out for validation (the validation loss, the evaluation's perplexities); a split "
+        "under 16 sequences is warned about: perplexity on it is noisy."))
     seed: int = Field(default=0, description="Seed of the document-id hash that picks the validation documents.")
     sequences_per_shard: int = Field(default=8192, description="Sequences per Arrow IPC shard file (the last one holds the rest).")
 
+
+# Our own threshold, no paper's: held-out perplexity is a mean over the validation sequences, and under
+# 16 of them it moves by several percent with which documents the split happens to hold.
+MIN_VALIDATION_SEQUENCES = 16
+
+
+def tiny_validation_warning(role: str, stats: dict, config: dict) -> str | None:
+    """The warning when ``<role>/token_shards`` (its ``stats`` and ``config`` as recorded) holds fewer
+    than :data:`MIN_VALIDATION_SEQUENCES` validation sequences: how many, their tokens and documents,
+    and the setting (``validation_fraction``, with a value that would give about that many); else None."""
+    n = stats.get("validation_sequences")
+    if n is None or n >= MIN_VALIDATION_SEQUENCES:
+        return None
+    fraction = config.get("validation_fraction")
+    hint = f"token_shards `validation_fraction` (now {fraction:g}) enlarges it" if fraction is not None else \
+        "token_shards `validation_fraction` enlarges it"
+    if n and fraction:
+        hint += f": about {min(0.5, fraction * MIN_VALIDATION_SEQUENCES / n):.2g} for {MIN_VALIDATION_SEQUENCES} sequences"
+    return (f"{role}/token_shards: the validation split is tiny: {n:,} sequences ({stats.get('validation_tokens', 0):,} "
+            f"tokens, {stats.get('validation_documents', 0):,} documents), under {MIN_VALIDATION_SEQUENCES}; the "
+            f"validation loss and held-out perplexity on it are noisy. {hint}; a smaller seq_len or a larger corpus too.")
 
 
 def token_shards_asset(role: str):
@@ -42,7 +65,11 @@ def token_shards_asset(role: str):
                     **{f"{s}_{k}": v for s, d in m["splits"].items() for k, v in d.items() if k != "shards"}}
 
         path, stats, reused = build_or_reuse(context, storage, [role, "token_shards"], version, build)
-        yield asset_output(path, version, stats, config, reused)
+        warning = tiny_validation_warning(role, stats, config.model_dump())
+        if warning:
+            context.log.warning(warning)
+        yield asset_output(path, version, stats, config, reused,
+                           {"validation_warning": MetadataValue.text(warning)} if warning else None)
         max_id, vocab = -1, stats["vocab_size"]
         problems = []
         for split in ("train", "validation"):

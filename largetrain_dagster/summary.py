@@ -2,7 +2,8 @@
 (`make demo` ends with it; after a recipe of your own, run it with the same DAGSTER_HOME).
 
 Reads the Dagster instance under DAGSTER_HOME (the materialization metadata), so it shows what
-Dagster recorded, not what is on disk.
+Dagster recorded, not what is on disk; only the sample generations are read from the samples.json of
+the evaluation directory that Dagster recorded.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance
 
 from largetrain_core.provenance import describe
+from largetrain_core.storage import read_json
+from largetrain_dagster.shards import tiny_validation_warning
 
 
 def _metadata(instance: DagsterInstance, *path: str) -> dict:
@@ -45,6 +49,10 @@ def corpus_version(corpus: dict | None) -> str:
 def _balancing(dedup: dict) -> list[str]:
     """Lines on the class balancing of a deduplicated_text materialization (none when it had none)."""
     b = dedup.get("balance")
+    if not b and dedup.get("labels_not_balanced"):
+        classes = dedup["labels_not_balanced"]
+        return ["  labels read, not balanced (balance_target null): documents per class "
+                + ", ".join(f"{c} {n:,}" for c, n in sorted(classes.items(), key=lambda e: (-e[1], e[0])))]
     if not b:
         return []
     mode = {"down": "down-sampled", "up": "up-sampled"}.get(b.get("mode"), b.get("mode"))
@@ -76,6 +84,8 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
                  + f" / duplicates {_fmt(dedup.get('documents_duplicate'))}"
                  + (f" (exact {exact:,}, near {near:,})" if exact is not None and near is not None else "")
                  + f" / rejected {_fmt(dedup.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")
+    if dedup.get("rejected_files"):
+        lines.append(f"  rejected records (file, position, reason): {', '.join(dedup['rejected_files'])}")
     if dedup.get("removal_warning"):
         lines.append(f"  WARNING: {dedup['removal_warning']}")
     lines += _balancing(dedup)
@@ -85,6 +95,9 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
                  + (f"; the train split repeats {shards.get('train_repeated_documents', 0):,} documents "
                     f"({repeats:,} extra copies, {shards.get('train_repeat_tokens', 0):,} tokens)" if repeats else "")
                  + f"; {shards.get('path', 'n/a')}")
+    tiny = tiny_validation_warning(role, shards, shards.get("config") or {}) if shards else None
+    if tiny:
+        lines.append(f"  WARNING: {tiny}")
     return lines
 
 
@@ -125,7 +138,8 @@ def _models(instance: DagsterInstance) -> list[str]:
 def render(instance: DagsterInstance) -> str:
     """What the latest materializations recorded: each corpus (source, version, documents by outcome,
     balancing, shards), the base model's origin (pretrained preset or imported directory) and training,
-    the adapter's r, alpha and target modules, and the held-out perplexities."""
+    the adapter's r, alpha and target modules, the held-out perplexities and a few sample generations.
+    Warnings: a corpus's removal warning and a tiny validation split; rejected records: where they are."""
     lines = [*_corpus(instance, "pretrain", "pretraining corpus"), *_corpus(instance, "domain", "domain corpus"),
              *_models(instance)]
     ev = _metadata(instance, "evaluation")
@@ -137,7 +151,33 @@ def render(instance: DagsterInstance) -> str:
                      _fmt(ev.get("base_pretrain_perplexity"), ".1f"), _fmt(ev.get("base_domain_perplexity"), ".1f"),
                      _fmt(ev.get("adapter_domain_perplexity"), ".1f"), "n/a" if cut is None else f"{cut:.1f} %"))
     lines.append(f"evaluation: {ev.get('path', 'n/a')}")
+    lines += _samples(ev)
     return "\n".join(lines)
+
+
+def one_line(text: str, width: int = 72) -> str:
+    """``text`` as one line: repr-escaped (newlines, tabs and other control characters as escapes,
+    quoted), cut to ``width`` characters with ``...`` when longer."""
+    shown = repr(text)
+    return shown if len(shown) <= width else shown[:width - 3] + "..."
+
+
+def _samples(ev: dict, prompts: int = 3) -> list[str]:
+    """The evaluation's sample generations (its samples.json): the first ``prompts`` prompts, each with
+    the base's and the adapter's continuation on one line; none when there are none."""
+    f = Path(ev["path"]) / "samples.json" if ev.get("path") else None
+    if f is None or not f.exists():
+        return []
+    samples = read_json(f, "sample generations (samples.json)")
+    pairs = list(zip(samples.get("base") or [], samples.get("adapter") or []))
+    config = ev.get("config") or {}
+    lines = [f"sample generations (greedy, at most {config.get('max_new_tokens', 'n/a')} new tokens):"]
+    for b, a in pairs[:prompts]:
+        lines += [f"  prompt {one_line(b['prompt'])}", f"    base:           {one_line(b['completion'])}",
+                  f"    base + adapter: {one_line(a['completion'])}"]
+    if len(pairs) > prompts:
+        lines.append(f"  ... {len(pairs) - prompts} more prompts in {f}")
+    return lines if pairs else []
 
 
 def main(argv: list[str] | None = None) -> int:

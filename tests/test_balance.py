@@ -171,3 +171,64 @@ def test_dagster_balance_downsample_and_upsample(tmp_path):
     assert (md["documents_kept"].value, md["documents_filtered"].value, md["balance_repeats"].value) == (12, 1, 12)
     parts = pl.concat([pl.read_parquet(p) for p in sorted(Path(md["path"].value).glob("part-*.parquet"))])
     assert parts.height == parts["doc_id"].n_unique() == 12 and parts["copies"].sum() == 24
+
+
+# ---------------------------------------------------------------------------------------------
+# label_field without balance_target, and balance_target without labels (issue 15)
+
+
+def _run_chain(root, src, raw_config, dedup_config):
+    import logging
+
+    from dagster import DagsterInstance
+
+    from lineage import materialize_lineage
+
+    from largetrain_dagster.corpus import corpus_assets
+    from largetrain_dagster.definitions import build_definitions
+    from largetrain_dagster.summary import render
+
+    defs = build_definitions(root=str(root), wandb_mode="disabled")
+    run_config = {"ops": {
+        "domain__raw_corpus": {"config": {"path": str(src), "max_rejected_fraction": 0.5, **raw_config}},
+        "domain__cleaned_text": {"config": {"min_words": 3}},
+        "domain__deduplicated_text": {"config": dedup_config}}}
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, run_config, raise_on_error=False)
+        logs = [e for r in result.results for e in instance.all_logs(r.run_id)]
+        warnings = [e.user_message for e in logs if e.dagster_event is None and e.level == logging.WARNING]
+        failures = [e.dagster_event.step_failure_data.error.message for e in logs
+                    if e.dagster_event and e.dagster_event.is_step_failure]
+        md = [m.metadata for m in result.asset_materializations_for_node("domain__deduplicated_text")]
+        return result.success, warnings, failures, md, render(instance)
+
+
+def test_labels_read_but_not_balanced_warn_and_show_the_class_counts(tmp_path):
+    src = _labelled_corpus(tmp_path / "labelled.jsonl")
+    ok, warnings, _, md, summary = _run_chain(tmp_path / "root", src, {"label_field": "y"}, {})
+    assert ok
+    # 12 kept: a 6 (the exact duplicate of doc 0 removed), c 3, b 2, <null> 1 (doc 30)
+    (w,) = [w for w in warnings if "not balanced" in w]
+    assert w.startswith("domain corpus: labels were read (raw_corpus label_field) but not balanced: balance_target is "
+                        "null. Documents per class: a 6, c 3, b 2, <null> 1. deduplicated_text `balance_target: {}` "
+                        "gives every class an equal share")
+    assert md[0]["labels_not_balanced"].value == {"a": 6, "b": 2, "c": 3, "<null>": 1}
+    assert "  labels read, not balanced (balance_target null): documents per class a 6, c 3, b 2, <null> 1" in summary
+
+    # no label_field: nothing to say
+    ok, warnings, _, md, summary = _run_chain(tmp_path / "root", src, {}, {})
+    assert ok and not [w for w in warnings if "not balanced" in w] and "labels_not_balanced" not in md[0]
+    assert "labels read" not in summary
+
+
+def test_balance_target_without_labels_fails_before_any_work(tmp_path):
+    src = _labelled_corpus(tmp_path / "labelled.jsonl")
+    root = tmp_path / "root"
+    for raw, why in (({}, "raw_corpus label_field is null (set it to the field holding the class)"),
+                     ({"label_field": "category"}, "none of the 14 documents has the field raw_corpus label_field names")):
+        ok, _, failures, md, _ = _run_chain(root, src, raw, {"balance_target": {}, "balance_mode": "upsample"})
+        assert not ok and not md
+        (msg,) = failures
+        assert f"domain/deduplicated_text: balance_target is set but no labels were read: {why}. Set label_field and " \
+               "re-materialize domain/raw_corpus for every partition, or set balance_target: null." in msg
+        assert not (root / "domain" / "deduplicated_text").exists()  # nothing deduplicated, nothing written

@@ -471,6 +471,9 @@ def test_the_failure_message_names_the_files_that_caused_the_rejections(tmp_path
     msg = rejection_error(stats, cfg)
     assert msg == ("3 of 14 records rejected, more than max_rejected_fraction=0.05; "
                    "by file: half.jsonl (2), latin1.txt (1)")
+    assert rejection_error(stats, cfg, out / "rejected.parquet") == msg + (
+        ". Top reasons: 2 x invalid JSON: Expecting property name enclosed in double quotes at column 2 (first: "
+        "half.jsonl:2); 1 x invalid UTF-8 at byte 3: unexpected end of data (first: latin1.txt).")
     assert rejection_error(stats, ReaderConfig(str(src), max_rejected_fraction=0.25)) is None
 
 

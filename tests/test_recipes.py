@@ -153,6 +153,12 @@ def test_recipe_2_pretrain_on_your_corpus(lab, recipe2):
     assert "corpus version: no provenance file; content digest " in text and "(every partition)" in text
     assert "base model: pretrained here from preset llama-tiny: loss" in text
     assert "LoRA adapter: r=16, lora_alpha=32 on down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in text
+    # the evaluation's sample generations: each configured prompt, base and adapter on one line each
+    samples = text.split("sample generations (greedy, at most 4 new tokens):\n")[1].splitlines()
+    prompts = md(lab.instance, "evaluation")["config"]["prompts"]
+    for i, prompt in enumerate(prompts[:3]):
+        assert samples[3 * i] == f"  prompt {prompt!r}"
+        assert samples[3 * i + 1].startswith("    base:           '") and samples[3 * i + 2].startswith("    base + adapter: '")
 
 
 def test_recipe_1_lora_on_your_corpus_with_the_existing_base(lab, recipe2, tickets):

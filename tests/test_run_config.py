@@ -25,8 +25,12 @@ def test_rule_applies_allows_unselected_and_names_misspellings():
         check_ops_keys({"ops": {"domain/raw_corpus": {}, "lora_adaptor": {}, "nothing_like_it": {}}}, selected, STEPS)
     msg = str(e.value)
     assert "3 key(s)" in msg and "'domain/raw_corpus': write 'domain__raw_corpus'" in msg
-    assert "'lora_adaptor': no such step; did you mean 'lora_adapter'?" in msg
+    assert "'lora_adaptor': no such step (did you mean 'lora_adapter'?);" in msg
     assert "'nothing_like_it': no such step." in msg
+    with pytest.raises(RunConfigError) as e:  # a suggestion ends the list: no "?." before the next sentence
+        check_ops_keys({"ops": {"lora_adaptor": {}}}, selected, STEPS)
+    assert "'lora_adaptor': no such step (did you mean 'lora_adapter'?). Steps of this run:" in str(e.value)
+    assert "?." not in str(e.value)
     assert "Steps of this run: domain__cleaned_text, domain__raw_corpus." in msg
     assert "Every step: domain__cleaned_text, domain__raw_corpus, lora_adapter, tokenizer." in msg
 
