@@ -77,6 +77,10 @@ def test_optimization_ablation_job_runs_every_variant_the_hardware_has(tmp_path,
         assert result.success
         md = {k: getattr(v, "value", v) for k, v in
               instance.get_latest_materialization_event(AssetKey("optimization_report")).asset_materialization.metadata.items()}
+        logged = [e.user_message for e in instance.all_logs(result.run_id)]
+    n = len(VARIANT_NAMES)  # the run log follows the ablation variant by variant
+    assert any(f"variant 1/{n} data_parallel:" in m and "tokens/s" in m for m in logged)
+    assert any(f"variant {VARIANT_NAMES.index('fp16') + 1}/{n} fp16: skipped: CPU" in m for m in logged)
 
     report = json.loads(Path(md["report_json"]).read_text())
     status = {r["name"]: r["status"] for r in report["variants"]}

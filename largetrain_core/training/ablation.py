@@ -301,22 +301,23 @@ def run(cfg: AblationConfig) -> dict | None:
     dist.barrier()
     bf16 = torch.cuda.is_bf16_supported() if cuda else cpu_has_bf16()
     results = []
-    for v in variants:
+    for i, v in enumerate(variants, 1):
         result = {"name": v.name, "what": v.what, "changes": v.changes}
+        tag = f"variant {i}/{len(variants)} {v.name}"  # the run log's progress through the ablation
         reason = why_skipped(v, cuda, world, bf16)
         if reason:
             result.update(status="skipped", reason=reason)
             if rank == 0:
-                log.info(f"{v.name}: skipped: {reason}")
+                log.info(f"{tag}: skipped: {reason}")
         else:
             if rank == 0:
-                log.info(f"{v.name}: {v.what}: {cfg.warmup_steps} + {cfg.steps} steps")
+                log.info(f"{tag}: {v.what}: {cfg.warmup_steps} + {cfg.steps} steps")
             try:
                 result.update(status="ran", reason=None, **measure(cfg, v, lora_base))
             except Exception as e:  # one variant failing (e.g. out of memory) does not lose the others
                 result.update(status="failed", reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             if rank == 0:
-                log.info(f"{v.name}: " + (f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_memory_gib']:.3f} GiB, "
+                log.info(f"{tag}: " + (f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_memory_gib']:.3f} GiB, "
                                           f"loss {result['loss_after_steps']:.4f}" if result["status"] == "ran"
                                           else f"failed: {result['reason']}"))
         results.append(result)
