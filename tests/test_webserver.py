@@ -8,6 +8,9 @@
 * the optimization ablation launched from the browser: the ``optimization_ablation`` job's launchpad,
   a tiny config typed into its editor, "Launch Run"; the run succeeds and the asset page shows the
   chart (a loaded image, checked in a screenshot) and the table with rounded numbers;
+* recipe 1's first command clicked as README "From the web UI" says: Lineage, the two assets typed into
+  "Search and filter assets", "Open launchpad" beside "Materialize all…", the recipe file pasted (nothing
+  for "Remove extra config" to remove), partition 000, "Materialize"; the run succeeds with the recipe's config;
 * declarative automation, on by default: a file renamed into the landing directory is read, cleaned
   and deduplicated by the daemon without a click;
 * cancellation: a training launched through GraphQL is terminated through GraphQL while torchrun
@@ -464,6 +467,143 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
         (tmp_path / "optimization_table.png").write_bytes(rendered.screenshot_as_png)
     finally:
         driver.quit()
+
+
+RECIPE_1 = REPO / "configs" / "lora_on_my_corpus.yaml"
+RECIPE_1_FIRST_SELECTION = 'key:"domain/raw_corpus" or key:"domain/cleaned_text"'  # the first command's --select
+
+
+def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
+    """README "Your own data and model", "From the web UI", recipe 1's first command for partition 000, as a
+    user clicks it in dagster-webserver 1.13: Lineage (the global asset graph, groups collapsed), "Skip" on
+    the community dialog, the two assets typed into "Search and filter assets" (Enter), the arrow beside
+    "Materialize all…", "Open launchpad"; the recipe file (its corpus path edited to a slice of the support
+    tickets) pasted into the config editor; "Remove extra config" has nothing to remove (the launchpad
+    accepts the keys of the steps outside the selection); Partition 000; "Materialize". The run succeeds
+    for partition 000 with the recipe's config for both steps, and both assets are materialized by it."""
+    import yaml
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    tickets = tmp_path / "tickets.jsonl"  # a slice of the new user's corpus: 200 labelled short records
+    tickets.write_text("".join((REPO / "tests" / "data" / "support_tickets.jsonl").read_text().splitlines(keepends=True)[:200]))
+    recipe, edits = re.subn(r"(?m)^(    config:\n      path: )\S+", rf"\g<1>{tickets}", RECIPE_1.read_text())
+    assert edits == 1  # the EDIT line of domain__raw_corpus, as a user edits it
+    expected = yaml.safe_load(recipe)
+    assert expected["ops"]["domain__raw_corpus"]["config"]["path"] == str(tickets)
+
+    def raw_corpus_runs() -> dict[str, dict]:
+        data = server.graphql("""{ runsOrError { ... on Runs { results { runId status pipelineName runConfigYaml
+            assetSelection { path } tags { key value } } } } }""")
+        return {r["runId"]: r for r in data["runsOrError"]["results"] if {"path": ["domain", "raw_corpus"]} in (r["assetSelection"] or [])}
+
+    def visible(xpath: str):
+        return [e for e in driver.find_elements(By.XPATH, xpath) if e.is_displayed()]
+
+    def settled(predicate):
+        """``predicate`` for _wait, false while the page re-renders under it (an element gone stale)."""
+        def check():
+            try:
+                return predicate()
+            except StaleElementReferenceException:
+                return False
+        return check
+
+    def editor_value() -> str:
+        return driver.execute_script("return document.querySelector('[role=dialog] .CodeMirror').CodeMirror.getValue();")
+
+    before = raw_corpus_runs()
+    driver = _chrome(tmp_path / "chromium-profile")
+    try:
+        driver.get(f"{server.url}/asset-groups")  # the left navigation's "Lineage"
+        _wait(settled(lambda: visible("//a[normalize-space(.)='Lineage']") and visible("//button[normalize-space(.)='Materialize all\u2026']")),
+              "the global asset lineage page", 120)
+        # the community dialog opens a second after the first page of a browser, until someone skips it on this server
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not visible("//button[normalize-space(.)='Skip']"):
+            time.sleep(0.5)
+        _dismiss_community_dialog(driver)
+
+        # "Search and filter assets" (a CodeMirror line): the selection typed as a user types it, then Enter
+        search = _wait(settled(lambda: visible("//div[contains(concat(' ', @class, ' '), ' CodeMirror ')]"
+                                               "[.//*[normalize-space(.)='Search and filter assets']]")),  # its placeholder
+                       "the asset search box", 30)[0]
+        search.click()
+        ActionChains(driver).send_keys(RECIPE_1_FIRST_SELECTION, Keys.ENTER).perform()
+        _wait(lambda: "domain%2Fcleaned_text" in driver.current_url, "the graph to be filtered to the selection", 30)
+
+        # the arrow beside "Materialize all…" (the ellipsis: partitioned assets), then "Open launchpad"
+        for _ in range(3):  # a click that lands while the graph re-renders is lost: click again
+            arrow = _wait(settled(lambda: visible("//button[normalize-space(.)='Materialize all\u2026']/following::button[1]")),
+                          "the arrow beside Materialize all\u2026", 30)
+            try:
+                arrow[0].click()
+                _wait(settled(lambda: visible("//button[@role='menuitem'][normalize-space(.)='Open launchpad']")), "the menu", 10, every=0.5)
+                break
+            except (StaleElementReferenceException, pytest.fail.Exception):
+                continue
+        _click_button(driver, "Open launchpad", 30)
+        _wait(lambda: driver.execute_script("const e = document.querySelector('[role=dialog] .CodeMirror'); return !!(e && e.CodeMirror);")
+              and settled(lambda: visible("//*[normalize-space(.)='Launchpad (configure assets)']"))(), "the asset launchpad", 60)
+        selection = _wait(settled(lambda: [v for e in driver.find_elements(By.XPATH, "//*[@role='dialog']//input[@readonly]")
+                                           if "domain/" in (v := e.get_attribute("value") or "")]), "the launchpad's asset selection", 30)
+        assert selection == ["domain/cleaned_text, domain/raw_corpus"]
+        # it opens with every default of the two steps expanded
+        _wait(settled(lambda: visible("//*[normalize-space(.)='All defaults expanded']")), "the launchpad to validate its default config", 60)
+
+        # the recipe file pasted into the editor (CodeMirror 5: setValue fires the change that typing fires)
+        driver.execute_script("document.querySelector('[role=dialog] .CodeMirror').CodeMirror.setValue(arguments[0]);", recipe)
+        _wait(settled(lambda: (b := visible("//button[normalize-space(.)='Scaffold all default config']")) and b[0].is_enabled()),
+              "the launchpad to validate the recipe (it has defaults left to expand)", 60)
+        assert visible("//*[normalize-space(.)='No errors']")
+        # "Remove extra config" has nothing to remove: the keys of the steps outside this selection are accepted
+        (remove,) = visible("//button[normalize-space(.)='Remove extra config']")
+        assert not remove.is_enabled() and visible("//*[normalize-space(.)='No extra config to remove']")
+
+        # Partition: the box at the top left of the launchpad, its list of the data partitions
+        visible("//input[@placeholder='Partition']")[0].click()
+        _wait(settled(lambda: [i.text for i in visible("//*[@role='menuitem']")] == PARTITION_KEYS), "the partition list", 30)
+        _click_button(driver, PARTITION_KEYS[0], 30)
+        _wait(settled(lambda: [i.get_attribute("value") for i in visible("//input[@placeholder='Partition']")] == [PARTITION_KEYS[0]]),
+              "partition 000 to be chosen", 30)
+        # choosing the partition merges its (empty) run config into the editor's: the recipe's values stay
+        _wait(lambda: yaml.safe_load(editor_value()) == expected, "the editor to keep the recipe's config", 30)
+
+        _click_button(driver, "Materialize", 60)
+        run_id = _wait(lambda: (m := re.search(r"/runs/([0-9a-f-]{36})", driver.current_url)) and m.group(1),
+                       "the run's page to open", 60)
+    finally:
+        driver.quit()
+
+    new = {k: v for k, v in raw_corpus_runs().items() if k not in before}
+    assert list(new) == [run_id]
+    status = _wait(lambda: (s := server.run_status(run_id)) in ("SUCCESS", "FAILURE", "CANCELED") and s,
+                   "the partition run to finish", 300, every=2, log=server.log)
+    assert status == "SUCCESS", server.log.read_text(errors="replace")[-3000:]
+    run = raw_corpus_runs()[run_id]
+    assert sorted(a["path"] for a in run["assetSelection"]) == [["domain", "cleaned_text"], ["domain", "raw_corpus"]]
+    assert {"key": "dagster/partition", "value": PARTITION_KEYS[0]} in run["tags"]
+    config = yaml.safe_load(run["runConfigYaml"])
+    for step in ("domain__raw_corpus", "domain__cleaned_text"):
+        assert config["ops"][step] == expected["ops"][step], step
+    assert config["execution"] == expected["execution"]
+
+    def materialization(key: list[str]) -> dict:
+        data = server.graphql("""query($key: AssetKeyInput!) { assetOrError(assetKey: $key) { ... on Asset {
+            assetMaterializations(limit: 50) { runId partition metadataEntries { label
+              ... on IntMetadataEntry { intValue } ... on PathMetadataEntry { path } } } } } }""", {"key": {"path": key}})
+        (mat,) = [m for m in data["assetOrError"]["assetMaterializations"] if m["runId"] == run_id]
+        assert mat["partition"] == PARTITION_KEYS[0], key
+        return {e["label"]: e.get("intValue", e.get("path")) for e in mat["metadataEntries"]}
+
+    raw, cleaned = materialization(["domain", "raw_corpus"]), materialization(["domain", "cleaned_text"])
+    # partition 000 of the one JSONL file (the lines that start in its quarter of the bytes), read from the slice
+    assert raw["source"] == str(tickets) and 0 < raw["documents"] < 200 and raw["rejected"] == 0
+    # the recipe's rules for short records (all three groups off): nothing filtered; the default Gopher quality
+    # rules (at least 50 words) would remove nearly every ticket
+    assert cleaned["input"] == cleaned["kept"] == raw["documents"] and cleaned["filtered"] == 0
 
 
 def test_landed_file_is_cleaned_and_deduplicated_without_a_click(server):
