@@ -439,15 +439,21 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
         _wait(lambda: driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0;", img),
               "the chart image to load", 30)
         assert driver.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight];", img) == list(png.size)
-        shot = img.screenshot_as_png
-        (tmp_path / "optimization_chart.png").write_bytes(shot)
 
         def ink(image) -> float:  # the fraction of pixels that are not white
             grey = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA")).convert("L")
             return 1 - sum(grey.histogram()[250:]) / (grey.width * grey.height)
 
-        seen = Image.open(io.BytesIO(shot))
-        assert seen.width >= 0.9 * png.width and ink(seen) > 0.05 and abs(ink(seen) - ink(png)) < 0.02, (ink(seen), ink(png))
+        def settled():  # the dialog fades in over the page: screenshot until the chart stands alone on white
+            seen = Image.open(io.BytesIO(img.screenshot_as_png))
+            (tmp_path / "optimization_chart.png").write_bytes(img.screenshot_as_png)
+            return seen if seen.width >= 0.9 * png.width and abs(ink(seen) - ink(png)) < 0.02 else None
+
+        deadline = time.monotonic() + 20
+        while (seen := settled()) is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        last = Image.open(tmp_path / "optimization_chart.png")
+        assert seen is not None and ink(seen) > 0.05, (last.size, ink(last), ink(png))
         _click_button(driver, "Close", 30)
 
         # ... and the table: one row per variant, the numbers as report.json's, rounded as the report rounds them
