@@ -445,8 +445,9 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
             return 1 - sum(grey.histogram()[250:]) / (grey.width * grey.height)
 
         def settled():  # the dialog fades in over the page: screenshot until the chart stands alone on white
-            seen = Image.open(io.BytesIO(img.screenshot_as_png))
-            (tmp_path / "optimization_chart.png").write_bytes(img.screenshot_as_png)
+            shot = img.screenshot_as_png
+            (tmp_path / "optimization_chart.png").write_bytes(shot)
+            seen = Image.open(io.BytesIO(shot))
             return seen if seen.width >= 0.9 * png.width and abs(ink(seen) - ink(png)) < 0.02 else None
 
         deadline = time.monotonic() + 20
