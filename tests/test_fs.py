@@ -1,0 +1,42 @@
+"""Locations as URLs (largetrain_core.fs) against a real S3 API server on 127.0.0.1."""
+
+import pytest
+
+from largetrain_core import fs
+
+
+def test_local_paths_and_urls_are_told_apart(tmp_path):
+    assert not fs.is_url(tmp_path) and not fs.is_url(f"file://{tmp_path}")
+    assert fs.is_url("s3://bucket/x") and fs.is_url("memory://x") and fs.is_url("gs://b")
+    assert fs.local_path(f"file://{tmp_path}") == tmp_path.resolve()
+    with pytest.raises(ValueError, match="not a local path"):
+        fs.local_path("s3://bucket/x")
+    assert fs.join("s3://b/root/", "a", "b/") == "s3://b/root/a/b"
+    assert fs.join(str(tmp_path), "a", "b") == str(tmp_path / "a" / "b")
+
+
+def test_credentials_in_a_url_are_redacted():
+    assert fs.redact("s3://AKIAEXAMPLE:s3cr3t@bucket/root") == "s3://***@bucket/root"
+    assert fs.redact("s3://bucket/root") == "s3://bucket/root"
+
+
+def test_files_round_trip_through_the_s3_server(s3_bucket):
+    fsys, path = fs.filesystem(fs.join(s3_bucket, "dir", "a.txt"))
+    fsys.pipe_file(path, b"hello")
+    again, _ = fs.filesystem(s3_bucket)
+    assert again.cat_file(path) == b"hello"
+    fs.check_access(s3_bucket, "read the corpus")
+    fs.check_access(fs.join(s3_bucket, "root"), "write the storage root", write=True)
+    assert not again.exists(f"{path.rsplit('/', 1)[0]}/.largetrain-write-probe")
+
+
+def test_a_missing_bucket_fails_naming_the_location_and_operation(s3_server):
+    with pytest.raises(fs.StorageAccessError, match=r"cannot read the corpus at s3://no-such-bucket-here/x"):
+        fs.check_access("s3://no-such-bucket-here/x", "read the corpus")
+    with pytest.raises(fs.StorageAccessError, match=r"cannot write the storage root at s3://no-such-bucket-here"):
+        fs.check_access("s3://no-such-bucket-here/root", "write the storage root", write=True)
+
+
+def test_a_missing_local_directory_fails_before_work(tmp_path):
+    with pytest.raises(fs.StorageAccessError, match="cannot read the corpus at .*nowhere"):
+        fs.check_access(tmp_path / "nowhere", "read the corpus")
