@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 export LARGETRAIN_ROOT := $(abspath $(DATA))
 export DAGSTER_HOME := $(abspath $(DATA))/dagster_home
 
-.PHONY: install corpora demo test dev clean
+.PHONY: install corpora demo test test-fast dev clean
 
 install: $(VENV)/.installed
 
@@ -41,7 +41,11 @@ demo: install corpora $(DAGSTER_HOME)/dagster.yaml
 
 test: install $(VENV)/.spark-installed corpora
 	scripts/install_system_deps.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+# The unit tier alone (tests/conftest.py, TIERS): core functions on tiny inputs, under 2 minutes.
+test-fast: install $(VENV)/.spark-installed
+	$(PY) -m pytest -q -m unit --durations=10
 
 # The web UI on http://127.0.0.1:3000 (loopback only).
 dev: install corpora $(DAGSTER_HOME)/dagster.yaml

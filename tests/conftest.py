@@ -129,3 +129,22 @@ def s3_bucket(s3_server, request) -> str:
     fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
     fs.mkdir(name)
     return f"s3://{name}"
+
+
+# Test tiers (docs/ARCHITECTURE.md, Tests): ``unit`` runs core functions on tiny inputs in seconds
+# (`make test-fast`); ``e2e`` drives a browser, the whole lineage or determinism across runs;
+# everything else, and any new file until it is listed, is ``integration`` (Dagster
+# materializations, DeepSpeed, Spark, PostgreSQL, the S3 server). Selected with ``-m unit`` etc.
+TIERS = {
+    "unit": {"test_clean.py", "test_config_reference.py", "test_dedup.py", "test_fs.py", "test_loaders.py",
+             "test_model_card.py", "test_prep.py", "test_storage.py"},
+    "e2e": {"test_webserver.py", "test_determinism.py", "test_pipeline.py", "test_recipes.py",
+            "test_lineage_versions.py", "test_postgres.py"},
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        tier = next((t for t, files in TIERS.items() if name in files), "integration")
+        item.add_marker(getattr(pytest.mark, tier))
