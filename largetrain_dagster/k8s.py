@@ -14,8 +14,15 @@
   dagster-k8s's ``k8s_job_executor``: every step (one partition of raw_corpus or cleaned_text) runs
   in its own Kubernetes Job/pod with the CPU and memory below. A backfill over all partitions is
   one run per partition; every pod gets the same LARGETRAIN_DATA_PARTITIONS.
-* Storage: a ReadWriteMany volume (``storage_claim``) mounted at ``mount_path`` on every pod is the
-  storage root; the instance is the PostgreSQL profile (deploy/dagster.postgres.yaml).
+* Storage: with an object-store root (``LARGETRAIN_ROOT=s3://bucket/prefix``, any fsspec URL), every
+  pod reads and writes the bucket and keeps its working copies and shard cache on an ``emptyDir``
+  volume at ``cache_path`` (``LARGETRAIN_CACHE``, ``cache_size`` its size limit): no shared volume.
+  Credentials come from the pod's service account (IRSA, GKE workload identity) or, when present,
+  the Secret ``credentials_secret`` (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never from the
+  manifest; AWS_ENDPOINT_URL and AWS_DEFAULT_REGION are passed on from the Dagster process. The
+  training config travels as an object beside the version (the pods read it by URL). With a
+  local-path root, a ReadWriteMany volume (``storage_claim``) mounted at ``mount_path`` on every pod
+  is the storage root. The instance is the PostgreSQL profile (deploy/dagster.postgres.yaml).
 
 ``build_k8s_definitions()`` returns the definitions for a cluster's code location
 (``largetrain_dagster.k8s:defs``): image and sizes from LARGETRAIN_IMAGE, LARGETRAIN_K8S_NAMESPACE,
@@ -30,6 +37,7 @@ from typing import Any
 
 from dagster import AssetSelection, Definitions, define_asset_job
 
+from largetrain_core.fs import is_url
 from largetrain_core.launch import ENTRY_MODULE
 from largetrain_dagster.partitions import DATA_PARTITIONS
 from largetrain_dagster.resources import TorchrunLauncher, training_failure
@@ -55,8 +63,17 @@ class K8sTorchrunLauncher(TorchrunLauncher):
     rdzv_port: int = 29400
     storage_claim: str = "largetrain-storage"
     mount_path: str = "/data"
+    storage_root: str | None = None
+    cache_path: str = "/cache"
+    cache_size: str = "500Gi"
+    credentials_secret: str = "largetrain-object-store"
     service_account: str | None = None
     pod_wait_timeout_seconds: float = 7 * 24 * 3600
+
+    @property
+    def object_store(self) -> bool:
+        """Whether the storage root is an object-store URL (pods then share no volume)."""
+        return self.storage_root is not None and is_url(self.storage_root)
 
     def names(self, run_id: str, step: str) -> tuple[str, str]:
         """(pod name prefix, headless service name) for one training step of one run."""
@@ -64,8 +81,10 @@ class K8sTorchrunLauncher(TorchrunLauncher):
         return base, f"{base}-rdzv"
 
     def log_dir(self, config_path: str, run_id: str, step: str) -> str:
-        """torchrun's --log-dir of one training step (every node's ranks' error files), beside the config."""
-        return str(PurePosixPath(config_path).parent / "torchelastic" / _dns(f"{step}-{run_id}"))
+        """torchrun's --log-dir of one training step (every node's ranks' error files): beside the config on
+        the shared volume, or on the pod's cache volume with an object-store root (read from the pod log then)."""
+        base = PurePosixPath(self.cache_path) if self.object_store else PurePosixPath(config_path).parent
+        return str(base / "torchelastic" / _dns(f"{step}-{run_id}"))
 
     def torchrun_command(self, config_path: str, rdzv_host: str, run_id: str, log_dir: str | None = None,
                          module: str = ENTRY_MODULE) -> list[str]:
@@ -90,14 +109,18 @@ class K8sTorchrunLauncher(TorchrunLauncher):
                 "image": self.image,
                 "command": self.torchrun_command(config_path, rdzv_host, run_id, self.log_dir(config_path, run_id, step),
                                                  module),
-                "env": [{"name": "LARGETRAIN_ROOT", "value": self.mount_path}, {"name": "PYTHONUNBUFFERED", "value": "1"},
+                "env": [*storage_env(self.storage_root if self.object_store else self.mount_path, self.cache_path,
+                                    self.credentials_secret),
+                        {"name": "PYTHONUNBUFFERED", "value": "1"},
                         {"name": "OMP_NUM_THREADS", "value": str(max(1, int(float(self.cpu_per_node)) // self.nproc_per_node))},
                         {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": True}}}],
                 "ports": [{"containerPort": self.rdzv_port, "name": "rdzv"}],
                 "resources": {"limits": limits, "requests": dict(limits)},
-                "volumeMounts": [{"name": "storage", "mountPath": self.mount_path}, {"name": "shm", "mountPath": "/dev/shm"}],
+                "volumeMounts": [{"name": "storage", "mountPath": self.cache_path if self.object_store else self.mount_path},
+                                 {"name": "shm", "mountPath": "/dev/shm"}],
             }],
-            "volumes": [{"name": "storage", "persistentVolumeClaim": {"claimName": self.storage_claim}},
+            "volumes": [{"name": "storage", "emptyDir": {"sizeLimit": self.cache_size}} if self.object_store
+                        else {"name": "storage", "persistentVolumeClaim": {"claimName": self.storage_claim}},
                         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}],
         }
         if self.gpus_per_node:
@@ -137,6 +160,19 @@ class K8sTorchrunLauncher(TorchrunLauncher):
                                        "spec": k8s_snake_case_dict(kubernetes.client.V1ServiceSpec, svc["spec"])})
         return {"service": service, "pods": pods}
 
+    def pod_config_location(self, config_path: str) -> str:
+        """Where the pods read the training config: uploaded beside its version under the object-store root
+        (its URL), or the same file on the shared volume (its path there)."""
+        if self.object_store:
+            from largetrain_core.fs import filesystem
+            from largetrain_core.storage import remote_location
+
+            url = remote_location(self.storage_root, Path(config_path))
+            fs, path = filesystem(url)
+            fs.put_file(str(config_path), path)
+            return url
+        return str(PurePosixPath(self.mount_path) / PurePosixPath(config_path).relative_to(os.environ.get("LARGETRAIN_ROOT", "/data")))
+
     def run(self, context, config_path, log_path, module: str = ENTRY_MODULE) -> dict:
         """Create the service and the pods of nodes 1..N-1, run node 0 through PipesK8sClient, and delete
         everything afterwards. The config path must lie on the shared volume (the storage root).
@@ -146,7 +182,7 @@ class K8sTorchrunLauncher(TorchrunLauncher):
         from dagster_k8s import PipesK8sClient
         from dagster_k8s.client import DagsterKubernetesClient
 
-        cfg = str(PurePosixPath(self.mount_path) / PurePosixPath(config_path).relative_to(os.environ.get("LARGETRAIN_ROOT", "/data")))
+        cfg = self.pod_config_location(config_path)
         step = context.op.name if hasattr(context, "op") else "train"
         objects = self.render(cfg, context.run_id, step, module)
         api = DagsterKubernetesClient.production_client().core_api
@@ -180,15 +216,39 @@ def data_prep_step_k8s_config(cpu: str = "4", memory: str = "16Gi") -> dict[str,
     return {"container_config": {"resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}}}
 
 
-def data_prep_executor_config(root: str, namespace: str, storage_claim: str) -> dict[str, Any]:
+def storage_env(root: str, cache_path: str, credentials_secret: str) -> list[dict[str, Any]]:
+    """A pod's storage variables: LARGETRAIN_ROOT; with an object-store root also LARGETRAIN_CACHE, the
+    endpoint and region this process uses (not secret), and the credentials as optional references to
+    the Secret ``credentials_secret`` (absent: the service account's role is used)."""
+    env: list[dict[str, Any]] = [{"name": "LARGETRAIN_ROOT", "value": root}]
+    if not is_url(root):
+        return env
+    env.append({"name": "LARGETRAIN_CACHE", "value": cache_path})
+    env += [{"name": k, "value": os.environ[k]} for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION")
+            if os.environ.get(k)]
+    env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": credentials_secret, "key": k, "optional": True}}}
+            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    return env
+
+
+def data_prep_executor_config(root: str, namespace: str, storage_claim: str, cache_path: str = "/cache",
+                              cache_size: str = "200Gi", credentials_secret: str = "largetrain-object-store") -> dict[str, Any]:
     """Config of dagster-k8s's k8s_job_executor for the data-preparation job: one Kubernetes Job per step,
-    at most 64 at a time, the shared volume as storage root."""
+    at most 64 at a time. With an object-store ``root`` each pod gets an ``emptyDir`` of ``cache_size`` at
+    ``cache_path`` for its working copies; with a local-path root, the shared volume is the storage root."""
+    partitions = f"LARGETRAIN_DATA_PARTITIONS={len(DATA_PARTITIONS.get_partition_keys())}"
+    base = {"job_namespace": namespace, "image_pull_policy": "IfNotPresent", "max_concurrent": 64}
+    if is_url(root):
+        step = data_prep_step_k8s_config()
+        step["container_config"]["env"] = storage_env(root, cache_path, credentials_secret)
+        return {**base, "step_k8s_config": step, "env_vars": [partitions],
+                "volume_mounts": [{"name": "cache", "mount_path": cache_path}],
+                "volumes": [{"name": "cache", "empty_dir": {"size_limit": cache_size}}]}
     return {
-        "job_namespace": namespace, "image_pull_policy": "IfNotPresent", "max_concurrent": 64,
-        "step_k8s_config": data_prep_step_k8s_config(),
+        **base, "step_k8s_config": data_prep_step_k8s_config(),
         "volume_mounts": [{"name": "storage", "mount_path": root}],
         "volumes": [{"name": "storage", "persistent_volume_claim": {"claim_name": storage_claim}}],
-        "env_vars": [f"LARGETRAIN_ROOT={root}", f"LARGETRAIN_DATA_PARTITIONS={len(DATA_PARTITIONS.get_partition_keys())}"],
+        "env_vars": [f"LARGETRAIN_ROOT={root}", partitions],
     }
 
 
@@ -204,7 +264,8 @@ def build_k8s_definitions(root: str = "/data", image: str | None = None) -> Defi
     launcher = K8sTorchrunLauncher(image=image, namespace=os.environ.get("LARGETRAIN_K8S_NAMESPACE", "largetrain"),
                                    nnodes=int(os.environ.get("LARGETRAIN_NNODES", "2")),
                                    gpus_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")),
-                                   nproc_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")), mount_path=root)
+                                   nproc_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")),
+                                   mount_path="/data" if is_url(root) else root, storage_root=root)
     executor = k8s_job_executor.configured(data_prep_executor_config(root, launcher.namespace, launcher.storage_claim))
     landed_job = define_asset_job("landed_partitions_k8s", partitions_def=landed_batches, executor_def=executor,
                                   selection=AssetSelection.assets(["landed", "raw_corpus"], ["landed", "cleaned_text"]),

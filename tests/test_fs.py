@@ -40,3 +40,20 @@ def test_a_missing_bucket_fails_naming_the_location_and_operation(s3_server):
 def test_a_missing_local_directory_fails_before_work(tmp_path):
     with pytest.raises(fs.StorageAccessError, match="cannot read the corpus at .*nowhere"):
         fs.check_access(tmp_path / "nowhere", "read the corpus")
+
+
+def test_the_training_entry_point_reads_its_config_from_a_url(s3_bucket, tmp_path):
+    """What Kubernetes pods do with an object-store root: `-m largetrain_core.training s3://.../train_config.json`.
+    A config with an unknown key is read from the bucket and refused, naming the key."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    url = fs.join(s3_bucket, "base_checkpoint", "v1", "train_config.json")
+    fsys, path = fs.filesystem(url)
+    fsys.pipe_file(path, json.dumps({"not_a_setting": 1}).encode())
+    r = subprocess.run([sys.executable, "-m", "largetrain_core.training", url], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")})
+    assert r.returncode != 0
+    assert "unknown training config keys ['not_a_setting']" in r.stderr + r.stdout

@@ -91,3 +91,59 @@ def test_data_prep_partition_steps_run_as_separate_k8s_jobs():
     assert any(e.name == "LARGETRAIN_DATA_PARTITIONS" and e.value == str(len(PARTITION_KEYS)) for e in c.env)
     assert any(v.persistent_volume_claim and v.persistent_volume_claim.claim_name == "largetrain-storage"
                for v in k8s_job.spec.template.spec.volumes)
+
+
+def test_with_an_object_store_root_pods_share_no_volume_and_read_the_bucket(monkeypatch):
+    """LARGETRAIN_ROOT=s3://...: training pods and data-prep step Jobs get the root URL, an emptyDir cache at
+    /cache (LARGETRAIN_CACHE) instead of the ReadWriteMany claim, the endpoint passed on, and the credentials
+    only as optional references to a Secret: no secret value in any manifest."""
+    import json
+
+    import kubernetes
+    from dagster._config import process_config
+    from dagster_k8s import k8s_job_executor
+    from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+
+    from largetrain_dagster.k8s import K8sTorchrunLauncher, data_prep_executor_config
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio.storage.svc:9000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak-this-secret")
+    root = "s3://team-bucket/largetrain"
+    launcher = K8sTorchrunLauncher(image="registry.example/largetrain:1", nnodes=2, nproc_per_node=8, gpus_per_node=8,
+                                   storage_root=root, cache_size="800Gi")
+    cfg = f"{root}/base_checkpoint/abc/train_config.json"
+    objs = launcher.render(cfg, "0f9e8d7c-6b5a-4321-8765-0123456789ab", "base_checkpoint")
+    api = kubernetes.client.ApiClient()
+    for pod in objs["pods"]:
+        manifest = api.sanitize_for_serialization(pod)
+        assert "do-not-leak-this-secret" not in json.dumps(manifest)
+        (c,) = pod.spec.containers
+        assert c.command[-1] == cfg  # the pods read the config from the bucket
+        assert any(a.startswith("--log-dir=/cache/torchelastic/") for a in c.command)
+        env = {e.name: e for e in c.env}
+        assert env["LARGETRAIN_ROOT"].value == root and env["LARGETRAIN_CACHE"].value == "/cache"
+        assert env["AWS_ENDPOINT_URL"].value == "http://minio.storage.svc:9000"
+        ref = env["AWS_SECRET_ACCESS_KEY"].value_from.secret_key_ref
+        assert env["AWS_SECRET_ACCESS_KEY"].value is None and ref.name == "largetrain-object-store" and ref.optional
+        volumes = {v.name: v for v in pod.spec.volumes}
+        assert all(v.persistent_volume_claim is None for v in volumes.values())
+        assert volumes["storage"].empty_dir.size_limit == "800Gi"
+        assert {m.mount_path for m in c.volume_mounts} == {"/cache", "/dev/shm"}
+
+    executor_cfg = data_prep_executor_config(root, "largetrain", "largetrain-storage")
+    checked = process_config(k8s_job_executor.config_schema.config_type, executor_cfg)
+    assert checked.success, checked.errors
+    jc = DagsterK8sJobConfig(job_image="registry.example/largetrain:1", dagster_home="/opt/dagster/home",
+                             volume_mounts=executor_cfg["volume_mounts"], volumes=executor_cfg["volumes"],
+                             env_vars=executor_cfg["env_vars"])
+    job = construct_dagster_k8s_job(jc, ["dagster", "api", "execute_step", "{}"], "dagster-step-1",
+                                    UserDefinedDagsterK8sConfig.from_dict(executor_cfg["step_k8s_config"]),
+                                    pod_name="dagster-step-1-pod", component="step_worker")
+    assert "do-not-leak-this-secret" not in json.dumps(api.sanitize_for_serialization(job))
+    spec = job.spec.template.spec
+    (c,) = spec.containers
+    env = {e.name: e for e in c.env}
+    assert env["LARGETRAIN_ROOT"].value == root and env["LARGETRAIN_CACHE"].value == "/cache"
+    assert env["AWS_ACCESS_KEY_ID"].value_from.secret_key_ref.name == "largetrain-object-store"
+    assert [v.empty_dir.size_limit for v in spec.volumes if v.name == "cache"] == ["200Gi"]
+    assert not any(v.persistent_volume_claim for v in spec.volumes)

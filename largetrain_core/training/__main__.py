@@ -1,5 +1,6 @@
 """The training entry point: ``torchrun --nproc_per_node N -m largetrain_core.training CONFIG.json``
-(a :class:`~largetrain_core.training.config.TrainConfig` as JSON). Exit status 0 after a finished run.
+(a :class:`~largetrain_core.training.config.TrainConfig` as JSON; a local path or a URL such as
+``s3://bucket/.../train_config.json``, read through largetrain_core.fs). Exit status 0 after a finished run.
 
 An uncaught exception is recorded in torchrun's per-rank error file (largetrain_core.launch.record)
 before it ends the process: its full type, message, rank and the file it concerns reach the launcher."""
@@ -10,7 +11,14 @@ import os
 import sys
 from pathlib import Path
 
+from largetrain_core.fs import filesystem
 from largetrain_core.launch import concerning, finish_rank, record
+
+
+def read_bytes(location: str) -> bytes:
+    """The bytes of a local file or of an object at a URL."""
+    fs, path = filesystem(location)
+    return fs.cat_file(path)
 
 
 @record
@@ -27,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from largetrain_core.training.trainer import run
 
     with concerning(argv[0], "reading the training config"):
-        cfg = TrainConfig.from_dict(json.loads(Path(argv[0]).read_text()))
+        cfg = TrainConfig.from_dict(json.loads(read_bytes(argv[0])))
         cfg.validate()
         cfg.validate_inputs()
     run(cfg)
