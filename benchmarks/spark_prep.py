@@ -45,7 +45,7 @@ without words. Each in a fresh process, after the imports and a warm-up read:
   at commit BASELINE, loaded from git; signature files with one list column of band hashes);
 * ``local``: today's ``cluster_signatures`` (one column per band, hash ranges, candidates-only union-find);
   bytes per document = (peak RSS, VmHWM reset through /proc/self/clear_refs, minus the RSS before) / N;
-* ``spark``: spark_prep.duplicates (candidate pairs, connected components, the duplicates' join) from
+* ``spark``: largetrain_core.executors.spark.dedup.duplicates (candidate pairs, connected components, the duplicates' join) from
   the same files on ``local-cluster[2,1,1024]``: the largest peak-RSS growth of one process of the
   application (driver JVM, executor JVMs, Python workers; /proc polled every 0.1 s) / N: no process
   needs to hold every document. JVM heaps grow lazily up to their limit, so this is an upper bound.
@@ -158,7 +158,7 @@ class RssSampler:
     after :meth:`start` (a process started later has baseline 0)."""
 
     def __init__(self, every: float = 0.1):
-        from largetrain_core.launch import process_tree
+        from largetrain_core.processes import process_tree
 
         self.tree, self.every = process_tree, every
         self.base: dict[int, int] = {}
@@ -202,11 +202,12 @@ class RssSampler:
 
 
 def spark_global_step(sig_dir: Path) -> dict:
-    from largetrain_core import spark_prep
     from largetrain_core.dedup import DedupConfig
+    from largetrain_core.executors.spark.dedup import duplicates, global_step_settings, signature_frame
+    from largetrain_core.executors.spark.session import session
 
     files = sorted(sig_dir.glob("part-*.parquet"))
-    spark = spark_prep.session("local-cluster[2,1,1024]", "largetrain-bench-global-step")
+    spark = session("local-cluster[2,1,1024]", "largetrain-bench-global-step")
     try:
         cfg = DedupConfig()
         import pyarrow.parquet as pq
@@ -218,9 +219,9 @@ def spark_global_step(sig_dir: Path) -> dict:
         sampler = RssSampler()
         sampler.start()
         t0 = time.perf_counter()
-        with spark_prep.global_step_settings(spark, n, cfg):
-            sig = spark_prep.signature_frame(spark, files, cfg).persist(StorageLevel.MEMORY_AND_DISK)
-            dups, counts, stars = spark_prep.duplicates(sig, cfg, lambda m: print(m, file=sys.stderr, flush=True))
+        with global_step_settings(spark, n, cfg):
+            sig = signature_frame(spark, files, cfg).persist(StorageLevel.MEMORY_AND_DISK)
+            dups, counts, stars = duplicates(sig, cfg, lambda m: print(m, file=sys.stderr, flush=True))
             dups.write.format("noop").mode("overwrite").save()  # the duplicates' joins, as deduplicate computes them
             stars.unpersist()
         count = counts["duplicate"]
@@ -271,7 +272,7 @@ class CpuMeter:
         return sum(int(x) for x in fields[:3]) + sum(int(x) for x in fields[5:8])  # user nice system irq softirq steal
 
     def _tree(self) -> dict[int, int]:
-        from largetrain_core.launch import process_tree
+        from largetrain_core.processes import process_tree
 
         return {pid: _cpu_ticks(pid) for pid in process_tree(os.getpid())}
 
@@ -294,7 +295,7 @@ def _warm_up(spark) -> None:
     import pyarrow as pa
 
     def imports(batches):
-        import largetrain_core.spark_prep  # noqa: F401
+        import largetrain_core.executors.spark.dedup  # noqa: F401
         for b in batches:
             yield pa.RecordBatch.from_pydict({"id": b.column(0)})
 
@@ -318,9 +319,9 @@ def corpus_sample(quick: bool, tmp: Path) -> Path:
 
 def chain(engine, corpus: Path, out: Path) -> tuple[dict, float]:
     """raw_corpus -> cleaned_text -> deduplicated_text on ``engine`` (None = local, else a SparkSession)."""
-    from largetrain_core import spark_prep
     from largetrain_core.clean import QualityConfig, clean_corpus
-    from largetrain_core.corpus import ReaderConfig, ingest
+    from largetrain_core.corpus import ingest
+    from largetrain_core.readers import ReaderConfig
     from largetrain_core.dedup import DedupConfig, deduplicate
 
     quality = QualityConfig(gopher_repetition=True, c4=False)
@@ -332,9 +333,11 @@ def chain(engine, corpus: Path, out: Path) -> tuple[dict, float]:
         stats = {"raw": ingest(ReaderConfig(str(corpus)), dirs[0]), "clean": clean_corpus(dirs[0], dirs[1], quality),
                  "dd": deduplicate(dirs[1], dirs[2], DedupConfig())}
     else:
-        stats = {"raw": spark_prep.ingest(engine, ReaderConfig(str(corpus)), dirs[0]),
-                 "clean": spark_prep.clean(engine, dirs[0], dirs[1], quality),
-                 "dd": spark_prep.deduplicate(engine, dirs[1], dirs[2], DedupConfig())}
+        from largetrain_core.executors.spark import dedup, ingest as spark_ingest, map_parts
+
+        stats = {"raw": spark_ingest.ingest(engine, ReaderConfig(str(corpus)), dirs[0]),
+                 "clean": map_parts.clean(engine, dirs[0], dirs[1], quality),
+                 "dd": dedup.deduplicate(engine, dirs[1], dirs[2], DedupConfig())}
     return stats, time.perf_counter() - t0
 
 
@@ -376,7 +379,7 @@ def main() -> None:
         return global_step_worker(*args.global_step_worker)
     os.environ.setdefault("POLARS_MAX_THREADS", "2")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from largetrain_core import spark_prep
+    from largetrain_core.executors.spark.session import session
 
     load_before = os.getloadavg()
     t_start = time.perf_counter()
@@ -395,7 +398,7 @@ def main() -> None:
                 if name != "local":
                     executors = int(name.split("_")[1])
                     t0 = time.perf_counter()
-                    spark = spark_prep.session(f"local-cluster[{executors},1,1024]", f"largetrain-bench-{executors}")
+                    spark = session(f"local-cluster[{executors},1,1024]", f"largetrain-bench-{executors}")
                     _warm_up(spark)
                     sample |= {"master": spark.sparkContext.master, "session_start_and_warm_up_seconds": time.perf_counter() - t0}
                 meter = CpuMeter()

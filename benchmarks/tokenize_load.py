@@ -35,7 +35,8 @@ import polars as pl
 from tokenizers import Tokenizer
 
 from largetrain_core.clean import QualityConfig, clean_corpus
-from largetrain_core.corpus import ReaderConfig, ingest
+from largetrain_core.corpus import ingest
+from largetrain_core.readers import ReaderConfig
 from largetrain_core.shards import DistributedSampler, TokenShards, build_token_shards
 from largetrain_core.tokenizer import train_bpe
 

@@ -7,6 +7,10 @@ up-sampling is intended repetition, a ``copies`` weight on kept documents, never
 ``kept`` counts distinct documents and the ``repeats`` (extra copies) are reported beside the sum,
 never in it, and never as duplicates.
 
+The filtering of the training text (largetrain_core.stages.filtered_text, after deduplicated_text)
+removes documents as *filtered* too, with reason ``relevance`` or ``contaminated`` in its own
+``filtered.parquet``; its kept part files are then the chain's ``kept``.
+
 Counts are taken from the stage outputs on disk (Parquet row counts from the file footers), not
 from what the stages said they wrote, so a lost or double-written part file breaks the balance.
 """
@@ -20,16 +24,24 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from largetrain_core.balance import BALANCE_DROPPED, repeat_counts
+from largetrain_core.parts import FILTERED
 from largetrain_core.storage import as_dirs, part_files
+
+
+# Our default, no paper's: the demo removes a third of the kernel docs on purpose (configs/demo.yaml); more
+# than half of a corpus gone is rarely what a user meant (93% of short records under the Gopher defaults).
+WARN_REMOVED = 0.5
 
 
 def _rows(files) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
-def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path) -> dict:
-    """Recount one corpus's chain raw_corpus -> cleaned_text -> deduplicated_text (raw and cleaned:
-    one directory, or one per partition).
+def corpus_accounting(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path,
+                      filtered_text_dir: Path | None = None) -> dict:
+    """Recount one corpus's chain raw_corpus -> cleaned_text -> deduplicated_text [-> filtered_text]
+    (raw and cleaned: one directory, or one per partition; ``filtered_text_dir``: the filtered_text
+    directory, whose kept part files are then the chain's kept documents).
 
     Returns ``input`` (documents read + records rejected), ``kept``, ``filtered``, ``duplicate``,
     ``rejected``, ``repeats`` (intended extra copies: the ``copies`` weights of the kept documents minus
@@ -46,14 +58,20 @@ one each, outside the sum) and ``repeated_documents`` (kept documents with copie
     kept = _rows(part_files(dedup_dir))
     duplicate = _rows([dedup_dir / "duplicates.parquet"])
     downsampled = _rows(_present(dedup_dir / BALANCE_DROPPED))
+    deduplicated, text_filtered = kept, 0
+    if filtered_text_dir is not None:
+        kept = _rows(part_files(filtered_text_dir))
+        text_filtered = _rows([Path(filtered_text_dir) / FILTERED])
     problems = []
     if cleaned + filtered != read:
         problems.append(f"cleaned_text: {cleaned} kept + {filtered} filtered != {read} read by raw_corpus")
-    if kept + duplicate + downsampled != cleaned:
-        problems.append(f"deduplicated_text: {kept} kept + {duplicate} duplicate + {downsampled} balance_downsample"
+    if deduplicated + duplicate + downsampled != cleaned:
+        problems.append(f"deduplicated_text: {deduplicated} kept + {duplicate} duplicate + {downsampled} balance_downsample"
                         f" != {cleaned} from cleaned_text")
+    if kept + text_filtered != deduplicated:
+        problems.append(f"filtered_text: {kept} kept + {text_filtered} filtered != {deduplicated} from deduplicated_text")
     total = read + rejected
-    filtered += downsampled
+    filtered += downsampled + text_filtered
     return {"input": total, "kept": kept, "filtered": filtered, "duplicate": duplicate, "rejected": rejected,
             "repeats": repeats, "repeated_documents": repeated_documents,
             "balanced": not problems and kept + filtered + duplicate + rejected == total, "problems": problems}
@@ -69,28 +87,41 @@ def _reject_code(reason: str) -> str:
     return re.split(r"[:(]| at ", reason, maxsplit=1)[0].strip()
 
 
-def outcome_table(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path) -> pl.DataFrame:
-    """Documents per (outcome, reason): kept (reason null; distinct documents, whatever their copies), filtered
-    (the rule's code, or ``balance_downsample``), duplicate
+def outcome_table(raw_dir: Path | list[Path], cleaned_dir: Path | list[Path], dedup_dir: Path,
+                  filtered_text_dir: Path | None = None) -> pl.DataFrame:
+    """Documents per (outcome, reason): kept (reason null; distinct documents, whatever their copies;
+    filtered_text's when ``filtered_text_dir`` is given), filtered (the rule's code, ``balance_downsample``,
+    or filtered_text's ``relevance`` / ``contaminated``), duplicate
     ("exact"/"near"), rejected (the reader's reason without positions). Columns outcome, reason (Utf8),
     documents (Int64), sorted; the documents column sums to the accounting ``input``."""
-    kept = _rows(part_files(dedup_dir))
+    kept = _rows(part_files(filtered_text_dir if filtered_text_dir is not None else dedup_dir))
+    text_filtered = [Path(filtered_text_dir) / FILTERED] if filtered_text_dir is not None else []
     frames = [
         pl.DataFrame({"outcome": ["kept"], "reason": [None], "documents": [kept]},
                      schema={"outcome": pl.Utf8, "reason": pl.Utf8, "documents": pl.Int64}),
-        pl.read_parquet([d / "filtered.parquet" for d in as_dirs(cleaned_dir)], columns=["reason"]).group_by("reason").len()
+        _reason_counts([d / FILTERED for d in as_dirs(cleaned_dir)] + text_filtered)
         .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
         *[pl.read_parquet(f, columns=["reason"]).group_by("reason").len()
           .select(outcome=pl.lit("filtered"), reason="reason", documents=pl.col("len").cast(pl.Int64))
           for f in _present(Path(dedup_dir) / BALANCE_DROPPED)],
-        pl.read_parquet(Path(dedup_dir) / "duplicates.parquet").group_by(
+        pl.scan_parquet(Path(dedup_dir) / "duplicates.parquet").select(
             pl.col("kind") if "kind" in pl.read_parquet_schema(Path(dedup_dir) / "duplicates.parquet") else pl.lit("exact").alias("kind")
-        ).len().select(outcome=pl.lit("duplicate"), reason="kind", documents=pl.col("len").cast(pl.Int64)),
+        ).group_by("kind").len().collect(engine="streaming")
+        .select(outcome=pl.lit("duplicate"), reason="kind", documents=pl.col("len").cast(pl.Int64)),
         pl.read_parquet([d / "rejected.parquet" for d in as_dirs(raw_dir)], columns=["reason"])
         .select(reason=pl.col("reason").map_elements(_reject_code, return_dtype=pl.Utf8)).group_by("reason").len()
         .select(outcome=pl.lit("rejected"), reason="reason", documents=pl.col("len").cast(pl.Int64)),
     ]
     return pl.concat(frames).filter(pl.col("documents") > 0).sort("outcome", "reason", nulls_last=False)
+
+
+def _reason_counts(files: list[Path]) -> pl.DataFrame:
+    """Rows per ``reason`` over Parquet ``files`` (columns reason, len), by polars' streaming engine: memory
+    per distinct reason, not per row (a corpus's filtered.parquet files hold a row per removed document)."""
+    if not files:
+        return pl.DataFrame(schema={"reason": pl.Utf8, "len": pl.UInt32})
+    scans = [pl.scan_parquet(f).select("reason") for f in files]  # one scan each: the stages' files differ in their other columns
+    return pl.concat(scans).group_by("reason").len().collect(engine="streaming")
 
 
 def markdown_table(table: pl.DataFrame) -> str:
@@ -115,6 +146,12 @@ def reason_setting(outcome: str, reason: str | None) -> str:
                     return f"cleaned_text {own}, or `{group.name}: false` the whole group"
         if reason == "empty":
             return "no setting: the record has no text (raw_corpus `text_field` names the field read)"
+        if reason == "relevance":
+            return ("filtered_text `relevance_threshold` / `relevance_top_fraction` (null: keep every document, "
+                    "scored); relevance_classifier's examples decide the scores")
+        if reason == "contaminated":
+            return ("filtered_text `decontamination: report` keeps them (the check on evaluation then fails); "
+                    "evaluation_sets `benchmark_files` names the sets")
         if reason == "balance_downsample":
             return ("deduplicated_text `balance_mode: upsample` keeps every document, "
                     "`balance_target: null` switches balancing off")
@@ -140,4 +177,4 @@ def removal_warning(what: str, input_documents: int, removed: list[tuple[str, st
                         for outcome, reason, n in rows[:top])
     more = f"; {len(rows) - top} more reasons" if len(rows) > top else ""
     return (f"{what}: {gone:,} of {input_documents:,} documents removed ({gone / input_documents:.0%}, more than "
-            f"warn_removed_fraction {threshold:g}). Top reasons: {reasons}{more}. README, \"Which rules suit your text\".")
+            f"warn_removed_fraction {threshold:g}). Top reasons: {reasons}{more}. docs/guides/your-data.md, \"Which rules suit your text\".")

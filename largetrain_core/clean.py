@@ -13,34 +13,46 @@ The *deduplication key* (largetrain_core.dedup) is stricter and never stored as 
 case-folded, whitespace runs collapsed to one space, stripped.
 
 Quality filter: a document without a non-whitespace character is ``empty``; then the rule groups
-of largetrain_core.rules, each switched on or off in :class:`QualityConfig`, in order: Gopher
-quality (Rae et al. 2021, A.1.1), Gopher repetition (Table A1), C4 lines (Raffel et al. 2020,
-section 2.2), thresholds and order of checks as datatrove's filters. A removed document gets the
-code of its first failing rule; the C4 rules also remove lines from the documents they keep.
+of largetrain_core.rules, each switched on or off in :class:`QualityConfig`, in order: language
+identification (lid.176), Gopher quality (Rae et al. 2021, A.1.1), Gopher repetition (Table A1), C4
+lines (Raffel et al. 2020, section 2.2), thresholds and order of checks as datatrove's filters. A
+removed document gets the code of its first failing rule; the C4 rules also remove lines from the
+documents they keep. Then PII in the kept documents is replaced by typed placeholders
+(largetrain_core.pii), after the rules, so that the PII settings decide no document's fate.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, field, make_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, make_dataclass
 from pathlib import Path
 
 import polars as pl
 
+from largetrain_core.language import check_languages
+from largetrain_core.parts import map_parts
+from largetrain_core.pii import NAMES as PII_KINDS, check_kinds, redact
+from largetrain_core.pii import columns as pii_columns
 from largetrain_core.rules import GROUPS, WORD_PATTERNS, blank_whitespace_lines
-from largetrain_core.storage import part_files
+from largetrain_core.settings import described
 
 _CONTROL = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F]"
 
 
 def _quality_fields() -> list[tuple]:
     """QualityConfig's fields: ``words``, then per rule group its switch, its own parameters and its rules' parameters."""
-    fields = [("words", str, field(default="whitespace", metadata={"description": (
+    fields = [("words", str, field(default="whitespace", metadata=described(
         "Word tokenization: whitespace (\\S+ runs, the Gopher paper's words) or spacy_like (approximates "
-        "the spaCy English tokenizer datatrove uses).")}))]
+        "the spaCy English tokenizer datatrove uses).")))]
     for g in GROUPS:
-        fields.append((g.name, bool, field(default=g.on, metadata={"description": g.description})))
+        fields.append((g.name, bool, field(default=g.on, metadata=described(g.description))))
         for p in (*g.params, *(p for r in g.rules for p in r.params)):
-            fields.append((p.name, p.type, field(default=p.default, metadata={"description": p.description})))
+            fields.append((p.name, p.type, field(default=p.default, metadata=described(p.description))))
+    fields += [("redact_pii", bool, field(default=True, metadata=described(
+        "Replace PII in the kept documents' text by typed placeholders (<EMAIL>, <IP_ADDRESS>, <PHONE>, <CARD_NUMBER>, "
+        "<IBAN>, <SECRET>), counted per kind (columns pii_<kind>); the rules decide on the text before it. The "
+        "patterns and what they leave alone (versions, dates, hashes): largetrain_core.pii, docs/guides/filtering.md."))),
+               ("pii_kinds", tuple[str, ...], field(default=PII_KINDS, metadata=described(
+                   f"The kinds redact_pii replaces, of {', '.join(PII_KINDS)}.")))]
     names = [f[0] for f in fields]
     if len(set(names)) != len(names):
         raise ValueError(f"two rules share a parameter name: {sorted(n for n in set(names) if names.count(n) > 1)}")
@@ -50,6 +62,11 @@ def _quality_fields() -> list[tuple]:
 def _check(self) -> None:
     if self.words not in WORD_PATTERNS:
         raise ValueError(f"words must be one of {sorted(WORD_PATTERNS)}, got {self.words!r}")
+    if self.languages is not None:
+        check_languages(self.languages)
+    check_kinds(self.pii_kinds)
+    if not 0.0 <= self.min_language_score < 1.0:
+        raise ValueError(f"min_language_score must be in [0, 1), got {self.min_language_score}")
 
 
 QualityConfig = make_dataclass("QualityConfig", _quality_fields(), frozen=True, namespace={
@@ -81,12 +98,15 @@ def apply_rules(df: pl.DataFrame, cfg: QualityConfig) -> pl.DataFrame:
     The rules read the text with whitespace-only lines emptied (rules.blank_whitespace_lines); the
     training text keeps them. Returns the frame with ``reason`` (Utf8, null = kept; ``empty``, else
     the first failing rule in group and list order), ``text`` (for kept documents under a group that rewrites text, C4: the kept
-    lines only) and ``c4_lines_removed`` (UInt32, lines that group removed from a kept document; 0 otherwise).
+    lines only), ``c4_lines_removed`` (UInt32, lines that group removed from a kept document; 0 otherwise)
+    and the columns of the enabled groups (:func:`group_columns`: ``language`` Utf8, ``language_score``
+    Float32; null for a document removed before its group ran).
     """
     n = df.height
     df = df.with_columns(reason=pl.when(pl.col("text").str.contains(r"\S")).then(pl.lit(None, dtype=pl.Utf8))
                          .otherwise(pl.lit("empty")),
-                         **{f"{g.name}_lines_removed": pl.lit(0, dtype=pl.UInt32) for g in GROUPS if g.rewrites})
+                         **{f"{g.name}_lines_removed": pl.lit(0, dtype=pl.UInt32) for g in GROUPS if g.rewrites},
+                         **{c: pl.lit(None, dtype=t) for c, t in group_columns(cfg)})
     for group in GROUPS:
         if not getattr(cfg, group.name):
             continue
@@ -94,9 +114,11 @@ def apply_rules(df: pl.DataFrame, cfg: QualityConfig) -> pl.DataFrame:
         alive = df.select(pl.int_range(n, dtype=pl.UInt32).alias("i"), "text", "reason").filter(pl.col("reason").is_null())
         if not alive.height:
             break
-        res = group.evaluate(pl.DataFrame({"text": blank_whitespace_lines(alive["text"])}), cfg, rules)
+        res = group.evaluate(pl.DataFrame({"text": blank_whitespace_lines(alive["text"]) if group.blank_lines else alive["text"]}),
+                             cfg, rules)
         rows = alive["i"]
-        df = df.with_columns(reason=pl.col("reason").fill_null(pl.Series([None] * n, dtype=pl.Utf8).scatter(rows, res["reason"])))
+        df = df.with_columns(reason=pl.col("reason").fill_null(pl.Series([None] * n, dtype=pl.Utf8).scatter(rows, res["reason"])),
+                             **{c: df[c].clone().scatter(rows, res[c]) for c, _ in group.columns})
         if group.rewrites:
             kept = res["reason"].is_null()
             rows = rows.filter(kept)
@@ -104,6 +126,11 @@ def apply_rules(df: pl.DataFrame, cfg: QualityConfig) -> pl.DataFrame:
                                  **{f"{group.name}_lines_removed": df[f"{group.name}_lines_removed"].clone().scatter(
                                      rows, res["lines_removed"].filter(kept))})
     return df
+
+
+def group_columns(cfg: QualityConfig) -> list[tuple[str, pl.DataType]]:
+    """The columns the enabled rule groups add to every document (name, polars dtype), in group order."""
+    return [c for g in GROUPS if getattr(cfg, g.name) for c in g.columns]
 
 
 def quality_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
@@ -114,34 +141,68 @@ def quality_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
     return apply_rules(df.select("text"), cfg)["reason"]
 
 
-def clean_corpus(in_dir: Path, out_dir: Path, cfg: QualityConfig) -> dict:
-    """Normalize and filter every ``part-*.parquet`` of a raw_corpus directory, one part at a time.
+def part_counts(cfg: QualityConfig) -> tuple[str, ...]:
+    """The counts :func:`clean_part` returns for ``cfg`` (besides the rows): ``nul_removed``,
+    ``control_removed``, ``<group>_lines_removed`` of each rewriting group, ``bytes_kept`` and, with
+    ``redact_pii``, ``pii_<kind>`` per kind and ``pii_documents``."""
+    pii = (*pii_columns(cfg.pii_kinds), "pii_documents") if cfg.redact_pii else ()
+    return ("nul_removed", "control_removed", *(f"{g.name}_lines_removed" for g in GROUPS if g.rewrites), "bytes_kept", *pii)
 
-    Writes ``out_dir/part-NNNNN.parquet`` (doc_id, source, text, and label where the raw parts have
-    one, of kept documents, in input order)
-    and ``out_dir/filtered.parquet`` (doc_id, source, reason). Returns counts: ``input``, ``kept``,
-    ``filtered``, ``filtered_by_reason``, ``nul_removed``, ``control_removed``, ``c4_lines_removed``,
-    ``bytes_kept``.
+
+def clean_part(df: pl.DataFrame, cfg: QualityConfig) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
+    """cleaned_text of one raw part (columns doc_id, source, text[, label]): normalization, the rules,
+    then PII redaction of the kept documents. Returns (kept: doc_id, source, text[, label], the groups'
+    columns, ``pii_<kind>`` UInt32 counts; removed: doc_id, source, reason, the groups' columns;
+    :func:`part_counts`). Redactions change no count of the accounting."""
+    df = apply_rules(normalize(df), cfg)
+    extra = [c for c, _ in group_columns(cfg)]
+    kept = df.filter(pl.col("reason").is_null())
+    removed = df.filter(pl.col("reason").is_not_null()).select("doc_id", "source", "reason", *extra)
+    counts = {k: int(df[k].sum() or 0) for k in part_counts(cfg) if k in df.columns}
+    pii = pii_columns(cfg.pii_kinds) if cfg.redact_pii else []
+    if cfg.redact_pii:
+        text, found = redact(kept["text"], cfg.pii_kinds)
+        kept = kept.with_columns(text=text).hstack(found)
+        counts.update({k: int(found[k].sum() or 0) for k in pii})
+        counts["pii_documents"] = int((found.sum_horizontal() > 0).sum()) if pii else 0
+    counts["bytes_kept"] = int(kept["text"].str.len_bytes().sum() or 0)
+    kept = kept.select("doc_id", "source", "text", *(["label"] if "label" in df.columns else []), *extra, *pii)
+    return kept, removed, counts
+
+
+def pii_redactions(stats: list[dict]) -> dict[str, int]:
+    """PII replacements per kind summed over cleaned_text counts (e.g. one per partition); {} when
+    nothing was redacted (redact_pii off)."""
+    out: dict[str, int] = {}
+    for st in stats:
+        for k, v in st.items():
+            if k.startswith("pii_") and k != "pii_documents":
+                out[k.removeprefix("pii_")] = out.get(k.removeprefix("pii_"), 0) + v
+    return out
+
+
+@dataclass(frozen=True)
+class Cleaning:
+    """cleaned_text's step over one part (largetrain_core.parts.PartStep): :func:`clean_part` of ``cfg``,
+    its counts :func:`part_counts`."""
+
+    cfg: QualityConfig
+    description = "cleaned_text: normalize, filter and redact"
+
+    @property
+    def counts(self) -> tuple[str, ...]:
+        return part_counts(self.cfg)
+
+    def __call__(self, df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
+        return clean_part(df, self.cfg)
+
+
+def clean_corpus(in_dir: Path, out_dir: Path, cfg: QualityConfig) -> dict:
+    """:func:`clean_part` of every ``part-*.parquet`` of a raw_corpus directory, one part at a time
+    (:class:`Cleaning` through largetrain_core.parts.map_parts).
+
+    Writes ``out_dir/part-NNNNN.parquet`` (the kept documents, in input order) and
+    ``out_dir/filtered.parquet`` (the removed ones). Returns counts: ``input``, ``kept``,
+    ``filtered``, ``filtered_by_reason`` and the sums of :func:`part_counts`.
     """
-    parts = part_files(in_dir)
-    counted = ("nul_removed", "control_removed", *(f"{g.name}_lines_removed" for g in GROUPS if g.rewrites))
-    totals = {"input": 0, "kept": 0, "filtered": 0, **{k: 0 for k in counted}, "bytes_kept": 0}
-    filtered: list[pl.DataFrame] = []
-    for i, part in enumerate(parts):
-        df = apply_rules(normalize(pl.read_parquet(part)), cfg)
-        kept = df.filter(pl.col("reason").is_null())
-        removed = df.filter(pl.col("reason").is_not_null()).select("doc_id", "source", "reason")
-        kept.select("doc_id", "source", "text", *(["label"] if "label" in df.columns else [])).write_parquet(
-            out_dir / f"part-{i:05d}.parquet")
-        filtered.append(removed)
-        totals["input"] += df.height
-        totals["kept"] += kept.height
-        totals["filtered"] += removed.height
-        for k in counted:
-            totals[k] += int(df[k].sum() or 0)
-        totals["bytes_kept"] += int(kept["text"].str.len_bytes().sum() or 0)
-    table = pl.concat(filtered) if filtered else pl.DataFrame(schema={"doc_id": pl.Utf8, "source": pl.Utf8, "reason": pl.Utf8})
-    table.write_parquet(out_dir / "filtered.parquet")
-    counts = table.group_by("reason").len().sort("reason")
-    totals["filtered_by_reason"] = dict(zip(counts["reason"].to_list(), counts["len"].to_list()))
-    return totals
+    return map_parts(Cleaning(cfg), in_dir, out_dir)

@@ -12,10 +12,11 @@ documents in Parquet parts with the columns ``doc_id``, ``source``, ``text`` (``
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,45 +24,10 @@ import pyarrow.parquet as pq
 import xxhash
 
 from largetrain_core.readers import (DOC_SCHEMA, LABELLED_DOC_SCHEMA, REJECT_SCHEMA, RENAMED_SCHEMA, SUFFIXES,  # noqa: F401
-                                     Batch, Collector, Source, utf8_error, read_source, reader_for, splittable)
-
-
-def _describe(text: str) -> dict:
-    return {"description": text}
-
-
-@dataclass(frozen=True)
-class ReaderConfig:
-    """How to read one corpus (the raw_corpus settings). ``partition``/``partitions`` are set by the
-    caller (the Dagster partition), not by users."""
-
-    path: str = field(metadata=_describe(
-        "Corpus directory (walked recursively, files in sorted order, links to directories followed) or one file; "
-        "empty in a Dagster run config: <storage root>/<the role's default corpus>."))
-    text_field: str = field(default="text", metadata=_describe("JSONL key / Parquet or Arrow column holding the text."))
-    id_field: str | None = field(default="id", metadata=_describe(
-        "JSONL key / column holding the document id, used where a record has one (not null, not empty); "
-        "otherwise, and for text files, the id is <relative path>:<line or row> (<relative path> for a text file). "
-        "null: always the file and position. A repeated id becomes <id>@<file>:<line or row> (counted: renamed_ids)."))
-    label_field: str | None = field(default=None, metadata=_describe(
-        "JSONL key / column holding a class label: adds a `label` column (null where a record lacks it; a "
-        "non-string value as its JSON text), kept through cleaned_text and deduplicated_text; needed for balancing."))
-    batch_size: int = field(default=1024, metadata=_describe("Documents per batch and per part file (bounds memory)."))
-    sample_fraction: float = field(default=1.0, metadata=_describe(
-        "Subset: keep a document when xxh64(doc_id, seed) / 2**64 < sample_fraction (deterministic, order-free)."))
-    max_documents: int | None = field(default=None, metadata=_describe(
-        "Subset: then keep at most this many documents (per partition), the first in corpus order."))
-    seed: int = field(default=0, metadata=_describe("Seed of the sample_fraction hash."))
-    max_rejected_fraction: float = field(default=0.05, metadata=_describe(
-        "raw_corpus fails when more than this share of the records read (before subsetting) is rejected."))
-    partition: int = 0
-    partitions: int = 1
-
-    def __post_init__(self):
-        if not 0 <= self.partition < self.partitions:
-            raise ValueError(f"partition must be in [0, {self.partitions}), got {self.partition}")
-        if not 0.0 < self.sample_fraction <= 1.0:
-            raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
+                                     Batch, Collector, ReaderConfig, Source, utf8_error, read_source, reader_for,
+                                     splittable)
+from largetrain_core import fs
+from largetrain_core.storage import part_files
 
 
 # ------------------------------------------------------------------------------------------------ listing
@@ -96,6 +62,29 @@ def _walk(root: Path) -> list[Path]:
     return sorted(f for f in out if f.is_file())
 
 
+def _walk_remote(url: str) -> tuple[list[str], str]:
+    """(every object under the URL ``url``, or ``url`` itself when it is one object; the URL their
+    relative paths start from), in the order of :func:`_walk` (by path component). One listing."""
+    fsys, root = fs.filesystem(url)
+    root = root.rstrip("/")
+    base_url = url.rstrip("/")
+    if fsys.isfile(root):
+        return [base_url], base_url.rsplit("/", 1)[0]
+    rels = [p[len(root) + 1:] for p, info in fsys.find(root, detail=True).items()
+            if info.get("type", "file") == "file" and not p.endswith("/")]
+    rels.sort(key=lambda r: PurePosixPath(r).parts)
+    return [f"{base_url}/{r}" for r in rels], base_url
+
+
+def _name(f: Path | str) -> str:
+    return f.name if isinstance(f, Path) else f.rsplit("/", 1)[-1]
+
+
+def _relative(f: Path | str, base: Path | str) -> str:
+    """``f``'s path relative to ``base``, POSIX (a local path or an object's URL)."""
+    return f.relative_to(base).as_posix() if isinstance(f, Path) else f[len(str(base)) + 1:]
+
+
 def _shown(relative_path: str) -> str:
     """A relative path as printable UTF-8: bytes that are not UTF-8 as ``\\x`` escapes."""
     return relative_path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -104,14 +93,15 @@ def _shown(relative_path: str) -> str:
 @dataclass
 class Scan:
     """A corpus partition's files: ``sources`` to read (in corpus order) and ``skipped`` files that no
-    reader knows; ``base`` is the directory their relative paths start from."""
+    reader knows; ``base`` is the directory their relative paths start from. For a corpus at a URL,
+    the files and the base are URLs (strings)."""
 
     sources: list[Source]
-    skipped: list[Path]
-    base: Path
+    skipped: list[Path | str]
+    base: Path | str
 
     @property
-    def files(self) -> list[Path]:
+    def files(self) -> list[Path | str]:
         return [s.path for s in self.sources]
 
 
@@ -123,30 +113,42 @@ def scan(path: str | Path, partition: int = 0, partitions: int = 1) -> Scan:
     Parquet: row groups; see largetrain_core.readers) is read in pieces instead, piece ``i`` in
     partition ``i``; a compressed file, a text file (one document) or an Arrow file stays whole.
 
+    ``path`` may be a URL (``s3://bucket/corpus/``, largetrain_core.fs): its objects are listed once
+    and read with range requests (readers.Source), partitioned by their paths relative to ``path``
+    as local files are, so a corpus copied to a bucket keeps its partitions.
+
     Raises FileNotFoundError when ``path`` does not exist, and ValueError when it is empty, a single
     file no reader knows, or a directory holding no corpus file (in any partition).
     """
     if not str(path):
         raise ValueError("corpus path is empty")
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"corpus path does not exist: {path}")
-    if path.is_file():
-        if not is_corpus_file(path.name):
-            raise ValueError(f"{path}: not a corpus file: the suffix is none of {', '.join(SUFFIXES)}")
-        files, base = [path], path.parent
+    shown = fs.redact(str(path))
+    if fs.is_url(path):
+        if not fs.exists(path):
+            raise FileNotFoundError(f"corpus path does not exist: {shown}")
+        files, base = _walk_remote(str(path))
+        if len(files) == 1 and files[0] == str(path).rstrip("/") and not is_corpus_file(_name(files[0])):
+            raise ValueError(f"{shown}: not a corpus file: the suffix is none of {', '.join(SUFFIXES)}")
     else:
-        files, base = _walk(path), path
-    known = [f for f in files if is_corpus_file(f.name)]
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"corpus path does not exist: {path}")
+        if path.is_file():
+            if not is_corpus_file(path.name):
+                raise ValueError(f"{path}: not a corpus file: the suffix is none of {', '.join(SUFFIXES)}")
+            files, base = [path], path.parent
+        else:
+            files, base = _walk(path), path
+    known = [f for f in files if is_corpus_file(_name(f))]
     if not known:
-        raise ValueError(f"no corpus file under {path}: no file has a suffix of {', '.join(SUFFIXES)}")
-    rel = {f: f.relative_to(base).as_posix() for f in files}
+        raise ValueError(f"no corpus file under {shown}: no file has a suffix of {', '.join(SUFFIXES)}")
+    rel = {f: _relative(f, base) for f in files}
     if partitions > 1 and len(known) == 1 and splittable(known[0]):
-        sources = [Source(known[0], rel[known[0]], reader_for(known[0].name), (partition, partitions))]
+        sources = [Source(known[0], rel[known[0]], reader_for(_name(known[0])), (partition, partitions))]
     else:
-        sources = [Source(f, rel[f], reader_for(f.name)) for f in known
+        sources = [Source(f, rel[f], reader_for(_name(f))) for f in known
                    if partitions == 1 or partition_of(rel[f], partitions) == partition]
-    skipped = [f for f in files if not is_corpus_file(f.name)
+    skipped = [f for f in files if not is_corpus_file(_name(f))
                and (partitions == 1 or partition_of(rel[f], partitions) == partition)]
     return Scan(sources, skipped, base)
 
@@ -179,7 +181,7 @@ def read_corpus(config: ReaderConfig, listed: Scan | None = None) -> Iterator[Ba
         if out.full():
             yield out.flush()
     last = out.flush()
-    if last.documents.num_rows or last.rejected.num_rows or last.renamed.num_rows:
+    if last.documents.num_rows or last.rejected.num_rows or last.renamed.num_rows or last.blank_lines or last.utf16_files:
         yield last
 
 
@@ -205,16 +207,15 @@ def ingest(config: ReaderConfig, out_dir: Path, listed: Scan | None = None) -> d
     the partition's :func:`scan`), else the partition's :func:`scan` of ``config.path``.
 
     Returns counts ``documents``, ``rejected``, ``renamed_ids``, ``bytes`` (UTF-8 of the kept text),
-    ``files``, ``skipped_files``, ``not_sampled``, ``parts``, and ``rejected_by_file`` (the ten files
+    ``files``, ``skipped_files``, ``not_sampled``, ``parts``, ``blank_lines`` (blank JSONL lines: not
+    records; every other line read is a document, not sampled or rejected), ``utf16_files`` (files
+    decoded from UTF-16, readers.detect_utf16), and ``rejected_by_file`` (the ten files
     with the most rejected records: {relative path: count}).
     """
     out_dir = Path(out_dir)
     if listed is None:
         listed = scan(config.path, config.partition, config.partitions)
-    stats = {"documents": 0, "rejected": 0, "renamed_ids": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
-             "files": len(listed.sources), "skipped_files": len(listed.skipped)}
-    (out_dir / "skipped_files.txt").write_text(
-        "".join(_shown(f.relative_to(listed.base).as_posix()) + "\n" for f in listed.skipped))
+    stats = start_ingest(listed, out_dir)
     rejected: list[pa.Table] = []
     renamed: list[pa.Table] = []
     for batch in read_corpus(config, listed):
@@ -224,21 +225,41 @@ def ingest(config: ReaderConfig, out_dir: Path, listed: Scan | None = None) -> d
         if config.max_documents is not None:
             docs = docs.slice(0, max(0, config.max_documents - stats["documents"]))
         stats["not_sampled"] += batch.documents.num_rows - docs.num_rows
+        if config.id_prefix:  # after the sample, so a mixture's corpus keeps the documents it keeps alone
+            i = docs.schema.get_field_index("doc_id")
+            ids = docs.column(i)
+            docs = docs.set_column(i, docs.schema.field(i), pc.binary_join_element_wise(
+                pa.scalar(config.id_prefix, ids.type), ids, pa.scalar("", ids.type)))
         rejected.append(batch.rejected)
         renamed.append(batch.renamed)
         stats["rejected"] += batch.rejected.num_rows
         stats["renamed_ids"] += batch.renamed.num_rows
+        stats["blank_lines"] += batch.blank_lines
+        stats["utf16_files"] += batch.utf16_files
         if docs.num_rows:
             pq.write_table(docs, out_dir / f"part-{stats['parts']:05d}.parquet")
             stats["parts"] += 1
             stats["documents"] += docs.num_rows
             stats["bytes"] += pc.sum(pc.binary_length(docs.column("text"))).as_py() or 0
+    return finish_ingest(stats, rejected, renamed, out_dir)
+
+
+def start_ingest(listed: Scan, out_dir: Path) -> dict:
+    """The counts of an ingest at its start (every executor's), after writing ``skipped_files.txt``."""
+    (Path(out_dir) / "skipped_files.txt").write_text(
+        "".join(_shown(_relative(f, listed.base)) + "\n" for f in listed.skipped))
+    return {"documents": 0, "rejected": 0, "renamed_ids": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
+            "blank_lines": 0, "utf16_files": 0, "files": len(listed.sources), "skipped_files": len(listed.skipped)}
+
+
+def finish_ingest(stats: dict, rejected: list[pa.Table], renamed: list[pa.Table], out_dir: Path) -> dict:
+    """Write ``rejected.parquet`` and ``renamed_ids.parquet`` (the tables in corpus order); returns
+    ``stats`` with ``rejected_by_file`` (the ten files with the most rejected records)."""
     rejected_table = pa.concat_tables(rejected) if rejected else REJECT_SCHEMA.empty_table()
-    pq.write_table(rejected_table, out_dir / "rejected.parquet")
-    pq.write_table(pa.concat_tables(renamed) if renamed else RENAMED_SCHEMA.empty_table(), out_dir / "renamed_ids.parquet")
+    pq.write_table(rejected_table, Path(out_dir) / "rejected.parquet")
+    pq.write_table(pa.concat_tables(renamed) if renamed else RENAMED_SCHEMA.empty_table(), Path(out_dir) / "renamed_ids.parquet")
     by_file = pl.from_arrow(rejected_table.select(["source"])).group_by("source").len().sort(["len", "source"], descending=[True, False])
-    stats["rejected_by_file"] = dict(by_file.head(10).iter_rows())
-    return stats
+    return {**stats, "rejected_by_file": dict(by_file.head(10).iter_rows())}
 
 
 _WHERE = r"^(line|row) (\d+): "  # the position prefix of a record's reason (readers.Collector.doc)
@@ -308,20 +329,48 @@ def rejection_error(stats: dict, config: ReaderConfig, rejected: Path | None = N
     return f"{message}. {reasons}" if reasons else message
 
 
-def duplicate_ids(raw_dirs: list[Path], names: list[str]) -> pl.DataFrame:
+def duplicate_ids(raw_dirs: list[Path], names: list[str], *, examples: int = 5, rows_per_pass: int = 1 << 22,
+                  spill_dir: Path | None = None) -> tuple[int, pl.DataFrame]:
     """Document ids held by more than one of the raw_corpus directories ``raw_dirs`` (the partitions,
-    named ``names``): columns doc_id, sources (list of "<name>: <source file>"), sorted by doc_id.
+    named ``names``): (how many distinct ids repeat, the first ``examples`` of them in corpus order as
+    a frame with columns doc_id, sources: list of "<name>: <source file>", one per occurrence).
 
     Ids are unique within one directory (readers.Collector); record ids that repeat across files of
-    different partitions can only be found here, reading the ``doc_id`` and ``source`` columns of every
-    part (memory: those columns of the whole corpus)."""
-    frames = [pl.scan_parquet(files).select("doc_id", "source").with_columns(where=pl.lit(name))
-              for d, name in zip(raw_dirs, names) if (files := sorted(Path(d).glob("part-*.parquet")))]
-    if not frames:
-        return pl.DataFrame(schema={"doc_id": pl.Utf8, "sources": pl.List(pl.Utf8)})
-    df = pl.concat(frames).filter(pl.col("doc_id").is_duplicated()).collect()
-    return (df.group_by("doc_id", maintain_order=True).agg(sources=pl.format("{}: {}", "where", "source"))
-            .sort("doc_id"))
+    different partitions can only be found here. Each id is hashed twice (polars' 64-bit hash with two
+    seeds: two ids are taken for one only when 128 bits agree) and the hashes are grouped by hash range
+    (dedup.by_hash_range): memory is one range, about ``rows_per_pass`` ids of 24 bytes, not the ids of
+    the corpus."""
+    from largetrain_core.dedup import _file_rows, by_hash_range, gather_rows
+
+    files = [f for d in raw_dirs for f in part_files(d)]
+    where = [name for d, name in zip(raw_dirs, names) for _ in part_files(d)]
+    offsets = _file_rows(files)
+
+    def chunks():
+        for f, first in zip(files, offsets[:-1]):
+            ids = pl.read_parquet(f, columns=["doc_id"])["doc_id"]
+            yield (ids.hash(seed=1).to_numpy(), ids.hash(seed=2).to_numpy(),
+                   np.arange(first, first + len(ids), dtype=np.int64))
+
+    repeated, shown = 0, []  # shown: (first row, every row) of the first ``examples`` repeated ids
+    for h1, h2, rows in by_hash_range(chunks(), int(offsets[-1]), dtypes=(np.uint64, np.uint64, np.int64),
+                                      rows_per_pass=rows_per_pass, spill_dir=spill_dir):
+        order = np.lexsort((rows, h2, h1))
+        h1, h2, rows = h1[order], h2[order], rows[order]
+        start = np.r_[True, (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])]
+        bounds = np.r_[np.flatnonzero(start), len(rows)]
+        many = np.flatnonzero(np.diff(bounds) > 1)
+        repeated += len(many)
+        groups = sorted(((int(rows[bounds[g]]), rows[bounds[g]:bounds[g + 1]]) for g in many), key=lambda e: e[0])
+        shown = sorted(shown + groups[:examples], key=lambda e: e[0])[:examples]
+    if not shown:
+        return repeated, pl.DataFrame(schema={"doc_id": pl.Utf8, "sources": pl.List(pl.Utf8)})
+    rows = np.unique(np.concatenate([r for _, r in shown]))
+    t = pl.from_arrow(gather_rows(files, offsets, rows, ["doc_id", "source"]))
+    file_of = np.searchsorted(offsets, rows, side="right") - 1
+    t = t.with_columns(pl.col("doc_id", "source").cast(pl.Utf8), where=pl.Series([where[i] for i in file_of]))
+    # rows ascending, so the groups come in the order of their first occurrence: corpus order
+    return repeated, t.group_by("doc_id", maintain_order=True).agg(sources=pl.format("{}: {}", "where", "source"))
 
 
 def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1, cache_file: str | Path | None = None) -> str:
@@ -333,8 +382,8 @@ def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1, cache
     the file's digest (the partition is part of raw_corpus's version). Errors as :func:`list_files`."""
     from largetrain_core.digest import DigestCache, files_digest
 
-    root = Path(path)
+    listed = scan(path, partition, partitions)
     cache = DigestCache(cache_file)
-    digest = files_digest(root if root.is_dir() else root.parent, list_files(root, partition, partitions), cache)
+    digest = files_digest(listed.base, listed.files, cache)
     cache.save()
     return digest

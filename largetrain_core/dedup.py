@@ -20,7 +20,7 @@ Clusters are the connected components of exact and band matches. The copy kept i
 corpus order (sorted partition / part file, then row); every other member is a duplicate recorded
 with ``duplicate_of`` (the kept copy's doc_id), ``cluster_id`` (its global row) and ``kind`` ("exact"
 when its key equals the kept copy's, else "near"). The result does not depend on batch size, on how
-the corpus is partitioned, or on the engine (largetrain_core.spark_prep computes the same on Spark).
+the corpus is partitioned, or on an executor (largetrain_core.executors.spark computes the same on Spark).
 
 Partitions: :func:`write_signatures` runs per partition (one Parquet file of key and LSH band hashes);
 :func:`cluster_signatures` reads all signature files, so a pair split across partitions is found, with
@@ -33,10 +33,12 @@ documents from the global assignment.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 import polars as pl
@@ -44,7 +46,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from largetrain_core.storage import part_files
+from largetrain_core.settings import described
+from largetrain_core.storage import as_dirs, part_files
 
 _M = np.uint64(0x100000001B3)
 DUP_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "duplicate_of": pl.Utf8, "cluster_id": pl.Int64,
@@ -59,13 +62,13 @@ class DedupConfig:
     2 * chunk_shingles * bands * rows * 8 bytes = 14.7 MiB at the defaults; 8192 keeps a block in a
     typical L2/L3 cache, faster than the former 32768 with the same signatures) and one signature array per part."""
 
-    near: bool = field(default=True, metadata={"description": "Also remove near duplicates (MinHash-LSH); else exact only."})
-    ngram: int = field(default=5, metadata={"description": "Words per shingle (datatrove MinhashConfig default 5)."})
-    bands: int = field(default=14, metadata={"description": (
-        "LSH bands; bands x rows permutations (14 x 8, datatrove MinhashConfig defaults: candidates at Jaccard ~0.72).")})
-    rows: int = field(default=8, metadata={"description": "Rows (permutations) per LSH band."})
-    seed: int = field(default=1, metadata={"description": "Seed of the word hashes and the permutations."})
-    chunk_shingles: int = field(default=8192, metadata={"description": "Shingles hashed per numpy block (memory, not results)."})
+    near: bool = field(default=True, metadata=described("Also remove near duplicates (MinHash-LSH); else exact only."))
+    ngram: int = field(default=5, metadata=described("Words per shingle (datatrove MinhashConfig default 5)."))
+    bands: int = field(default=14, metadata=described(
+        "LSH bands; bands x rows permutations (14 x 8, datatrove MinhashConfig defaults: candidates at Jaccard ~0.72)."))
+    rows: int = field(default=8, metadata=described("Rows (permutations) per LSH band."))
+    seed: int = field(default=1, metadata=described("Seed of the word hashes and the permutations."))
+    chunk_shingles: int = field(default=8192, metadata=described("Shingles hashed per numpy block (memory, not results)."))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -348,55 +351,68 @@ def _file_rows(signature_files: list[Path]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
 
 
-class _Spill:
-    """(value, global row) pairs of each (column, hash range), appended in row order to two binary files
-    (uint64 values, int64 rows) under ``directory``; at most ``buffer_bytes`` held in memory between writes."""
+def hash_ranges(n: int, rows_per_pass: int) -> int:
+    """How many hash ranges (a power of two) keep each range of ``n`` uniformly hashed values at about
+    ``rows_per_pass`` values or fewer: 1 up to ``rows_per_pass``, else 2^ceil(log2(n / rows_per_pass))."""
+    return 1 << max(0, int(np.ceil(np.log2(n / rows_per_pass)))) if n > rows_per_pass else 1
 
-    def __init__(self, directory: Path, ranges: int, buffer_bytes: int = 1 << 24) -> None:
+
+class _Spill:
+    """Rows of uint64 hash values with aligned payload arrays (``dtypes``: the value's, then each
+    payload's; default one int64 payload, the global row), per (column, hash range) appended in the
+    order added to one binary file per array under ``directory``; at most ``buffer_bytes`` held in
+    memory between writes. The range of a value is its top log2(``ranges``) bits."""
+
+    def __init__(self, directory: Path, ranges: int, buffer_bytes: int = 1 << 24,
+                 dtypes: tuple = (np.uint64, np.int64)) -> None:
         self.dir, self.ranges, self.limit = Path(directory), ranges, buffer_bytes
-        self.shift = np.uint64(64 - (ranges.bit_length() - 1))  # range = top log2(ranges) bits of the value
-        self.buffers: dict[tuple[str, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.dtypes = tuple(np.dtype(d) for d in dtypes)
+        self.shift = np.uint64(64 - (ranges.bit_length() - 1))
+        self.buffers: dict[tuple[str, int], list[tuple[np.ndarray, ...]]] = {}
         self.held = 0
 
-    def add(self, column: str, values: np.ndarray, rows: np.ndarray) -> None:
+    def add(self, column: str, values: np.ndarray, *payload: np.ndarray) -> None:
+        arrays = (values, *payload)
+        if len(arrays) != len(self.dtypes):
+            raise ValueError(f"{len(arrays)} arrays for a spill of {len(self.dtypes)} (value and payloads)")
         if self.ranges == 1:
-            self.buffers.setdefault((column, 0), []).append((values, rows))
+            self.buffers.setdefault((column, 0), []).append(arrays)
         else:
             rng = (values >> self.shift).astype(np.int64) if len(values) else np.zeros(0, np.int64)
             order = np.argsort(rng, kind="stable")
             bounds = np.searchsorted(rng[order], np.arange(self.ranges + 1))
             for r in np.flatnonzero(np.diff(bounds)):
                 sel = order[bounds[r]:bounds[r + 1]]
-                self.buffers.setdefault((column, int(r)), []).append((values[sel], rows[sel]))
-        self.held += 16 * len(values)
+                self.buffers.setdefault((column, int(r)), []).append(tuple(a[sel] for a in arrays))
+        self.held += sum(d.itemsize for d in self.dtypes) * len(values)
         if self.held > self.limit:
             self.flush()
 
-    def _path(self, column: str, r: int, what: str) -> Path:
-        return self.dir / f"{column}.{r}.{what}"
+    def _path(self, column: str, r: int, k: int) -> Path:
+        return self.dir / f"{column}.{r}.{k}"
 
     def flush(self) -> None:
         for (column, r), chunks in self.buffers.items():
-            for what, k in (("values", 0), ("rows", 1)):
-                with open(self._path(column, r, what), "ab") as fh:
+            for k, dtype in enumerate(self.dtypes):
+                with open(self._path(column, r, k), "ab") as fh:
                     for chunk in chunks:
-                        fh.write(chunk[k].tobytes())
+                        fh.write(np.ascontiguousarray(chunk[k], dtype=dtype).tobytes())
         self.buffers, self.held = {}, 0
 
-    def take(self, column: str, r: int) -> tuple[np.ndarray, np.ndarray]:
-        """The pairs of one (column, range), rows ascending; its files are deleted."""
+    def take(self, column: str, r: int) -> tuple[np.ndarray, ...]:
+        """The arrays of one (column, range), in the order added; its files are deleted."""
         self.flush()
         out = []
-        for what, dtype in (("values", np.uint64), ("rows", np.int64)):
-            f = self._path(column, r, what)
+        for k, dtype in enumerate(self.dtypes):
+            f = self._path(column, r, k)
             out.append(np.fromfile(f, dtype=dtype) if f.exists() else np.zeros(0, dtype))
             f.unlink(missing_ok=True)
-        return out[0], out[1]
+        return tuple(out)
 
 
 def _range_edges(spill: _Spill, column: str, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_same_value_edges` of one (column, range) of ``spill``, freeing each array as soon as it
-    is used (peak about 40 bytes per pair instead of 60)."""
+    """:func:`same_value_edges` of one (column, range) of ``spill`` (value, row; rows added ascending),
+    freeing each array as soon as it is used (peak about 40 bytes per pair instead of 60)."""
     values, rows = spill.take(column, r)
     order = np.argsort(values, kind="stable")
     values = values[order]
@@ -411,19 +427,42 @@ def _range_edges(spill: _Spill, column: str, r: int) -> tuple[np.ndarray, np.nda
     return rows[dup], rows[start][group]
 
 
+def gather_rows(files: list[Path], offsets: np.ndarray, rows: np.ndarray, columns: list[str]) -> pa.Table:
+    """``columns`` of the global ``rows`` (sorted, distinct) of Parquet ``files`` whose first rows are
+    ``offsets`` (:func:`_file_rows`), in row order, reading only the files that hold one of them."""
+    tables = []
+    for i, f in enumerate(files):
+        lo, hi = np.searchsorted(rows, offsets[i]), np.searchsorted(rows, offsets[i + 1])
+        if lo < hi:
+            tables.append(pq.ParquetFile(f).read(columns=columns).take(pa.array(rows[lo:hi] - offsets[i])))
+    return pa.concat_tables(tables) if tables else pa.table({c: [] for c in columns})
+
+
 def _gather(signature_files: list[Path], offsets: np.ndarray, rows: np.ndarray) -> tuple[pl.Series, np.ndarray]:
     """doc_id and key_hash of the global ``rows`` (sorted, distinct), reading one file at a time."""
-    ids, keys = [], []
-    for i, f in enumerate(signature_files):
-        lo, hi = np.searchsorted(rows, offsets[i]), np.searchsorted(rows, offsets[i + 1])
-        if lo == hi:
-            continue
-        t = pq.ParquetFile(f).read(columns=["doc_id", "key_hash"]).take(pa.array(rows[lo:hi] - offsets[i]))
-        ids.append(pl.from_arrow(t.column("doc_id")).cast(pl.Utf8))
-        keys.append(t.column("key_hash").to_numpy())
-    if not ids:
+    if not len(rows):
         return pl.Series([], dtype=pl.Utf8), np.zeros(0, np.uint64)
-    return pl.concat(ids), np.concatenate(keys)
+    t = gather_rows(signature_files, offsets, rows, ["doc_id", "key_hash"])
+    return pl.from_arrow(t.column("doc_id")).cast(pl.Utf8), t.column("key_hash").to_numpy()
+
+
+def by_hash_range(chunks: Iterable[tuple[np.ndarray, ...]], n: int, *, dtypes: tuple = (np.uint64, np.int64),
+                  rows_per_pass: int = 1 << 22, spill_dir: Path | None = None) -> Iterator[tuple[np.ndarray, ...]]:
+    """The rows of ``chunks`` (each a uint64 hash array and its aligned payloads, ``dtypes`` giving
+    every array's dtype) regrouped by hash range: yields, for each of :func:`hash_ranges` (``n``,
+    ``rows_per_pass``) ranges, its arrays in the order added, so equal hashes meet in one range.
+
+    For checks over a whole corpus without one entry per document in memory: the chunks are spilled to
+    ``spill_dir`` (default: the system's temporary directory; deleted at the end), one range is held at
+    a time (about ``rows_per_pass`` rows, plus a 16 MiB write buffer). ``n``: the total row count
+    (an estimate only sizes the ranges)."""
+    ranges = hash_ranges(n, rows_per_pass)
+    with tempfile.TemporaryDirectory(prefix="hash-ranges-", dir=spill_dir) as tmp:
+        spill = _Spill(Path(tmp), ranges, dtypes=dtypes)
+        for chunk in chunks:
+            spill.add("h", *chunk)
+        for r in range(ranges):
+            yield spill.take("h", r)
 
 
 ASSIGNMENT_SCHEMA = {"row": pl.Int64, "doc_id": pl.Utf8, "cluster_id": pl.Int64, "duplicate_of": pl.Utf8,
@@ -449,7 +488,7 @@ def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConf
     """
     offsets = _file_rows(signature_files)
     n = int(offsets[-1])
-    ranges = 1 << max(0, int(np.ceil(np.log2(n / rows_per_pass)))) if n > rows_per_pass else 1
+    ranges = hash_ranges(n, rows_per_pass)
     bands = [band_column(b) for b in range(cfg.bands)] if cfg.near else []
     edges = _Edges()
     with tempfile.TemporaryDirectory(prefix="dedup-spill-", dir=spill_dir) as tmp:
@@ -475,16 +514,15 @@ def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConf
 
 
 def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataFrame:
-    """Write the documents of one part file that are not duplicates to ``out_file`` (doc_id, source, text,
-    and label where the input has one, in input order). ``duplicates``: this part's rows of the
+    """Write the documents of one part file that are not duplicates to ``out_file`` (every column of
+    the part: doc_id, source, text, and label, language, ... where the input has them; in input order). ``duplicates``: this part's rows of the
     :func:`cluster_signatures` result with ``row`` counted from the part's first document. Returns the
     part's duplicates frame (:data:`DUP_SCHEMA`). Raises ValueError when a duplicate's doc_id is not
     the part's (the part changed since its signatures were computed)."""
     df = pl.read_parquet(part)
     is_dup = np.zeros(df.height, dtype=bool)
     is_dup[duplicates["row"].to_numpy()] = True
-    keep = ["doc_id", "source", "text", *(["label"] if "label" in df.columns else [])]
-    df.filter(~pl.Series(is_dup)).select(keep).write_parquet(out_file)
+    df.filter(~pl.Series(is_dup)).write_parquet(out_file)
     dups = df.filter(pl.Series(is_dup)).select("doc_id", "source")
     if not dups["doc_id"].equals(duplicates["doc_id"]):
         raise ValueError(f"{part}: its documents differ from those its signatures were computed from")
@@ -515,24 +553,76 @@ def dedup_stats(dups: pl.DataFrame, n: int) -> dict:
             "duplicate_exact": int((dups["kind"] == "exact").sum()), "duplicate_near": int((dups["kind"] == "near").sum())}
 
 
+SIGNATURES = "signatures"  # a partition's per-part signature files (written by cleaned_text), or the global step's
+SIGNATURE_SETTINGS = "settings.json"  # beside them: the DedupConfig they were made with
+
+
+def write_partition_signatures(parts_dir: Path, cfg: DedupConfig = DedupConfig()) -> int:
+    """The signatures of every ``part-*.parquet`` of ``parts_dir`` (a cleaned_text partition), each to
+    ``parts_dir/signatures/<the part's name>`` (:func:`write_signatures`), and ``signatures/settings.json``
+    (``cfg``), so that the global step only clusters (:func:`deduplicate`). Returns the documents."""
+    d = Path(parts_dir) / SIGNATURES
+    d.mkdir(exist_ok=True)
+    n = sum(write_signatures([part], d / part.name, cfg) for part in part_files(parts_dir))
+    write_signature_settings(parts_dir, cfg)
+    return n
+
+
+def write_signature_settings(parts_dir: Path, cfg: DedupConfig) -> None:
+    """``parts_dir/signatures/settings.json``: the settings its signature files were made with."""
+    (Path(parts_dir) / SIGNATURES).mkdir(exist_ok=True)
+    (Path(parts_dir) / SIGNATURES / SIGNATURE_SETTINGS).write_text(json.dumps(cfg.to_dict(), sort_keys=True))
+
+
+SIGNATURE_FIELDS = ("ngram", "bands", "rows", "seed")  # what a signature depends on (chunk_shingles: memory only)
+
+
+def signatures_serve(made: dict, cfg: DedupConfig) -> bool:
+    """Whether signatures made with the settings ``made`` (a DedupConfig as a dict) serve a clustering
+    with ``cfg``: the same shingles, permutations and bands, and band hashes when ``cfg.near``."""
+    return all(made.get(k) == getattr(cfg, k) for k in SIGNATURE_FIELDS) and (made.get("near", True) or not cfg.near)
+
+
+def partition_signatures(in_dir: Path | list[Path], cfg: DedupConfig) -> list[Path] | None:
+    """The signature files of every part of ``in_dir`` (one directory or one per partition), in part order,
+    when each part has one written with settings that serve ``cfg`` (:func:`write_partition_signatures`,
+    :func:`signatures_serve`); else None."""
+    files = []
+    for d in as_dirs(in_dir):
+        settings = d / SIGNATURES / SIGNATURE_SETTINGS
+        if not settings.exists() or not signatures_serve(json.loads(settings.read_text()), cfg):
+            return None
+        for part in part_files(d):
+            f = d / SIGNATURES / part.name
+            if not f.exists():
+                return None
+            files.append(f)
+    return files
+
+
 def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = DedupConfig()) -> dict:
     """Exact and (with ``cfg.near``) near-duplicate removal over the ``part-*.parquet`` files of a
     cleaned_text directory, or of several (one per partition, in partition order: corpus order is
     partition, then part file, then row), signatures per part file, clustering over all of them.
 
-    Writes ``out_dir/signatures/part-NNNNN.parquet``, the kept documents to ``out_dir/part-NNNNN.parquet``
-    (same columns, input order) and every removed copy to ``out_dir/duplicates.parquet``
-    (doc_id, source, duplicate_of, cluster_id, kind, key_hash). Returns counts ``input``, ``kept``,
-    ``duplicate``, ``clusters`` (kept copies with at least one duplicate), ``duplicate_exact``, ``duplicate_near``.
+    The signatures are the partitions' own when each carries them, made with ``cfg``
+    (:func:`partition_signatures`: cleaned_text computes them per partition, so this global step only
+    clusters); else they are computed here into ``out_dir/signatures/part-NNNNN.parquet``. Writes the
+    kept documents to ``out_dir/part-NNNNN.parquet`` (same columns, input order) and every removed copy
+    to ``out_dir/duplicates.parquet`` (doc_id, source, duplicate_of, cluster_id, kind, key_hash).
+    Returns counts ``input``, ``kept``, ``duplicate``, ``clusters`` (kept copies with at least one
+    duplicate), ``duplicate_exact``, ``duplicate_near``.
     """
     parts = part_files(in_dir)
-    sig_dir = Path(out_dir) / "signatures"
-    sig_dir.mkdir(exist_ok=True)
-    sig_files = []
-    for i, part in enumerate(parts):
-        f = sig_dir / f"part-{i:05d}.parquet"
-        write_signatures([part], f, cfg)
-        sig_files.append(f)
+    sig_files = partition_signatures(in_dir, cfg)
+    if sig_files is None:
+        sig_dir = Path(out_dir) / SIGNATURES
+        sig_dir.mkdir(exist_ok=True)
+        sig_files = []
+        for i, part in enumerate(parts):
+            f = sig_dir / f"part-{i:05d}.parquet"
+            write_signatures([part], f, cfg)
+            sig_files.append(f)
     assignment = cluster_signatures(sig_files, cfg, spill_dir=Path(out_dir))
     n, dups = write_deduplicated(parts, assignment, 0, Path(out_dir))
     dups.write_parquet(Path(out_dir) / "duplicates.parquet")
@@ -543,3 +633,30 @@ def exact_dedup(in_dir: Path | list[Path], out_dir: Path) -> dict:
     """Exact duplicates only (:func:`deduplicate` with ``near=False``); counts ``input``, ``kept``, ``duplicate``, ``clusters``."""
     stats = deduplicate(in_dir, out_dir, DedupConfig(near=False))
     return {k: stats[k] for k in ("input", "kept", "duplicate", "clusters")}
+
+
+def count_exact_duplicates(directory: Path, *, examples: int = 5, batch: int = 10_000, rows_per_pass: int = 1 << 22,
+                           spill_dir: Path | None = None) -> tuple[int, int, list[str]]:
+    """Recount the ``part-*.parquet`` documents under ``directory``: (documents, documents whose dedup key
+    hash (:func:`key_hashes`) occurred at an earlier document, the doc ids of the first ``examples`` of
+    those in corpus order). Memory: one hash range of (key hash, row) pairs at a time
+    (:func:`by_hash_range`, 16 bytes per document of the range), not a set over the corpus."""
+    parts = part_files(directory)
+    offsets = _file_rows(parts)
+
+    def chunks():
+        for part, first in zip(parts, offsets[:-1]):
+            row = int(first)
+            for df in pl.read_parquet(part, columns=["text"]).iter_slices(batch):
+                yield key_hashes(df["text"]).to_numpy(), np.arange(row, row + df.height, dtype=np.int64)
+                row += df.height
+
+    dups, first_rows = 0, np.zeros(0, np.int64)
+    for values, rows in by_hash_range(chunks(), int(offsets[-1]), rows_per_pass=rows_per_pass, spill_dir=spill_dir):
+        order = np.lexsort((rows, values))
+        v, r = values[order], rows[order]
+        repeat = r[1:][v[1:] == v[:-1]]  # every row after the first of its value
+        dups += len(repeat)
+        first_rows = np.sort(np.concatenate([first_rows, repeat]))[:examples]
+    ids = gather_rows(parts, offsets, first_rows, ["doc_id"]).column("doc_id").to_pylist() if len(first_rows) else []
+    return int(offsets[-1]), dups, ids

@@ -13,7 +13,7 @@ files lie or when they were written.
   a file whose mtime or ctime is less than ``racy_seconds`` old is not cached (as git treats "racily
   clean" index entries: a write in the same timestamp tick as the stat would leave all four
   unchanged). The cache is one JSON file, read whole and replaced atomically
-  (storage.write_json_atomic); a cache file that cannot be read is ignored and rebuilt.
+  (largetrain_core.fs.write_atomic); a cache file that cannot be read is ignored and rebuilt.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Iterable
 
 import xxhash
+
+from largetrain_core.fs import filesystem, is_url, object_stamp, open_input, write_atomic
 
 BLOCK = 1 << 20  # 1 MiB reads: xxh3 runs at memory speed, the block size only bounds memory
 RACY_SECONDS = 2.0  # the coarsest common mtime granularity (FAT, some network file systems) is 2 s
@@ -63,7 +65,11 @@ class DigestCache:
                 pass  # a damaged cache is not trusted: every file is read again and the file rewritten
 
     def digest(self, path: str | Path) -> str:
-        """The digest of ``path`` (see :func:`file_digest`), from the cache when the file is unchanged."""
+        """The digest of ``path`` (see :func:`file_digest`), from the cache when the file is unchanged.
+        ``path`` may be an object's URL: it is then unchanged while its size and ETag (or generation)
+        are, which the store changes on every write; its bytes are streamed once to hash them."""
+        if is_url(path):
+            return self._object_digest(str(path))
         key = os.path.abspath(path)
         st = os.stat(key)
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
@@ -80,22 +86,45 @@ class DigestCache:
             self._new[key] = stamp + [digest]
         return digest
 
+    def _object_digest(self, url: str) -> str:
+        fsys, inner = filesystem(url)
+        stamp = [int(fsys.info(inner)["size"]), object_stamp(fsys.info(inner))]
+        entry = self._new.get(url) or self._old.get(url)
+        if stamp[1] is not None and isinstance(entry, list) and len(entry) == 3 and entry[:2] == stamp:
+            self.hits += 1
+            self._new[url] = entry
+            return entry[2]
+        self.misses += 1
+        h = xxhash.xxh3_128()
+        with open_input(url) as fh:
+            while block := fh.read(BLOCK):
+                h.update(block)
+        if stamp[1] is not None:
+            self._new[url] = stamp + [h.hexdigest()]
+        return h.hexdigest()
+
     def save(self) -> None:
         """Write the entries looked up since loading to ``path`` (atomically); nothing when ``path`` is None."""
         if self.path is None:
             return
-        from largetrain_core.storage import write_json_atomic
-
-        write_json_atomic(self.path, {"version": 1, "files": self._new})
+        write_atomic(self.path, json.dumps({"version": 1, "files": self._new}).encode())
 
 
 def files_digest(base: str | Path, files: Iterable[str | Path], cache: DigestCache | None = None) -> str:
     """xxh3-128 (32 hex digits) over (relative path, content digest) of ``files``, each relative to
-    ``base`` (see the module doc). Raises ValueError for a file outside ``base``, OSError when one
+    ``base`` (see the module doc): local paths, or objects' URLs under a base URL (the same digest as
+    the same files on local disk). Raises ValueError for a file outside ``base``, OSError when one
     cannot be read."""
-    base = Path(base)
     cache = cache or DigestCache()
-    rel = sorted((Path(f).relative_to(base).as_posix(), Path(f)) for f in files)
+    if is_url(base):  # objects: their URLs under the base URL
+        prefix = str(base).rstrip("/") + "/"
+        outside = [str(f) for f in files if not str(f).startswith(prefix)]
+        if outside:
+            raise ValueError(f"{outside[0]} is not under {base}")
+        rel = sorted((str(f)[len(prefix):], str(f)) for f in files)
+    else:
+        base = Path(base)
+        rel = sorted((Path(f).relative_to(base).as_posix(), Path(f)) for f in files)
     h = xxhash.xxh3_128()
     for name, f in rel:
         h.update(name.encode("utf-8", "surrogateescape") + b"\0" + cache.digest(f).encode() + b"\n")

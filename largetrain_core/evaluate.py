@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from largetrain_core.model import load_adapter, load_model
 from largetrain_core.shards import TokenShards
 from largetrain_core.storage import loading
 from largetrain_core.tokenizer import load_tokenizer_info
+from largetrain_core.training.loss import next_token_loss, targets
 
 
 def load_for_eval(model_dir: Path, adapter_dir: Path | None = None):
@@ -36,16 +36,15 @@ def perplexity(model, shards_dir: Path, split: str = "validation", max_sequences
 
     Returns ``{"perplexity", "loss_nats", "sequences", "tokens"}``. Raises ValueError on an empty split.
     """
-    data = TokenShards(Path(shards_dir), split)
+    data = TokenShards(shards_dir, split)
     n = len(data) if max_sequences is None else min(len(data), max_sequences)
     if n == 0:
         raise ValueError(f"{shards_dir}: split {split!r} holds no sequence to evaluate")
     total, count = 0.0, 0
     for start in range(0, n, batch_size):
         batch = torch.from_numpy(data.take(np.arange(start, min(n, start + batch_size))).astype(np.int64))
-        logits = model(input_ids=batch[:, :-1]).logits.float()
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum").item()
-        count += batch[:, 1:].numel()
+        total += next_token_loss(model, batch, reduction="sum").item()
+        count += targets(batch)
     loss = total / count
     return {"perplexity": math.exp(loss), "loss_nats": loss, "sequences": n, "tokens": count}
 

@@ -1,6 +1,6 @@
-"""Starting and stopping training processes: the launch commands for one or several nodes, the
-Linux process tree (torchrun starts each rank in a session of its own), the fault-injection hook
-the tests use to crash a run the way a power cut would, and each rank's error record.
+"""Launching a training: the launch commands for one or several nodes, the fault-injection hook the
+tests use to crash a run the way a power cut would, and each rank's error record. Starting and
+stopping processes in general is largetrain_core.processes.
 
 Error records use what torch's elastic launcher offers: torchrun (``--log-dir DIR``) gives every rank
 the path of its error file in ``TORCHELASTIC_ERROR_FILE``
@@ -19,63 +19,53 @@ import json
 import logging
 import os
 import shlex
-import signal
 import socket
 import time
 import traceback
 from pathlib import Path
+
+from largetrain_core.processes import exit_status, process_tree
 
 log = logging.getLogger("largetrain.launch")
 
 ENTRY_MODULE = "largetrain_core.training"
 
 
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, process group id) of ``pid`` from Linux ``/proc/<pid>/stat``; None once it
-    has ended. State ``Z`` is a zombie: dead, not yet reaped by its parent."""
-    try:
-        fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields_[0], int(fields_[1]), int(fields_[2])
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and every descendant process (Linux ``/proc/<pid>/stat``), parents before children.
-
-    Needed because torchrun starts each rank in a session of its own (``start_new_session=True`` in
-    torch.distributed.elastic's SubprocessHandler): signalling the agent's process group misses the ranks.
-    """
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        st = proc_stat(int(d.name))
-        if st is not None:  # else the process ended while we looked
-            children.setdefault(st[1], []).append(int(d.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        out.append(pid)
-        todo.extend(sorted(children.get(pid, [])))
-    return out
-
-
 def maybe_fault(point: str, step: int, rank: int) -> None:
-    """LARGETRAIN_FAULT="after_step:N" (after step N's metrics row) or "mid_save:N" (after this rank's
-    ``save_checkpoint`` of step N returned, before the barrier and the completion marker): rank 0
-    SIGKILLs the torchrun agent, every rank and itself at once, as a crash or power cut would."""
-    spec = os.environ.get("LARGETRAIN_FAULT", "")
-    if rank == 0 and spec == f"{point}:{step}":
-        import signal
+    """LARGETRAIN_FAULT: comma-separated faults that rank 0 injects, each ``<kind>:<step>``, in the order given.
 
-        log.warning(f"LARGETRAIN_FAULT {spec}: SIGKILL to the torchrun agent and all ranks")
-        for h in logging.getLogger().handlers:
-            h.flush()
-        me = os.getpid()
-        for pid in process_tree(os.getppid()):
-            if pid != me:
+    * ``after_step:N`` (after step N's metrics row), ``mid_save:N`` (after this rank's ``save_checkpoint``
+      of step N returned, before the barrier and the completion marker): SIGKILL to the torchrun agent,
+      every rank and itself at once, as a crash, a power cut or the end of a preemption's grace period would.
+    * ``sigterm_after_step:N``: SIGTERM to the torchrun agent and every rank, as a node being preempted
+      (its pod deleted, the spot instance reclaimed) sends; the run goes on to its preemption save.
+    * ``sigterm_mid_save:N``: another SIGTERM to every rank during the save of step N (the one the
+      torchrun agent forwards, or a second stop), which the ranks ignore (:func:`defer_sigterm`)."""
+    spec = os.environ.get("LARGETRAIN_FAULT", "")
+    if rank != 0 or not spec:
+        return
+    import signal
+
+    me = os.getpid()
+    for fault in spec.split(","):
+        kind = fault.strip()
+        if kind == f"sigterm_{point}:{step}":
+            tree = process_tree(os.getppid())
+            targets = tree if point == "after_step" else tree[1:]
+            log.warning(f"LARGETRAIN_FAULT {kind}: SIGTERM to {'the torchrun agent and ' if point == 'after_step' else ''}"
+                        "every rank")
+            for pid in targets:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        os.kill(me, signal.SIGKILL)
+                    os.kill(pid, signal.SIGTERM)
+        elif kind == f"{point}:{step}":
+            log.warning(f"LARGETRAIN_FAULT {kind}: SIGKILL to the torchrun agent and all ranks")
+            for h in logging.getLogger().handlers:
+                h.flush()
+            for pid in process_tree(os.getppid()):
+                if pid != me:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            os.kill(me, signal.SIGKILL)
 
 
 def finish_rank() -> None:
@@ -95,6 +85,68 @@ def finish_rank() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+_terminated: list[int] = []  # the signal that raise_on_sigterm turned into an exception, once received
+
+
+def raise_on_sigterm() -> None:
+    """From now on the first SIGTERM to this process raises torch elastic's ``SignalException`` in its main
+    thread (as torchrun's agent does for itself), so that a rank stopped from outside (the run cancelled,
+    its pod or node stopping, torchrun stopping the other ranks after one failed) unwinds through its
+    ``except``/``finally`` blocks: the trackers record the run as killed (:func:`terminated`). Python's
+    default would end the process at once. Later SIGTERMs are ignored, so that this cleanup is not cut
+    short; the launcher's SIGKILL after its grace period still ends the process. Main thread only."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _terminated.append(signum)
+        raise SignalException(f"process {os.getpid()} received {signal.Signals(signum).name}: stopped from outside",
+                              sigval=signal.Signals(signum))
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def terminated() -> bool:
+    """Whether this process received the SIGTERM that :func:`raise_on_sigterm` or :func:`defer_sigterm` handles."""
+    return bool(_terminated)
+
+
+def defer_sigterm() -> None:
+    """From now on the first SIGTERM to this process only marks it :func:`terminated` (the training
+    then saves a checkpoint at the end of its step and raises :func:`preempted`'s exception); later SIGTERMs are
+    ignored, so that this save is not cut short by the SIGTERM that torchrun's agent forwards to its
+    ranks. The launcher's SIGKILL after the grace period still ends the process. Main thread only.
+    A SIGTERM already received stays received."""
+    import signal
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _terminated.append(signum)  # no logging here: a handler runs between any two bytecodes of the main thread
+
+    if not _terminated:
+        signal.signal(signal.SIGTERM, handler)
+
+
+Preempted = None  # the exception class of a preempted rank, made on first use (torch is imported late)
+
+
+def preempted(message: str):
+    """The exception a preempted rank ends with once its checkpoint is saved: ``Preempted``, a torch
+    elastic ``SignalException`` (sigval SIGTERM), so :func:`is_transient` holds and the run is retried;
+    its error record says ``preempted: true``."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    global Preempted
+    if Preempted is None:
+        Preempted = type("Preempted", (SignalException,), {"__module__": __name__, "__doc__": (
+            "A SIGTERM'd rank's end after its preemption save (transient: retried).")})
+    return Preempted(message, sigval=signal.SIGTERM)
 
 
 def launch_commands(config_path: str, hosts: list[str], nproc_per_node: int, port: int = 29500,
@@ -169,13 +221,15 @@ def _chain(e: BaseException):
 
 def is_transient(e: BaseException) -> bool:
     """Whether ``e`` is a consequence of another process failing rather than an error of this one: a
-    ``torch.distributed.DistError`` (store, network, backend), a ConnectionError or TimeoutError, or a
+    ``torch.distributed.DistError`` (store, network, backend), a ConnectionError or TimeoutError, a
     RuntimeError raised inside ``torch/distributed`` (gloo raises a plain RuntimeError from a collective
-    when a peer process has died). Everything else (a bad config, a damaged file, a ValueError of a
+    when a peer process has died), or the ``SignalException`` of a SIGTERM from outside
+    (:func:`raise_on_sigterm`). Everything else (a bad config, a damaged file, a ValueError of a
     check) would fail the same way again."""
     import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    if isinstance(e, (dist.DistError, ConnectionError, TimeoutError)):
+    if isinstance(e, (dist.DistError, ConnectionError, TimeoutError, SignalException)):
         return True
     frames = traceback.extract_tb(e.__traceback__)
     return isinstance(e, RuntimeError) and bool(frames) and "/torch/distributed/" in frames[-1].filename.replace("\\", "/")
@@ -195,7 +249,8 @@ def error_record(e: BaseException) -> dict:
             "world_size": int(env["WORLD_SIZE"]) if "WORLD_SIZE" in env else None,
             "host": socket.gethostname(), "pid": os.getpid(), "file": file,
             "where": f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None,
-            "transient": is_transient(e), "time": time.time()}
+            "transient": is_transient(e), "preempted": Preempted is not None and isinstance(e, Preempted),
+            "time": time.time()}
 
 
 def record(fn):
@@ -259,17 +314,6 @@ def rank_errors(log_dir: str | Path) -> list[dict]:
     return sorted(out, key=lambda r: r.get("time") or 0)
 
 
-def exit_status(returncode: int | None) -> str:
-    """``exit code N``, ``killed by SIGKILL`` (a negative Popen return code is the signal), or ``an unknown
-    exit status`` (None: a pod whose status the launcher did not get)."""
-    if returncode is None:
-        return "an unknown exit status"
-    if returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-returncode).name}"
-    return f"exit code {returncode}"
-
-
 def describe_failure(returncode: int | None, errors: list[dict], max_message: int = 2000) -> tuple[str, bool]:
     """(the message a user sees for a failed torchrun, whether it may be retried).
 
@@ -278,6 +322,7 @@ def describe_failure(returncode: int | None, errors: list[dict], max_message: in
     processes were killed or preempted (no error file, or only :func:`is_transient` ones such as a
     collective whose peer died): a deterministic error fails the same way again."""
     own = [r for r in errors if not r.get("transient")]
+    preemption = [r for r in errors if r.get("preempted")]
     lines = []
     for r in own + [r for r in errors if r.get("transient")]:
         who = "torchrun agent" if r.get("rank") is None and r.get("where") == "torchrun agent" else (
@@ -291,7 +336,10 @@ def describe_failure(returncode: int | None, errors: list[dict], max_message: in
             line += f" (at {r['where']})"
         lines.append(line + (" (a consequence of another process failing)" if r.get("transient") else ""))
     status = exit_status(returncode)
-    if own:
+    if preemption and not own:
+        head = (f"training preempted ({status} of torchrun): the ranks got SIGTERM and stopped after the same step "
+                f"({preemption[0].get('message')}). A retry resumes from the newest complete checkpoint.")
+    elif own:
         head = (f"training failed ({status} of torchrun): {len(own)} rank(s) raised an error. Not retried: it is "
                 "deterministic (a config, data or file problem) and would fail the same way again.")
     else:

@@ -101,6 +101,29 @@ def parameter_count(model: torch.nn.Module, trainable_only: bool = False) -> int
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
+def embedding_overflow(model_dir: Path) -> str | None:
+    """None when every id of the Hugging Face directory's own tokenizer (its vocabulary and its added
+    tokens) has a row in the model's embedding (config.json ``vocab_size``); else the cause, naming the
+    ids (and tokens) without a row, and the two fixes: resize the embedding to the tokenizer with
+    transformers' ``resize_token_embeddings`` and save the model again, or use a tokenizer whose ids all
+    fit. Raises as :func:`largetrain_core.tokenizer.load_tokenizer_info` and for a missing config.json."""
+    from largetrain_core.tokenizer import load_tokenizer_info, read_tokenizer
+
+    model_dir = Path(model_dir)
+    info = load_tokenizer_info(model_dir)
+    rows = read_json(model_dir / "config.json", "config.json of a Hugging Face causal-LM directory")["vocab_size"]
+    if info.vocab_size <= rows:
+        return None
+    tok = read_tokenizer(info.path)
+    beyond = [t for t in (tok.id_to_token(i) for i in range(rows, info.vocab_size)) if t is not None]
+    shown = ", ".join(repr(t) for t in beyond[:5]) + (f" and {len(beyond) - 5} more" if len(beyond) > 5 else "")
+    return (f"{model_dir}: its own tokenizer ({info.path.name}) has ids up to {info.vocab_size - 1}, but the model's "
+            f"embedding has only {rows} rows (config.json vocab_size): ids {rows}..{info.vocab_size - 1} ({shown}) have "
+            f"no embedding. Resize the embedding to the tokenizer and save the model again (transformers: "
+            f"m = AutoModelForCausalLM.from_pretrained(d); m.resize_token_embeddings(len(AutoTokenizer.from_pretrained(d))); "
+            f"m.save_pretrained(d), with d = {str(model_dir)!r}), or use a tokenizer whose ids all fit its {rows} rows")
+
+
 def import_pretrained(src: Path, out: Path) -> dict:
     """Import an existing causal LM from the local Hugging Face directory ``src`` into ``out``.
 
@@ -110,16 +133,16 @@ def import_pretrained(src: Path, out: Path) -> dict:
     model.safetensors + the tokenizer, so that it loads like a pretrained ``base_checkpoint``.
     Returns ``{"parameters", "model_vocab_size", "tokenizer_vocab_size", "eos_id", "bos_id", "model_type"}``.
     Raises FileNotFoundError without a tokenizer.json, ValueError when a token id of the tokenizer
-    does not fit the model's embedding (tokenizer vocabulary larger than ``config.vocab_size``).
+    does not fit the model's embedding (:func:`embedding_overflow`, which says how to fix it).
     """
     from largetrain_core.tokenizer import load_tokenizer_info, save_hf_tokenizer
 
     src, out = Path(src), Path(out)
     info = load_tokenizer_info(src)
     model = load_model(src)
-    if info.vocab_size > model.config.vocab_size:
-        raise ValueError(f"{src}: the tokenizer has ids up to {info.vocab_size - 1}, the model's embedding only "
-                         f"{model.config.vocab_size} rows; use the tokenizer this model was trained with")
+    problem = embedding_overflow(src)
+    if problem:
+        raise ValueError(problem)
     model.config.use_cache = True
     model.save_pretrained(str(out), safe_serialization=True)
     save_hf_tokenizer(info, out)

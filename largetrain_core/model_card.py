@@ -36,9 +36,9 @@ from largetrain_core.storage import write_json_atomic
 CARD = "README.md"
 LINEAGE = "lineage.json"
 TRAINING_KEYS = ("preset", "mode", "zero_stage", "offload_optimizer", "precision", "activation_checkpointing",
-                 "micro_batch_size", "gradient_accumulation_steps", "max_steps", "lr", "min_lr_ratio", "warmup_steps",
-                 "weight_decay", "grad_clip", "seed", "seq_len", "lora")
-STAGES = ("raw_corpus", "cleaned_text", "deduplicated_text", "token_shards")
+                 "micro_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate", "min_lr_ratio",
+                 "warmup_steps", "weight_decay", "max_grad_norm", "seed", "seq_len", "lora")
+STAGES = ("raw_corpus", "cleaned_text", "deduplicated_text", "filtered_text", "token_shards")
 RESULT_KEYS = ("steps", "first_loss", "last_loss", "tokens_seen", "tokens_per_s", "precision", "precision_reason",
                "world_size", "zero_stage", "parameters", "trainable_parameters", "train_seconds")
 

@@ -26,21 +26,32 @@ import os
 import sys
 from pathlib import Path
 
+from largetrain_core import fs
 from largetrain_core.digest import tree_digest
 
 SUFFIX = ".provenance.json"
 REQUIRED = ("corpus", "files", "bytes", "content_digest", "fetched_at", "package")
 
 
-def provenance_path(corpus: str | Path) -> Path:
-    """``<dir>/<name>.provenance.json`` for the corpus ``<dir>/<name>`` (a trailing slash ignored)."""
+def provenance_path(corpus: str | Path) -> Path | str:
+    """``<dir>/<name>.provenance.json`` for the corpus ``<dir>/<name>`` (a trailing slash ignored); a URL
+    beside a corpus at a URL."""
+    if fs.is_url(corpus):
+        return str(corpus).rstrip("/") + SUFFIX
     corpus = Path(os.path.normpath(corpus))
     return corpus.with_name(corpus.name + SUFFIX)
 
 
 def tree_size(root: str | Path) -> tuple[int, int]:
     """(regular files, total bytes) under ``root`` (or of the single file ``root``), by stat; links to
-    directories not followed, as in :func:`largetrain_core.digest.tree_digest`."""
+    directories not followed, as in :func:`largetrain_core.digest.tree_digest`. For a URL, by one
+    listing of the objects under it."""
+    if fs.is_url(root):
+        fsys, inner = fs.filesystem(root)
+        if fsys.isfile(inner):
+            return 1, int(fsys.info(inner)["size"])
+        sizes = [int(i["size"]) for i in fsys.find(inner, detail=True).values()]
+        return len(sizes), sum(sizes)
     root = Path(root)
     if root.is_file():
         return 1, root.stat().st_size
@@ -59,15 +70,16 @@ def read_provenance(corpus: str | Path) -> dict | None:
     Raises ValueError naming the file when it is not a JSON object holding the fields of REQUIRED:
     a damaged provenance is not reported as if it were true."""
     path = provenance_path(corpus)
-    if not path.is_file():
-        return None
+    shown = fs.redact(str(path))
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(fs.read_bytes(path))
+    except (FileNotFoundError, IsADirectoryError):
+        return None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable provenance file: {e}") from e
+        raise ValueError(f"{shown}: unreadable provenance file: {e}") from e
     missing = [k for k in REQUIRED if not isinstance(data, dict) or k not in data]
     if missing:
-        raise ValueError(f"{path}: provenance file lacks {', '.join(missing)}")
+        raise ValueError(f"{shown}: provenance file lacks {', '.join(missing)}")
     return data
 
 

@@ -1,4 +1,5 @@
-"""Corpus file formats and their readers: the one place that decides how a file is read.
+"""Corpus file formats and their readers: the one place that decides how a file is read, and the
+settings of reading (:class:`ReaderConfig`, the raw_corpus settings).
 
 A file's format (docs/ARCHITECTURE.md section Extending) is decided here for listing, partitioning,
 skipping and reading alike:
@@ -14,39 +15,57 @@ skipping and reading alike:
 A file no reader claims is not read; the caller counts and lists it. Each reader is the only code
 that knows its format; adding one is one entry in :data:`READERS` (plus its test).
 
-Encoding policy (tested in tests/test_corpus.py against tests/cases):
+Encoding policy (tested in tests/unit/test_corpus.py and tests/unit/test_reader_faults.py against tests/cases):
 
-* Strict UTF-8, a leading byte-order mark dropped; nothing is decoded with replacement, so no
+* UTF-8, strictly, a leading byte-order mark dropped; nothing is decoded with replacement, so no
   training text holds U+FFFD that the source did not.
+* UTF-16 is decoded, for the byte-stream readers (text, JSONL, compressed or not), when the stream
+  (after decompression) starts with a UTF-16 byte-order mark, or without one when its first
+  :data:`SNIFF_BYTES` show UTF-16's byte pattern (:func:`detect_utf16`). Such a file is counted
+  (``utf16_files``); its positions are those of the UTF-8 it is decoded to, except an invalid UTF-16
+  sequence, whose position is the byte offset in the file. Columnar text is UTF-8 by the formats'
+  definition and is never re-interpreted.
+* A document that is mostly control characters is not text (UTF-16 read as UTF-8, binary data): it
+  is rejected (:func:`control_error`), whatever the reader.
 * Every bad record becomes a *rejected* record (file, position, reason) and the rest of the file is
   kept: a text file that is not UTF-8 (position: byte offset of the first bad byte); a JSONL line
-  that is not UTF-8, not JSON, not an object, lacks the text field or holds a lone surrogate
+  that is not UTF-8, not JSON (any exception of the parser: too deeply nested, an integer past
+  Python's int-string limit, ...), not an object, lacks the text field or holds a lone surrogate
   (position: 1-based line); a columnar row whose text is null or not UTF-8 (position: 0-based row),
-  for every physical layout (string, large_string, string_view, dictionary-encoded, binary).
-* A whole file is one rejected record (position -1) when it cannot be opened or decompressed (the
-  documents read before a truncation are kept), when a columnar file lacks the text column or holds
-  it in a type that is not text, and when none of a JSONL file's first :data:`UNREADABLE_PREFIX`
-  non-empty lines (or of all, if fewer) is readable: a binary or foreign file under a ``.jsonl`` name.
+  for every physical layout (string, large_string, string_view, dictionary-encoded, binary), or that
+  lies in a Parquet row group that cannot be decoded (each of its rows rejected).
+* A whole file is one rejected record (position -1) when it cannot be opened, when it cannot be
+  read or decompressed to its end (the records read before the fault are kept; the reason says how
+  many), when a columnar file lacks the text column or holds it in a type that is not text, and
+  when none of a JSONL file's first :data:`UNREADABLE_PREFIX` non-empty lines (or of all, if fewer)
+  is readable: a binary or foreign file under a ``.jsonl`` name.
+* Every record a reader takes from a file ends as exactly one document or rejected record (blank
+  JSONL lines are counted apart, ``blank_lines``): :func:`read_source` checks the reader's own count
+  against them and raises when they differ, so no record is lost unseen.
 
 Line endings, NUL bytes and Unicode forms are the cleaning stage's job (largetrain_core.clean).
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
-import os
-from dataclasses import dataclass
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Generator, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-if TYPE_CHECKING:
-    from largetrain_core.corpus import ReaderConfig
+from largetrain_core import fs
+from largetrain_core.settings import described
 
 DOC_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("source", pa.large_string()), ("text", pa.large_string())])
 LABELLED_DOC_SCHEMA = DOC_SCHEMA.append(pa.field("label", pa.large_string()))
@@ -56,7 +75,46 @@ RENAMED_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("id", pa.large_strin
                             ("position", pa.int64())])
 
 UNREADABLE_PREFIX = 100  # JSONL: a file whose first 100 non-empty lines are all unreadable is one rejected record
-_UNREADABLE = (OSError, EOFError, ValueError, zstandard.ZstdError)  # a damaged, truncated or foreign file
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """How to read one corpus (the raw_corpus settings). ``partition``/``partitions`` are set by the
+    caller (the Dagster partition), not by users; so is ``id_prefix`` (a mixture's corpus name)."""
+
+    path: str = field(metadata=described(
+        "Corpus directory (walked recursively, files in sorted order, links to directories followed) or one file; "
+        "empty in a Dagster run config: <storage root>/<the role's default corpus>."))
+    text_field: str = field(default="text", metadata=described("JSONL key / Parquet or Arrow column holding the text."))
+    id_field: str | None = field(default="id", metadata=described(
+        "JSONL key / column holding the document id, used where a record has one (not null, not empty); "
+        "otherwise, and for text files, the id is <relative path>:<line or row> (<relative path> for a text file). "
+        "null: always the file and position. A repeated id becomes <id>@<file>:<line or row> (counted: renamed_ids)."))
+    label_field: str | None = field(default=None, metadata=described(
+        "JSONL key / column holding a class label: adds a `label` column (null where a record lacks it; a "
+        "non-string value as its JSON text), kept through cleaned_text and deduplicated_text; needed for balancing."))
+    batch_size: int = field(default=1024, metadata=described("Documents per batch and per part file (bounds memory)."))
+    sample_fraction: float = field(default=1.0, metadata=described(
+        "Subset: keep a document when xxh64(doc_id, seed) / 2**64 < sample_fraction (deterministic, order-free)."))
+    max_documents: int | None = field(default=None, metadata=described(
+        "Subset: then keep at most this many documents (per partition), the first in corpus order."))
+    seed: int = field(default=0, metadata=described("Seed of the sample_fraction hash."))
+    max_rejected_fraction: float = field(default=0.05, metadata=described(
+        "raw_corpus fails when more than this share of the records read (before subsetting) is rejected."))
+    partition: int = 0
+    partitions: int = 1
+    # set by the caller for one corpus of a mixture: "<corpus>:" before every document id, so ids stay
+    # unique across the mixture's corpora (each corpus's ids are only unique within it)
+    id_prefix: str = ""
+
+    def __post_init__(self):
+        if not 0 <= self.partition < self.partitions:
+            raise ValueError(f"partition must be in [0, {self.partitions}), got {self.partition}")
+        if not 0.0 < self.sample_fraction <= 1.0:
+            raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
 
 
 # ------------------------------------------------------------------------------------------------ compression
@@ -88,9 +146,142 @@ def compression_of(head: bytes) -> Compression | None:
     return next((c for c in COMPRESSIONS if head.startswith(c.magic)), None)
 
 
-def _sniff(path: Path) -> Compression | None:
-    with open(path, "rb") as f:
-        return compression_of(f.read(8))
+def _sniff(path: Path | str) -> Compression | None:
+    return compression_of(fs.read_head(path, 8))
+
+
+# ------------------------------------------------------------------------------------------------ encodings
+
+
+# Control characters that text does not hold in quantity: C0 but tab, line feed, vertical tab, form
+# feed and carriage return; DEL; C1.
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+CONTROL_FRACTION = 0.5
+"""A document of at least this share of control characters (:data:`_CONTROL`) is rejected. UTF-16 of
+any script in U+0000..U+1FFF (every alphabetic one) read as UTF-8 has a control character for each
+code unit (its high byte, 0x00..0x1F), so it is at least half control characters; text has a few per
+cent at most (a log with ANSI colour codes: one ESC per colour change)."""
+
+SNIFF_BYTES = 1 << 16  # UTF-16 is recognised from a stream's first 64 KiB
+_UTF16_MIN_UNITS = 8  # fewer code units than this are too few to tell a byte pattern
+_UTF16_IMPLAUSIBLE = 0.01
+_UTF16_COHERENT = 0.9
+_CONTROL_NAMES = "U+0000-U+001F, U+007F-U+009F other than tab and line breaks"
+
+
+def control_error(text: str) -> str | None:
+    """None unless at least :data:`CONTROL_FRACTION` of ``text``'s characters are control characters,
+    else the reason to reject it (the same words for every such document, so they group as one reason)."""
+    if not _CONTROL.search(text):
+        return None
+    controls = len(text) - len(_CONTROL.sub("", text))
+    if controls < CONTROL_FRACTION * len(text):
+        return None
+    return (f"mostly control characters: at least {CONTROL_FRACTION:.0%} of its characters are control characters "
+            f"({_CONTROL_NAMES}), so it is not text: UTF-16 without a byte-order mark, or binary data?")
+
+
+@dataclass(frozen=True)
+class Utf16:
+    """A UTF-16 stream: ``name`` (UTF-16LE, UTF-16BE), the Python ``codec``, the ``bom`` bytes to skip
+    and the ``evidence`` it was recognised by ("byte-order mark" or "byte pattern")."""
+
+    name: str
+    codec: str
+    bom: int
+    evidence: str
+
+
+def detect_utf16(head: bytes) -> Utf16 | None:
+    """Whether a byte stream whose first bytes are ``head`` (up to :data:`SNIFF_BYTES`) is UTF-16.
+
+    * By its byte-order mark: ``FF FE`` (UTF-16LE) or ``FE FF`` (UTF-16BE).
+    * Else by its byte pattern, only when ``head`` does not read as UTF-8 text (invalid UTF-8, or at
+      least :data:`CONTROL_FRACTION` control characters), so UTF-8 text is never re-read: exactly one
+      byte order must decode ``head`` to text, that is, strictly (no lone surrogate), with at most
+      1 % of the characters control, unassigned, private-use or surrogate, and with at least 90 % of
+      the code units sharing the two most common high bytes (an alphabetic script's 256-code-point
+      block and ASCII's spaces, digits and punctuation; the wrong byte order, Latin-1 and binary data
+      spread them: the Ukrainian case of tests/cases/utf16_text reads 100 % as UTF-16BE, 25 % as
+      UTF-16LE). Text in scripts spread over many blocks (Chinese, Japanese, Korean) is not
+      recognised this way; it is then rejected as invalid UTF-8 or as mostly control characters.
+      At least 8 code units are needed.
+    """
+    if head.startswith(b"\xff\xfe"):
+        return Utf16("UTF-16LE", "utf-16-le", 2, "byte-order mark")
+    if head.startswith(b"\xfe\xff"):
+        return Utf16("UTF-16BE", "utf-16-be", 2, "byte-order mark")
+    sample = head[:len(head) // 2 * 2]
+    if len(sample) < 2 * _UTF16_MIN_UNITS or head.startswith(b"\xef\xbb\xbf") or not _garbled_as_utf8(head):
+        return None
+    found = [Utf16(name, codec, 0, "byte pattern")
+             for name, codec, high in (("UTF-16BE", "utf-16-be", sample[0::2]), ("UTF-16LE", "utf-16-le", sample[1::2]))
+             if _reads_as_utf16(sample, codec, high)]
+    return found[0] if len(found) == 1 else None
+
+
+def _garbled_as_utf8(head: bytes) -> bool:
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a character may be cut at the end
+    except UnicodeDecodeError:
+        return True
+    return control_error(text) is not None
+
+
+def _reads_as_utf16(sample: bytes, codec: str, high: bytes) -> bool:
+    try:
+        text = codecs.getincrementaldecoder(codec)().decode(sample, final=False)  # a surrogate pair may be cut at the end
+    except UnicodeDecodeError:
+        return False
+    implausible = sum(1 for c in text if unicodedata.category(c) in ("Cc", "Cn", "Co", "Cs") and c not in "\t\n\v\f\r")
+    if not text or implausible > _UTF16_IMPLAUSIBLE * len(text):
+        return False
+    return sum(n for _, n in Counter(high).most_common(2)) >= _UTF16_COHERENT * len(high)
+
+
+class EncodingError(ValueError):
+    """An invalid sequence in a stream decoded from UTF-16: ``position`` is its byte offset in the
+    (decompressed) file."""
+
+    def __init__(self, position: int, reason: str):
+        super().__init__(reason)
+        self.position = position
+        self.reason = reason
+
+
+class _Utf8FromUtf16(io.RawIOBase):
+    """A UTF-16 byte stream read as UTF-8 bytes (its byte-order mark dropped). Raises
+    :class:`EncodingError` at an invalid UTF-16 sequence (a lone surrogate, an odd last byte)."""
+
+    def __init__(self, raw: BinaryIO, encoding: Utf16):
+        self.raw, self.encoding = raw, encoding
+        self.decoder = codecs.getincrementaldecoder(encoding.codec)()
+        self.fed = len(raw.read(encoding.bom))  # bytes given to the decoder so far
+        self.out, self.at, self.eof = b"", 0, False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.at == len(self.out) and not self.eof:
+            chunk = self.raw.read(1 << 16)
+            start = self.fed - len(self.decoder.getstate()[0])  # where the decoder's pending bytes begin
+            try:
+                text = self.decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                raise EncodingError(start + e.start, f"invalid {self.encoding.name} at byte {start + e.start}: "
+                                                     f"{e.reason}") from None
+            self.fed += len(chunk)
+            self.eof = not chunk
+            self.out, self.at = text.encode("utf-8"), 0  # strict UTF-16 decoding leaves no lone surrogate
+        n = min(len(buffer), len(self.out) - self.at)
+        buffer[:n] = self.out[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
 
 
 # ------------------------------------------------------------------------------------------------ records out
@@ -101,6 +292,8 @@ class Batch:
     documents: pa.Table  # DOC_SCHEMA (LABELLED_DOC_SCHEMA with ReaderConfig.label_field)
     rejected: pa.Table  # REJECT_SCHEMA
     renamed: pa.Table  # RENAMED_SCHEMA
+    blank_lines: int = 0  # blank JSONL lines passed over (not records) since the last batch
+    utf16_files: int = 0  # files decoded from UTF-16 since the last batch
 
 
 def utf8_error(text: str) -> str | None:
@@ -133,9 +326,11 @@ class Collector:
         self.batch_size = batch_size
         self.schema = LABELLED_DOC_SCHEMA if labelled else DOC_SCHEMA
         self.seen: set[str] = set()
+        self.outcomes = 0  # documents + rejected records of the whole read (read_source checks the readers by it)
         self._clear()
 
     def _clear(self) -> None:
+        self.blank_lines = self.utf16_files = 0
         self.docs: dict[str, list] = {name: [] for name in self.schema.names}
         self.rejects: dict[str, list] = {name: [] for name in REJECT_SCHEMA.names}
         self.renamed: dict[str, list] = {name: [] for name in RENAMED_SCHEMA.names}
@@ -144,7 +339,8 @@ class Collector:
             label: str | None = None) -> None:
         """Add one document; ``at`` ("line 3", "row 2", "" for a whole file) prefixes a rejection's reason."""
         doc_id = record_id or fallback
-        bad = utf8_error(text) or utf8_error(doc_id) or (label is not None and utf8_error(label))
+        bad = (utf8_error(text) or control_error(text) or utf8_error(doc_id)
+               or (label is not None and utf8_error(label)))
         if not bad and doc_id in self.seen and f"{doc_id}@{fallback}" in self.seen:
             bad = f"duplicate id {doc_id!r}, and {doc_id + '@' + fallback!r} is taken too"
         if bad:
@@ -156,6 +352,7 @@ class Collector:
                 self.renamed[k].append(v)
             doc_id = renamed
         self.seen.add(doc_id)
+        self.outcomes += 1
         self.docs["doc_id"].append(doc_id)
         self.docs["source"].append(source)
         self.docs["text"].append(text)
@@ -163,6 +360,7 @@ class Collector:
             self.docs["label"].append(label)
 
     def reject(self, source: str, position: int, reason: str) -> None:
+        self.outcomes += 1
         self.rejects["source"].append(source)
         self.rejects["position"].append(position)
         self.rejects["reason"].append(reason)
@@ -172,7 +370,7 @@ class Collector:
 
     def flush(self) -> Batch:
         batch = Batch(pa.table(self.docs, schema=self.schema), pa.table(self.rejects, schema=REJECT_SCHEMA),
-                      pa.table(self.renamed, schema=RENAMED_SCHEMA))
+                      pa.table(self.renamed, schema=RENAMED_SCHEMA), self.blank_lines, self.utf16_files)
         self._clear()
         return batch
 
@@ -183,17 +381,20 @@ class Collector:
 @dataclass(frozen=True)
 class Reader:
     """A file format: the suffixes it owns (lower case; compound ones such as ``.json.gz`` allowed) and
-    ``read(source, config, out)``, which adds the file's documents and rejected records to ``out``
-    (a :class:`Collector`) and yields ``out.flush()`` whenever ``out.full()``.
+    ``read(source, config, out)``, a generator that adds the file's documents and rejected records to
+    ``out`` (a :class:`Collector`), yields ``out.flush()`` whenever ``out.full()`` and returns how many
+    records it took from the file (each one document or rejected record: :func:`read_source` checks).
+    A reader rejects a record it cannot take, whatever the exception, and goes on with the next.
 
     ``streams``: reads a byte stream, so it also owns its suffixes plus a compression suffix and reads
-    compressed files (``Source.open`` decompresses). ``splits``: can read piece ``i`` of ``n`` of an
-    uncompressed file (``Source.piece``), so a corpus of one large file spreads over the partitions.
+    compressed and UTF-16 files (``Source.open`` decompresses and decodes). ``splits``: can read piece
+    ``i`` of ``n`` of an uncompressed UTF-8 file (``Source.piece``), so a corpus of one large file
+    spreads over the partitions.
     """
 
     name: str
     suffixes: tuple[str, ...]
-    read: Callable[["Source", "ReaderConfig", Collector], Iterator[Batch]]
+    read: Callable[["Source", "ReaderConfig", Collector], Generator[Batch, None, int]]
     streams: bool = False
     splits: bool = False
 
@@ -201,32 +402,66 @@ class Reader:
 @dataclass(frozen=True)
 class Source:
     """One corpus file to read: ``rel`` (its path relative to the corpus, POSIX) names its documents;
-    ``piece`` ``(i, n)``: only the i-th of n pieces (see :func:`splittable`)."""
+    ``piece`` ``(i, n)``: only the i-th of n pieces (see :func:`splittable`). ``path``: a local Path or
+    an object's URL, read with range requests (largetrain_core.fs.open_input)."""
 
-    path: Path
+    path: Path | str
     rel: str
     reader: Reader
     piece: tuple[int, int] | None = None
 
-    def open(self) -> BinaryIO:
+    def open_random(self):
+        """For the columnar readers: the local path as it is (pyarrow opens and maps it), or for a URL a
+        seekable fsspec file that fetches only the byte ranges read (footer, the wanted column chunks)."""
+        if not fs.is_url(self.path):
+            return self.path
+        fsys, path = fs.filesystem(self.path)
+        return fsys.open(path, "rb", block_size=fs.RANGE_BYTES)
+
+    def open_bytes(self) -> BinaryIO:
         """The file as a binary stream, decompressed when its first bytes are a compression's magic."""
-        f = open(self.path, "rb")
+        f = fs.open_input(self.path)
         codec = compression_of(f.read(8))
         f.seek(0)
         return codec.open(f) if codec else f
 
+    @cached_property
+    def utf16(self) -> Utf16 | None:
+        """The UTF-16 encoding of the (decompressed) stream (:func:`detect_utf16`), None for UTF-8."""
+        if fs.is_url(self.path) and _sniff(self.path) is None:  # a plain object: one small range request
+            return detect_utf16(fs.read_head(self.path, SNIFF_BYTES))
+        head = b""
+        with self.open_bytes() as f:
+            try:
+                while len(head) < SNIFF_BYTES and (block := f.read(min(4096, SNIFF_BYTES - len(head)))):
+                    head += block
+            except Exception:  # noqa: BLE001 -- a stream damaged early: judged by what it gave; reading it says the rest
+                pass
+        return detect_utf16(head)
 
-def _read_text(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:
+    def open(self) -> BinaryIO:
+        """:meth:`open_bytes` as UTF-8: a UTF-16 stream decoded (raising :class:`EncodingError` at an
+        invalid sequence), any other as it is."""
+        f = self.open_bytes()
+        return io.BufferedReader(_Utf8FromUtf16(f, self.utf16)) if self.utf16 else f
+
+
+def _read_text(src: Source, config: ReaderConfig, out: Collector) -> Generator[Batch, None, int]:
     """One document per file: the whole decoded file; doc_id and fallback id = the relative path."""
-    with src.open() as f:
-        data = f.read()
+    try:
+        with src.open() as f:
+            data = f.read()
+    except EncodingError as e:
+        out.reject(src.rel, e.position, f"{e.reason} (decoded as UTF-16, recognised by its {src.utf16.evidence})")
+        return 1
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         out.reject(src.rel, e.start, f"invalid UTF-8 at byte {e.start}: {e.reason}")
-        return
+        return 1
     out.doc(None, src.rel, src.rel, 0, "", text)
-    yield from ()
+    return 1
+    yield  # a generator, as every reader
 
 
 def _count_newlines(f: BinaryIO, end: int, chunk: int = 1 << 24) -> int:
@@ -249,7 +484,7 @@ def _numbered_lines(src: Source, f: BinaryIO) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(f, start=1)
         return
     i, n = src.piece
-    size = os.fstat(f.fileno()).st_size
+    size = fs.size(src.path)
     start, end = size * i // n, size * (i + 1) // n
     if start > 0:
         f.seek(start - 1)
@@ -267,13 +502,20 @@ def _numbered_lines(src: Source, f: BinaryIO) -> Iterator[tuple[int, bytes]]:
 
 
 def _parse_line(raw: bytes, config: ReaderConfig) -> tuple[dict | None, str | None]:
-    """(record, None) for a JSON object with a string ``text_field``, else (None, the reason)."""
+    """(record, None) for a JSON object with a string ``text_field``, else (None, the reason). Every
+    exception of the parser is a reason: besides invalid JSON, ``RecursionError`` (nesting deeper than
+    the interpreter's recursion limit) and ``ValueError`` (an integer of more digits than Python's
+    int-string conversion limit, ``sys.get_int_max_str_digits()``, 4300 by default)."""
     try:
         record = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         return None, f"invalid UTF-8 at byte {e.start} of the line: {e.reason}"
     except json.JSONDecodeError as e:
         return None, f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}"  # "Invalid control character at"
+    except RecursionError:
+        return None, "cannot parse the JSON: nested too deeply for the parser (RecursionError)"
+    except Exception as e:  # noqa: BLE001 -- whatever the parser raises on one line rejects that line
+        return None, f"cannot parse the JSON: {exception_text(e)}"
     if not isinstance(record, dict):
         return None, f"no string field {config.text_field!r}: the line is a JSON {_json_type(record)}, not an object"
     if config.text_field not in record:
@@ -281,6 +523,25 @@ def _parse_line(raw: bytes, config: ReaderConfig) -> tuple[dict | None, str | No
     if not isinstance(record[config.text_field], str):
         return None, f"no string field {config.text_field!r}: it is a JSON {_json_type(record[config.text_field])}"
     return record, None
+
+
+def exception_text(e: BaseException) -> str:
+    """``Type: message`` of an exception for a rejection's reason, without Python's advice to raise
+    the int-string limit (not a setting of ours)."""
+    return f"{type(e).__name__}: {str(e).split('; use sys.set_int_max_str_digits()')[0]}"
+
+
+def _jsonl_record(raw: bytes, config: ReaderConfig) -> tuple[tuple[str | None, str | None, str] | None, str | None]:
+    """((id, label, text), None) for a line that makes a document, else (None, the reason)."""
+    try:
+        record, reason = _parse_line(raw, config)
+        if reason:
+            return None, reason
+        record_id = value_text(record.get(config.id_field)) if config.id_field else None
+        label = value_text(record.get(config.label_field)) if config.label_field else None
+        return (record_id, label, record[config.text_field]), None
+    except Exception as e:  # noqa: BLE001 -- one record's fault rejects that record
+        return None, f"cannot read the record: {exception_text(e)}"
 
 
 def _json_type(value) -> str:
@@ -310,7 +571,7 @@ def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
                 raw = raw[3:]
             if not raw.strip():
                 continue
-            reason = _parse_line(raw, config)[1]
+            reason = _jsonl_record(raw, config)[1]
             if reason is None:
                 return None
             bad.append((pos, reason))
@@ -325,40 +586,54 @@ def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
     return f"no readable JSON line: {len(bad)} unreadable lines{more}, the first: line {bad[0][0]}: {bad[0][1]}; is it JSON Lines?"
 
 
-def _read_jsonl(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:
-    """One document per line: a JSON object with a string ``text_field``; ids from ``id_field``."""
+def _read_jsonl(src: Source, config: ReaderConfig, out: Collector) -> Generator[Batch, None, int]:
+    """One document per line: a JSON object with a string ``text_field``; ids from ``id_field``.
+    Blank lines are counted (``out.blank_lines``), not records."""
     verdict = _unreadable_file(src, config)
     if verdict:
         if src.piece is None or src.piece[0] == 0:  # the first piece speaks for the file
             out.reject(src.rel, -1, verdict)
-        return
+            return 1
+        return 0
+    records = 0
     with src.open() as f:
         for pos, raw in _numbered_lines(src, f):
             if pos == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             if not raw.strip():
+                out.blank_lines += 1
                 continue
-            record, reason = _parse_line(raw, config)
+            records += 1
+            fields, reason = _jsonl_record(raw, config)
             if reason:
                 out.reject(src.rel, pos, f"line {pos}: {reason}")
             else:
-                record_id = value_text(record.get(config.id_field)) if config.id_field else None
-                label = value_text(record.get(config.label_field)) if config.label_field else None
-                out.doc(record_id, f"{src.rel}:{pos}", src.rel, pos, f"line {pos}", record[config.text_field], label)
+                record_id, label, text = fields
+                out.doc(record_id, f"{src.rel}:{pos}", src.rel, pos, f"line {pos}", text, label)
             if out.full():
                 yield out.flush()
+    return records
+
+
+def _text_type_error(t: pa.DataType) -> str | None:
+    """None for a text-like Arrow type (string, large_string, string_view, the binary types, any of
+    them dictionary-encoded), else what it is instead."""
+    v = t.value_type if pa.types.is_dictionary(t) else t
+    if (pa.types.is_string(v) or pa.types.is_large_string(v) or pa.types.is_string_view(v)
+            or pa.types.is_binary(v) or pa.types.is_large_binary(v) or pa.types.is_binary_view(v)):
+        return None
+    return f"{t}, not a string or binary column"
 
 
 def _strings(arr: pa.Array) -> tuple[list[str | None], dict[int, str]]:
-    """The values of a text-like Arrow array (string, large_string, string_view, binary, any of them
-    dictionary-encoded) as Python strings, strictly UTF-8: (values, {row: reason} for the rows that
-    are not UTF-8, whose value is None). Raises TypeError for other types."""
+    """The values of a text-like Arrow array (:func:`_text_type_error`) as Python strings, strictly
+    UTF-8: (values, {row: reason} for the rows that are not UTF-8, whose value is None). Raises
+    TypeError for other types."""
+    why = _text_type_error(arr.type)
+    if why:
+        raise TypeError(why)
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
-    t = arr.type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-            or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)):
-        raise TypeError(f"{t}, not a string or binary column")
     raw = arr.cast(pa.large_binary())  # no UTF-8 check: a string column may hold invalid bytes
     try:
         return raw.cast(pa.large_string()).to_pylist(), {}  # validates UTF-8 for the whole batch
@@ -376,94 +651,143 @@ def _strings(arr: pa.Array) -> tuple[list[str | None], dict[int, str]]:
 
 def _values(arr: pa.Array) -> tuple[list[str | None], dict[int, str]]:
     """An id or label column as strings: text-like columns as :func:`_strings`, others by :func:`value_text`."""
-    try:
+    if _text_type_error(arr.type) is None:
         return _strings(arr)
-    except TypeError:
-        return [value_text(v) for v in arr.to_pylist()], {}
+    return [value_text(v) for v in arr.to_pylist()], {}
 
 
-def _columnar(src: Source, config: ReaderConfig, out: Collector, schema: pa.Schema,
-              batches: Iterator[tuple[int, pa.RecordBatch]]) -> Iterator[Batch]:
-    """Documents of a columnar file from ``(first row, record batch)`` pairs: one per row; the row
-    (0-based, from the file's start) is the position and the fallback id ``<file>:<row>``."""
-    names = schema.names
-    if config.text_field not in names:
-        out.reject(src.rel, -1, f"no column {config.text_field!r}: {missing_field_hint(names, 'the file has columns')}")
-        return
-    has_id = bool(config.id_field and config.id_field in names)
-    has_label = bool(config.label_field and config.label_field in names)
-    for row0, rb in batches:
-        try:
-            texts, bad = _strings(rb.column(config.text_field))
-        except TypeError as e:
-            out.reject(src.rel, -1, f"column {config.text_field!r} is {e}")
-            return
-        ids, bad_ids = _values(rb.column(config.id_field)) if has_id else (None, {})
-        labels, bad_labels = _values(rb.column(config.label_field)) if has_label else (None, {})
-        for i, text in enumerate(texts):
-            row = row0 + i
-            why = (f"text: {bad[i]}" if i in bad else "text is null" if text is None
-                   else f"{config.id_field}: {bad_ids[i]}" if i in bad_ids
-                   else f"{config.label_field}: {bad_labels[i]}" if i in bad_labels else None)
-            if why:
-                out.reject(src.rel, row, f"row {row}: {why}")
-            else:
-                out.doc(ids[i] if ids else None, f"{src.rel}:{row}", src.rel, row, f"row {row}", text,
-                        labels[i] if labels else None)
-            if out.full():  # per document: the collector may already hold documents of earlier files
-                yield out.flush()
+def _columnar_file_error(schema: pa.Schema, config: ReaderConfig) -> str | None:
+    """The reason to reject a whole columnar file: no text column, or one that is not text; else None."""
+    if config.text_field not in schema.names:
+        return f"no column {config.text_field!r}: {missing_field_hint(schema.names, 'the file has columns')}"
+    why = _text_type_error(schema.field(config.text_field).type)
+    return f"column {config.text_field!r} is {why}" if why else None
 
 
-def _read_parquet(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:
-    """Parquet: only the text, id and label columns are read (other columns may differ in type between
-    files); a piece is a contiguous range of row groups."""
+def _columnar_batch(src: Source, config: ReaderConfig, out: Collector, rb: pa.RecordBatch, row0: int) -> Iterator[Batch]:
+    """Documents of one record batch of a columnar file whose text column is text-like: one per row;
+    the row (0-based, from the file's start; ``row0`` is the batch's first) is the position and the
+    fallback id ``<file>:<row>``. Every row of the batch ends as a document or a rejected record: when
+    the batch's columns cannot be converted (any exception), each row is rejected with the reason."""
+    names = rb.schema.names
     try:
-        pf = pq.ParquetFile(src.path)
+        texts, bad = _strings(rb.column(config.text_field))
+        ids, bad_ids = _values(rb.column(config.id_field)) if config.id_field and config.id_field in names else (None, {})
+        labels, bad_labels = (_values(rb.column(config.label_field)) if config.label_field and config.label_field in names
+                              else (None, {}))
+    except Exception as e:  # noqa: BLE001 -- the batch's rows are rejected, the file read on
+        failure = f"cannot convert the record batch of rows {row0} to {row0 + rb.num_rows - 1}: {exception_text(e)}"
+        for row in range(row0, row0 + rb.num_rows):
+            out.reject(src.rel, row, f"row {row}: {failure}")
+            if out.full():
+                yield out.flush()
+        return
+    for i, text in enumerate(texts):
+        row = row0 + i
+        why = (f"text: {bad[i]}" if i in bad else "text is null" if text is None
+               else f"{config.id_field}: {bad_ids[i]}" if i in bad_ids
+               else f"{config.label_field}: {bad_labels[i]}" if i in bad_labels else None)
+        if why:
+            out.reject(src.rel, row, f"row {row}: {why}")
+        else:
+            out.doc(ids[i] if ids else None, f"{src.rel}:{row}", src.rel, row, f"row {row}", text,
+                    labels[i] if labels else None)
+        if out.full():  # per document: the collector may already hold documents of earlier files
+            yield out.flush()
+
+
+def _read_parquet(src: Source, config: ReaderConfig, out: Collector) -> Generator[Batch, None, int]:
+    """Parquet: only the text, id and label columns are read (other columns may differ in type between
+    files); a piece is a contiguous range of row groups. A row group that cannot be decoded (a damaged
+    page, any exception) has each of its rows not yet read rejected, with the reason; the next row
+    group is read on. Returns the rows read: the row groups' row counts from the footer."""
+    try:
+        pf = pq.ParquetFile(src.open_random())
     except Exception as e:  # noqa: BLE001 -- pyarrow raises ArrowInvalid/OSError for corrupt or non-Parquet files
         out.reject(src.rel, -1, f"cannot open Parquet file: {e}")
-        return
+        return 1
+    why = _columnar_file_error(pf.schema_arrow, config)
+    if why:
+        out.reject(src.rel, -1, why)
+        return 1
     groups = list(range(pf.num_row_groups))
     if src.piece is not None:
         i, n = src.piece
         groups = groups[len(groups) * i // n:len(groups) * (i + 1) // n]
     names = pf.schema_arrow.names
     columns = list(dict.fromkeys(c for c in (config.text_field, config.id_field, config.label_field) if c and c in names))
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0])) if groups else 0
+    records = 0
+    for g in groups:
+        rows, done = pf.metadata.row_group(g).num_rows, 0
+        batches = pf.iter_batches(batch_size=config.batch_size, row_groups=[g], columns=columns)
+        while True:
+            try:
+                rb = next(batches, None)
+            except Exception as e:  # noqa: BLE001 -- a row group that cannot be decoded: its rows are rejected
+                failure = f"cannot decode row group {g} (rows {row} to {row + rows - 1}): {exception_text(e)}"
+                for r in range(row + done, row + rows):
+                    out.reject(src.rel, r, f"row {r}: {failure}")
+                    if out.full():
+                        yield out.flush()
+                done = rows
+                break
+            if rb is None:
+                break
+            yield from _columnar_batch(src, config, out, rb, row + done)
+            done += rb.num_rows
+        if done < rows:  # the footer promised more rows than the data held
+            failure = f"row group {g} ended after {done} of its {rows} rows"
+            for r in range(row + done, row + rows):
+                out.reject(src.rel, r, f"row {r}: {failure}")
+            done = rows
+        records += done
+        row += rows
+    return records
 
-    def batches():
-        row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0])) if groups else 0
-        for rb in pf.iter_batches(batch_size=config.batch_size, row_groups=groups, columns=columns):
-            yield row, rb
-            row += rb.num_rows
 
-    if groups:
-        yield from _columnar(src, config, out, pf.schema_arrow, batches())
-    elif config.text_field not in names:
-        out.reject(src.rel, -1, f"no column {config.text_field!r}: {missing_field_hint(names, 'the file has columns')}")
-
-
-def _read_arrow(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:
+def _read_arrow(src: Source, config: ReaderConfig, out: Collector) -> Generator[Batch, None, int]:
     """Arrow IPC, file format (``ARROW1`` magic) or stream format (as Hugging Face ``datasets`` writes
-    its ``.arrow`` files), memory-mapped."""
-    with pa.memory_map(str(src.path)) as mm:
+    its ``.arrow`` files), memory-mapped. A record batch that cannot be read ends the reading: the
+    rest of the file is one rejected record saying from which row (the format gives no row counts of
+    unreadable batches). Returns the rows read (plus that record)."""
+    opened = src.open_random()
+    with pa.memory_map(str(opened)) if isinstance(opened, Path) else pa.PythonFile(opened, mode="r") as mm:
         try:
             if mm.read(6) == b"ARROW1":
                 r = pa.ipc.open_file(mm)
-                schema, it = r.schema, (r.get_batch(i) for i in range(r.num_record_batches))
+                schema, total = r.schema, r.num_record_batches
+                it = (r.get_batch(i) for i in range(total))
             else:
                 mm.seek(0)
                 r = pa.ipc.open_stream(mm)
-                schema, it = r.schema, iter(r)
-        except pa.ArrowInvalid as e:
-            out.reject(src.rel, -1, f"cannot open Arrow IPC file: {e}")
-            return
-
-        def batches():
-            row = 0
-            for rb in it:
-                yield row, rb
-                row += rb.num_rows
-
-        yield from _columnar(src, config, out, schema, batches())
+                schema, total, it = r.schema, None, iter(r)
+        except Exception as e:  # noqa: BLE001 -- ArrowInvalid and the like for a damaged or foreign file
+            out.reject(src.rel, -1, f"cannot open Arrow IPC file: {exception_text(e)}")
+            return 1
+        why = _columnar_file_error(schema, config)
+        if why:
+            out.reject(src.rel, -1, why)
+            return 1
+        columns = list(dict.fromkeys(c for c in (config.text_field, config.id_field, config.label_field)
+                                     if c and c in schema.names))
+        row = i = 0
+        while True:
+            try:
+                rb = next(it, None)
+                if rb is not None:  # memory-mapped: buffers too short for their lengths must not reach the conversion
+                    rb = rb.select(columns)
+                    rb.validate()  # structure only: full validation would refuse the rows that are not UTF-8
+            except Exception as e:  # noqa: BLE001
+                of = f" of {total}" if total is not None else ""
+                out.reject(src.rel, -1, f"cannot read record batch {i}{of} (rows from {row} on were not read): "
+                                        f"{exception_text(e)}")
+                return row + 1
+            if rb is None:
+                return row
+            yield from _columnar_batch(src, config, out, rb, row)
+            row += rb.num_rows
+            i += 1
 
 
 READERS: tuple[Reader, ...] = (
@@ -494,17 +818,35 @@ def reader_for(name: str) -> Reader | None:
     return next((r for s, r in _SUFFIXES if low.endswith(s)), None)
 
 
-def splittable(path: Path) -> bool:
-    """Whether pieces of the file can be read apart: its reader splits and, for a byte stream, the
-    file is not compressed (a compressed stream can only be read from its start)."""
-    r = reader_for(path.name)
-    return bool(r and r.splits and not (r.streams and _sniff(path)))
+def splittable(path: Path | str) -> bool:
+    """Whether pieces of the file (a local path or an object's URL) can be read apart: its reader
+    splits and, for a byte stream, the file is neither compressed (a compressed stream can only be
+    read from its start) nor UTF-16 (its lines are found in the decoded stream)."""
+    name = path.name if isinstance(path, Path) else str(path).rsplit("/", 1)[-1]
+    r = reader_for(name)
+    if not (r and r.splits):
+        return False
+    return not r.streams or not (_sniff(path) or Source(path, name, r).utf16)
 
 
 def read_source(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:
-    """``src.reader.read``; a file that cannot be read or decompressed to its end becomes one more
-    rejected record (position -1) after whatever it yielded before the fault."""
+    """``src.reader.read``, counting a UTF-16 file (``out.utf16_files``). A file that cannot be read
+    or decompressed to its end (any exception the reader does not turn into a rejected record)
+    becomes one more rejected record (position -1) after whatever it yielded before the fault, the
+    reason saying how many records were read before it.
+
+    Raises RuntimeError when the reader's count of the records it took differs from the documents and
+    rejected records it added: a record lost unseen (a fault of the reader, never of the input)."""
+    before = out.outcomes
     try:
-        yield from src.reader.read(src, config, out)
-    except _UNREADABLE as e:
-        out.reject(src.rel, -1, f"cannot read file ({src.reader.name}): {type(e).__name__}: {e}")
+        if src.reader.streams and src.utf16:
+            out.utf16_files += 1
+        records = yield from src.reader.read(src, config, out)
+    except Exception as e:  # noqa: BLE001 -- damaged, truncated or foreign: the file is one more rejected record
+        read = out.outcomes - before
+        after = f" after {read} records" if read else ""
+        out.reject(src.rel, -1, f"cannot read file ({src.reader.name}){after}: {exception_text(e)}")
+        return
+    if out.outcomes - before != records:
+        raise RuntimeError(f"{src.rel}: the {src.reader.name} reader took {records} records from the file but "
+                           f"gave {out.outcomes - before} documents and rejected records")

@@ -1,30 +1,55 @@
 """Token shards: packing documents into fixed-length sequences, the shard files, the manifest, the
 zero-copy reader and the distributed sampler (docs/ARCHITECTURE.md, Shard format).
 
-Packing: each document is encoded with the EOS/BOS policy of largetrain_core.tokenizer, the token
-streams of one split are concatenated in corpus order and cut into consecutive, non-overlapping
-windows of ``seq_len + 1`` tokens (a sequence's input is ``window[:-1]``, its target
-``window[1:]``). No window is padded, ragged or empty. The tail of each split that is shorter than
-one window is dropped and counted in the manifest as ``dropped_remainder_tokens``.
+Packing: each document is encoded with the EOS/BOS policy of largetrain_core.tokenizer. The unit of
+packing is one part file of the input (a deduplicated_text part, ~1,024 documents): per split, the
+token stream of a part's documents in corpus order is cut into consecutive, non-overlapping windows
+of ``seq_len + 1`` tokens (a sequence's input is ``window[:-1]``, its target ``window[1:]``), and
+what is left at the part's end, shorter than a window, is its tail. The tails of every part are
+concatenated in part order and cut into windows the same way, after the parts' windows; the last
+tail shorter than a window is dropped and counted in the manifest as ``dropped_remainder_tokens``.
+No window is padded, ragged or empty. So the sequences and their order depend only on the part
+files, not on how they are grouped into partitions or tasks: the parts are tokenized in parallel
+(:func:`tokenize_partition`, a contiguous range of part files each, :func:`partition_parts`) and one
+global step (:func:`assemble_token_shards`) packs the tails and writes ``manifest.json``, which lists
+the partitions' shard files where they lie (paths relative to the manifest), so it copies no shard.
 
 Split: a document goes to ``validation`` when ``xxh64(doc_id, seed) / 2**64 < validation_fraction``
 (stable under reordering and re-batching); if that leaves validation empty while there are at least
-two documents, the document with the smallest hash is moved there, so both splits exist.
+two documents, the document with the smallest hash is moved there, so both splits exist (found by
+the global step from each run's smallest hash; the corpus, a small one: the chance is
+``(1 - validation_fraction) ** documents``, is then packed again there, in one process).
 
 Intended repetition: a document whose ``copies`` column (largetrain_core.balance: up-sampling, or any
 whole-copy data-mixing weight) is ``c > 1`` goes into the train split ``c`` times: once in corpus
 order with every other document, then once more in each of the passes 2..c over the documents with
 at least that many copies, so a document's copies lie far apart in the token stream rather than in
-one window. The validation split holds each of its documents once (held-out perplexity measures the
+one window (per part and pass: the windows of pass 1 over every part, then of pass 2 over every part,
+..., then the tails in the same order). The validation split holds each of its documents once (held-out perplexity measures the
 corpus as it is). The manifest counts them apart from the documents: ``repeated_documents``,
 ``repeat_copies`` (the extra copies) and ``repeat_tokens`` per split.
+
+Mixture (``mixture``: a weight per corpus, the documents' ``corpus`` column naming theirs): each
+corpus's train documents are packed on their own (no window holds two corpora: per corpus its parts'
+windows, then its parts' tails), then the train split is made of ``round(weight x N)`` windows of each
+corpus, N the windows of every corpus together (the split keeps its size; weights normalized to sum
+1). The weight applies in tokens (windows of ``seq_len + 1``), after dedup and balancing. A corpus
+above its natural share is up-sampled: its windows whole ``floor(f)`` times, f = target / its
+windows, then a systematic sample of the rest (every window i with ``floor((i + 1)r + u) > floor(ir +
+u)``, r the remaining fraction, u a seeded offset in [0, 1): evenly spread, exactly the count); one
+below is down-sampled to a systematic sample. The manifest says so without copying a window: a shard
+listed again for each whole pass, and with ``select`` (start, fraction, offset of the systematic
+sample) for a sample, which the reader applies. Repeated windows are intended repetition, counted
+apart (``repeat_sequences``); left-out windows are counted (``downsampled_sequences``); the manifest's
+``mixture`` gives each corpus's target and realised token share. The validation split holds every
+corpus's validation documents once, unweighted.
 
 Shard file: an uncompressed Arrow IPC file with one column
 ``input_ids: fixed_size_list<uint16|uint32>[seq_len + 1]`` and schema metadata ``seq_len``,
 ``dtype``, ``eos_id``, ``vocab_size``, ``tokenizer_sha256``. ``manifest.json`` lists every shard
 with its sequence count, byte size and xxh3-128 checksum.
 
-Exports for other loaders: Megatron-LM ``IndexedDataset`` (``export_megatron``) and HDF5
+Exports for other loaders: Megatron-Core ``IndexedDataset`` of the documents (``export_megatron``) and HDF5
 (``export_hdf5``); the CLI: ``python -m largetrain_core.shards {inspect,export-megatron,export-hdf5}``.
 """
 
@@ -33,20 +58,26 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
+import posixpath
 import shutil
 import sys
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
+from largetrain_core import fs
 from largetrain_core.balance import COPIES
 from largetrain_core.digest import file_digest
-from largetrain_core.storage import ArtefactError, loading, part_files
+from largetrain_core.storage import ArtefactError, loading, part_files, read_json, write_json_atomic
 from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info, read_tokenizer
 
 FORMAT = "largetrain.token_shards/1"
@@ -59,10 +90,10 @@ class ShardError(ArtefactError):
 
 
 class _SplitWriter:
-    """Packs one split's token stream into windows and writes them into shard files."""
+    """Packs token streams into windows and writes them into shard files ``<name>-NNNNN.arrow``."""
 
-    def __init__(self, out_dir: Path, split: str, seq_len: int, info: TokenizerInfo, sequences_per_shard: int):
-        self.out_dir, self.split, self.window = out_dir, split, seq_len + 1
+    def __init__(self, out_dir: Path, name: str, seq_len: int, info: TokenizerInfo, sequences_per_shard: int):
+        self.out_dir, self.name, self.window = out_dir, name, seq_len + 1
         self.arrow_type = pa.uint16() if info.dtype == np.uint16 else pa.uint32()
         self.schema = pa.schema(
             [pa.field("input_ids", pa.list_(self.arrow_type, self.window))],
@@ -75,6 +106,7 @@ class _SplitWriter:
         self.dtype = info.dtype
         self.buffer: np.ndarray | None = None
         self.filled = 0
+        self.windows = 0  # full windows since the last end_unit
         self.shards: list[dict] = []
         self.documents = 0
         self.document_tokens = 0
@@ -100,9 +132,18 @@ class _SplitWriter:
             rest = stream[n * self.window:]
             self.pending, self.pending_tokens = [rest], len(rest)
 
+    def end_unit(self) -> tuple[int, np.ndarray]:
+        """(full windows since the last call, the tokens left after them: fewer than a window), taken out
+        of the stream: the next :meth:`add` starts a new unit."""
+        tail = np.concatenate(self.pending) if self.pending else np.zeros(0, self.dtype)
+        windows, self.windows = self.windows, 0
+        self.pending, self.pending_tokens = [], 0
+        return windows, tail.astype(self.dtype, copy=False)
+
     def _write(self, rows: np.ndarray) -> None:
         """Buffer full windows; each shard is written as ONE record batch, so a reader sees one
         contiguous (sequences, seq_len + 1) array per shard. Memory: one shard's rows."""
+        self.windows += len(rows)
         while len(rows):
             if self.buffer is None:
                 self.buffer = np.empty((self.sequences_per_shard, self.window), dtype=self.dtype)
@@ -117,7 +158,7 @@ class _SplitWriter:
     def _flush(self) -> None:
         if self.buffer is None or self.filled == 0:
             return
-        name = f"{self.split}-{len(self.shards):05d}.arrow"
+        name = f"{self.name}-{len(self.shards):05d}.arrow"
         path = self.out_dir / name
         flat = pa.array(self.buffer[: self.filled].reshape(-1), type=self.arrow_type)
         col = pa.FixedSizeListArray.from_arrays(flat, self.window)
@@ -136,46 +177,180 @@ class _SplitWriter:
                 "repeat_tokens": self.repeat_tokens, "dropped_remainder_tokens": self.pending_tokens}
 
 
-def split_of(doc_ids: list[str], validation_fraction: float, seed: int) -> np.ndarray:
-    """Boolean array: True where a document belongs to the validation split (see module doc)."""
-    limit = validation_fraction * 2**64
-    return np.array([xxhash.xxh64_intdigest(d.encode(), seed) < limit for d in doc_ids], dtype=bool)
+CORPUS = "corpus"  # the column naming a document's corpus in a mixture
 
 
-def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq_len: int = 1024,
-                       validation_fraction: float = 0.05, seed: int = 0, sequences_per_shard: int = 8192,
-                       batch_documents: int = 512, source_data_version: str = "") -> dict:
-    """Tokenize the ``part-*.parquet`` documents of ``in_dir`` and write shards + manifest.json to ``out_dir``.
+def mixture_weights(weights: dict[str, float]) -> dict[str, float]:
+    """``weights`` normalized to sum 1. Raises ValueError for an empty mapping, a negative or non-finite
+    weight, or weights that sum to 0."""
+    if not weights:
+        raise ValueError("mixture: name at least one corpus and its weight")
+    bad = {k: v for k, v in weights.items() if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)}
+    if bad:
+        raise ValueError(f"mixture weights must be finite numbers >= 0, not {bad}")
+    total = float(sum(weights.values()))
+    if total <= 0:
+        raise ValueError(f"mixture weights sum to 0: {weights}")
+    return {k: float(v) / total for k, v in sorted(weights.items())}
 
-    Memory is bounded by ``batch_documents`` documents plus one shard's open record batch. A
-    ``copies`` column repeats documents in the train split (module docstring). Returns the manifest
-    (dict). Raises ValueError on bad arguments and, naming the part file, on a ``copies`` value that is
-    null or below 1.
-    """
-    if seq_len < 1 or not 0.0 <= validation_fraction < 1.0:
-        raise ValueError(f"need seq_len >= 1 and 0 <= validation_fraction < 1, got {seq_len}, {validation_fraction}")
+
+def mixture_targets(sequences: dict[str, int], weights: dict[str, float]) -> dict[str, int]:
+    """Windows per corpus: ``weights`` (normalized) x the windows of every corpus together, rounded so that
+    they sum to that total (largest remainders first, ties by name)."""
+    total = sum(sequences.values())
+    exact = {c: weights.get(c, 0.0) * total for c in sequences}
+    out = {c: int(math.floor(v)) for c, v in exact.items()}
+    short = total - sum(out.values())
+    for c in sorted(exact, key=lambda c: (-(exact[c] - out[c]), c))[:short]:
+        out[c] += 1
+    return out
+
+
+def systematic(start: int, count: int, fraction: float, offset: float) -> np.ndarray:
+    """Boolean mask over window indices ``start .. start + count - 1``: selected when
+    ``floor((i + 1) * fraction + offset) > floor(i * fraction + offset)`` (systematic sampling: the
+    selected windows are evenly spread and number ``floor(n * fraction + offset)`` of the first n)."""
+    i = np.arange(start, start + count, dtype=np.float64)
+    return np.floor((i + 1) * fraction + offset) > np.floor(i * fraction + offset)
+
+
+def split_hashes(doc_ids: list[str], seed: int) -> np.ndarray:
+    """uint64 array: xxh64(doc_id, seed) of every document, the hash that decides its split (module doc)."""
+    return np.fromiter((xxhash.xxh64_intdigest(d.encode(), seed) for d in doc_ids), dtype=np.uint64, count=len(doc_ids))
+
+
+def split_of(doc_ids: list[str], validation_fraction: float, seed: int, hashes: np.ndarray | None = None) -> np.ndarray:
+    """Boolean array: True where a document belongs to the validation split (see module doc);
+    ``hashes``: its :func:`split_hashes` if already computed."""
+    # h / 2**64 < fraction  <=>  h < ceil(fraction * 2**64) for an integer h: compared exactly in uint64
+    limit = np.uint64(math.ceil(validation_fraction * 2**64))
+    return (split_hashes(doc_ids, seed) if hashes is None else hashes) < limit
+
+
+TOKENIZED = "tokenized.json"  # a tokenize_partition directory's summary
+TOKENIZED_FORMAT = "largetrain.tokenized_parts/1"
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How documents become sequences (module doc): ``seq_len`` tokens per sequence (windows of
+    ``seq_len + 1``), the share of documents in validation and the seed of its hash, sequences per
+    shard file, documents tokenized per batch (memory). Raises ValueError on bad values."""
+
+    seq_len: int = 1024
+    validation_fraction: float = 0.05
+    seed: int = 0
+    sequences_per_shard: int = 8192
+    batch_documents: int = 512
+    mixture: dict | None = field(default=None, hash=False)  # a weight per corpus (module doc, Mixture)
+    natural: bool = False  # a mixture without weights: packed per corpus, nothing re-sampled (mixture names them)
+
+    def __post_init__(self):
+        if self.seq_len < 1 or not 0.0 <= self.validation_fraction < 1.0 or self.sequences_per_shard < 1:
+            raise ValueError(f"need seq_len >= 1, 0 <= validation_fraction < 1 and sequences_per_shard >= 1, got "
+                             f"{self.seq_len}, {self.validation_fraction}, {self.sequences_per_shard}")
+        if self.mixture is not None:
+            object.__setattr__(self, "mixture", mixture_weights(self.mixture))
+
+
+def partition_parts(parts: list[Path], partition: int, partitions: int) -> tuple[int, list[Path]]:
+    """(index of the first, the part files) of partition ``partition`` of ``partitions``: a contiguous
+    range of ``parts`` (in order), the ranges cut where the files' cumulative bytes cross i/n of the
+    total, so partitions get about equal bytes. Raises ValueError for a partition outside [0, n)."""
+    if not 0 <= partition < partitions:
+        raise ValueError(f"partition must be in [0, {partitions}), got {partition}")
+    sizes = np.cumsum([0] + [Path(p).stat().st_size for p in parts], dtype=np.float64)
+    cuts = np.searchsorted(sizes[1:], sizes[-1] * np.arange(partitions + 1) / partitions, side="left")
+    cuts[0], cuts[-1] = 0, len(parts)
+    lo, hi = int(cuts[partition]), int(max(cuts[partition], cuts[partition + 1]))
+    return lo, list(parts[lo:hi])
+
+
+def _key(split: str, k: int, corpus: str | None = None) -> str:
+    """The summary key of a stream: ``split/pass``, or ``split/pass/corpus`` in a mixture's train split."""
+    return f"{split}/{k}" if corpus is None else f"{split}/{k}/{corpus}"
+
+
+def tokenize_parts(parts: list[Path], first_part: int, tokenizer_path: Path, out_dir: Path, packing: Packing = Packing(),
+                   forced: str | None = None) -> dict:
+    """Tokenize and pack consecutive part files (``parts``, whose first is part ``first_part`` of the
+    input) into ``out_dir``: per split and pass (and corpus, in a mixture's train split) the full
+    windows of each part in shard files ``<split>[-r<pass>][-m<corpus number>]-<first_part>-NNNNN.arrow``,
+    the parts' tails in ``tails-<first_part>.arrow`` (split, pass, corpus, part, tokens). ``forced``: a
+    doc id put in validation whatever its hash. Returns the run's summary for
+    :func:`assemble_token_shards` (shards, counts and per part windows and tail tokens of each stream;
+    its smallest split hash). Memory: ``batch_documents`` documents and one open shard per stream.
+    Raises ValueError naming the part on a ``copies`` value that is null or below 1, and in a mixture
+    on a missing ``corpus`` column or a corpus without a weight; ArtefactError naming a part that
+    cannot be read."""
     info = load_tokenizer_info(tokenizer_path)
     tok = read_tokenizer(info.path)
     out_dir = Path(out_dir)
-    parts = part_files(in_dir)
-    # The split is decided on doc ids before tokenizing, so the fallback (smallest hash) needs one pass over ids.
-    ids = pl.concat([_read_part(p, ["doc_id"]) for p in parts])["doc_id"].to_list() if parts else []
-    forced = None
-    if ids and len(ids) >= 2 and validation_fraction > 0 and not split_of(ids, validation_fraction, seed).any():
-        forced = min(ids, key=lambda d: xxhash.xxh64_intdigest(d.encode(), seed))
-    writers = {s: _SplitWriter(out_dir, s, seq_len, info, sequences_per_shard) for s in SPLITS}
+    tag = f"{first_part:06d}"
+    mixture = packing.mixture
+    number = {c: i for i, c in enumerate(mixture or {})}
+    writers: dict[str, _SplitWriter] = {}
+    tails: list[tuple[str, int, str | None, int, np.ndarray]] = []
+    units: dict[str, list[list[int]]] = {}  # per stream: [part, full windows, tail tokens] of each part
+    smallest: tuple[int, str] | None = None
+    validation_documents = documents = 0
 
-    def validation(doc_ids: list[str]) -> np.ndarray:
-        is_val = split_of(doc_ids, validation_fraction, seed)
+    def writer(split: str, k: int, corpus: str | None = None) -> _SplitWriter:
+        key = _key(split, k, corpus)
+        if key not in writers:
+            name = "-".join([split, *([f"r{k}"] if k > 1 else []), *([f"m{number[corpus]:03d}"] if corpus else []), tag])
+            writers[key] = _SplitWriter(out_dir, name, packing.seq_len, info, packing.sequences_per_shard)
+            writers[key].stream = (split, k, corpus)
+        return writers[key]
+
+    def end_part(k: int, part: int) -> None:
+        for key, w in writers.items():
+            split, pass_, corpus = w.stream
+            if pass_ != k:
+                continue
+            windows, tail = w.end_unit()
+            if windows or len(tail):
+                units.setdefault(key, []).append([part, windows, len(tail)])
+            if len(tail):
+                tails.append((split, k, corpus, part, tail))
+
+    def validation(doc_ids: list[str], hashes: np.ndarray | None = None) -> np.ndarray:
+        is_val = split_of(doc_ids, packing.validation_fraction, packing.seed, hashes)
         if forced is not None:
             is_val |= np.array([d == forced for d in doc_ids], dtype=bool)
         return is_val
 
+    def train(part: Path, k: int, docs: list[np.ndarray], corpora: list | None, copies=None) -> None:
+        """Pack train documents of pass ``k``, each into its corpus's stream in a mixture."""
+        if mixture is None:
+            writer("train", k).add(docs, repeat=k > 1)
+            return
+        unknown = sorted({str(c) for c in corpora if c not in mixture})
+        if unknown:
+            raise ValueError(f"{part}: corpus {', '.join(map(repr, unknown))} has no mixture weight; weights are given "
+                             f"for {', '.join(map(repr, mixture))}")
+        for i, (doc, corpus) in enumerate(zip(docs, corpora)):
+            w = writer("train", k, corpus)
+            w.add([doc], repeat=k > 1)
+            if copies is not None and copies[i] > 1:
+                w.repeated_documents += 1
+
     most_copies = 1
-    for part in parts:
-        weighted = COPIES in pl.read_parquet_schema(part)
-        for batch in _read_part(part).iter_slices(batch_documents):
-            is_val = validation(batch["doc_id"].to_list())
+    for j, part in enumerate(parts):
+        schema = _part_schema(part)
+        weighted = COPIES in schema
+        if mixture is not None and CORPUS not in schema:
+            raise ValueError(f"{part}: no {CORPUS!r} column, so its documents cannot be weighted by corpus: a mixture "
+                             "needs the corpus name of every document (raw_corpus reads it when corpora are named)")
+        for batch in _read_part(part).iter_slices(packing.batch_documents):
+            ids = batch["doc_id"].to_list()
+            hashes = split_hashes(ids, packing.seed)
+            if len(ids) and (smallest is None or int(hashes.min()) < smallest[0]):
+                smallest = (int(hashes.min()), ids[int(hashes.argmin())])
+            is_val = validation(ids, hashes)
+            documents += len(ids)
+            validation_documents += int(is_val.sum())
+            train_copies = None
             if weighted:
                 c = batch[COPIES]
                 if c.null_count() or (c < 1).any():
@@ -183,31 +358,258 @@ def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq
                                      f"train split holds the document)")
                 train_copies = c.to_numpy()[~is_val]
                 most_copies = max(most_copies, int(train_copies.max(initial=1)))
-                writers["train"].repeated_documents += int((train_copies > 1).sum())
+                if mixture is None:
+                    writer("train", 1).repeated_documents += int((train_copies > 1).sum())
             encoded = encode_documents(tok, info, batch["text"].to_list())
-            writers["train"].add([e for e, v in zip(encoded, is_val) if not v])
-            writers["validation"].add([e for e, v in zip(encoded, is_val) if v])
-    for k in range(1, most_copies):  # pass k + 1: the train documents with more than k copies
-        for part in parts:
-            if COPIES not in pl.read_parquet_schema(part):
+            corpora = [c for c, v in zip(batch[CORPUS].to_list(), is_val) if not v] if mixture is not None else None
+            train(part, 1, [e for e, v in zip(encoded, is_val) if not v], corpora, train_copies)
+            writer("validation", 1).add([e for e, v in zip(encoded, is_val) if v])
+        end_part(1, first_part + j)
+    for k in range(2, most_copies + 1):  # pass k: the train documents with at least k copies
+        for j, part in enumerate(parts):
+            if COPIES not in _part_schema(part):
                 continue
-            for batch in _read_part(part, ["doc_id", "text", COPIES]).iter_slices(batch_documents):
-                again = (batch[COPIES].to_numpy() > k) & ~validation(batch["doc_id"].to_list())
+            columns = ["doc_id", "text", COPIES] + ([CORPUS] if mixture is not None else [])
+            for batch in _read_part(part, columns).iter_slices(packing.batch_documents):
+                again = (batch[COPIES].to_numpy() >= k) & ~validation(batch["doc_id"].to_list())
                 if again.any():
                     texts = [t for t, a in zip(batch["text"].to_list(), again) if a]
-                    writers["train"].add(encode_documents(tok, info, texts), repeat=True)
-    manifest = {
-        "format": FORMAT, "seq_len": seq_len, "dtype": info.dtype.name, "eos_id": info.eos_id, "bos_id": info.bos_id,
-        "vocab_size": info.vocab_size, "tokenizer_sha256": info.sha256, "source_data_version": source_data_version,
-        "validation_fraction": validation_fraction, "seed": seed,
-        "splits": {s: w.finish() for s, w in writers.items()},
-    }
-    manifest["total_tokens"] = sum(s["tokens"] for s in manifest["splits"].values())
+                    corpora = [c for c, a in zip(batch[CORPUS].to_list(), again) if a] if mixture is not None else None
+                    train(part, k, encode_documents(tok, info, texts), corpora)
+            end_part(k, first_part + j)
+    tail_file = None
+    if tails:
+        tail_file = f"tails-{tag}.arrow"
+        list_type = pa.large_list(pa.uint16() if info.dtype == np.uint16 else pa.uint32())
+        table = pa.table({"split": pa.array([t[0] for t in tails], pa.string()),
+                          "pass": pa.array([t[1] for t in tails], pa.int32()),
+                          "corpus": pa.array([t[2] for t in tails], pa.string()),
+                          "part": pa.array([t[3] for t in tails], pa.int64()),
+                          "tokens": pa.array([t[4] for t in tails], list_type)})
+        with pa.ipc.new_file(str(out_dir / tail_file), table.schema) as w:
+            w.write_table(table)
+    return {"first_part": first_part, "parts": len(parts), "documents": documents,
+            "validation_documents": validation_documents, "smallest_split_hash": list(smallest) if smallest else None,
+            "tails": tail_file, "tail_tokens": sum(len(t[4]) for t in tails), "units": units,
+            "writers": {key: w.finish() for key, w in sorted(writers.items())}}
+
+
+def _header(info: TokenizerInfo, packing: Packing) -> dict:
+    return {"seq_len": packing.seq_len, "dtype": info.dtype.name, "eos_id": info.eos_id, "bos_id": info.bos_id,
+            "vocab_size": info.vocab_size, "tokenizer_sha256": info.sha256,
+            "validation_fraction": packing.validation_fraction, "seed": packing.seed,
+            **({"mixture_weights": packing.mixture} if packing.mixture is not None else {})}
+
+
+def tokenize_partition(in_dir: Path | list[Path], tokenizer_path: Path, out_dir: Path, partition: int = 0,
+                       partitions: int = 1, packing: Packing = Packing(), runs: list[dict] | None = None) -> dict:
+    """Partition ``partition`` of ``partitions`` of the token shards of the ``part-*.parquet``
+    documents of ``in_dir``: its part files (:func:`partition_parts`) tokenized and packed into
+    ``out_dir`` (:func:`tokenize_parts`, one run; ``runs``: the summaries of runs an executor made
+    itself, e.g. one Spark task per run of parts, in part order), and ``out_dir/tokenized.json``, the
+    summary the global step reads. Returns it; its counts: ``parts``, ``documents``, ``sequences``
+    (full windows of its parts), ``tail_tokens``."""
+    parts = part_files(in_dir)
+    first, mine = partition_parts(parts, partition, partitions)
+    info = load_tokenizer_info(tokenizer_path)
+    if runs is None:
+        runs = [tokenize_parts(mine, first, tokenizer_path, out_dir, packing)] if mine else []
+    summary = {"format": TOKENIZED_FORMAT, **_header(info, packing), "partition": partition, "partitions": partitions,
+               "first_part": first, "parts": len(mine), "input_parts": len(parts), "runs": runs,
+               "documents": sum(r["documents"] for r in runs),
+               "sequences": sum(w["sequences"] for r in runs for w in r["writers"].values()),
+               "tail_tokens": sum(r["tail_tokens"] for r in runs)}
+    write_json_atomic(Path(out_dir) / TOKENIZED, summary)
+    return summary
+
+
+def _read_tokenized(d: Path) -> dict:
+    summary = read_json(Path(d) / TOKENIZED, "summary of a tokenized partition (tokenized.json)")
+    if not isinstance(summary, dict) or summary.get("format") != TOKENIZED_FORMAT:
+        raise ArtefactError(f"{Path(d) / TOKENIZED}: not a {TOKENIZED_FORMAT} summary")
+    return summary
+
+
+def assemble_token_shards(partition_dirs: list[Path], in_dir: Path | list[Path], tokenizer_path: Path, out_dir: Path,
+                          packing: Packing = Packing(), source_data_version: str = "", final_dir: Path | None = None,
+                          extra: dict | None = None) -> dict:
+    """The global step: from the :func:`tokenize_partition` directories of every partition of the input
+    ``in_dir``, in partition order, write the tails' windows (``<split>-tail-NNNNN.arrow``), the
+    tokenizer and ``manifest.json`` into ``out_dir``; the manifest lists every shard, the partitions'
+    by their path relative to ``out_dir``. When no document hashed into validation (module doc,
+    Split), the whole input is tokenized again here with the smallest-hash document in validation.
+    ``final_dir``: where ``out_dir`` will lie when complete (a temporary directory renamed into place),
+    the directory the manifest's paths are relative to. ``extra``: more manifest entries (the
+    documents' relevance score distribution). Returns the manifest. Raises ArtefactError when
+    the partitions do not cover the input's part files exactly once, in order, with this tokenizer and
+    these settings (naming the partition)."""
+    out_dir = Path(out_dir)
+    final_dir = Path(final_dir) if final_dir is not None else out_dir
+    info = load_tokenizer_info(tokenizer_path)
+    header = _header(info, packing)
+    parts = part_files(in_dir)
+    summaries = [(Path(d), _read_tokenized(Path(d))) for d in partition_dirs]
+    expect = 0
+    for d, s in summaries:
+        differs = {k: (s.get(k), v) for k, v in header.items() if s.get(k) != v}
+        if differs or s["input_parts"] != len(parts) or s["first_part"] != expect:
+            raise ArtefactError(f"{d / TOKENIZED}: partition {s.get('partition')} of {s.get('partitions')} does not fit "
+                                f"the others: " + (f"made with {differs} (the partition's, now)" if differs else
+                                f"parts {s['first_part']}.. of {s['input_parts']}, expected part {expect} of {len(parts)}")
+                                + "; tokenize every partition again with the same tokenizer and settings")
+        expect += s["parts"]
+    if expect != len(parts):
+        raise ArtefactError(f"the partitions hold {expect} of the {len(parts)} part files of {in_dir}: tokenize every partition")
+    runs = [(d, r) for d, s in summaries for r in s["runs"]]
+    documents = sum(r["documents"] for _, r in runs)
+    if packing.validation_fraction > 0 and documents >= 2 and not sum(r["validation_documents"] for _, r in runs):
+        forced = min((tuple(r["smallest_split_hash"]) for _, r in runs if r["smallest_split_hash"]))[1]
+        for d, r in runs:  # a run written here is replaced (same file names); the partitions' stay theirs
+            if d.resolve() == out_dir.resolve():
+                for f in [e["file"] for w in r["writers"].values() for e in w["shards"]] + [r["tails"]] * bool(r["tails"]):
+                    (d / f).unlink()
+        runs = [(out_dir, tokenize_parts(parts, 0, tokenizer_path, out_dir, packing, forced=forced))]
+    # a run in out_dir is listed as one in final_dir (the directory it becomes)
+    runs = [(final_dir if d.resolve() == out_dir.resolve() else d, r) for d, r in runs]
+    passes = sorted({int(key.split("/")[1]) for _, r in runs for key in r["writers"]})
+    splits = {}
+    for split in SPLITS:
+        if split == "train" and packing.mixture is not None:
+            splits[split] = _mixed(runs, passes, out_dir, info, packing, final_dir)
+            continue
+        splits[split] = _stream(runs, passes, split, None, out_dir, info, packing, final_dir)
+    mixture = splits["train"].pop("mixture", None)
+    manifest = {"format": FORMAT, **header, "source_data_version": source_data_version, "splits": splits,
+                "total_tokens": sum(s["tokens"] for s in splits.values()), **(extra or {})}
+    if mixture is not None:
+        manifest["mixture"] = mixture
     for name in ("tokenizer.json", "tokenizer_config.json"):  # the shards carry the tokenizer that made them
         if (info.path.parent / name).exists():
             shutil.copy(info.path.parent / name, out_dir / name)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+_TOTALS = ("documents", "document_tokens", "repeated_documents", "repeat_copies", "repeat_tokens")
+
+
+def _stream(runs: list[tuple[Path, dict]], passes: list[int], split: str, corpus: str | None, out_dir: Path,
+            info: TokenizerInfo, packing: Packing, final_dir: Path) -> dict:
+    """One stream of the manifest (a split, or a corpus of a mixture's train split): every pass's part
+    windows from the runs (shards listed where they lie), then the runs' tails of the stream cut into
+    windows written into ``out_dir`` (``<split>[-m<corpus number>]-tail-NNNNN.arrow``; paths in the
+    manifest relative to ``final_dir``, the directory ``out_dir`` becomes). Returns the
+    split record: shards, sequences, tokens, the counts, dropped_remainder_tokens, tail_sequences and
+    units (per part: its windows and tail tokens, in the order of the windows)."""
+    shards, units, totals = [], [], dict.fromkeys(_TOTALS, 0)
+    for k in passes:
+        for d, r in runs:
+            w = r["writers"].get(_key(split, k, corpus))
+            if w is None:
+                continue
+            shards += [{**e, "file": os.path.relpath(d / e["file"], final_dir)} for e in w["shards"]]
+            units += [[windows, tail] for _, windows, tail in r["units"].get(_key(split, k, corpus), [])]
+            for key in totals:
+                totals[key] += w[key]
+    number = list(packing.mixture or {}).index(corpus) if corpus is not None else None
+    name = "-".join([split, *([f"m{number:03d}"] if number is not None else []), "tail"])
+    tail = _SplitWriter(out_dir, name, packing.seq_len, info, packing.sequences_per_shard)
+    for k in passes:
+        for d, r in runs:
+            if r["tails"]:
+                t = pa.ipc.open_file(pa.memory_map(str((out_dir if d == final_dir else d) / r["tails"]))).read_all()
+                rows = pc.and_(pc.equal(t["split"], split), pc.equal(t["pass"], k))
+                rows = pc.and_(rows, pc.is_null(t["corpus"]) if corpus is None else pc.equal(t["corpus"], corpus))
+                for tokens in t.filter(rows)["tokens"].to_numpy(zero_copy_only=False):
+                    tail.add([tokens])
+    done = tail.finish()
+    shards += done["shards"]  # written into out_dir: their names are their paths from final_dir
+    sequences = sum(e["sequences"] for e in shards)
+    return {"shards": shards, "sequences": sequences, "tokens": sequences * (packing.seq_len + 1), **totals,
+            "dropped_remainder_tokens": done["dropped_remainder_tokens"], "tail_sequences": done["sequences"],
+            "units": units}
+
+
+def _mixed(runs: list[tuple[Path, dict]], passes: list[int], out_dir: Path, info: TokenizerInfo, packing: Packing,
+           final_dir: Path) -> dict:
+    """A mixture's train split (module doc, Mixture): each corpus's stream (:func:`_stream`), then per
+    corpus its shards listed once per whole pass and, for the rest, with the ``select`` of a systematic
+    sample; no window is copied. Returns the split record with its ``mixture`` record (popped by the
+    caller into the manifest). Raises ValueError naming a corpus with a weight above 0 and no train
+    window."""
+    weights = packing.mixture
+    corpora = sorted({key.split("/")[2] for _, r in runs for key in r["writers"] if key.startswith("train/")})
+    streams = {c: _stream(runs, passes, "train", c, out_dir, info, packing, final_dir) for c in corpora}
+    sequences = {c: s["sequences"] for c, s in streams.items()}
+    empty = [c for c, w in weights.items() if w > 0 and not sequences.get(c)]
+    if empty:
+        raise ValueError(f"mixture: corpus {', '.join(map(repr, empty))} has weight > 0 but no train sequence of "
+                         f"{packing.seq_len + 1} tokens (no documents, or fewer tokens than one sequence), so it cannot "
+                         f"be sampled to its weight; set its weight to 0 or add documents")
+    natural = packing.natural
+    targets = dict(sequences) if natural else mixture_targets(sequences, weights)
+    record = {"weights": None if natural else weights, "corpora": {},
+              "applies_to": ("no weights: every corpus in its natural proportion, nothing re-sampled" if natural else
+                             "train split, in sequences of seq_len + 1 tokens, after dedup and balancing; the split "
+                             "keeps its size; validation unweighted")}
+    shards, totals, dropped = [], dict.fromkeys(_TOTALS, 0), 0
+    total = sum(targets.values())
+    for corpus in corpora:
+        f, n, want = streams[corpus], sequences[corpus], targets[corpus]
+        passes_, rest = divmod(want, n) if n else (0, 0)
+        offset = (xxhash.xxh64_intdigest(corpus.encode(), packing.seed) % 2**32) / 2**32
+        shards += f["shards"] * passes_
+        start = 0
+        for e in f["shards"] if rest else []:
+            picked = int(systematic(start, e["sequences"], rest / n, offset).sum())
+            if picked:
+                shards.append({**e, "sequences": picked, "select": {"start": start, "fraction": rest / n, "offset": offset}})
+            start += e["sequences"]
+        for key in totals:
+            totals[key] += f[key]
+        dropped += f["dropped_remainder_tokens"]
+        target = None if natural else weights.get(corpus, 0.0)
+        record["corpora"][corpus] = {
+            "weight": target, "documents": f["documents"], "document_tokens": f["document_tokens"],
+            "sequences_packed": n, "sequences": want, "repeat_sequences": max(0, want - n),
+            "downsampled_sequences": max(0, n - want), "natural_share": n / sum(sequences.values()),
+            "target_share": target, "realised_share": want / total if total else 0.0}
+    for corpus in sorted(set(weights) - set(corpora)):  # weight 0 and no documents
+        record["corpora"][corpus] = {"weight": 0.0, "documents": 0, "document_tokens": 0, "sequences_packed": 0,
+                                     "sequences": 0, "repeat_sequences": 0, "downsampled_sequences": 0,
+                                     "natural_share": 0.0, "target_share": 0.0, "realised_share": 0.0}
+    sequences_total = sum(e["sequences"] for e in shards)
+    return {"shards": shards, "sequences": sequences_total, "tokens": sequences_total * (packing.seq_len + 1), **totals,
+            "dropped_remainder_tokens": dropped,
+            **{f"mixture_{k}": sum(r[k] for r in record["corpora"].values()) for k in ("repeat_sequences", "downsampled_sequences")},
+            "mixture": record}
+
+
+def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq_len: int = 1024,
+                       validation_fraction: float = 0.05, seed: int = 0, sequences_per_shard: int = 8192,
+                       batch_documents: int = 512, source_data_version: str = "",
+                       mixture: dict[str, float] | None = None, natural: bool = False, extra: dict | None = None) -> dict:
+    """Tokenize the ``part-*.parquet`` documents of ``in_dir`` and write shards + manifest.json to ``out_dir``
+    in one process: :func:`tokenize_partition` of the one partition into ``out_dir``, then
+    :func:`assemble_token_shards`. The same sequences in the same order as any partitioning.
+
+    Memory is bounded by ``batch_documents`` documents plus one shard's open record batch per stream. A
+    ``copies`` column repeats documents in the train split (module docstring). ``mixture``: a weight
+    per corpus (``corpus`` column), the train split sampled to it (module docstring); with ``natural``
+    the weights are ignored: each corpus packed on its own in its natural proportion, its share reported.
+    ``extra``: more manifest entries. Returns the
+    manifest (dict). Raises ValueError on bad arguments and, naming the part file, on a ``copies``
+    value that is null or below 1, a missing ``corpus`` column, or a corpus without a weight.
+    """
+    packing = Packing(seq_len, validation_fraction, seed, sequences_per_shard, batch_documents, mixture, natural)
+    out_dir = Path(out_dir)
+    tokenize_partition(in_dir, tokenizer_path, out_dir, 0, 1, packing)
+    return assemble_token_shards([out_dir], in_dir, tokenizer_path, out_dir, packing, source_data_version, extra=extra)
+
+
+def _part_schema(path: Path) -> dict:
+    with loading(path, "Parquet part file of a text stage (doc_id, text)"):
+        return pl.read_parquet_schema(path)
 
 
 def _read_part(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
@@ -220,22 +622,35 @@ class TokenShards:
     """Memory-mapped, zero-copy view of one split of a shard directory.
 
     ``shards[i]`` is a numpy array of shape (seq_len + 1,) and dtype uint16/uint32; ``take(idx)``
-    gathers an (len(idx), seq_len + 1) array. Nothing is read from disk until a row is touched.
+    gathers an (len(idx), seq_len + 1) array. Nothing is read from disk until a row is touched. A
+    manifest entry may list a shard file that lies outside the directory (a partition's, by a
+    relative path), the same file more than once (a mixture's whole passes), or with ``select`` (the
+    systematic sample of a mixture: the rows ``systematic(start, rows, fraction, offset)`` picks),
+    read through an index of its rows.
+
+    A directory at a URL (an object-store root) is streamed: each shard file is fetched whole into the
+    node's :class:`largetrain_core.cache.ShardCache` (bounded in bytes, least recently used files
+    evicted, each checked against the manifest's size and xxh3-128) when a row of it is first touched,
+    and memory-mapped from there. This process keeps at most :attr:`max_open` files open (in use, so
+    never evicted), closing the least recently used one beyond; :meth:`follow` prefetches the files a
+    sampler reads next; :meth:`close` releases them.
     """
 
-    directory: Path
+    directory: Path | str
     split: str = "train"
     verify_checksums: bool = False
 
     def __post_init__(self):
-        self.directory = Path(self.directory)
-        mf = self.directory / "manifest.json"
-        if not mf.exists():
-            raise ShardError(f"{mf}: missing (the shard directory is incomplete or not a shard directory)")
+        self.location = str(self.directory)
+        self.remote = fs.is_url(self.location)
+        self.directory = None if self.remote else Path(self.directory)
+        mf = fs.join(self.location, "manifest.json") if self.remote else self.directory / "manifest.json"
         try:
-            self.manifest = json.loads(mf.read_text())
+            self.manifest = json.loads(fs.read_bytes(mf))
+        except FileNotFoundError:
+            raise ShardError(f"{fs.redact(str(mf))}: missing (the shard directory is incomplete or not a shard directory)") from None
         except ValueError as e:  # cut short or garbled (JSONDecodeError, UnicodeDecodeError)
-            raise ShardError(f"{mf}: not valid JSON ({e}); the shard directory is incomplete or corrupt") from e
+            raise ShardError(f"{fs.redact(str(mf))}: not valid JSON ({e}); the shard directory is incomplete or corrupt") from e
         if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
             found = self.manifest.get("format") if isinstance(self.manifest, dict) else type(self.manifest).__name__
             raise ShardError(f"{mf}: format {found!r}, expected {FORMAT!r}")
@@ -243,56 +658,281 @@ class TokenShards:
             raise ShardError(f"{mf}: no split {self.split!r}")
         self.seq_len = int(self.manifest["seq_len"])
         self.dtype = np.dtype(self.manifest["dtype"])
-        self._arrays: list[np.ndarray] = []
+        self._sequences = int(self.manifest["splits"][self.split]["sequences"])
+        self._entries = self.manifest["splits"][self.split]["shards"]
+        self._starts = np.cumsum([0] + [int(e["sequences"]) for e in self._entries])
+        self.cache = None  # the ShardCache of a streamed directory, made when first needed
+        self._urls: list[str] | None = None  # a streamed directory's file URL per entry, made when first needed
+        self._held: dict = {}  # entry -> _entry's result, when this process holds every file open (max_open)
+        self._pinned: OrderedDict = OrderedDict()  # file URL -> (Pinned, record batches), least recently used first
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._follower: threading.Thread | None = None
+        self._arrays: list[np.ndarray] | None = None
+        if self.remote:
+            if self._starts[-1] != self._sequences:
+                raise ShardError(f"{fs.redact(str(mf))}: split {self.split!r} lists {self._starts[-1]} sequences in its "
+                                 f"shards, manifest says {self._sequences}")
+        else:
+            self._load()
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Sequences per manifest entry (shard file, or its selected rows) of the split, in order."""
+        return [int(e["sequences"]) for e in self._entries]
+
+    def _load(self) -> None:
+        """Open (memory-map) every shard of a local directory, checking each against the manifest."""
+        if self._arrays is not None:
+            return
+        mf = self.directory / "manifest.json"
+        self._arrays = []
+        self._rows: list[np.ndarray | None] = []  # per array: the rows it holds, None for all
         for entry in self.manifest["splits"][self.split]["shards"]:
-            self._arrays.extend(self._open(entry))
-        lengths = [len(a) for a in self._arrays]
+            for array, rows in self._open(entry):
+                self._arrays.append(array)
+                self._rows.append(rows)
+        lengths = [len(a) if r is None else len(r) for a, r in zip(self._arrays, self._rows)]
         self._offsets = np.cumsum([0] + lengths)
         expected = self.manifest["splits"][self.split]["sequences"]
         if self._offsets[-1] != expected:
             raise ShardError(f"{mf}: split {self.split!r} has {self._offsets[-1]} sequences on disk, manifest says {expected}")
 
-    def _open(self, entry: dict) -> list[np.ndarray]:
+    def _open(self, entry: dict) -> list[tuple[np.ndarray, np.ndarray | None]]:
         path = self.directory / entry["file"]
         if not path.exists():
             raise ShardError(f"{path}: listed in manifest.json but missing")
+        return self._select(entry, self._batches(path, entry), str(path))
+
+    def _batches(self, path: Path, entry: dict, shown: str | None = None) -> list[np.ndarray]:
+        """The record batches of the shard file ``path``, memory-mapped, checked against ``entry``: size,
+        schema (and the checksum with ``verify_checksums``). ``shown``: its name in errors."""
+        shown = shown or str(path)
         size = path.stat().st_size
         if size != entry["bytes"]:
-            raise ShardError(f"{path}: {size} bytes on disk, manifest says {entry['bytes']} (truncated or rewritten)")
+            raise ShardError(f"{shown}: {size} bytes on disk, manifest says {entry['bytes']} (truncated or rewritten)")
         if self.verify_checksums and file_digest(path) != entry["xxh3_128"]:
-            raise ShardError(f"{path}: xxh3-128 checksum differs from manifest.json")
+            raise ShardError(f"{shown}: xxh3-128 checksum differs from manifest.json")
         try:
             reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
         except pa.ArrowInvalid as e:
-            raise ShardError(f"{path}: not a readable Arrow IPC file: {e}") from e
+            raise ShardError(f"{shown}: not a readable Arrow IPC file: {e}") from e
         meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
         if meta.get("seq_len") != str(self.seq_len) or meta.get("dtype") != self.dtype.name:
-            raise ShardError(f"{path}: schema metadata {meta} does not match manifest seq_len={self.seq_len} dtype={self.dtype}")
+            raise ShardError(f"{shown}: schema metadata {meta} does not match manifest seq_len={self.seq_len} dtype={self.dtype}")
         out = []
         try:
             for i in range(reader.num_record_batches):
                 values = reader.get_batch(i).column(0).flatten()
                 out.append(values.to_numpy(zero_copy_only=True).reshape(-1, self.seq_len + 1))
         except (pa.ArrowException, ValueError) as e:  # a same-size but corrupted file, without verify_checksums
-            raise ShardError(f"{path}: record batch {i} is unreadable: {e}") from e
-        total = sum(len(a) for a in out)
-        if total != entry["sequences"]:
-            raise ShardError(f"{path}: {total} sequences, manifest says {entry['sequences']}")
+            raise ShardError(f"{shown}: record batch {i} is unreadable: {e}") from e
         return out
 
+    def _select(self, entry: dict, out: list[np.ndarray], path: str) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """(batch, the rows of it the entry takes, None for all) of one manifest entry, checked against its count."""
+        pick = entry.get("select")
+        if pick is None:
+            pairs = [(a, None) for a in out]
+        else:
+            mask, first, pairs = systematic(pick["start"], sum(len(a) for a in out), pick["fraction"], pick["offset"]), 0, []
+            for a in out:
+                pairs.append((a, np.flatnonzero(mask[first:first + len(a)])))
+                first += len(a)
+        total = sum(len(a) if r is None else len(r) for a, r in pairs)
+        if total != entry["sequences"]:
+            raise ShardError(f"{path}: {total} sequences" + (" selected" if pick else "") +
+                             f", manifest says {entry['sequences']}")
+        return pairs
+
+    # ---------------------------------------------------------------------------------- streamed directories
+
+    def _shard_cache(self):
+        if self.cache is None:
+            from largetrain_core.cache import ShardCache
+
+            self.cache = ShardCache()
+        return self.cache
+
+    def _url(self, e: int) -> str:
+        """The URL of entry ``e``'s file (a path relative to the directory, possibly in another one)."""
+        if self._urls is None:
+            scheme, rest = self.location.rstrip("/").split("://", 1)
+            self._urls = [f"{scheme}://{posixpath.normpath(posixpath.join(rest, x['file']))}" for x in self._entries]
+        return self._urls[e]
+
+    def _share(self) -> int:
+        """This rank's share of the cache, in files: the cache's bound over the largest file, divided
+        among the node's LOCAL_WORLD_SIZE ranks."""
+        biggest = max((int(e["bytes"]) for e in self._entries), default=1) or 1
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        return max(1, self._shard_cache().max_bytes // biggest // ranks)
+
+    @property
+    def prefetch_depth(self) -> int:
+        """How many files ahead :meth:`follow` fetches: all of them when this rank's share of the cache
+        holds every file of the split, else a quarter of the share (1 to 8)."""
+        share, files = self._share(), len({e["file"] for e in self._entries})
+        return files if share >= files + 1 else max(1, min(8, share // 4))
+
+    @property
+    def max_open(self) -> int:
+        """Files this process keeps open from the cache: its share, less what it prefetches; at least 1."""
+        share, files = self._share(), len({e["file"] for e in self._entries})
+        return files if share >= files + 1 else max(1, share - self.prefetch_depth)
+
+    def _entry(self, e: int) -> tuple[list[tuple[np.ndarray, np.ndarray | None]], np.ndarray]:
+        """Entry ``e`` of a streamed directory: (batch, rows) pairs from its file in the cache, held open,
+        and the pairs' first rows within the entry (cumulative lengths, one more than the pairs)."""
+        found = self._held.get(e)
+        if found is not None:
+            return found
+        entry, url = self._entries[e], self._url(e)
+        with self._lock:
+            if url in self._pinned:
+                self._pinned.move_to_end(url)
+                _, batches, pairs = self._pinned[url]
+            else:
+                while len(self._pinned) >= self.max_open:
+                    _, (old, _, _) = self._pinned.popitem(last=False)
+                    old.close()
+                pinned = self._shard_cache().pin(url, int(entry["bytes"]), entry["xxh3_128"])
+                try:
+                    batches = self._batches(pinned.path, entry, shown=fs.redact(url))
+                except BaseException:
+                    pinned.close()
+                    raise
+                pairs = {}  # entry index -> its (batch, rows) pairs and their start rows: a file may serve several entries
+                self._pinned[url] = (pinned, batches, pairs)
+                self._wake.set()  # a file newly in use: the files read next have moved, prefetch them
+            if e not in pairs:
+                chosen = self._select(entry, batches, fs.redact(url))
+                pairs[e] = (chosen, np.cumsum([0] + [len(a) if r is None else len(r) for a, r in chosen]))
+            found = pairs[e]
+            if self.max_open >= len({x["file"] for x in self._entries}):  # every file stays open until close: no recency to keep
+                self._held[e] = found
+        return found
+
+    def _gather(self, e: int, local: np.ndarray) -> np.ndarray:
+        """The rows ``local`` (indices within entry ``e``) of a streamed directory, in that order."""
+        pairs, lengths = self._entry(e)
+        if len(pairs) == 1:
+            a, rows = pairs[0]
+            return a[local if rows is None else rows[local]]
+        out = np.empty((len(local), self.seq_len + 1), dtype=self.dtype)
+        part = np.searchsorted(lengths, local, side="right") - 1
+        for c in np.unique(part):
+            sel = part == c
+            a, rows = pairs[c]
+            at = local[sel] - lengths[c]
+            out[sel] = a[at if rows is None else rows[at]]
+        return out
+
+    def missing_files(self) -> list[str]:
+        """What is wrong with the files of a streamed directory, without reading them: every file the
+        split lists must be there with its size (one size lookup per file); empty when all are. A local
+        directory was checked when it was opened."""
+        if not self.remote:
+            return []
+        problems, seen = [], set()
+        for e, entry in enumerate(self._entries):
+            url = self._url(e)
+            if url in seen:
+                continue
+            seen.add(url)
+            try:
+                size = fs.size(url)
+            except FileNotFoundError:
+                problems.append(f"{fs.redact(url)}: listed in manifest.json but missing")
+                continue
+            if size != int(entry["bytes"]):
+                problems.append(f"{fs.redact(url)}: {size} bytes, manifest says {entry['bytes']} (truncated or rewritten)")
+        return problems
+
+    def close(self) -> None:
+        """Stop :meth:`follow` and release every file this process holds open from the cache."""
+        self._follower, follower = None, self._follower
+        self._wake.set()
+        if follower is not None:
+            follower.join(timeout=10)
+        with self._lock:
+            self._held.clear()
+            while self._pinned:
+                _, (pinned, _, _) = self._pinned.popitem(last=False)
+                pinned.close()
+
+    def follow(self, sampler: "DistributedSampler", micro_batch: int, position) -> None:
+        """Prefetch, in a background thread, the files that ``sampler``'s rank reads next: from
+        ``position()`` (the samples every rank consumed so far) this rank's next micro-batches of
+        ``micro_batch`` sequences, their files in the order they are first read, :attr:`prefetch_depth`
+        of them fetched into the cache before the reads need them. Nothing for a local directory. A
+        prefetch that fails is left to the read that needs the file, which raises."""
+        if not self.remote or self._follower is not None:
+            return
+
+        def ahead(me: threading.Thread) -> None:
+            depth, step = self.prefetch_depth, micro_batch * sampler.world_size
+            files = len({e["file"] for e in self._entries})
+            upcoming: list[int] = []
+            seen: set[str] = set()
+            pos = position()
+            for j in range(4096):
+                for e in np.searchsorted(self._starts, sampler.indices(pos + j * step, micro_batch), side="right") - 1:
+                    if self._entries[e]["file"] not in seen:
+                        seen.add(self._entries[e]["file"])
+                        upcoming.append(int(e))
+                if len(upcoming) >= min(depth, files):
+                    break
+            for e in upcoming[:depth]:
+                if self._follower is not me:
+                    return
+                self._shard_cache().fetch(self._url(e), int(self._entries[e]["bytes"]), self._entries[e]["xxh3_128"])
+
+        def loop() -> None:
+            me = threading.current_thread()
+            while self._follower is me:
+                self._wake.clear()
+                try:
+                    ahead(me)
+                except Exception:  # noqa: BLE001 -- the read that needs the file fetches it again and raises
+                    pass
+                self._wake.wait(timeout=1.0)
+
+        self._follower = threading.Thread(target=loop, name="shard-prefetch", daemon=True)
+        self._follower.start()
+
+    # ---------------------------------------------------------------------------------- reading
+
     def __len__(self) -> int:
-        return int(self._offsets[-1])
+        return self._sequences
 
     def __getitem__(self, i: int) -> np.ndarray:
         if not 0 <= i < len(self):
             raise IndexError(f"sequence {i} out of range for {len(self)} sequences")
+        if self.remote:
+            return self.take([i])[0]
+        self._load()
         chunk = int(np.searchsorted(self._offsets, i, side="right")) - 1
-        return self._arrays[chunk][i - self._offsets[chunk]]
+        row, rows = i - self._offsets[chunk], self._rows[chunk]
+        return self._arrays[chunk][row if rows is None else rows[row]]
 
     def take(self, indices) -> np.ndarray:
         """Gather rows: (len(indices), seq_len + 1) array of the shard dtype."""
         idx = np.asarray(indices, dtype=np.int64)
-        if len(self._arrays) == 1:
+        if self.remote:
+            if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+                raise IndexError(f"sequence index out of range for {len(self)} sequences")
+            entry = np.searchsorted(self._starts, idx, side="right") - 1
+            out = np.empty((len(idx), self.seq_len + 1), dtype=self.dtype)
+            order = np.argsort(entry, kind="stable")  # the positions of idx grouped by entry: one gather per entry
+            grouped = entry[order]
+            bounds = [0, *(np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist(), len(idx)]
+            for a, b in zip(bounds, bounds[1:]) if len(idx) else ():
+                at, e = order[a:b], int(grouped[a])
+                out[at] = self._gather(e, idx[at] - self._starts[e])
+            return out
+        self._load()
+        if len(self._arrays) == 1 and self._rows[0] is None:
             return self._arrays[0][idx]
         if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"sequence index out of range for {len(self)} sequences")
@@ -300,13 +940,29 @@ class TokenShards:
         out = np.empty((len(idx), self.seq_len + 1), dtype=self.dtype)
         for c in np.unique(chunks):  # one fancy-index gather per record batch touched
             sel = chunks == c
-            out[sel] = self._arrays[c][idx[sel] - self._offsets[c]]
+            local = idx[sel] - self._offsets[c]
+            out[sel] = self._arrays[c][local if self._rows[c] is None else self._rows[c][local]]
         return out
 
 
 @functools.lru_cache(maxsize=4)
 def _permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     perm = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(num_samples)
+    perm.flags.writeable = False
+    return perm
+
+
+@functools.lru_cache(maxsize=4)
+def _window_permutation(shard_sizes: tuple[int, ...], window: int, seed: int, epoch: int) -> np.ndarray:
+    """The shards permuted (PCG64 of (seed, epoch)), taken ``window`` at a time in that order, and the
+    sequences of each window ``k`` permuted together (PCG64 of (seed, epoch, k + 1))."""
+    starts = np.cumsum((0,) + shard_sizes)
+    order = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(len(shard_sizes))
+    parts = []
+    for k, w in enumerate(range(0, len(shard_sizes), window)):
+        idx = np.concatenate([np.arange(starts[i], starts[i + 1], dtype=np.int64) for i in order[w:w + window]])
+        parts.append(np.random.Generator(np.random.PCG64([seed, epoch, k + 1])).permutation(idx))
+    perm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     perm.flags.writeable = False
     return perm
 
@@ -324,6 +980,15 @@ class DistributedSampler:
     and the start of the next. Resuming from any ``consumed_samples`` costs one permutation of
     ``num_samples`` (cached), however far into the epoch.
 
+    ``window_shards`` > 0 (with ``shard_sizes``: TokenShards.shard_sizes, the sequences per shard in
+    order) shuffles by windows of shards instead, as streaming loaders do (MosaicML Streaming's
+    shuffle blocks): each epoch the shards are permuted and taken ``window_shards`` at a time, the
+    sequences of each window permuted together (:func:`_window_permutation`). The ranks then read from
+    about ``window_shards`` shards at a time, so a shard cache holding twice as many fetches each shard
+    once per epoch; with 0 (the default) any sequence may follow any other, and a cache smaller than
+    the split fetches shards again and again. Either way the order is a pure function of the seed and
+    the epoch.
+
     Used as an iterator it yields this rank's micro-batches (int64 arrays of shape
     ``(micro_batch_size,)``) and advances ``consumed_samples`` by ``micro_batch_size * world_size``;
     ``state_dict``/``load_state_dict`` save and restore that position.
@@ -335,13 +1000,21 @@ class DistributedSampler:
     world_size: int = 1
     micro_batch_size: int = 1
     consumed_samples: int = 0
+    shard_sizes: tuple[int, ...] | None = None
+    window_shards: int = 0
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        if self.window_shards < 0:
+            raise ValueError(f"window_shards must be >= 0, got {self.window_shards}")
+        if self.window_shards and (self.shard_sizes is None or sum(self.shard_sizes) != self.num_samples):
+            raise ValueError(f"window_shards needs shard_sizes summing to num_samples={self.num_samples}")
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The read-only order of epoch ``epoch``: int64 array of shape (num_samples,)."""
+        if self.window_shards:
+            return _window_permutation(tuple(int(n) for n in self.shard_sizes), self.window_shards, self.seed, epoch)
         return _permutation(self.num_samples, self.seed, epoch)
 
     def indices(self, consumed_samples: int, micro_batch: int) -> np.ndarray:
@@ -373,18 +1046,85 @@ class DistributedSampler:
     def state_dict(self) -> dict:
         return {"num_samples": self.num_samples, "seed": self.seed, "world_size": self.world_size,
                 "micro_batch_size": self.micro_batch_size, "consumed_samples": self.consumed_samples,
-                "epoch": self.epoch}
+                "epoch": self.epoch, "window_shards": self.window_shards}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the position. Raises ValueError when the state belongs to other data or another seed."""
-        for key in ("num_samples", "seed"):
-            if state[key] != getattr(self, key):
+        for key in ("num_samples", "seed", "window_shards"):
+            if state.get(key, 0) != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]}, this sampler {getattr(self, key)}: "
                                  "resuming would read a different sample order")
         self.consumed_samples = int(state["consumed_samples"])
 
 
-# Megatron-LM / Megatron-Core ``IndexedDataset`` layout (megatron/core/datasets/indexed_dataset.py):
+def _document_pieces(data: TokenShards, chunk_sequences: int = 8192):
+    """The split's token stream in packing order (module doc, Packing: per part and pass its windows,
+    then its tail, which lies in the tail region at the split's end), as numpy arrays, with None where
+    tokens are missing (the dropped remainder: the end of the last parts' tails). A manifest without
+    ``units`` (one stream packed whole) is its row-major stream, then the dropped remainder."""
+    split = data.manifest["splits"][data.split]
+    n, width = len(data), data.seq_len + 1
+    units = split.get("units")
+    tail_rows = split.get("tail_sequences", 0)
+    if units is None:
+        units, tail_rows = [[n, split.get("dropped_remainder_tokens", 0)]], 0
+    tail_first, tail_tokens = n - tail_rows, tail_rows * width
+    row = pos = 0
+    for windows, tail in units:
+        for lo in range(row, row + windows, chunk_sequences):
+            yield data.take(np.arange(lo, min(row + windows, lo + chunk_sequences))).reshape(-1)
+        row += windows
+        have = max(0, min(tail, tail_tokens - pos))
+        if have:
+            r0, r1 = tail_first + pos // width, tail_first + (pos + have - 1) // width + 1
+            start = pos - (r0 - tail_first) * width
+            yield data.take(np.arange(r0, r1)).reshape(-1)[start:start + have]
+        if have < tail:
+            yield None
+        pos += tail
+
+
+def split_documents(data: TokenShards, chunk_sequences: int = 8192):
+    """The complete documents of a split in packing order (corpus order, then the train split's
+    repeat passes), each a numpy array of its tokens, EOS last, reassembled from the shards
+    (:func:`_document_pieces`); a generator whose return value (``StopIteration.value``) is the number
+    of tokens of the documents the dropped remainder cut, left out. Packing appends EOS to every
+    document and encodes special-token text inside a document as plain text
+    (largetrain_core.tokenizer.encode_documents), so EOS marks exactly the document ends. Raises
+    ShardError when the split holds more EOS-delimited documents than it was packed from (EOS inside
+    a document: its boundaries cannot be told)."""
+    eos = data.manifest["eos_id"]
+    split = data.manifest["splits"][data.split]
+    packed = split["documents"] + split.get("repeat_copies", 0)
+    partial: list[np.ndarray] = []  # the document in progress
+    cut = found = 0
+    for piece in _document_pieces(data, chunk_sequences):
+        if piece is None:  # tokens missing up to the end of a part: the document in progress is cut
+            cut += sum(len(p) for p in partial)
+            partial = []
+            continue
+        start = 0
+        for end in np.flatnonzero(piece == eos) + 1:
+            found += 1
+            if found > packed:
+                raise ShardError(f"{data.directory}: split {data.split!r} holds more EOS-delimited documents than "
+                                 f"the {packed} it was packed from: EOS occurs inside documents, so their "
+                                 "boundaries cannot be told")
+            yield np.concatenate([*partial, piece[start:end]]) if partial else piece[start:end]
+            partial, start = [], int(end)
+        if start < len(piece):
+            partial.append(piece[start:])
+    return cut + sum(len(p) for p in partial)
+
+
+def document_offsets(data: TokenShards, chunk_sequences: int = 8192) -> np.ndarray:
+    """Where each complete document of :func:`split_documents` starts in their concatenation, plus its
+    length at the end: int64, shape (documents + 1,). Raises ShardError as :func:`split_documents`."""
+    lengths = [len(d) for d in split_documents(data, chunk_sequences)]
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+# Megatron-Core ``IndexedDataset`` layout (megatron/core/datasets/indexed_dataset.py, _IndexWriter):
 # .idx = b"MMIDIDX\x00\x00", <Q version 1, <B dtype code, <Q sequence count, <Q document count,
 #        int32 sequence lengths, int64 sequence byte offsets into .bin, int64 document indices
 #        (the sequence index where each document starts, plus the total at the end);
@@ -394,38 +1134,68 @@ MEGATRON_DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np
                         np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
 
 
-def export_megatron(shards_dir: Path, split: str, out_prefix: Path) -> dict:
-    """Write one split as a Megatron ``IndexedDataset`` pair ``out_prefix.bin`` / ``out_prefix.idx``.
+def megatron_paths(out_prefix: Path | str) -> tuple[Path, Path]:
+    """The ``.bin`` and ``.idx`` files of a Megatron dataset prefix: the suffixes appended to the whole
+    prefix, as Megatron does (``wiki.en_text_document`` -> ``wiki.en_text_document.bin``)."""
+    return Path(f"{out_prefix}.bin"), Path(f"{out_prefix}.idx")
 
-    Each packed sequence (seq_len + 1 tokens) becomes one Megatron sequence and one document, so
-    Megatron's GPTDataset sees exactly our windows. Token dtype: uint16 as is; uint32 is written as
-    int32 (Megatron has no uint32 code; ids < 2**31 always fit). Both files are written under
-    temporary names and renamed. Returns ``{"sequences", "tokens", "dtype"}``.
+
+def _documents_with_cut(data: TokenShards, chunk_sequences: int = 8192):
+    """:func:`split_documents` as (a generator of the documents, a list that receives the cut tokens
+    when it ends)."""
+    box: list[int] = []
+
+    def gen():
+        box.append((yield from split_documents(data, chunk_sequences)))
+
+    return gen(), box
+
+
+def export_megatron(shards_dir: Path, split: str, out_prefix: Path) -> dict:
+    """Write one split as a Megatron-Core ``IndexedDataset`` pair ``<out_prefix>.bin`` / ``<out_prefix>.idx``.
+
+    The split's documents, as Megatron's own preprocessing (tools/preprocess_data.py) writes them:
+    one sequence per document (its tokens, EOS last; BOS first where the tokenizer has one), in the
+    order packing put them (corpus order, then the train split's intended repeats, each copy a
+    document of its own), reassembled from the shards (:func:`split_documents`). Megatron's GPTDataset
+    then builds its samples from whole documents with its own defaults (``sequence_length`` tokens
+    plus one, documents shuffled and concatenated across their EOS). The documents the split's
+    dropped remainder cut are left out (``dropped_partial_tokens``: the tokens of theirs that the shards
+    hold); the documents that fell wholly into the remainder are not in the shards. Token dtype: uint16
+    as is; uint32 is written as int32 (Megatron has no uint32 code; ids < 2**31 always fit). Both files
+    are written under temporary names and renamed.
+
+    Returns ``{"documents", "tokens", "dropped_partial_tokens", "dtype", "bin", "idx"}``. Raises
+    ShardError as :class:`TokenShards` and :func:`split_documents`.
     """
     import struct
 
     data = TokenShards(Path(shards_dir), split)
     dtype = np.dtype(np.uint16) if data.dtype == np.uint16 else np.dtype(np.int32)
-    n, width = len(data), data.seq_len + 1
-    out_prefix = Path(out_prefix)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    bin_path, idx_path = out_prefix.with_suffix(".bin"), out_prefix.with_suffix(".idx")
+    bin_path, idx_path = megatron_paths(out_prefix)
+    bin_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_bin, tmp_idx = bin_path.with_name(f".{bin_path.name}.tmp"), idx_path.with_name(f".{idx_path.name}.tmp")
+    lengths = []
+    docs, cut = _documents_with_cut(data)
     with open(tmp_bin, "wb") as fh:
-        for start in range(0, n, 8192):
-            fh.write(data.take(np.arange(start, min(n, start + 8192))).astype(dtype, copy=False).tobytes())
+        for doc in docs:
+            fh.write(doc.astype(dtype, copy=False).tobytes())
+            lengths.append(len(doc))
+    sizes = np.asarray(lengths, dtype=np.int64)
+    n_docs, tokens = len(sizes), int(sizes.sum())
     with open(tmp_idx, "wb") as fh:
         fh.write(MEGATRON_INDEX_HEADER)
         fh.write(struct.pack("<Q", 1))
         fh.write(struct.pack("<B", MEGATRON_DTYPE_CODES[dtype]))
-        fh.write(struct.pack("<Q", n))
-        fh.write(struct.pack("<Q", n + 1))
-        fh.write(np.full(n, width, dtype=np.int32).tobytes(order="C"))
-        fh.write((np.arange(n, dtype=np.int64) * width * dtype.itemsize).tobytes(order="C"))
-        fh.write(np.arange(n + 1, dtype=np.int64).tobytes(order="C"))
+        fh.write(struct.pack("<Q", n_docs))
+        fh.write(struct.pack("<Q", n_docs + 1))
+        fh.write(sizes.astype(np.int32).tobytes(order="C"))
+        fh.write(((np.cumsum(sizes) - sizes) * dtype.itemsize).astype(np.int64).tobytes(order="C"))
+        fh.write(np.arange(n_docs + 1, dtype=np.int64).tobytes(order="C"))
     os.replace(tmp_bin, bin_path)
     os.replace(tmp_idx, idx_path)
-    return {"sequences": n, "tokens": n * width, "dtype": dtype.name}
+    return {"documents": n_docs, "tokens": tokens, "dropped_partial_tokens": cut[0], "dtype": dtype.name,
+            "bin": str(bin_path), "idx": str(idx_path)}
 
 
 def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: int = 1024) -> dict:
@@ -435,21 +1205,20 @@ def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: i
 
     * ``input_ids``: (sequences, seq_len + 1), the shards' dtype (uint16/uint32), chunked by
       ``chunk_sequences`` rows, uncompressed: the packed windows exactly as training reads them.
-    * ``document_offsets``: int64, (documents + 1,): where each document starts in the row-major
-      token stream ``input_ids[:].reshape(-1)``; the last entry is the stream's length. Document
-      ``k`` is ``stream[offsets[k]:offsets[k + 1]]`` and ends with EOS (packing appends EOS to every
-      document and encodes special-token text inside a document as plain text, so EOS marks exactly
-      the document ends), except that the last document may be cut where the split's dropped
-      remainder begins (attribute ``last_document_complete``). Documents that fell wholly into the
-      dropped remainder have no entry: ``len(offsets) - 1`` can be below the split's ``documents``.
+    * ``document_tokens``: (tokens,), the same dtype: the split's complete documents, each its
+      tokens with EOS last, in packing order (corpus order, then the train split's repeat passes;
+      :func:`split_documents`: the documents the dropped remainder cut are left out, counted in the
+      attribute ``dropped_partial_tokens``).
+    * ``document_offsets``: int64, (documents + 1,): where each document starts in
+      ``document_tokens``, its length last: document ``k`` is ``document_tokens[offsets[k]:offsets[k + 1]]``.
     * attributes of the root: the manifest's scalars (``format``, ``seq_len``, ``dtype``, ``eos_id``,
       ``bos_id`` (-1 without BOS), ``vocab_size``, ``tokenizer_sha256``, ``source_data_version``,
       ``validation_fraction``, ``seed``), ``split``, the split's counts (``sequences``, ``tokens``,
-      ``documents``, ``document_tokens``, ``dropped_remainder_tokens``), and ``manifest_json`` (the
-      whole manifest.json, with every shard's checksum).
+      ``documents``, ``document_tokens``, ``dropped_remainder_tokens``), ``dropped_partial_tokens``
+      and ``manifest_json`` (the whole manifest.json, with every shard's checksum).
 
     Written under a temporary name and renamed. Returns ``{"sequences", "tokens", "documents", "dtype"}``.
-    Raises ShardError when the shard directory does not match its manifest.
+    Raises ShardError when the shard directory does not match its manifest, or as :func:`split_documents`.
     """
     import h5py
 
@@ -459,19 +1228,31 @@ def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: i
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
-    starts = [np.zeros(1, dtype=np.int64)] if n else []
     with h5py.File(tmp, "w") as f:
         ids = f.create_dataset("input_ids", shape=(n, width), dtype=data.dtype,
                                chunks=(max(1, min(chunk_sequences, n)), width) if n else None)
         for lo in range(0, n, chunk_sequences):
             rows = data.take(np.arange(lo, min(n, lo + chunk_sequences)))
             ids[lo: lo + len(rows)] = rows
-            ends = np.flatnonzero(rows.reshape(-1) == m["eos_id"]).astype(np.int64) + lo * width + 1
-            starts.append(ends)
-        offsets = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
-        total = n * width
-        offsets = np.append(offsets[offsets < total], total)
-        f.create_dataset("document_offsets", data=offsets)
+        tokens = f.create_dataset("document_tokens", shape=(0,), maxshape=(None,), dtype=data.dtype,
+                                  chunks=(max(1, chunk_sequences * width),))
+        lengths, held = [], []
+
+        def append(pieces: list[np.ndarray]) -> None:  # one resize per chunk_sequences windows of tokens
+            block = np.concatenate(pieces)
+            tokens.resize((tokens.shape[0] + len(block),))
+            tokens[tokens.shape[0] - len(block):] = block
+
+        docs, cut = _documents_with_cut(data)
+        for doc in docs:
+            held.append(doc)
+            lengths.append(len(doc))
+            if sum(len(h) for h in held) >= chunk_sequences * width:
+                append(held)
+                held = []
+        if held:
+            append(held)
+        f.create_dataset("document_offsets", data=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64))
         for key in ("format", "seq_len", "dtype", "eos_id", "vocab_size", "tokenizer_sha256", "source_data_version",
                     "validation_fraction", "seed"):
             f.attrs[key] = m[key]
@@ -479,10 +1260,10 @@ def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: i
         f.attrs["split"] = split
         for key in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens"):
             f.attrs[key] = m["splits"][split][key]
-        f.attrs["last_document_complete"] = bool(n == 0 or data[n - 1][-1] == m["eos_id"])
+        f.attrs["dropped_partial_tokens"] = cut[0]
         f.attrs["manifest_json"] = json.dumps(m)
     os.replace(tmp, out_path)
-    return {"sequences": n, "tokens": total, "documents": len(offsets) - 1, "dtype": data.dtype.name}
+    return {"sequences": n, "tokens": n * width, "documents": len(lengths), "dtype": data.dtype.name}
 
 
 def inspect(path: Path, split: str = "train") -> str:
@@ -507,11 +1288,13 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help="print a shard directory's summary and one decoded sample")
     i.add_argument("path")
     i.add_argument("--split", default="train", choices=SPLITS)
-    e = sub.add_parser("export-megatron", help="write a split as Megatron-LM IndexedDataset .bin/.idx")
+    e = sub.add_parser("export-megatron", help="write a split's documents as a Megatron-Core IndexedDataset "
+                                               "PREFIX.bin/PREFIX.idx")
     e.add_argument("path")
     e.add_argument("out_prefix")
     e.add_argument("--split", default="train", choices=SPLITS)
-    h = sub.add_parser("export-hdf5", help="write a split as HDF5: input_ids, document_offsets, manifest attributes")
+    h = sub.add_parser("export-hdf5", help="write a split as HDF5: input_ids, document_tokens, document_offsets, "
+                                           "manifest attributes")
     h.add_argument("path")
     h.add_argument("out", help="the .h5 file to write")
     h.add_argument("--split", default="train", choices=SPLITS)

@@ -7,7 +7,8 @@ A stage's settings live in a ``largetrain_core`` dataclass; each field's default
 such as paths the asset fills in).
 
 Types: ``tuple[X, ...]`` becomes ``list[X]`` (and back), a nested dataclass a nested Config, ``X | None``
-``Optional[X]``; other types are passed to pydantic as they are (Dagster accepts str, int, float, bool,
+``Optional[X]``, a ``Literal`` of strings a Dagster enum (a choice in the launchpad) and one of other
+values its values' type; other types are passed to pydantic as they are (Dagster accepts str, int, float, bool,
 list, dict with str keys, Optional and nested Config).
 """
 
@@ -16,10 +17,12 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from dagster import Config
 from pydantic import Field, create_model
+
+from largetrain_core.settings import merged as deep_merge
 
 _CACHE: dict[tuple, type] = {}
 
@@ -29,6 +32,8 @@ def _config_type(tp: Any) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
         return dagster_config(tp)
+    if origin is Literal:  # Dagster shows a choice of strings as an enum; other choices as their type
+        return tp if all(isinstance(a, str) for a in args) else type(args[0])
     if origin in (Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         inner = _config_type(rest[0]) if len(rest) == 1 else Union[tuple(_config_type(a) for a in rest)]
@@ -60,19 +65,31 @@ def _to_core_value(tp: Any, value: Any) -> Any:
     return value
 
 
+def _split(names) -> tuple[set, dict[str, list]]:
+    """Dotted names (``schedule.max_steps``) as (the top-level ones, {section: [names inside it]})."""
+    top, inner = set(), {}
+    for n in names:
+        head, _, rest = n.partition(".")
+        if rest:
+            inner.setdefault(head, []).append(rest)
+        else:
+            top.add(head)
+    return top, inner
+
+
 def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None = None,
                    exclude: tuple[str, ...] = (), base: type = Config) -> type[Config]:
     """A ``dagster.Config`` subclass (or a subclass of ``base``, e.g. ``ConfigurableResource``) with the
     fields of dataclass ``cls`` (minus ``exclude``).
 
     ``defaults`` overrides a field's default for this stage (e.g. a LoRA run's learning rate); a
-    field without a default stays required. Raises TypeError for a field type Dagster cannot show.
-    The class has ``to_core(**extra) -> cls``. Classes are cached per (cls, name, defaults, exclude, base).
+    field without a default stays required. Names in ``exclude`` and ``defaults`` may be dotted to
+    reach into a nested dataclass (``schedule.max_steps``). Raises TypeError for a field type Dagster
+    cannot show or a default for a field ``cls`` does not have. The class has ``to_core(**extra) ->
+    cls`` (``extra``: the excluded fields, nested ones as dicts, merged into the config's values).
+    Classes are cached per (cls, name, defaults, exclude, base).
     """
     defaults = defaults or {}
-    unknown = set(defaults) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-        raise TypeError(f"defaults for fields {sorted(unknown)} that {cls.__name__} does not have")
     key = (cls, name, tuple(sorted(defaults.items(), key=lambda kv: kv[0])), tuple(exclude), base)
     try:
         if key in _CACHE:
@@ -80,12 +97,24 @@ def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None 
     except TypeError:  # unhashable default value: build a fresh class
         key = None
     hints = typing.get_type_hints(cls)
+    top_exclude, inner_exclude = _split(exclude)
+    top_defaults, inner_defaults = _split(defaults)
+    unknown = (top_defaults | set(inner_defaults) | set(inner_exclude)) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise TypeError(f"defaults or excludes for fields {sorted(unknown)} that {cls.__name__} does not have")
+    name = name or f"{cls.__name__}Dagster"
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        if f.name in exclude:
+        if f.name in top_exclude:
             continue
-        tp = _config_type(hints[f.name])
         desc = f.metadata.get("description")
+        if dataclasses.is_dataclass(hints[f.name]) and (f.name in inner_exclude or f.name in inner_defaults):
+            sub = hints[f.name]
+            tp = dagster_config(sub, f"{name}_{f.name}", exclude=tuple(inner_exclude.get(f.name, ())),
+                                defaults={k.partition(".")[2]: v for k, v in defaults.items()
+                                          if k.partition(".")[0] == f.name})
+        else:
+            tp = _config_type(hints[f.name])
         if f.name in defaults:
             default = defaults[f.name]
         elif f.default is not dataclasses.MISSING:
@@ -96,20 +125,17 @@ def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None 
             fields[f.name] = (tp, Field(description=desc))
             continue
         if dataclasses.is_dataclass(default):
-            nested = tp
-            fields[f.name] = (tp, Field(default_factory=lambda d=default, n=nested: n(**dataclasses.asdict(d)),
-                                        description=desc))
+            fields[f.name] = (tp, Field(default_factory=tp, description=desc))
         elif isinstance(default, tuple):
             fields[f.name] = (tp, Field(default=list(default), description=desc))
         else:
             fields[f.name] = (tp, Field(default=default, description=desc))
 
     def to_core(self, **extra) -> Any:
-        values = {**self.model_dump(), **extra}
-        return cls(**{k: _to_core_value(hints[k], v) for k, v in values.items()})
+        values = deep_merge(self.model_dump(), extra)
+        return cls(**{k: _to_core_value(hints[k], v) for k, v in values.items() if k in hints})
 
-    model = create_model(name or f"{cls.__name__}Dagster", __base__=base,
-                         __doc__=(cls.__doc__ or "").strip() or None, **fields)
+    model = create_model(name, __base__=base, __doc__=(cls.__doc__ or "").strip() or None, **fields)
     model.to_core = to_core
     if key is not None:
         _CACHE[key] = model
@@ -121,7 +147,7 @@ class RunConfigError(ValueError):
 
 
 def check_ops_keys(run_config: dict | None, selected: typing.Collection[str], known: typing.Collection[str]) -> list[str]:
-    """The rule for the keys under a run config's ``ops`` (README, "Run config keys").
+    """The rule for the keys under a run config's ``ops`` (docs/guides/your-data.md, "Run config keys").
 
     A key is a step's name: the asset key with ``__`` between its parts (``domain__raw_corpus`` for
     ``domain/raw_corpus``). ``selected``: the steps of this run; ``known``: every step of the job or code

@@ -1,6 +1,6 @@
 """The code location: ``dagster dev`` (workspace.yaml) and the dagster CLI load ``defs`` from here. It only
 assembles: each stage's assets and checks live in the module named after the stage (corpus, tokenizer,
-shards, training, evaluation, landing).
+shards, filtering, training, evaluation, landing).
 
 LARGETRAIN_ROOT sets the storage root (default ``.largetrain`` under the working directory);
 LARGETRAIN_NPROC the training ranks per node (default 2); LARGETRAIN_REPORT_TO the trackers of the
@@ -8,7 +8,8 @@ training runs, comma-separated (default ``wandb``; ``wandb,mlflow`` adds MLflow)
 LARGETRAIN_WANDB_MODE offline/online/disabled; MLFLOW_TRACKING_URI MLflow's store (default
 ``sqlite:///<root>/mlruns.db``);
 LARGETRAIN_DATA_PARTITIONS the number of hash partitions of raw_corpus and cleaned_text (default 4);
-LARGETRAIN_ENGINE / LARGETRAIN_SPARK_MASTER / LARGETRAIN_SPARK_CONF the data-prep engine (largetrain_dagster.engine).
+LARGETRAIN_EXECUTOR / LARGETRAIN_SPARK_MASTER / LARGETRAIN_SPARK_CONF the data-prep executor (largetrain_dagster.executor;
+LARGETRAIN_ENGINE, its former name, still works with a deprecation warning).
 
 Jobs: ``prepare_partitions`` (raw_corpus + cleaned_text of both corpora, one run per partition: a
 backfill over all partitions), ``lineage`` (everything after: the global dedup, tokenizer,
@@ -24,9 +25,10 @@ from dagster import AssetSelection, Definitions, define_asset_job
 
 from largetrain_dagster import partitions
 from largetrain_dagster.corpus import corpus_assets, dedup_checks
-from largetrain_dagster.engine import DataEngine
-from largetrain_dagster.evaluation import evaluation
-from largetrain_dagster.landing import LANDED_ASSETS, landed_automation, landing_sensor
+from largetrain_dagster.executor import DataExecutor
+from largetrain_dagster.evaluation import evaluation, evaluation_sets, no_evaluation_item_in_training_data
+from largetrain_dagster.filtering import filtered_text_asset, relevance_classifier
+from largetrain_dagster.landing import LANDED, LANDED_ASSETS, landed_automation, landing_sensor
 from largetrain_dagster.optimization import optimization_report
 from largetrain_dagster.partitions import PARTITION_STEPS, PARTITIONED_KEYS, ROLES  # noqa: F401 (PARTITIONED_KEYS: public)
 from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, TrackerSettings
@@ -39,8 +41,9 @@ from largetrain_dagster.training import base_checkpoint, lora_adapter
 def lineage_assets() -> list:
     """The lineage (both corpus chains, tokenizer, training, evaluation): what ``make demo``
     materializes, without the dynamically partitioned landed chain."""
-    chains = [a for role in ROLES for a in [*corpus_assets(role), token_shards_asset(role)]]
-    return chains + [tokenizer, base_checkpoint, lora_adapter, evaluation]
+    chains = [a for role in ROLES for a in [*corpus_assets(role), *([filtered_text_asset(role)] if partitions.filters_text(role) else []),
+                                              *token_shards_asset(role)]]
+    return chains + [tokenizer, relevance_classifier, base_checkpoint, lora_adapter, evaluation_sets, evaluation]
 
 
 def build_definitions(root: str | None = None, nproc_per_node: int | None = None, wandb_mode: str | None = None,
@@ -59,7 +62,7 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
                                                 "against plain data parallel (needs pretrain/token_shards)")
     return Definitions(
         assets=assets + LANDED_ASSETS + [optimization_report],
-        asset_checks=dedup_checks(ROLES),
+        asset_checks=[*dedup_checks([*ROLES, LANDED.prefix]), no_evaluation_item_in_training_data],
         jobs=[prepare, lineage, optimization],
         sensors=[landing_sensor, landed_automation],
         schedules=[retrain_lora_adapter],
@@ -72,7 +75,7 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
                 [t.strip() for t in os.environ.get("LARGETRAIN_REPORT_TO", "wandb").split(",") if t.strip()],
                 wandb={"mode": wandb_mode or os.environ.get("LARGETRAIN_WANDB_MODE", "offline")},
                 mlflow={"tracking_uri": os.environ.get("MLFLOW_TRACKING_URI")}),
-            "engine": DataEngine.from_env(),
+            "executor": DataExecutor.from_env(),
         },
     )
 

@@ -19,6 +19,9 @@ as many files of a few GB, e.g. C4's 1,024 JSONL.gz shards, so a file is the nat
   conditions are evaluated by ``landed_automation``, an automation condition sensor over the
   landed chain that is running by default (Dagster's implicit sensor starts stopped), so under
   ``dagster dev`` a landed file is read, cleaned and deduplicated without a click.
+* The landed chain is a corpus chain like the roles' (largetrain_dagster.corpus.corpus_assets): the
+  same stages, settings, executor, rejection check, accounting and near dedup; each partition is one
+  file read whole.
 * Training assets have no automation condition: they start only when asked (or by the schedule in
   ``largetrain_dagster.schedules``, stopped by default).
 
@@ -34,8 +37,6 @@ from pathlib import Path
 import xxhash
 
 from dagster import (
-    AssetExecutionContext,
-    AssetIn,
     AssetKey,
     AssetSelection,
     AutomationCondition,
@@ -43,24 +44,19 @@ from dagster import (
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
     Failure,
-    Output,
     RunRequest,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
-    asset,
     sensor,
 )
 
-from largetrain_core.clean import QualityConfig, clean_corpus
-from largetrain_core.corpus import ReaderConfig, fingerprint, ingest
-from largetrain_core.dedup import exact_dedup
-from largetrain_core.storage import data_version
-from largetrain_dagster.artefacts import asset_output, build_or_reuse
+from largetrain_core.readers import ReaderConfig
+from largetrain_dagster.configs import dagster_config
+from largetrain_dagster.corpus import Chain, corpus_assets
 from largetrain_dagster.resources import Storage
 
 landed_batches = DynamicPartitionsDefinition(name="landed_batches")
-LANDED_CODE_VERSIONS = {"raw_corpus": "2", "cleaned_text": "1", "deduplicated_text": "1"}
 _PARTIAL = re.compile(r"(^\.)|(\.(tmp|part|partial)$)")
 
 
@@ -114,55 +110,24 @@ def landed_files(landing: Path) -> dict[str, Path]:
     return out
 
 
-@asset(key=["landed", "raw_corpus"], group_name="landed_data", partitions_def=landed_batches,
-       code_version=LANDED_CODE_VERSIONS["raw_corpus"], io_manager_key="handles", kinds={"parquet"},
-       description="One landed file (<root>/landing/<corpus>/<file>) read into Parquet {doc_id, source, text}.")
-def landed_raw_corpus(context: AssetExecutionContext, storage: Storage) -> Output:
-    pk = context.partition_key
+def _landed_file(storage: Storage, pk: str, config) -> tuple[str, int, int]:
+    """The landed file of partition ``pk``, read whole (partition 0 of 1)."""
     source = landed_files(storage.path("landing")).get(pk)
     if source is None:
         raise Failure(f"no landed file for partition {pk} under {storage.path('landing')}")
-    version = data_version(LANDED_CODE_VERSIONS["raw_corpus"], fingerprint(source))
-    path, stats, reused = build_or_reuse(context, storage, ["landed", "raw_corpus", *pk.split("/")], version,
-                                 lambda out: ingest(ReaderConfig(str(source)), out))
-    return asset_output(path, version, stats, {"source": str(source)}, reused)
+    return str(source), 0, 1
 
 
-@asset(key=["landed", "cleaned_text"], group_name="landed_data", partitions_def=landed_batches,
-       ins={"raw": AssetIn(key=["landed", "raw_corpus"])}, code_version=LANDED_CODE_VERSIONS["cleaned_text"],
-       io_manager_key="handles", automation_condition=AutomationCondition.eager(), kinds={"parquet", "polars"},
-       description="A landed partition normalized and filtered by the Gopher rules (defaults of largetrain_core.clean).")
-def landed_cleaned_text(context: AssetExecutionContext, storage: Storage, raw: dict) -> Output:
-    quality = QualityConfig()
-    version = data_version(LANDED_CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw["data_version"])
-    path, stats, reused = build_or_reuse(context, storage, ["landed", "cleaned_text", *context.partition_key.split("/")], version,
-                                 lambda out: clean_corpus(Path(raw["path"]), out, quality))
-    return asset_output(path, version, stats, quality.to_dict(), reused)
-
-
-@asset(key=["landed", "deduplicated_text"], group_name="landed_data", ins={"cleaned": AssetIn(key=["landed", "cleaned_text"])},
-       code_version=LANDED_CODE_VERSIONS["deduplicated_text"], io_manager_key="handles",
-       automation_condition=AutomationCondition.eager(), kinds={"parquet"},
-       description="Global exact dedup over every landed partition (first copy in partition order kept).")
-def landed_deduplicated_text(context: AssetExecutionContext, storage: Storage, cleaned: dict) -> Output:
-    keys = sorted(cleaned)
-    version = data_version(LANDED_CODE_VERSIONS["deduplicated_text"], [(k, cleaned[k]["data_version"]) for k in keys])
-
-    def build(out: Path) -> dict:
-        return {**exact_dedup([Path(cleaned[k]["path"]) for k in keys], out), "partitions": len(keys)}
-
-    path, stats, reused = build_or_reuse(context, storage, ["landed", "deduplicated_text"], version, build)
-    return asset_output(path, version, stats, {"partitions": keys}, reused)
-
-
-LANDED_ASSETS = [landed_raw_corpus, landed_cleaned_text, landed_deduplicated_text]
-
-
-PARTITION_STEPS = [AssetKey(["landed", "raw_corpus"]), AssetKey(["landed", "cleaned_text"])]
+LANDED = Chain("landed", "One landed file (<root>/landing/<corpus>/<file>)", landed_batches, _landed_file,
+               raw_config=dagster_config(ReaderConfig, "LandedRawCorpusConfig", exclude=("path", "partition", "partitions", "id_prefix")),
+               hash_partitioned=False, automation=AutomationCondition.eager())
+LANDED_ASSETS = corpus_assets(LANDED)
+# the per-file steps a landed file starts a run of
+LANDED_FILE_STEPS = [AssetKey(["landed", "raw_corpus"]), AssetKey(["landed", "cleaned_text"])]
 
 
 @sensor(name="landing_sensor", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
-        asset_selection=PARTITION_STEPS,
+        asset_selection=LANDED_FILE_STEPS,
         description="New files under <storage root>/landing/<corpus>/ -> a dynamic partition each and one run per partition.")
 def landing_sensor(context: SensorEvaluationContext, storage: Storage):
     """Cursor: JSON ``{partition key: "size:mtime_ns"}`` of the files already requested.
@@ -179,7 +144,7 @@ def landing_sensor(context: SensorEvaluationContext, storage: Storage):
     existing = set(context.instance.get_dynamic_partitions(landed_batches.name))
     to_add = sorted(k for k in new if k not in existing)
     return SensorResult(
-        run_requests=[RunRequest(run_key=f"{k}@{v}", partition_key=k, asset_selection=PARTITION_STEPS, tags={"largetrain/landed_file": str(files[k])})
+        run_requests=[RunRequest(run_key=f"{k}@{v}", partition_key=k, asset_selection=LANDED_FILE_STEPS, tags={"largetrain/landed_file": str(files[k])})
                       for k, v in sorted(new.items())],
         dynamic_partitions_requests=[landed_batches.build_add_request(to_add)] if to_add else [],
         cursor=json.dumps({**seen, **new}, sort_keys=True),

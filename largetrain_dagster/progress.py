@@ -1,7 +1,8 @@
 """A running training's progress, read from its output directory: ``metrics.jsonl`` (one JSON row per
 optimizer step, appended by rank 0: step, loss, tokens_per_s, ...; largetrain_core.train) and
-``train_config.json`` (``max_steps``). What the run log and the asset's observations (TorchrunLauncher)
-and the demo's terminal (largetrain_dagster.demo) show while a training runs.
+``train_config.json`` (``schedule.max_steps``). What the run log and the asset's observations
+(:class:`ProgressReporter`, used by the TorchrunLauncher) and the demo's terminal
+(largetrain_dagster.demo) show while a training runs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from dagster import AssetKey, AssetObservation
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,10 @@ class TrainingProgress:
         self._total: int | None = None
 
     def total(self) -> int | None:
-        """``max_steps`` from train_config.json, once it exists."""
+        """``schedule.max_steps`` from train_config.json, once it exists."""
         if self._total is None:
             try:
-                self._total = int(json.loads((self.out_dir / "train_config.json").read_text())["max_steps"])
+                self._total = int(json.loads((self.out_dir / "train_config.json").read_text())["schedule"]["max_steps"])
             except (OSError, ValueError, KeyError, TypeError):
                 return None
         return self._total
@@ -99,3 +102,46 @@ class TrainingProgress:
         if total is not None and step > s0 and now > t0:
             eta = max(0.0, (total - step) * (now - t0) / (step - s0))
         return Progress(step, total, float(self._last["loss"]), float(self._last.get("tokens_per_s") or 0.0), eta)
+
+
+def progress_asset(context) -> tuple[AssetKey, str | None] | None:
+    """(asset key, partition key or None) that a training's progress observations are about: the one
+    asset the step materializes. None for an op's step, or a step materializing several assets (whose
+    progress would be ambiguous): their progress is in the run log only.
+
+    Dagster writes an observation to the event log when it is logged (DagsterEvent.from_step), so the
+    asset page shows it while the step still runs, before the materialization."""
+    if not getattr(context, "has_assets_def", False):
+        return None
+    keys = context.selected_asset_keys
+    if len(keys) != 1:
+        return None
+    return next(iter(keys)), (context.partition_key if context.has_partition_key else None)
+
+
+class ProgressReporter:
+    """A training's progress in the step ``context``: :meth:`tick`, called often, reads ``out_dir``
+    (:class:`TrainingProgress`) at most every ``every_seconds`` and, when a new step was logged, writes
+    a progress line to the run log and an AssetObservation with the same numbers on the asset being
+    materialized (:func:`progress_asset`), which its page lists and plots."""
+
+    def __init__(self, context, out_dir: Path, every_seconds: float):
+        self.context, self.every = context, every_seconds
+        self.reader = TrainingProgress(out_dir)
+        self.observed = progress_asset(context)
+        self.next_at = time.monotonic() + every_seconds
+        self.shown: int | None = None
+
+    def tick(self) -> None:
+        if time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + self.every
+        p = self.reader.poll()
+        if p is None or p.step == self.shown:
+            return
+        self.context.log.info(f"training progress: {p.line()}")
+        if self.observed is not None:
+            self.context.log_event(AssetObservation(asset_key=self.observed[0], partition=self.observed[1],
+                                                    metadata=p.metadata(),
+                                                    description=f"training progress: {p.line()} (loss in nats per token)"))
+        self.shown = p.step

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
+import math
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from dagster import (
     AssetKey,
-    AssetObservation,
     ConfigurableIOManager,
     ConfigurableResource,
     Failure,
@@ -24,41 +20,74 @@ from dagster import (
     InputContext,
     MetadataValue,
     OutputContext,
-    PipesTempFileContextInjector,
-    PipesTempFileMessageReader,
-    open_pipes_session,
 )
+from pydantic import Field
 
-from largetrain_core.launch import (
-    AGENT_ERROR_FILE,
-    ENTRY_MODULE,
-    describe_failure,
-    exit_status,
-    launch_commands,
-    proc_stat,
-    process_tree,
-    rank_errors,
+from largetrain_core import fs
+from largetrain_core.launch import AGENT_ERROR_FILE, ENTRY_MODULE, describe_failure, launch_commands, rank_errors
+from largetrain_core.processes import exit_status
+from largetrain_core.storage import (
+    ArtefactError,
+    MissingArtefactError,
+    mirror_path,
+    read_json,
+    relative_to_root,
+    resolve_under,
+    verify_manifest,
+    write_json_atomic,
 )
-from largetrain_core.storage import ArtefactError, read_json, relative_to_root, resolve_under, verify_manifest, write_json_atomic
-from largetrain_core.training.config import TRACKING, TrainConfig
+from largetrain_core.training.config import TrackingSettings
 from largetrain_dagster.configs import RunConfigError, check_ops_keys, dagster_config
-from largetrain_dagster.progress import TrainingProgress
+from largetrain_dagster.progress import ProgressReporter
+from largetrain_dagster.runner import run_process
 
 
 class Storage(ConfigurableResource):
-    """The storage root (docs/ARCHITECTURE.md, Lineage). Artefacts go to ``<root>/<asset key path>/<data_version>/``.
+    """The storage root (docs/ARCHITECTURE.md, Lineage): a local directory, or an object-store URL
+    (``s3://bucket/prefix``, any fsspec URL: largetrain_core.fs). Artefacts go to
+    ``<root>/<asset key path>/<data_version>/``.
+
+    With a URL root, every step checks before its body runs that it can write there (one small object
+    put and deleted): a missing bucket, wrong credentials or an unreachable endpoint fail the step
+    before any work, naming the URL (credentials redacted) and the operation. Steps build locally and
+    keep working copies under the local cache (largetrain_core.cache, LARGETRAIN_CACHE).
 
     Every asset of the lineage uses it, so its setup also holds the run config rule: before a step's
     body runs, every key under the run config's ``ops`` must name a step (configs.check_ops_keys), else
     the step fails with the valid names. ``dagster asset materialize -c`` would otherwise drop such a key
     without a word."""
 
-    root: str = ".largetrain"
+    root: str = Field(default=".largetrain", description=(
+        "Storage root: every artefact lies under <root>/<asset key path>/<data version>/. LARGETRAIN_ROOT "
+        "(default .largetrain under the working directory)."))
+
+    @property
+    def is_url(self) -> bool:
+        """Whether the root is an object-store URL."""
+        return fs.is_url(self.root)
+
+    def location(self, *parts: str) -> str | Path:
+        """Where ``parts`` under the root are stored: an absolute Path for a local root, a URL for an
+        object-store root."""
+        if self.is_url:
+            return fs.join(self.root, *parts)
+        return Path(self.root).resolve().joinpath(*parts)
 
     def path(self, *parts: str) -> Path:
+        """The local path of ``parts`` under the root: the location itself for a local root, its working
+        copy in the local cache for an object-store root (storage.mirror_path)."""
+        if self.is_url:
+            return mirror_path(fs.join(self.root, *parts))
         return Path(self.root).resolve().joinpath(*parts)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
+        if self.is_url:
+            try:
+                fs.check_access(self.root, "write the storage root (LARGETRAIN_ROOT)", write=True)
+            except fs.StorageAccessError as e:
+                raise Failure(f"{e}. Nothing was run: check the bucket, the endpoint (AWS_ENDPOINT_URL) and the "
+                              "credentials (the standard chain: environment, profile, instance role).",
+                              allow_retries=False) from None
         run, instance = context.dagster_run, context.instance
         if run is None or instance is None:  # built outside a run (a test, a sensor): no run config to check
             return
@@ -92,25 +121,36 @@ def run_steps(instance, run) -> tuple[set[str], set[str]]:
     return selected, known | selected
 
 
-def handle_file(root: str | Path, key: AssetKey, partition: str | None = None) -> Path:
-    """Where the handle of ``key`` (of ``partition``, for a partitioned asset) lies under the storage root."""
-    base = Path(root).resolve() / "_handles" / "/".join(key.path)
-    return base / f"{partition}.json" if partition is not None else base.with_suffix(".json")
+def _root(root: str | Path) -> str | Path:
+    """The storage root as a location: a URL as it is, a local path made absolute."""
+    return str(root).rstrip("/") if fs.is_url(root) else Path(root).resolve()
+
+
+def handle_file(root: str | Path, key: AssetKey, partition: str | None = None) -> str | Path:
+    """Where the handle of ``key`` (of ``partition``, for a partitioned asset) lies under the storage
+    root: a Path under a local root, a URL under an object-store root."""
+    name = f"{'/'.join(key.path)}/{partition}.json" if partition is not None else f"{'/'.join(key.path)}.json"
+    root = _root(root)
+    return fs.join(root, "_handles", name) if fs.is_url(root) else root / "_handles" / name
 
 
 def read_handle(root: str | Path, key: AssetKey, partition: str | None = None) -> dict | None:
     """The handle of ``key`` (see :class:`HandleIOManager`) with its paths resolved under ``root``, or
     None when it has not been materialized."""
     f = handle_file(root, key, partition)
-    return resolve_under(read_json(f, f"handle of {key.to_user_string()} (JSON: path, data_version, stats)"), Path(root).resolve()) if f.exists() else None
+    try:
+        return resolve_under(read_json(f, f"handle of {key.to_user_string()} (JSON: path, data_version, stats)"), _root(root))
+    except MissingArtefactError:
+        return None
 
 
-# Which of `make demo` and the README's recipes (configs/*.yaml, section "Your own data and model")
+# Which of `make demo` and the recipes (configs/*.yaml, docs/guides/your-data.md)
 # materialize an artefact that later runs build on; the other assets come from every recipe that needs them.
 MADE_BY = {
     "tokenizer": ("demo", 2, 3), "base_checkpoint": ("demo", 2, 3),
     "pretrain/raw_corpus": ("demo", 2), "pretrain/cleaned_text": ("demo", 2), "pretrain/deduplicated_text": ("demo", 2),
-    "pretrain/token_shards": ("demo", 2, 3),
+    "pretrain/token_shards": ("demo", 2, 3), "pretrain/filtered_text": ("demo", 2), "relevance_classifier": ("demo", 2),
+    "evaluation_sets": ("demo", 2),
 }
 RECIPES = {2: "configs/pretrain_on_my_corpus.yaml", 3: "configs/import_hf_model.yaml"}
 
@@ -121,13 +161,13 @@ def not_materialized(key: AssetKey, root: str | Path, partition: str | None = No
     which recipe builds them; the storage root looked in and the LARGETRAIN_ROOT that sets it."""
     name = key.to_user_string()
     f = handle_file(root, key, partition)
-    env, root = os.environ.get("LARGETRAIN_ROOT"), Path(root).resolve()
+    env, root = os.environ.get("LARGETRAIN_ROOT"), _root(root)
     if env is None:
         origin = "LARGETRAIN_ROOT is unset" + (": the default, .largetrain in the working directory"
                                                if root == Path(".largetrain").resolve() else "")
     else:
-        origin = "LARGETRAIN_ROOT" if Path(env).resolve() == root else f"not LARGETRAIN_ROOT={env}: set by the caller"
-    where = f"under the storage root {root} ({origin}; no {f})"
+        origin = "LARGETRAIN_ROOT" if _root(env) == root else f"not LARGETRAIN_ROOT={fs.redact(env)}: set by the caller"
+    where = f"under the storage root {fs.redact(str(root))} ({origin}; no {fs.redact(str(f))})"
     what = f"partition {partition} of {name}" if partition is not None else name
     select = (f"--partition {partition} " if partition is not None else "") + f"--select '{name}'"
     msg = (f"{what} has not been materialized {where}. Materialize it first (`dagster asset materialize -m "
@@ -147,6 +187,9 @@ class HandleIOManager(ConfigurableIOManager):
     Paths under the root are stored relative to it (storage.relative_to_root) and resolved under the
     root of the loading IO manager, so a copied or moved root reads its own files.
 
+    The outputs of the steps inside a graph-backed asset (no asset key of their own) are JSON documents
+    too, under ``<root>/_handles/_steps/<run id>/``.
+
     Loading: an unpartitioned input gives its handle; a partitioned input of a downstream asset of the
     same partitioning gives the handle of that partition; a partitioned input of an unpartitioned
     downstream asset (a global step) gives ``{partition: handle}`` for every partition, in partition
@@ -154,53 +197,68 @@ class HandleIOManager(ConfigurableIOManager):
     been materialized, the handle when it is damaged, and the files when the directory it points to
     no longer matches its manifest (largetrain_core.storage.verify_manifest)."""
 
-    root: str = ".largetrain"
+    root: str = Field(default=".largetrain", description=(
+        "Storage root the assets' handles live under (<root>/_handles/); the storage resource's root."))
 
-    def _file(self, key: AssetKey, partition: str | None) -> Path:
+    def _file(self, key: AssetKey, partition: str | None) -> str | Path:
         return handle_file(self.root, key, partition)
 
-    def _read(self, f: Path, what: str) -> dict:
-        """A handle, after checking that the directory it points to still matches its manifest
-        (largetrain_core.storage.verify_manifest): a damaged input fails here, naming the files."""
+    def _read(self, f: str | Path, key: AssetKey, partition: str | None, what: str) -> dict:
+        """A handle, after checking that the version it points to still matches its manifest
+        (largetrain_core.storage.verify_manifest; one listing on an object store): a damaged input fails
+        here, naming the files; a missing one names what makes it."""
         try:
-            handle = resolve_under(read_json(f, f"handle of {what} (JSON: path, data_version, stats)"), Path(self.root).resolve())
+            handle = resolve_under(read_json(f, f"handle of {what} (JSON: path, data_version, stats)"), _root(self.root))
+        except MissingArtefactError:
+            raise Failure(not_materialized(key, self.root, partition)) from None
         except ArtefactError as e:
             raise Failure(f"{e}; re-materialize {what}") from e
-        problems = verify_manifest(Path(handle["path"]))
+        problems = verify_manifest(handle["path"])
         if problems:
-            raise Failure(f"{what} at {handle['path']} was damaged after it was written: " + "; ".join(problems)
+            raise Failure(f"{what} at {fs.redact(handle['path'])} was damaged after it was written: " + "; ".join(problems)
                           + f". Re-materialize {what}: it is rebuilt.")
         return handle
 
+    def _step_file(self, identifier: list[str]) -> str | Path:
+        """Where the output of a step inside a graph-backed asset lies: ``<root>/_handles/_steps/<run id>/
+        <step key>-<output>[-<mapping key>].json`` (small JSON, like a handle): a Path under a local
+        root, a URL under an object-store root (where the steps' pods on other nodes read it)."""
+        run_id, *rest = identifier
+        root = _root(self.root)
+        name = "-".join(rest) + ".json"
+        return fs.join(root, "_handles", "_steps", run_id, name) if fs.is_url(root) else root / "_handles" / "_steps" / run_id / name
+
     def handle_output(self, context: OutputContext, obj: dict) -> None:
+        if not context.has_asset_key:  # a step of a graph-backed asset (largetrain_dagster.shards)
+            write_json_atomic(self._step_file(context.get_identifier()), relative_to_root(obj, _root(self.root)))
+            return
         write_json_atomic(self._file(context.asset_key, context.partition_key if context.has_partition_key else None),
-                          relative_to_root(obj, Path(self.root).resolve()))
+                          relative_to_root(obj, _root(self.root)))
 
     def load_input(self, context: InputContext):
+        upstream = context.upstream_output
+        if upstream is not None and not upstream.has_asset_key:
+            f = self._step_file(upstream.get_identifier())
+            return resolve_under(read_json(f, f"output of step {upstream.step_key}"), _root(self.root))
         key = context.asset_key
         if not context.has_asset_partitions:
-            f = self._file(key, None)
-            if not f.exists():
-                raise Failure(not_materialized(key, self.root))
-            return self._read(f, key.to_user_string())
-        out = {}
-        for pk in context.asset_partition_keys:
-            f = self._file(key, pk)
-            if not f.exists():
-                raise Failure(not_materialized(key, self.root, pk))
-            out[pk] = self._read(f, f"partition {pk} of {key.to_user_string()}")
+            return self._read(self._file(key, None), key, None, key.to_user_string())
+        out = {pk: self._read(self._file(key, pk), key, pk, f"partition {pk} of {key.to_user_string()}")
+               for pk in context.asset_partition_keys}
         if context.has_partition_key:  # partition -> the same partition: its one handle
             (handle,) = out.values()
             return handle
         return out
 
 
-class TrackerSettings(dagster_config(TrainConfig, "TrackerSettingsFields", base=ConfigurableResource,
-                                    exclude=tuple(f.name for f in fields(TrainConfig)
-                                                  if f.name not in TRACKING or f.name == "run_name"))):
-    """Where the training assets report their runs: TrainConfig's ``report_to`` list and each tracker's
-    settings, for the whole deployment (the asset names each run ``<asset>-<data version>`` and adds
-    ``dagster_pipes``). W&B's API key (online mode) is read by wandb from WANDB_API_KEY, never logged."""
+class TrackerSettings(dagster_config(TrackingSettings, "TrackerSettingsFields", base=ConfigurableResource,
+                                    exclude=("run_name", "logging_steps", "peak_flops"))):
+    """Where the training assets report their runs: TrainConfig's ``tracking`` section, its ``report_to``
+    list and each tracker's settings, for the whole deployment (the asset names each run
+    ``<asset>-<data version>`` and adds ``dagster_pipes``). The code location sets them from
+    LARGETRAIN_REPORT_TO (``report_to``, comma-separated, default ``wandb``), LARGETRAIN_WANDB_MODE
+    (``wandb.mode``) and MLFLOW_TRACKING_URI (``mlflow.tracking_uri``). W&B's API key (online mode) is
+    read by wandb from WANDB_API_KEY, never logged."""
 
 
 class TorchrunLauncher(ConfigurableResource):
@@ -208,19 +266,25 @@ class TorchrunLauncher(ConfigurableResource):
 
     ``nproc_per_node`` ranks on this host; ``threads_per_rank`` sets OMP_NUM_THREADS (0 = cores /
     ranks, so ranks x threads <= cores). Cancelling the run, or any error in the asset, sends
-    SIGTERM and then SIGKILL to the whole process group, so no rank survives. Every
-    ``progress_seconds`` while it runs, when a new step was logged, the run log gets a progress line
-    (step/total, loss, tokens/s, ETA; largetrain_dagster.progress) and the asset being materialized an
-    AssetObservation with the same numbers (:func:`progress_asset`), which its page lists and plots.
+    SIGTERM and then SIGKILL to the whole process tree, so no rank survives
+    (largetrain_dagster.runner). Every ``progress_seconds`` while it runs, when a new step was logged,
+    the run log gets a progress line and the asset being materialized an AssetObservation with the
+    same numbers (largetrain_dagster.progress.ProgressReporter).
     """
 
-    nproc_per_node: int = 2
-    threads_per_rank: int = 0
-    kill_grace_seconds: float = 10.0
-    hosts: list[str] = []  # several nodes: every node's address, the first holds the rendezvous; [] = this host alone
-    node_rank: int = 0  # this node's position in hosts (one Dagster run per node starts its torchrun agent)
-    master_port: int = 29500
-    progress_seconds: float = 10.0
+    nproc_per_node: int = Field(default=2, description="Training ranks on each node. LARGETRAIN_NPROC.")
+    threads_per_rank: int = Field(default=0, description=(
+        "OMP_NUM_THREADS of each rank; 0 = the node's cores / nproc_per_node."))
+    kill_grace_seconds: float = Field(default=10.0, description=(
+        "Seconds between SIGTERM and SIGKILL to the process group of an ablation or a calibration when the run is "
+        "cancelled or fails; a training's is its checkpointing.preemption_grace_seconds."))
+    hosts: list[str] = Field(default=[], description=(
+        "Several nodes: every node's address, the first holds the rendezvous; [] = this host alone."))
+    node_rank: int = Field(default=0, description=(
+        "This node's position in hosts (one Dagster run per node starts its torchrun agent)."))
+    master_port: int = Field(default=29500, description="Port of the rendezvous on the first host.")
+    progress_seconds: float = Field(default=10.0, description=(
+        "Seconds between the progress lines (step/total, loss, tokens/s, ETA) in the run log while training runs."))
 
     def command(self, config_path: Path, log_dir: Path | None = None, module: str = ENTRY_MODULE) -> list[str]:
         """This node's torchrun command of ``module`` (largetrain_core.launch.launch_commands, static
@@ -229,9 +293,15 @@ class TorchrunLauncher(ConfigurableResource):
                                python=sys.executable, log_dir=str(log_dir) if log_dir else None, module=module)["torchrun"]
         return shlex.split(cmds[self.node_rank])
 
-    def run(self, context, config_path: Path, log_path: Path, module: str = ENTRY_MODULE) -> dict:
-        """Run the training (or another entry point ``module``, such as the ablation) to completion;
-        return the metadata rank 0 reported through Pipes.
+    def run(self, context, config_path: Path, log_path: Path, module: str = ENTRY_MODULE,
+            grace_seconds: float | None = None) -> dict:
+        """Run the training (or another entry point ``module``, such as the ablation) to completion
+        (largetrain_dagster.runner.run_process); return the metadata rank 0 reported through Pipes.
+
+        ``grace_seconds`` (default ``kill_grace_seconds``; a training's checkpointing.preemption_grace_seconds):
+        when the run is cancelled or the asset fails, the seconds between SIGTERM and SIGKILL to the process
+        group, and torchrun's own shutdown timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before it SIGKILLs its
+        ranks, so that SIGTERM'd ranks have that long for their preemption save.
 
         Every start gets a fresh torchrun log directory ``<dir of config_path>/torchelastic/<time>-*``,
         where each rank records its uncaught exception (largetrain_core.launch.record) and torchrun its
@@ -241,58 +311,20 @@ class TorchrunLauncher(ConfigurableResource):
         logs = Path(config_path).parent / "torchelastic"
         logs.mkdir(parents=True, exist_ok=True)
         log_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%S-"), dir=logs))
+        grace = self.kill_grace_seconds if grace_seconds is None else grace_seconds
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-               "TORCHELASTIC_ERROR_FILE": str(log_dir / AGENT_ERROR_FILE)}
+               "TORCHELASTIC_ERROR_FILE": str(log_dir / AGENT_ERROR_FILE),
+               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace))}
         cmd = self.command(config_path, log_dir, module)
         context.log.info(f"launching: {' '.join(cmd)} (OMP_NUM_THREADS={threads}); log: {log_path}")
-        metadata: dict = {}
-        with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
-                                message_reader=PipesTempFileMessageReader()) as session:
-            env.update(session.get_bootstrap_env_vars())
-            with open(log_path, "ab") as logf:
-                proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-                progress, shown = TrainingProgress(config_path.parent), None
-                observed = progress_asset(context)
-                next_report = time.monotonic() + self.progress_seconds
-                try:
-                    while proc.poll() is None:
-                        time.sleep(0.5)
-                        if time.monotonic() >= next_report:
-                            next_report = time.monotonic() + self.progress_seconds
-                            p = progress.poll()
-                            if p is not None and p.step != shown:
-                                context.log.info(f"training progress: {p.line()}")
-                                if observed is not None:
-                                    context.log_event(AssetObservation(
-                                        asset_key=observed[0], partition=observed[1], metadata=p.metadata(),
-                                        description=f"training progress: {p.line()} (loss in nats per token)"))
-                                shown = p.step
-                finally:
-                    if proc.poll() is None:
-                        context.log.warning(f"stopping training process group {proc.pid}")
-                    stop_process_group(proc, self.kill_grace_seconds)
-            if proc.returncode != 0:
-                raise training_failure(proc.returncode, log_dir, log_path)
-            if not any(p.is_file() for p in log_dir.rglob("*")):
-                shutil.rmtree(log_dir, ignore_errors=True)  # a finished run leaves only torchrun's empty directories
-            for result in session.get_results():
-                metadata.update(result.metadata or {})
-        return metadata
-
-
-def progress_asset(context) -> tuple[AssetKey, str | None] | None:
-    """(asset key, partition key or None) that a training's progress observations are about: the one
-    asset the step materializes. None for an op's step, or a step materializing several assets (whose
-    progress would be ambiguous): their progress is in the run log only.
-
-    Dagster writes an observation to the event log when it is logged (DagsterEvent.from_step), so the
-    asset page shows it while the step still runs, before the materialization."""
-    if not getattr(context, "has_assets_def", False):
-        return None
-    keys = context.selected_asset_keys
-    if len(keys) != 1:
-        return None
-    return next(iter(keys)), (context.partition_key if context.has_partition_key else None)
+        progress = ProgressReporter(context, Path(config_path).parent, self.progress_seconds)
+        done = run_process(context, cmd, log_path, "the training", env=env, grace_seconds=grace,
+                           on_tick=progress.tick)
+        if done.returncode != 0:
+            raise training_failure(done.returncode, log_dir, log_path)
+        if not any(p.is_file() for p in log_dir.rglob("*")):
+            shutil.rmtree(log_dir, ignore_errors=True)  # a finished run leaves only torchrun's empty directories
+        return done.metadata
 
 
 def training_failure(returncode: int | None, log_dir: Path, log_path: Path) -> Failure:
@@ -309,44 +341,3 @@ def training_failure(returncode: int | None, log_dir: Path, log_path: Path) -> F
                              "error_files": MetadataValue.path(str(log_dir)),
                              "torchrun_exit": exit_status(returncode), "retryable": retryable},
                    allow_retries=retryable)
-
-
-def stop_process_group(proc: subprocess.Popen, grace_seconds: float) -> None:
-    """SIGTERM the process group led by ``proc`` and every descendant (torchrun starts each rank in a
-    session of its own, out of the group), wait up to ``grace_seconds``, then SIGKILL what is left."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = proc.pid
-    tree = set(process_tree(proc.pid))  # before any signal: orphaned ranks can no longer be found from the agent
-    for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 5.0)):
-        tree |= set(process_tree(proc.pid)) if proc.poll() is None else set()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-        for pid in tree - {proc.pid}:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.time() + wait
-        while time.time() < deadline and (_group_alive(pgid) or _any_alive(tree - {proc.pid})):
-            proc.poll()  # reap the leader, or a zombie keeps the group "alive"
-            time.sleep(0.1)
-        proc.poll()
-        if not _group_alive(pgid) and not _any_alive(tree - {proc.pid}):
-            break
-    if proc.poll() is None:
-        proc.wait(timeout=5)
-
-
-def _any_alive(pids) -> bool:
-    """Whether any of ``pids`` still runs (a zombie, dead but not yet reaped by its parent, does not count)."""
-    return any((st := proc_stat(pid)) is not None and st[0] not in ("Z", "X") for pid in pids)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

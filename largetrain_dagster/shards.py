@@ -1,86 +1,110 @@
-"""Token shards of one corpus role: every document + EOS packed into ``seq_len + 1`` windows, Arrow IPC
-shards + manifest.json, train/validation split by document (largetrain_core.shards); blocking check
-``token_ids_below_vocab``."""
+"""Token shards of one corpus role (largetrain_core.stages.token_shards): every document + EOS packed
+into ``seq_len + 1`` windows, Arrow IPC shards + manifest.json, train/validation split by document;
+blocking check ``token_ids_below_vocab``.
 
-from pathlib import Path
+``<role>/token_shards`` is a graph-backed asset, partitioned like the data steps: ``plan`` says how
+many partitions (LARGETRAIN_DATA_PARTITIONS, at most one per part file; none when the shards are
+complete already), ``tokenize`` runs once per partition as a step of its own (dynamic outputs: in
+parallel processes under the multiprocess executor, one pod each under dagster-k8s's
+``k8s_job_executor``), and ``assemble``, the global step, writes the manifest. Its run config is the
+asset's own (``ops: {<role>__token_shards: {config: {seq_len: ...}}}``), mapped onto the steps. What
+passes between the steps is a small JSON document through the handle IO manager, never a pickle.
+"""
 
-from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetIn, Config, MetadataValue, asset
-from pydantic import Field
+from dagster import (
+    AssetCheckResult,
+    AssetIn,
+    ConfigMapping,
+    DynamicOut,
+    DynamicOutput,
+    Failure,
+    In,
+    OpExecutionContext,
+    Out,
+    asset_check,
+    graph_asset,
+    op,
+)
 
-from largetrain_core.shards import TokenShards, build_token_shards
-from largetrain_core.storage import data_version
-from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
+from largetrain_core.stages.base import Artifact, StageError, StageRun
+from largetrain_core.stages.token_shards import MIN_VALIDATION_SEQUENCES, TokenShardsSettings, tiny_validation_warning  # noqa: F401
+from largetrain_core.stages.token_shards import ids_below_vocab, token_shard_partition, token_shard_partitions
+from largetrain_core.stages.token_shards import token_shards as shards_stage
+from largetrain_dagster import partitions as data_partitions
+from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, metadata_values
+from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.resources import Storage
 
-
-class TokenShardsConfig(Config):
-    seq_len: int = Field(default=1024, description="Sequence length in tokens; windows hold seq_len + 1.")
-    validation_fraction: float = Field(default=0.05, description=(
-        "Share of documents held out for validation (the validation loss, the evaluation's perplexities); a split "
-        "under 16 sequences is warned about: perplexity on it is noisy."))
-    seed: int = Field(default=0, description="Seed of the document-id hash that picks the validation documents.")
-    sequences_per_shard: int = Field(default=8192, description="Sequences per Arrow IPC shard file (the last one holds the rest).")
+TokenShardsConfig = dagster_config(TokenShardsSettings, "TokenShardsConfig")
 
 
-# Our own threshold, no paper's: held-out perplexity is a mean over the validation sequences, and under
-# 16 of them it moves by several percent with which documents the split happens to hold.
-MIN_VALIDATION_SEQUENCES = 16
+def _run(context: OpExecutionContext, storage: Storage, role: str) -> StageRun:
+    return StageRun(root=storage.root, asset=(role, "token_shards"), log=context.log)
 
 
-def tiny_validation_warning(role: str, stats: dict, config: dict) -> str | None:
-    """The warning when ``<role>/token_shards`` (its ``stats`` and ``config`` as recorded) holds fewer
-    than :data:`MIN_VALIDATION_SEQUENCES` validation sequences: how many, their tokens and documents,
-    and the setting (``validation_fraction``, with a value that would give about that many); else None."""
-    n = stats.get("validation_sequences")
-    if n is None or n >= MIN_VALIDATION_SEQUENCES:
-        return None
-    fraction = config.get("validation_fraction")
-    hint = f"token_shards `validation_fraction` (now {fraction:g}) enlarges it" if fraction is not None else \
-        "token_shards `validation_fraction` enlarges it"
-    if n and fraction:
-        hint += f": about {min(0.5, fraction * MIN_VALIDATION_SEQUENCES / n):.2g} for {MIN_VALIDATION_SEQUENCES} sequences"
-    return (f"{role}/token_shards: the validation split is tiny: {n:,} sequences ({stats.get('validation_tokens', 0):,} "
-            f"tokens, {stats.get('validation_documents', 0):,} documents), under {MIN_VALIDATION_SEQUENCES}; the "
-            f"validation loss and held-out perplexity on it are noisy. {hint}; a smaller seq_len or a larger corpus too.")
+def _stage(fn, *args, **kwargs):
+    """A core stage call; its StageError becomes a Dagster Failure with its message."""
+    try:
+        return fn(*args, **kwargs)
+    except StageError as e:
+        raise Failure(str(e), allow_retries=e.retryable) from e
 
 
-def token_shards_asset(role: str):
-    """``<role>/token_shards`` from ``<role>/deduplicated_text`` and the shared tokenizer."""
-    group = f"{role}_data"
+def token_shards_asset(role: str) -> list:
+    """``<role>/token_shards`` from ``<role>/deduplicated_text`` (``<role>/filtered_text`` for a role that
+    filters its text: partitions.shards_text) and the shared tokenizer (the graph of the module doc),
+    and its blocking check ``token_ids_below_vocab``."""
+    key = [role, "token_shards"]
 
-    @asset(key=[role, "token_shards"], group_name=group, code_version=CODE_VERSIONS["token_shards"],
-           ins={"text": AssetIn(key=[role, "deduplicated_text"]), "tokenizer": AssetIn(key="tokenizer")},
-           io_manager_key="handles", kinds={"arrow"},
-           check_specs=[AssetCheckSpec("token_ids_below_vocab", asset=[role, "token_shards"], blocking=True,
-                                       description="every id < vocab size; shard sizes and checksums match manifest.json")],
-           description="EOS after every document, packed into seq_len+1 windows, Arrow IPC shards + manifest.json, train/validation split by document.")
-    def token_shards(context: AssetExecutionContext, config: TokenShardsConfig, storage: Storage, text: dict, tokenizer: dict):
-        version = data_version(CODE_VERSIONS["token_shards"], config.model_dump(), text["data_version"], tokenizer["data_version"])
+    @op(name=f"{role}__token_shards_plan", out=DynamicOut(io_manager_key="handles"),
+        description="How many partitions tokenize the corpus (none when the shards are complete already).")
+    def plan(context: OpExecutionContext, config: TokenShardsConfig, storage: Storage, text: dict, tokenizer: dict):
+        n = _stage(token_shard_partitions, config.to_core(), Artifact.of(text), Artifact.of(tokenizer),
+                   _run(context, storage, role), len(data_partitions.DATA_PARTITIONS.get_partition_keys()))
+        context.log.info(f"{role}/token_shards: {n} partitions to tokenize" if n else
+                         f"{role}/token_shards: complete already, nothing to tokenize")
+        for i in range(n):
+            yield DynamicOutput({"partition": i, "partitions": n, "settings": config.model_dump(), "text": text,
+                                "tokenizer": tokenizer}, mapping_key=f"p{i:03d}")
 
-        def build(out: Path) -> dict:
-            m = build_token_shards(Path(text["path"]), Path(tokenizer["path"]), out, seq_len=config.seq_len,
-                                   validation_fraction=config.validation_fraction, seed=config.seed,
-                                   sequences_per_shard=config.sequences_per_shard, source_data_version=text["data_version"])
-            return {"total_tokens": m["total_tokens"], "dtype": m["dtype"], "vocab_size": m["vocab_size"],
-                    **{f"{s}_{k}": v for s, d in m["splits"].items() for k, v in d.items() if k != "shards"}}
+    @op(name=f"{role}__token_shards_tokenize", out=Out(io_manager_key="handles"),
+        description="One partition of the corpus's part files tokenized and packed into its own shard files.")
+    def tokenize(context: OpExecutionContext, storage: Storage, part: dict) -> dict:
+        result = _stage(token_shard_partition, TokenShardsConfig(**part["settings"]).to_core(), Artifact.of(part["text"]),
+                        Artifact.of(part["tokenizer"]), _run(context, storage, role), part["partition"], part["partitions"])
+        context.log.info(f"{role}/token_shards partition {part['partition']} of {part['partitions']}: "
+                         f"{result.stats['sequences']:,} sequences of {result.stats['parts']} parts at {result.path}"
+                         + (" (reused)" if result.reused else ""))
+        return result.handle()
 
-        path, stats, reused = build_or_reuse(context, storage, [role, "token_shards"], version, build)
-        warning = tiny_validation_warning(role, stats, config.model_dump())
-        if warning:
+    @op(name=f"{role}__token_shards_assemble", ins={"parts": In(list)}, out=Out(io_manager_key="handles"),
+        description="The global step: the tails' windows and manifest.json over every partition's shards.")
+    def assemble(context: OpExecutionContext, config: TokenShardsConfig, storage: Storage, text: dict, tokenizer: dict,
+                 parts: list):
+        done = sorted(parts, key=lambda h: (h["stats"]["partition"]))
+        result = _stage(shards_stage, config.to_core(), Artifact.of(text), Artifact.of(tokenizer),
+                        _run(context, storage, role), [Artifact.of(h) for h in done])
+        for warning in result.warnings:
             context.log.warning(warning)
-        yield asset_output(path, version, stats, config, reused,
-                           {"validation_warning": MetadataValue.text(warning)} if warning else None)
-        max_id, vocab = -1, stats["vocab_size"]
-        problems = []
-        for split in ("train", "validation"):
-            try:
-                shards = TokenShards(path, split, verify_checksums=True)
-            except ValueError as e:
-                problems.append(str(e))
-                continue
-            for i in range(0, len(shards), 4096):
-                max_id = max(max_id, int(shards.take(range(i, min(len(shards), i + 4096))).max()))
-        yield AssetCheckResult(check_name="token_ids_below_vocab", passed=not problems and max_id < vocab,
-                               metadata={"max_id": max_id, "vocab_size": vocab, "problems": MetadataValue.json(problems)})
+        return asset_output(result.path, result.data_version, result.stats, config, result.reused,
+                            metadata_values(result.metadata))
 
-    return token_shards
+    def mapping(cfg: dict) -> dict:
+        return {plan.name: {"config": cfg}, assemble.name: {"config": cfg}}
+
+    @graph_asset(key=key, group_name=f"{role}_data", code_version=CODE_VERSIONS["token_shards"],
+                 ins={"text": AssetIn(key=[role, data_partitions.shards_text(role)]), "tokenizer": AssetIn(key="tokenizer")},
+                 config=ConfigMapping(config_fn=mapping, config_schema=TokenShardsConfig.to_config_schema()),
+                 kinds={"arrow"},
+                 description="EOS after every document, packed into seq_len+1 windows, Arrow IPC shards + manifest.json, "
+                             "train/validation split by document; tokenized per partition, in parallel.")
+    def token_shards(text, tokenizer):
+        return assemble(text, tokenizer, plan(text, tokenizer).map(tokenize).collect())
+
+    @asset_check(asset=key, name="token_ids_below_vocab", blocking=True,
+                 description="every id < vocab size; shard sizes and checksums match manifest.json")
+    def ids_check(shards: dict) -> AssetCheckResult:
+        check = ids_below_vocab(Artifact.of(shards).path, shards["stats"]["vocab_size"])
+        return AssetCheckResult(passed=bool(check.passed), metadata=metadata_values(check.metadata))
+
+    return [token_shards, ids_check]

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance
 
+from largetrain_core import fs
 from largetrain_core.provenance import describe
 from largetrain_core.storage import read_json
+from largetrain_dagster.partitions import filters_text
 from largetrain_dagster.shards import tiny_validation_warning
 
 
@@ -70,35 +71,84 @@ def _balancing(dedup: dict) -> list[str]:
 def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
     raw = _metadata(instance, role, "raw_corpus")
     dedup = _metadata(instance, role, "deduplicated_text")
+    filt = _metadata(instance, role, "filtered_text") if filters_text(role) else {}
     shards = _metadata(instance, role, "token_shards")
+    chain = filt or dedup  # the accounting of the whole chain, to the text the shards are made of
     corpus = dedup.get("corpus") or {}
     lines = [f"{label} ({role}): {corpus.get('source') or raw.get('source', 'n/a')}",
              f"  corpus version: {corpus_version(corpus)}"]
     balanced = (dedup.get("balance") or {}).get("balance_dropped", 0)
-    filtered = dedup.get("documents_filtered")
-    rules = None if filtered is None else filtered - balanced
+    relevance, contaminated = filt.get("removed_relevance", 0), filt.get("removed_contaminated", 0)
+    filtered = chain.get("documents_filtered")
+    rules = None if filtered is None else filtered - balanced - relevance - contaminated
     exact, near = dedup.get("duplicate_exact"), dedup.get("duplicate_near")
-    lines.append(f"  documents read {_fmt(dedup.get('documents_input'))} / kept {_fmt(dedup.get('documents_kept'))} / "
+    lines.append(f"  documents read {_fmt(chain.get('documents_input'))} / kept {_fmt(chain.get('documents_kept'))} / "
                  f"filtered by the quality rules {_fmt(rules)}"
                  + (f" + by balancing {balanced:,}" if balanced else "")
-                 + f" / duplicates {_fmt(dedup.get('documents_duplicate'))}"
+                 + (f" + by relevance {relevance:,} + contaminated {contaminated:,}" if filt else "")
+                 + f" / duplicates {_fmt(chain.get('documents_duplicate'))}"
                  + (f" (exact {exact:,}, near {near:,})" if exact is not None and near is not None else "")
-                 + f" / rejected {_fmt(dedup.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")
+                 + f" / rejected {_fmt(chain.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")
+    lines += _filtering(filt)
+    if dedup.get("pii_redacted") is not None:
+        pii = dedup["pii_redacted"]
+        lines.append(f"  PII replaced by placeholders in {_fmt(dedup.get('pii_documents'))} documents: "
+                     + (", ".join(f"{k} {v:,}" for k, v in pii.items() if v) or "none found"))
     if dedup.get("rejected_files"):
         lines.append(f"  rejected records (file, position, reason): {', '.join(dedup['rejected_files'])}")
-    if dedup.get("removal_warning"):
-        lines.append(f"  WARNING: {dedup['removal_warning']}")
+    if chain.get("removal_warning"):
+        lines.append(f"  WARNING: {chain['removal_warning']}")
     lines += _balancing(dedup)
     repeats = shards.get("train_repeat_copies")
     lines.append(f"  token shards: {_fmt(shards.get('total_tokens'))} tokens; sequences train {_fmt(shards.get('train_sequences'))}, "
                  f"validation {_fmt(shards.get('validation_sequences'))}"
                  + (f"; the train split repeats {shards.get('train_repeated_documents', 0):,} documents "
                     f"({repeats:,} extra copies, {shards.get('train_repeat_tokens', 0):,} tokens)" if repeats else "")
+                 + (f"; relevance_score of its documents p10 {rel['p10']}, median {rel['p50']}, p90 {rel['p90']}"
+                    if (rel := shards.get("relevance_score")) and rel.get("count") else "")
                  + f"; {shards.get('path', 'n/a')}")
+    lines += _mixture(shards.get("mixture"))
     tiny = tiny_validation_warning(role, shards, shards.get("config") or {}) if shards else None
     if tiny:
         lines.append(f"  WARNING: {tiny}")
     return lines
+
+
+def _mixture(mix: dict | None) -> list[str]:
+    """The realised share of each corpus of a mixture in the train split's tokens, against its target."""
+    if not mix:
+        return []
+    parts = []
+    for c, r in mix["corpora"].items():
+        how = (f"target {100 * r['target_share']:.1f} %" if r.get("target_share") is not None else "no weight") + \
+              f", natural {100 * r['natural_share']:.1f} %"
+        if r["repeat_sequences"]:
+            how += f", {r['repeat_sequences']:,} sequences repeated"
+        if r["downsampled_sequences"]:
+            how += f", {r['downsampled_sequences']:,} left out"
+        parts.append(f"{c} {100 * r['realised_share']:.1f} % ({how})")
+    return ["  mixture, share of the train split's tokens: " + "; ".join(parts)]
+
+
+def _filtering(filt: dict) -> list[str]:
+    """Lines on a filtered_text materialization: the relevance cut with a few kept and removed titles, and
+    the contaminated documents with their evaluation items (none when the corpus has no such step)."""
+    if not filt:
+        return []
+    cfg, ex = filt.get("config") or {}, filt.get("examples") or {}
+    shown = lambda rows: "; ".join(f"{e['title'] or e['doc_id']!r} {e['relevance_score']:.3f}" for e in rows) or "none"  # noqa: E731
+    how = (f"top fraction {cfg['relevance_top_fraction']:g}" if cfg.get("relevance_top_fraction") is not None else
+           f"threshold {cfg['relevance_threshold']:g}" if cfg.get("relevance_threshold") is not None else "no cut: scored only")
+    cut = filt.get("relevance_threshold")
+    lines = [f"  relevance (relevance_classifier, {how}" + (f", score >= {cut:.4f}" if isinstance(cut, float) else "")
+             + f"): {filt.get('removed_relevance', 0):,} removed; kept e.g. {shown(ex.get('kept') or [])}; "
+             f"removed e.g. {shown(ex.get('removed') or [])}"]
+    found, mode = filt.get("contaminated", 0), cfg.get("decontamination", "remove")
+    sets = ", ".join(f"{k} {v:,}" for k, v in (filt.get("contaminated_by_set") or {}).items())
+    line = (f"  decontamination ({mode}): {found:,} documents share a 13-word n-gram with an evaluation item"
+            + (f" ({sets}), {'removed (reason contaminated)' if mode == 'remove' else 'KEPT and reported'}" if found else ""))
+    hits = [f"{e['doc_id']} holds {e['eval_set']}/{e['item_id']} ({e['ngram']!r})" for e in ex.get("contaminated") or []]
+    return lines + [line + (": " + "; ".join(hits) if hits else "")]
 
 
 def _training(m: dict) -> str:
@@ -121,7 +171,7 @@ def _models(instance: DagsterInstance) -> list[str]:
         lines.append(f"base model: imported from {base['imported_from']}" + (f" (content {digest[:16]})" if digest else "")
                      + f", not trained here; {base.get('output', 'n/a')}")
     elif base:
-        preset = (base.get("config") or {}).get("preset", "n/a")
+        preset = ((base.get("config") or {}).get("model") or {}).get("preset", "n/a")
         lines.append(f"base model: pretrained here from preset {preset}: {_training(base)}; {base.get('output', 'n/a')}")
     else:
         lines.append("base model: not materialized")
@@ -135,13 +185,32 @@ def _models(instance: DagsterInstance) -> list[str]:
     return lines
 
 
+def _filters(instance: DagsterInstance) -> list[str]:
+    """The relevance classifier's held-out metrics and strongest n-grams, and the declared evaluation sets."""
+    lines = []
+    rel = _metadata(instance, "relevance_classifier")
+    if rel:
+        m = rel.get("metrics") or {}
+        lines.append(f"relevance classifier: held-out AUC {_fmt(m.get('auc'), '.3f')}, precision {_fmt(m.get('precision'), '.3f')}, "
+                     f"recall {_fmt(m.get('recall'), '.3f')} ({(m.get('held_out') or {}).get('positive', 'n/a')} positive, "
+                     f"{(m.get('held_out') or {}).get('negative', 'n/a')} negative held out); trained in "
+                     f"{_fmt(m.get('train_seconds'), '.1f')} s; {rel.get('path', 'n/a')}")
+    sets = _metadata(instance, "evaluation_sets")
+    if sets:
+        declared = sets.get("sets") or {}
+        lines.append("evaluation sets checked against the training corpora: "
+                     + (", ".join(f"{k} ({v:,} items)" for k, v in declared.items()) or "none declared (evaluation_sets "
+                        "benchmark_files); the validation splits are held out by construction"))
+    return lines
+
+
 def render(instance: DagsterInstance) -> str:
     """What the latest materializations recorded: each corpus (source, version, documents by outcome,
     balancing, shards), the base model's origin (pretrained preset or imported directory) and training,
     the adapter's r, alpha and target modules, the held-out perplexities and a few sample generations.
     Warnings: a corpus's removal warning and a tiny validation split; rejected records: where they are."""
     lines = [*_corpus(instance, "pretrain", "pretraining corpus"), *_corpus(instance, "domain", "domain corpus"),
-             *_models(instance)]
+             *_filters(instance), *_models(instance)]
     ev = _metadata(instance, "evaluation")
     cut = ev.get("adapter_domain_perplexity_reduction_percent")
     if cut is None and ev.get("adapter_domain_perplexity_reduction") is not None:
@@ -150,9 +219,32 @@ def render(instance: DagsterInstance) -> str:
                  "base + adapter on the domain corpus {} ({} lower)".format(
                      _fmt(ev.get("base_pretrain_perplexity"), ".1f"), _fmt(ev.get("base_domain_perplexity"), ".1f"),
                      _fmt(ev.get("adapter_domain_perplexity"), ".1f"), "n/a" if cut is None else f"{cut:.1f} %"))
+    lines += _benchmarks(ev)
     lines.append(f"evaluation: {ev.get('path', 'n/a')}")
     lines += _samples(ev)
     return "\n".join(lines)
+
+
+def _benchmarks(ev: dict) -> list[str]:
+    """One line per lm-evaluation-harness task and metric of the evaluation (its ``lm_eval/<model>/<task>/<metric>``
+    metadata): base and base + adapter, each ± its standard error; none when no benchmark ran."""
+    scores = {}
+    for key, value in ev.items():
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == "lm_eval" and not parts[3].endswith("_stderr"):
+            scores.setdefault((parts[2], parts[3]), {})[parts[1]] = (value, ev.get(f"{key}_stderr"))
+    if not scores:
+        return []
+
+    def show(v):
+        return "n/a" if v is None else f"{v[0]:.3f}" + ("" if v[1] is None else f" ± {v[1]:.3f}")
+
+    lines = ["benchmarks (lm-evaluation-harness, local tasks):"]
+    for (task, metric), by in sorted(scores.items()):
+        items = ev.get("lm_eval_cloze_items") if task == "domain_cloze" else None
+        lines.append(f"  {task} {metric}{f' ({items} items)' if items else ''}: base {show(by.get('base'))}, "
+                     f"base + adapter {show(by.get('adapter'))}")
+    return lines
 
 
 def one_line(text: str, width: int = 72) -> str:
@@ -165,8 +257,8 @@ def one_line(text: str, width: int = 72) -> str:
 def _samples(ev: dict, prompts: int = 3) -> list[str]:
     """The evaluation's sample generations (its samples.json): the first ``prompts`` prompts, each with
     the base's and the adapter's continuation on one line; none when there are none."""
-    f = Path(ev["path"]) / "samples.json" if ev.get("path") else None
-    if f is None or not f.exists():
+    f = fs.join(ev["path"], "samples.json") if ev.get("path") else None  # a local path or, on an object store, a URL
+    if f is None or not fs.exists(f):
         return []
     samples = read_json(f, "sample generations (samples.json)")
     pairs = list(zip(samples.get("base") or [], samples.get("adapter") or []))

@@ -10,128 +10,227 @@ from typing import Optional
 
 from dagster import (
     AssetCheckResult,
+    AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetIn,
     Backoff,
     Config,
+    DagsterExecutionInterruptedError,
     Failure,
     MetadataValue,
     Output,
+    PermissiveConfig,
     RetryPolicy,
     asset,
 )
 from pydantic import Field
 
+from largetrain_core import fs
 from largetrain_core.digest import DigestCache, tree_digest
-from largetrain_core.model import import_pretrained, max_positions, tokenizer_mismatch
+from largetrain_core.model import embedding_overflow, import_pretrained, max_positions, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
 from largetrain_core.storage import (
+    COMMIT,
     data_version,
-    loading,
+    fetch_tree,
+    local_copy,
+    local_files,
+    mirror_path,
+    publish,
     read_json,
     relative_to_root,
     resolve_under,
+    stored_location,
     verify_manifest,
     write_json_atomic,
     write_manifest,
 )
-from largetrain_core.training.config import TRACKING, TrainConfig
-from largetrain_core.training.trackers import METRICS, RECORDS, read_metrics
+from largetrain_core.training import health, preflight
+from largetrain_core.training.config import HEALTH, PREEMPTION, TRACKING, TrainConfig, sectioned
+from largetrain_core.training.plan import PlanSettings
+from largetrain_core.training.trackers import METRICS, RECORDS, log_outputs, read_metrics
 from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
-from largetrain_dagster.configs import dagster_config
+from largetrain_dagster.configs import dagster_config, deep_merge
 from largetrain_dagster.model_cards import write_card
+from largetrain_dagster.planning import plan_metadata, plan_training
 from largetrain_dagster.resources import Storage, TorchrunLauncher, TrackerSettings
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what the shards and a model directory carry of their tokenizer
 # Filled in by the asset (paths, mode) or by the TrackerSettings resource, not by the run config.
-SET_BY_ASSET = ("output_dir", "train_shards", "mode", "base_model", "tokenizer", *TRACKING)
+SET_BY_ASSET = ("output_dir", "train_shards", "mode", "model.base_model", "model.tokenizer",
+                *(f"tracking.{k}" for k in TRACKING))
 # Production defaults where they differ from TrainConfig's (whose defaults suit a short test run).
-TRAINING_DEFAULTS = {"micro_batch_size": 8, "max_steps": 1000, "warmup_steps": 50, "save_steps": 200, "eval_steps": 100}
+TRAINING_DEFAULTS = {"schedule.micro_batch_size": 8, "schedule.max_steps": 1000, "schedule.warmup_steps": 50,
+                     "checkpointing.save_steps": 200, "evaluation.eval_steps": 100}
+
+
+TrainingPlanConfig = dagster_config(PlanSettings, "TrainingPlanConfig")
+PLAN_FIELD = ("The training plan computed before the launch (largetrain_core.training.plan): memory, disk, time and "
+              "cost, and what it is checked against. Not part of the data version.")
+NOT_TRAIN_CONFIG = {"pretrained_model", "plan"}  # run config fields of the training assets that are no TrainConfig setting
 
 
 class BaseCheckpointConfig(dagster_config(TrainConfig, "BaseCheckpointTrainConfig", exclude=(*SET_BY_ASSET, "lora"),
-                                          defaults={**TRAINING_DEFAULTS, "preset": "llama-20m"})):
-    """Pretraining of ``base_checkpoint`` (largetrain_core.training.config.TrainConfig), or an import."""
+                                          defaults={**TRAINING_DEFAULTS, "model.preset": "llama-20m"},
+                                          base=PermissiveConfig)):
+    """Pretraining of ``base_checkpoint`` (largetrain_core.training.config.TrainConfig), or an import. A
+    setting at the top level, as configs before the sections wrote them (``max_steps: 500``), is moved
+    into its section with a warning."""
 
     pretrained_model: Optional[str] = Field(default=None, description=(
         "A local Hugging Face causal-LM directory (config.json, safetensors, tokenizer) to import instead of "
         "pretraining; the tokenizer asset must then take the same directory's tokenizer."))
+    plan: TrainingPlanConfig = Field(default_factory=TrainingPlanConfig, description=PLAN_FIELD)
 
 
-LoraAdapterConfig = dagster_config(TrainConfig, "LoraAdapterConfig", exclude=(*SET_BY_ASSET, "preset"),
-                                   defaults={**TRAINING_DEFAULTS, "max_steps": 300, "learning_rate": 2e-3,
-                                             "weight_decay": 0.0, "warmup_steps": 10})
+class LoraAdapterConfig(dagster_config(TrainConfig, "LoraAdapterTrainConfig", exclude=(*SET_BY_ASSET, "model"),
+                                       defaults={**TRAINING_DEFAULTS, "schedule.max_steps": 300,
+                                                 "optimizer.learning_rate": 2e-3, "optimizer.weight_decay": 0.0,
+                                                 "schedule.warmup_steps": 10},
+                                       base=PermissiveConfig)):
+    """Training of ``lora_adapter`` (largetrain_core.training.config.TrainConfig) on the base checkpoint. A
+    setting at the top level, as configs before the sections wrote them (``max_steps: 300``), is moved
+    into its section with a warning."""
+
+    plan: TrainingPlanConfig = Field(default_factory=TrainingPlanConfig, description=PLAN_FIELD)
 
 
-def _loss_check(metrics_file: Path) -> AssetCheckResult:
-    with loading(metrics_file, "training metrics (JSON lines with a loss)"):
-        losses = [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines() if line.strip()]
-    import math
+def train_config(context, config: Config, **set_by_asset) -> TrainConfig:
+    """The TrainConfig of a training asset's run ``config`` with ``set_by_asset`` (paths, mode, nested
+    ones as dicts: ``model={"base_model": ...}``) merged in. Settings written outside their sections
+    (an old run config) are moved into them, with a WARNING in the run log naming each. Raises
+    ValueError for an unknown or invalid setting (nothing has been launched)."""
+    d, moved = sectioned(config.model_dump(exclude=NOT_TRAIN_CONFIG))
+    if moved:
+        context.log.warning(f"run config of {context.op.name}: settings written without their sections, read as "
+                            f"{', '.join(moved)}; write them there (docs/CONFIG.md) to silence this")
+    return TrainConfig.from_dict(deep_merge(d, set_by_asset))
 
-    finite = bool(losses) and all(math.isfinite(x) for x in losses)
-    k = max(1, len(losses) // 10)
-    start, end = (sum(losses[:k]) / k, sum(losses[-k:]) / k) if losses else (float("nan"), float("nan"))
-    return AssetCheckResult(check_name="loss_finite_and_decreasing", passed=finite and end < start,
-                            metadata={"steps_logged": len(losses), "mean_loss_first_10pct": start, "mean_loss_last_10pct": end})
+
+def versioned(cfg: TrainConfig, leave_out: tuple[str, ...]) -> dict:
+    """The settings that make a training's data version: every setting under its own name
+    (TrainConfig.settings), less those set by the asset, ``leave_out`` and NOT_VERSIONED, and
+    shuffle_window_shards only when set."""
+    skip = {k.rpartition(".")[2] for k in SET_BY_ASSET} | set(leave_out) | NOT_VERSIONED
+    if not cfg.schedule.shuffle_window_shards:  # the default order keeps the versions trained before the setting existed
+        skip.add("shuffle_window_shards")
+    return {k: v for k, v in cfg.settings().items() if k not in skip}
+
+
+def _loss_check(context: AssetExecutionContext, out: Path, summary: dict, cfg: TrainConfig) -> AssetCheckResult:
+    """The blocking check of a finished training: largetrain_core.training.health.judge_metrics of its
+    metrics.jsonl with the run config's ``health`` thresholds (read now, so a changed threshold re-judges
+    a reused training); its counts and causes in the run log too."""
+    verdict = health.judge_metrics(out / METRICS, summary.get("vocab_size"), cfg.health)
+    n = verdict.numbers
+    counts = (f"{n.get('skipped_steps', 0)} of {n['steps_logged']} steps skipped (gradient overflow), "
+              f"{n.get('nonfinite_grad_norm_steps', 0)} with a non-finite gradient norm, "
+              f"{n.get('nonfinite_loss_steps', 0)} with a non-finite loss")
+    if verdict.passed:
+        context.log.info(f"training health of {context.op.name}: {counts}; passed")
+    else:
+        context.log.error(f"training health of {context.op.name}: {counts}; failed: " + "; ".join(verdict.problems))
+    return AssetCheckResult(check_name="loss_finite_and_decreasing", passed=verdict.passed, severity=AssetCheckSeverity.ERROR,
+                            description="; ".join(verdict.problems) or None,
+                            metadata={**{k: v for k, v in n.items() if v is not None},
+                                      "problems": MetadataValue.json(verdict.problems)})
 
 
 def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunLauncher, trackers: TrackerSettings,
-           key: str, version: str, config: Config, **set_by_asset) -> tuple[Path, dict, bool]:
-    """Run (or resume, or reuse) one training under ``<root>/<key>/<version>/``. Its TrainConfig is the
-    run config, ``set_by_asset`` (mode, paths) and the trackers' settings (MLflow's store defaults to
-    ``sqlite:///<root>/mlruns.db``; ``dagster_pipes`` is always added), validated before any process starts."""
-    out = storage.path(key, version)
+           key: str, version: str, settled: TrainConfig, plan: PlanSettings) -> tuple[Path, dict, bool]:
+    """Run (or resume, or reuse) one training under ``<root>/<key>/<version>/``. Its TrainConfig is
+    ``settled`` (the run config with the asset's paths and mode, :func:`_settled`) with the output
+    directory and the trackers' settings (MLflow's store defaults to ``sqlite:///<root>/mlruns.db``;
+    ``dagster_pipes`` is always added), checked (largetrain_core.training.preflight) and planned
+    (largetrain_dagster.planning, with ``plan``'s settings: refused when it does not fit) before any
+    training process starts.
+
+    With an object-store root the training's output_dir is the version's URL: the ranks work in its
+    local working copy (``storage.path``) and upload checkpoints and outputs (largetrain_core.training.sync);
+    the asset seals and commits it (:func:`seal_training`). Returns (the local directory, the summary
+    with its paths where they are stored, reused)."""
+    out, where = storage.path(key, version), storage.location(key, version)
     summary_file = out / "summary.json"
     final = out / ("model" if key == "base_checkpoint" else "adapter")
     rebuilt_because = None
-    if summary_file.exists() and final.exists():
-        problems = verify_manifest(out)
+    trained = fs.exists(fs.join(where, COMMIT)) if storage.is_url else summary_file.exists() and final.exists()
+    if trained:
+        problems = verify_manifest(where)
         if not problems:
-            context.log.info(f"{key} {version} already trained at {out} and matches its manifest: reusing it")
-            return out, moved_summary(out), True
+            context.log.info(f"{key} {version} already trained at {fs.redact(str(where))} and matches its manifest: reusing it")
+            return local_copy(where), moved_summary(local_copy(where), where), True
         rebuilt_because = "; ".join(problems)
-        context.log.warning(f"{key} {version} at {out} does not match its manifest; running the training again "
-                            f"(it resumes from its newest complete checkpoint): {rebuilt_because}")
+        context.log.warning(f"{key} {version} at {fs.redact(str(where))} does not match its manifest; running the training "
+                            f"again (it resumes from its newest complete checkpoint): {rebuilt_because}")
     tracking = trackers.model_dump()
     tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
     tracking["report_to"] = [*tracking["report_to"], *(["dagster_pipes"] if "dagster_pipes" not in tracking["report_to"] else [])]
     try:  # fail here, before any process starts, and never retry: a config error fails the same way again
-        cfg = TrainConfig.from_dict({**config.model_dump(exclude={"pretrained_model"}), **set_by_asset, **tracking,
-                                     "output_dir": str(out), "run_name": f"{key}-{version}"})
-        cfg.validate()
-        cfg.validate_inputs()
+        cfg = TrainConfig.from_dict(deep_merge(settled.to_dict(), {
+            "output_dir": str(where), "tracking": {**tracking, "run_name": f"{key}-{version}"}}))
+        preflight.check(cfg)
     except ValueError as e:
         raise Failure(f"{key}: {e}. Nothing was launched; not retried (change the config).", allow_retries=False) from e
     out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "train_config.json"
+    cfg_path = out / "train_config.json"  # before the plan: a refused one can be planned again from it by hand
     write_json_atomic(cfg_path, cfg.to_dict())
-    reported = launcher.run(context, cfg_path, out / "train.log")
+    if storage.is_url:  # beside the version, where pods on other nodes read it
+        write_json_atomic(fs.join(where, "train_config.json"), cfg.to_dict())
+    plan_training(context, storage, launcher, cfg, plan, key, out)
+    try:
+        reported = launcher.run(context, cfg_path, out / "train.log", grace_seconds=cfg.checkpointing.preemption_grace_seconds)
+    finally:
+        if storage.is_url and (out / "train.log").exists():
+            fs.filesystem(where)[0].put_file(str(out / "train.log"), fs.filesystem(fs.join(where, "train.log"))[1])
     context.log.info(f"rank 0 reported {sorted(reported)}")
-    summary = read_json(summary_file, "training summary (summary.json)")
+    summary = moved_summary(out, where)
     return out, {**summary, "rebuilt_because": rebuilt_because} if rebuilt_because else summary, False
 
 
 # What a finished training leaves in its output directory, recorded in its _manifest.json and verified before reuse.
-TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.png")
+TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.png", "train_config.json",
+                   "trackers.json")
 
 
-def seal_training(out: Path) -> None:
+def seal_training(out: Path, where: str | Path | None = None, changed: list[Path] = ()) -> None:
     """Record a finished training's outputs (TRAINED_OUTPUTS under ``out``; not the checkpoints and the log,
-    which keep changing) in ``out/_manifest.json``, once everything is written into them (the model card)."""
+    which keep changing) in ``out/_manifest.json``, once everything is written into them (the model card).
+    ``where``: the version's URL under an object-store root, where it is then committed (storage.publish;
+    ``changed``: the files written after the trainer's upload)."""
     write_manifest(out, [p for p in TRAINED_OUTPUTS if (out / p).exists()])
+    if where is not None and fs.is_url(where):
+        publish(out, str(where), [Path(p).relative_to(out).as_posix() for p in changed])
 
 
-def moved_summary(out: Path) -> dict:
+def log_trained_outputs(context: AssetExecutionContext, out: Path, summary: dict) -> None:
+    """Log the exported directory (and merged/) to the training's tracker runs, after its model card and
+    lineage.json are written into it (trackers.log_outputs; the training itself logged only the curves)."""
+    logged = log_outputs(out, [local_dir(summary["output"]), out / "merged"])
+    if logged:
+        context.log.info(f"{local_dir(summary['output']).name}/ with its model card logged to {', '.join(logged)}")
+
+
+def moved_summary(out: Path, where: str | Path | None = None) -> dict:
     """``out/summary.json`` with the paths that the training wrote under its output directory (named in
-    ``train_config.json``) resolved under ``out``: a copied or moved root reads its own model files."""
+    ``train_config.json``; for a URL, its working copy) resolved under ``where`` (default ``out``): a
+    copied or moved root reads its own model files, an object-store root gets their URLs."""
     summary = read_json(out / "summary.json", "training summary (summary.json)")
     cfg = out / "train_config.json"
     written_in = read_json(cfg, "training config (train_config.json)").get("output_dir") if cfg.exists() else None
-    return resolve_under(relative_to_root(summary, written_in), out) if written_in else summary
+    if not written_in:
+        return summary
+    relative = relative_to_root(summary, mirror_path(written_in) if fs.is_url(written_in) else written_in)
+    return resolve_under(relative_to_root(relative, written_in), where if where is not None else out)
 
 
-def _train_output(out: Path, version: str, summary: dict, config: Config, reused: bool) -> Output:
-    """Metadata: the curves (training and validation loss and learning rate against step) as an inline
+def local_dir(location: str | Path) -> Path:
+    """The local directory of a location under the storage root: itself, or its working copy (for a URL)."""
+    return mirror_path(str(location)) if fs.is_url(location) else Path(location)
+
+
+def _train_output(out: Path, version: str, summary: dict, cfg: TrainConfig, reused: bool) -> Output:
+    """Metadata: the training's settings (``config``: sectioned, as train_config.json, less its paths), the curves (training and validation loss and learning rate against step) as an inline
     PNG and its path, the run's numbers rounded with the unit in the name (:func:`training_numbers`),
     the loss table, and each tracker's run record (``<tracker>_run_id``, its location, e.g.
     ``wandb_sync_command`` for offline W&B)."""
@@ -139,19 +238,21 @@ def _train_output(out: Path, version: str, summary: dict, config: Config, reused
 
     rows = read_metrics(out / METRICS)
     extra = {}
-    png = Path(summary.get("loss_curve") or out / "loss_curve.png")
+    png = local_dir(summary.get("loss_curve") or out / "loss_curve.png")
     if png.suffix == ".png" and png.exists():
         b64 = base64.b64encode(png.read_bytes()).decode()
         extra["training_curves"] = MetadataValue.md(f"![training and validation loss, learning rate](data:image/png;base64,{b64})")
         extra["training_curves_png"] = MetadataValue.path(str(png))
     extra.update(training_numbers(summary, rows))
+    extra.update(plan_metadata(out, summary, rows))
     extra.update({"loss_table": MetadataValue.md(loss_table(rows)), "mfu_formula": MetadataValue.text(summary["mfu_formula"]),
                   "precision": summary["precision"], "precision_reason": summary["precision_reason"],
                   "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"]),
                   "resumed_from": (MetadataValue.path(summary["resumed_from"]) if summary.get("resumed_from")
                                    else "none: started from step 0"),
                   **_tracker_metadata(out / RECORDS)})
-    return asset_output(out, version, {**summary}, config, reused, extra, stats_metadata=False)
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in ("output_dir", "train_shards")}
+    return asset_output(out, version, {**summary}, settings, reused, extra, stats_metadata=False)
 
 
 def training_numbers(summary: dict, rows: list[dict]) -> dict:
@@ -222,12 +323,16 @@ def _tracker_metadata(records_file: Path) -> dict:
     return md
 
 
-LOSS_CHECK = ("every logged training loss is finite and the mean of the last 10% of steps is below the mean of the "
-              "first 10% (blocking)")
+LOSS_CHECK = ("training health (largetrain_core.training.health; thresholds in the run config's health section): every "
+              "training loss finite; at most health.max_skipped_fraction of the steps skipped (gradient overflow) or with a "
+              "non-finite gradient norm; the mean loss of the last 10% of steps below that of the first 10% by "
+              "health.min_loss_decrease and below ln(vocabulary size), a uniform prediction's loss, by "
+              "health.min_nats_below_uniform nats (blocking)")
 
 # Settings that do not change the trained weights stay out of the data version, so that changing them
 # (e.g. resume_from_checkpoint: never after a bad checkpoint) reuses the same output directory and its checkpoints.
-NOT_VERSIONED = {"resume_from_checkpoint", "peak_flops"}
+NOT_VERSIONED = {"resume_from_checkpoint", "peak_flops", *HEALTH, *PREEMPTION}
+
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
 # Raised in the asset's own process, these say that a config, a file or the data is wrong: a retry would
 # fail the same way. (What fails inside the training processes is classified by the launcher.)
@@ -236,7 +341,10 @@ DETERMINISTIC = (ValueError, LookupError, FileNotFoundError, NotADirectoryError)
 
 def not_retried_when_deterministic(fn):
     """Wrap a training asset's compute function: a DETERMINISTIC exception becomes
-    ``Failure(allow_retries=False)`` naming it, so TRAIN_RETRY retries only what a retry can fix."""
+    ``Failure(allow_retries=False)`` naming it, so TRAIN_RETRY retries only what a retry can fix. So does
+    the interrupt of a cancelled run (DagsterExecutionInterruptedError, KeyboardInterrupt), which Dagster
+    would otherwise answer with a retry under the step's RetryPolicy before the run ends CANCELED: a
+    cancel is not a failure to retry. (The training's processes are stopped by then: runner.run_process.)"""
     @functools.wraps(fn)
     def compute(*args, **kwargs):
         try:
@@ -244,6 +352,9 @@ def not_retried_when_deterministic(fn):
         except DETERMINISTIC as e:
             raise Failure(f"{fn.__name__}: {type(e).__name__}: {e}. Not retried: it would fail the same way again.",
                           allow_retries=False) from e
+        except (DagsterExecutionInterruptedError, KeyboardInterrupt) as e:
+            raise Failure(f"{fn.__name__}: the run was cancelled ({type(e).__name__}) while it ran; a cancel is not "
+                          "retried", allow_retries=False) from e
     return compute
 
 
@@ -258,28 +369,45 @@ def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig
     if config.pretrained_model:
         yield from _import_base(context, config, storage, shards)
         return
-    version = data_version(CODE_VERSIONS["base_checkpoint"], config.model_dump(exclude=NOT_VERSIONED), shards["data_version"],
-                           launcher.nproc_per_node)
-    out, summary, reused = _train(context, storage, launcher, trackers, "base_checkpoint", version, config,
-                                  mode="pretrain", train_shards=shards["path"], tokenizer=shards["path"])
-    write_card(context, storage, "base_model", Path(summary["output"]), version, shards, train_dir=out)
+    set_by_asset = {"mode": "pretrain", "train_shards": shards["path"], "model": {"tokenizer": shards["path"]}}
+    settled = _settled(context, config, set_by_asset)
+    settings = {**versioned(settled, ("lora",)), "pretrained_model": None}
+    version = data_version(CODE_VERSIONS["base_checkpoint"], settings, shards["data_version"], launcher.nproc_per_node)
+    out, summary, reused = _train(context, storage, launcher, trackers, "base_checkpoint", version, settled,
+                                  config.plan.to_core())
+    card = write_card(context, storage, "base_model", local_dir(summary["output"]), version, shards, train_dir=out)
     if not reused:
-        seal_training(out)
-    yield _train_output(out, version, summary, config, reused)
-    yield _loss_check(out / METRICS)
+        log_trained_outputs(context, out, summary)
+        seal_training(out, storage.location("base_checkpoint", version), card)
+    yield _train_output(out, version, summary, settled, reused)
+    yield _loss_check(context, out, summary, settled)
+
+
+def _settled(context, config: Config, set_by_asset: dict) -> TrainConfig:
+    """:func:`train_config` of the run config before the output directory is known (its data version is
+    computed from it); a bad setting is a Failure that is not retried."""
+    try:
+        return train_config(context, config, **deep_merge(set_by_asset, {"output_dir": "-"}))
+    except ValueError as e:
+        raise Failure(f"{context.op.name}: {e}. Nothing was launched; not retried (change the config).",
+                      allow_retries=False) from e
 
 
 def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage, shards: dict):
     """base_checkpoint from an existing local HF model: checked against the shards' tokenizer, copied as
     config.json + model.safetensors + tokenizer into ``<version>/model/``; no training, so the loss
     check passes vacuously with the reason in its metadata."""
-    src = Path(config.pretrained_model)
+    src = fetch_tree(config.pretrained_model)  # a URL: downloaded into the local cache
     cache = DigestCache(storage.path("_cache", "digests", "pretrained_model.json"))
     content = tree_digest(src, cache)  # the files' names and bytes, not the directory's location or times
     cache.save()
     version = data_version(CODE_VERSIONS["base_checkpoint"], {"pretrained_model": content}, shards["data_version"])
-    manifest = TokenShards(Path(shards["path"]), "train").manifest
-    problem = tokenizer_mismatch(src, manifest, Path(shards["path"]))
+    manifest = TokenShards(shards["path"], "train").manifest
+    overflow = embedding_overflow(src)  # the directory itself is unusable: no tokenizer setting helps
+    if overflow:
+        raise Failure(f"base_checkpoint cannot import {overflow}; then materialize base_checkpoint again. Not retried.",
+                      allow_retries=False)
+    problem = tokenizer_mismatch(src, manifest, local_files(shards["path"], TOKENIZER_FILES))
     if problem:
         raise Failure(f"base_checkpoint imports {src}, but pretrain/token_shards do not use its tokenizer: {problem}. "
                       f"Set the tokenizer asset's pretrained_model to {src} and re-materialize the shards.",
@@ -298,7 +426,7 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
         return {**info, "imported_from": str(src), "imported_content_digest": content}
 
     path, stats, reused = build_or_reuse(context, storage, ["base_checkpoint"], version, build)
-    stats["output"] = str(path / "model")
+    stats["output"] = stored_location(path / "model")
     yield asset_output(path, version, stats, config, reused, {"output": MetadataValue.path(stats["output"]),
                                                          "imported_from": MetadataValue.path(str(src)),
                                                          "imported_content_digest": content})
@@ -314,20 +442,25 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
 @not_retried_when_deterministic
 def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, storage: Storage,
                  launcher: TorchrunLauncher, trackers: TrackerSettings, base: dict, shards: dict):
-    problem = tokenizer_mismatch(Path(base["stats"]["output"]), TokenShards(Path(shards["path"]), "train").manifest,
-                                 Path(shards["path"]))
+    problem = tokenizer_mismatch(local_files(base["stats"]["output"], (*TOKENIZER_FILES, "config.json")),
+                                 TokenShards(shards["path"], "train").manifest, local_files(shards["path"], TOKENIZER_FILES))
     if problem:
-        raise Failure(f"domain shards {shards['path']} do not fit the base model {base['stats']['output']}: {problem}; "
-                      f"re-materialize tokenizer and domain/token_shards", allow_retries=False)
-    version = data_version(CODE_VERSIONS["lora_adapter"], config.model_dump(exclude=NOT_VERSIONED), base["data_version"],
+        raise Failure(f"domain shards {shards['path']} do not fit the base model {base['stats']['output']}: {problem}. "
+                      f"Tokenize the domain corpus with the base model's tokenizer: materialize tokenizer with "
+                      f"pretrained_model {base['stats']['output']}, then domain/token_shards. Not retried.",
+                      allow_retries=False)
+    set_by_asset = {"mode": "lora", "train_shards": shards["path"], "model": {"base_model": base["stats"]["output"]}}
+    settled = _settled(context, config, set_by_asset)
+    version = data_version(CODE_VERSIONS["lora_adapter"], versioned(settled, ("preset",)), base["data_version"],
                            shards["data_version"], launcher.nproc_per_node)
-    out, summary, reused = _train(context, storage, launcher, trackers, "lora_adapter", version, config,
-                                  mode="lora", train_shards=shards["path"], base_model=base["stats"]["output"])
-    write_card(context, storage, "lora_adapter", Path(summary["output"]), version, shards, train_dir=out,
-               base_model=Path(base["stats"]["output"]))
+    out, summary, reused = _train(context, storage, launcher, trackers, "lora_adapter", version, settled,
+                                  config.plan.to_core())
+    card = write_card(context, storage, "lora_adapter", local_dir(summary["output"]), version, shards, train_dir=out,
+                      base_model=local_copy(base["stats"]["output"]))
     if not reused:
-        seal_training(out)
-    output = _train_output(out, version, summary, config, reused)
-    yield output.with_metadata({**output.metadata, **adapter_metadata(Path(summary["output"]))})
-    yield _loss_check(out / METRICS)
+        log_trained_outputs(context, out, summary)
+        seal_training(out, storage.location("lora_adapter", version), card)
+    output = _train_output(out, version, summary, settled, reused)
+    yield output.with_metadata({**output.metadata, **adapter_metadata(local_dir(summary["output"]))})
+    yield _loss_check(context, out, summary, settled)
 

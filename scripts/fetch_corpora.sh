@@ -5,7 +5,7 @@
 # and beside each corpus <name>.provenance.json (largetrain_core.provenance): package, exact version,
 # the archive's sha256, files, bytes, content digest, fetch time.
 #
-# Pinned: linux-doc-6.1 6.1.192 is the version the README's figures were measured on (3,183 files;
+# Pinned: linux-doc-6.1 6.1.192 is the version docs/measurements.md's figures were measured on (3,183 files;
 # Debian revisions -3, -2 and -1 carry byte-identical rst sources, content digest $LINUX_DOC_CONTENT).
 # The first of LINUX_DOC_PIN that the archive offers is fetched; when it offers none of them (after
 # `apt-get update`), the current version is fetched with a warning naming both versions.
@@ -65,7 +65,7 @@ if [ ! -d "$dest/linux-doc" ] || [ ! -f "$dest/linux-doc.provenance.json" ]; the
       echo "$LINUX_DOC_PACKAGE: no version in the package lists (is a Debian bookworm source configured?)" >&2
       exit 1
     fi
-    warning="the archive no longer offers $LINUX_DOC_PACKAGE ${LINUX_DOC_PIN// / or }, the version the README's figures were measured on; fetched the current version $version instead: the demo's counts, losses and perplexities will differ from the README's"
+    warning="the archive no longer offers $LINUX_DOC_PACKAGE ${LINUX_DOC_PIN// / or }, the version docs/measurements.md's figures were measured on; fetched the current version $version instead: the demo's counts, losses and perplexities will differ from docs/measurements.md's"
     echo "WARNING: $warning" >&2
   fi
   echo "fetching $LINUX_DOC_PACKAGE $version (Debian) ..."
@@ -86,7 +86,7 @@ if [ ! -d "$dest/linux-doc" ] || [ ! -f "$dest/linux-doc.provenance.json" ]; the
     --archive-url "$(echo "$uri" | cut -d"'" -f2)" --extracted-from "${src#"$work/deb/"}" ${warning:+--note "$warning"} >/dev/null
   digest=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["content_digest"])' "$work/linux-doc.provenance.json")
   if [ -z "$warning" ] && [ "$digest" != "$LINUX_DOC_CONTENT" ]; then
-    echo "WARNING: $LINUX_DOC_PACKAGE $version has content digest $digest, not $LINUX_DOC_CONTENT of the README's corpus" >&2
+    echo "WARNING: $LINUX_DOC_PACKAGE $version has content digest $digest, not $LINUX_DOC_CONTENT of the corpus docs/measurements.md was measured on" >&2
   fi
   install_corpus linux-doc
   echo "linux-doc: $LINUX_DOC_PACKAGE $version, $(find "$dest/linux-doc" -type f | wc -l) files, content $digest"

@@ -1,13 +1,16 @@
-"""Shared fixtures for the core tests: the input cases in tests/cases and small real tokenizers."""
+"""Fixtures of every tier: the input cases in tests/cases and small real tokenizers; and the tier of each
+test, from its directory. Each tier's own fixtures are in its
+conftest.py (tests/unit, tests/integration, tests/e2e); what is not a fixture is in tests/helpers."""
 
-import itertools
 import json
+import resource
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-CASES = Path(__file__).resolve().parent / "cases"
+from helpers import CASES, TESTS
+from helpers.corpora import english_sentences
 
 
 @pytest.fixture
@@ -38,17 +41,6 @@ def make_word_tokenizer():
     return make
 
 
-def english_sentences(n: int = 300) -> list[str]:
-    """``n`` short, distinct, deterministic English sentences."""
-    subjects = ["The cat", "A dog", "My sister", "The old man", "Our teacher", "The farmer"]
-    verbs = ["walks to", "looks at", "talks about", "runs past", "waits for"]
-    objects = ["the river", "a small house", "the green field", "the market", "an empty road",
-               "the station", "the morning train", "a quiet garden", "the red barn", "the village"]
-    out = [f"{s} {v} {o}." for s, v, o in itertools.product(subjects, verbs, objects)]
-    assert len(out) >= n
-    return out[:n]
-
-
 @pytest.fixture(scope="session")
 def bpe_dir(tmp_path_factory) -> Path:
     """A byte-level BPE of 300 ids trained once per session by largetrain_core.tokenizer.train_bpe."""
@@ -63,6 +55,14 @@ def bpe_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def sentences() -> list[str]:
     return english_sentences(300)
+
+
+# Test tiers (docs/ARCHITECTURE.md, Tests): a test's tier is its directory, and its marker is set from it
+# so that ``-m unit`` etc. select a tier: tests/unit (core functions on tiny inputs, seconds each;
+# `make test-fast`), tests/integration (Dagster materializations, DeepSpeed, Spark, PostgreSQL, the S3 API
+# server), tests/e2e (the browser, the whole lineage, determinism across runs). A test file directly in
+# tests/ is integration until it is moved into its tier's directory.
+TIERS = ("unit", "integration", "e2e")
 
 
 @pytest.fixture(scope="session")
@@ -131,20 +131,52 @@ def s3_bucket(s3_server, request) -> str:
     return f"s3://{name}"
 
 
-# Test tiers (docs/ARCHITECTURE.md, Tests): ``unit`` runs core functions on tiny inputs in seconds
-# (`make test-fast`); ``e2e`` drives a browser, the whole lineage or determinism across runs;
-# everything else, and any new file until it is listed, is ``integration`` (Dagster
-# materializations, DeepSpeed, Spark, PostgreSQL, the S3 server). Selected with ``-m unit`` etc.
-TIERS = {
-    "unit": {"test_clean.py", "test_config_reference.py", "test_dedup.py", "test_fs.py", "test_loaders.py",
-             "test_model_card.py", "test_prep.py", "test_storage.py"},
-    "e2e": {"test_webserver.py", "test_determinism.py", "test_pipeline.py", "test_recipes.py",
-            "test_lineage_versions.py", "test_postgres.py"},
-}
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        name = item.path.name
-        tier = next((t for t, files in TIERS.items() if name in files), "integration")
+        tier = next((t for t in TIERS if item.path.is_relative_to(TESTS / t)), "integration")
         item.add_marker(getattr(pytest.mark, tier))
+
+
+# CPU seconds per test (setup, call and teardown: this process and the children it has reaped, user +
+# system), for machines shared with other work, where wall-clock durations say more about the load than
+# about the test: `pytest --cpu-durations=N` prints the N tests that took most, and the total.
+def pytest_addoption(parser):
+    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                     help="show the N tests with the most CPU seconds (0: all)")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_CPU: dict[str, float] = {}
+_CPU_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown" and _CPU_START in item.stash:  # the report travels to xdist's controller too
+        outcome.get_result().user_properties.append(("cpu_seconds", _cpu_seconds() - item.stash[_CPU_START]))
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        _CPU.update((report.nodeid, v) for k, v in report.user_properties if k == "cpu_seconds")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    n = config.getoption("--cpu-durations")
+    if n is None or not _CPU:
+        return
+    top = sorted(_CPU.items(), key=lambda kv: -kv[1])
+    terminalreporter.write_sep("=", f"{'all' if n == 0 else n} tests by CPU seconds (total {sum(_CPU.values()):.1f} s "
+                                    f"in {len(_CPU)} tests)")
+    for nodeid, seconds in top[:n or None]:
+        terminalreporter.write_line(f"{seconds:8.2f}s cpu  {nodeid}")

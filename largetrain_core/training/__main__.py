@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from largetrain_core.fs import filesystem
-from largetrain_core.launch import concerning, finish_rank, record
+from largetrain_core.launch import concerning, finish_rank, raise_on_sigterm, record
 
 
 def read_bytes(location: str) -> bytes:
@@ -28,16 +28,17 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: torchrun --nproc_per_node N -m largetrain_core.training CONFIG.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    raise_on_sigterm()  # a cancelled run unwinds: its trackers' runs end killed, not left running
     # DeepSpeed JIT-builds its CPU comm op into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions,
     # shared by every virtualenv of the user: two checkouts would rebuild it in turn, ~45 s each time).
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    from largetrain_core.training import preflight
     from largetrain_core.training.config import TrainConfig
     from largetrain_core.training.trainer import run
 
     with concerning(argv[0], "reading the training config"):
         cfg = TrainConfig.from_dict(json.loads(read_bytes(argv[0])))
-        cfg.validate()
-        cfg.validate_inputs()
+        preflight.check(cfg)
     run(cfg)
     finish_rank()
 

@@ -31,14 +31,15 @@ import logging
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from largetrain_core.training.config import LoraSettings, _doc, _from_dict
+from largetrain_core.processes import exit_status, run_in_group
+from largetrain_core.settings import described, from_dict
+from largetrain_core.training.config import LoraSettings
 
 log = logging.getLogger("largetrain.training.ablation")
 
@@ -50,7 +51,7 @@ BASELINE = "data_parallel"
 @dataclass(frozen=True)
 class Variant:
     name: str
-    changes: dict  # TrainConfig fields that differ from the baseline
+    changes: dict  # the settings (TrainConfig.settings names) that differ from the baseline
     what: str
 
 
@@ -74,27 +75,27 @@ VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 class AblationConfig:
     """One ablation: the model, the data, the variants and how long each runs."""
 
-    output_dir: str = field(metadata=_doc("Directory of report.json, report.md, optimization_report.png and each variant's run."))
-    train_shards: str = field(metadata=_doc("Token-shard directory (largetrain_core.shards); its train split is read."))
-    preset: str = field(default="llama-20m", metadata=_doc(
+    output_dir: str = field(metadata=described("Directory of report.json, report.md, optimization_report.png and each variant's run."))
+    train_shards: str = field(metadata=described("Token-shard directory (largetrain_core.shards); its train split is read."))
+    preset: str = field(default="llama-20m", metadata=described(
         "Model preset (largetrain_core.model.PRESETS), as base_checkpoint's; LoRA adapts it freshly initialized."))
-    variants: list[str] = field(default_factory=lambda: list(VARIANT_NAMES), metadata=_doc(
+    variants: list[str] = field(default_factory=lambda: list(VARIANT_NAMES), metadata=described(
         f"Variants to run, among {', '.join(VARIANT_NAMES)}; the baseline ({BASELINE}) always runs."))
-    steps: int = field(default=10, metadata=_doc("Timed optimizer steps per variant (after warmup_steps)."))
-    warmup_steps: int = field(default=2, metadata=_doc(
+    steps: int = field(default=10, metadata=described("Timed optimizer steps per variant (after warmup_steps)."))
+    warmup_steps: int = field(default=2, metadata=described(
         "Untimed optimizer steps first (kernel choice, allocator, caches); the loss is read after both."))
-    micro_batch_size: int = field(default=8, metadata=_doc("Sequences per rank per forward pass."))
-    gradient_accumulation_steps: int = field(default=1, metadata=_doc("Micro-batches per optimizer step."))
-    learning_rate: float = field(default=1e-3, metadata=_doc("AdamW learning rate (reached after one step)."))
-    seed: int = field(default=0, metadata=_doc("Seed of the initialization and the sampler: every variant sees the same batches."))
-    lora: LoraSettings = field(default_factory=LoraSettings, metadata=_doc("The lora variant's settings."))
-    peak_flops: Optional[float] = field(default=None, metadata=_doc(
+    micro_batch_size: int = field(default=8, metadata=described("Sequences per rank per forward pass."))
+    gradient_accumulation_steps: int = field(default=1, metadata=described("Micro-batches per optimizer step."))
+    learning_rate: float = field(default=1e-3, metadata=described("AdamW learning rate (reached after one step)."))
+    seed: int = field(default=0, metadata=described("Seed of the initialization and the sampler: every variant sees the same batches."))
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata=described("The lora variant's settings."))
+    peak_flops: Optional[float] = field(default=None, metadata=described(
         "Peak FLOP/s of the whole job, for MFU; null = derive as the training does (largetrain_core.training.flops)."))
 
     @classmethod
     def from_dict(cls, d: dict) -> "AblationConfig":
         """Build from JSON-like ``d``; raises ValueError naming unknown keys."""
-        return _from_dict(cls, d, "ablation config")
+        return from_dict(cls, d, "ablation config")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,7 +158,7 @@ def train_config(cfg: AblationConfig, variant: Variant, lora_base: Path):
     changes = dict(variant.changes)
     if changes.get("mode") == "lora":
         changes["base_model"] = str(lora_base)
-    return TrainConfig(**{**base, **changes})
+    return TrainConfig.from_settings(**{**base, **changes})
 
 
 def _release_memory(cuda: bool) -> None:
@@ -187,7 +188,7 @@ def measure(cfg: AblationConfig, variant: Variant, lora_base: Path) -> dict:
     trainer = Trainer(tcfg)
     try:
         trainer.setup()
-        rows = [trainer.train_step() for _ in range(tcfg.max_steps)]
+        rows = [trainer.train_step() for _ in range(tcfg.schedule.max_steps)]
         peak = torch.tensor([peak_memory_gib(device)], dtype=torch.float64, device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     finally:
@@ -295,7 +296,7 @@ def run(cfg: AblationConfig) -> dict | None:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         if any(v.changes.get("mode") == "lora" for v in variants):  # the preset, freshly initialized, to adapt
-            m = TokenShards(Path(cfg.train_shards), "train").manifest
+            m = TokenShards(cfg.train_shards, "train").manifest
             build_model(cfg.preset, m["vocab_size"], m["seq_len"], m["eos_id"], m.get("bos_id"),
                         seed=cfg.seed).save_pretrained(lora_base)
     dist.barrier()
@@ -347,8 +348,9 @@ def run(cfg: AblationConfig) -> dict | None:
 def run_ablation(cfg: AblationConfig, nproc_per_node: int, log_path: Path | None = None,
                  threads_per_rank: int | None = None) -> dict:
     """Launch :func:`run` under torchrun on this host with ``nproc_per_node`` ranks (``threads_per_rank``:
-    OMP_NUM_THREADS, default cores / ranks), wait, and return the report. Raises RuntimeError with the
-    log's tail when the processes fail."""
+    OMP_NUM_THREADS, default cores / ranks) in a process group of its own (largetrain_core.processes:
+    an interrupt stops every rank), wait, and return the report. Raises RuntimeError with the log's
+    tail when the processes fail."""
     import shlex
 
     from largetrain_core.launch import launch_commands
@@ -362,11 +364,10 @@ def run_ablation(cfg: AblationConfig, nproc_per_node: int, log_path: Path | None
                                       module=MODULE)["torchrun"][0])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     log_path = log_path or out / "ablation.log"
-    with open(log_path, "ab") as f:
-        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    if proc.returncode != 0:
+    code = run_in_group(cmd, env, Path(log_path), grace_seconds=10.0)
+    if code != 0:
         tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"the ablation exited with code {proc.returncode}; last lines of {log_path}:\n{tail}")
+        raise RuntimeError(f"the ablation ended with {exit_status(code)}; last lines of {log_path}:\n{tail}")
     return json.loads((out / REPORT).read_text())
 
 

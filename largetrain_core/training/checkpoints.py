@@ -85,13 +85,20 @@ def resume_point(setting: str, ckpt_root: Path) -> tuple[Path | None, list[str]]
     return Path(setting), []
 
 
-def mark_complete(ckpt: Path, step: int, world_size: int | None = None, zero_stage: int | None = None) -> None:
+def mark_complete(ckpt: Path, step: int, world_size: int | None = None, zero_stage: int | None = None,
+                  files: dict | None = None, before_replace=None) -> None:
     """Write ``COMPLETE.json`` (step, the world size and ZeRO stage that wrote it, every file's size)
-    atomically, after every rank's files are written."""
-    files = {p.relative_to(ckpt).as_posix(): p.stat().st_size for p in sorted(ckpt.rglob("*")) if p.is_file()}
+    atomically, after every rank's files are written. ``files``: {relative path: size} when the
+    checkpoint's files are not all local (every node's, from the bucket); default: the local files.
+    ``before_replace()``: called with the new marker written as ``.COMPLETE.json.tmp``, before it
+    replaces the local one (the upload of the marker to the bucket)."""
+    if files is None:
+        files = {p.relative_to(ckpt).as_posix(): p.stat().st_size for p in sorted(ckpt.rglob("*")) if p.is_file()}
     tmp = ckpt / f".{MARKER}.tmp"
     tmp.write_text(json.dumps({"step": step, "world_size": world_size, "zero_stage": zero_stage, "files": files},
                               indent=1))
+    if before_replace is not None:
+        before_replace()
     os.replace(tmp, ckpt / MARKER)
 
 
@@ -165,6 +172,20 @@ def prune(ckpt_root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def prune_node_copies(ckpt_root: Path, keep: int, step: int) -> None:
+    """Delete this node's local copies of the checkpoints older than the newest ``keep`` up to ``step`` (the one
+    just saved, complete in the bucket). For the nodes other than rank 0's under an output_dir URL: their
+    copies get no local COMPLETE.json (rank 0 writes it, and uploads it), so :func:`prune` would keep them
+    all and fill the node's disk; the bucket holds the complete checkpoints. Newer directories (left by a
+    run that crashed past ``step``) are kept: they are overwritten when their step is saved again."""
+    if not ckpt_root.is_dir():
+        return
+    copies = sorted((p for p in ckpt_root.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name) and _step_of(p) <= step),
+                    key=_step_of)
+    for old in copies[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def rng_state() -> dict:
     """This process's python, numpy and torch (CPU) RNG states."""
     import torch
@@ -180,10 +201,14 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save(engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int, world: int, dist) -> None:
+def save(engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int, world: int, dist, remote=None) -> None:
     """``save_checkpoint`` on every rank with ``client`` state plus every rank's RNG states, the world
     size and DeepSpeed's ``universal_checkpoint_info`` (what ``ds_to_universal`` requires of a client),
-    then the completion marker (rank 0, after a barrier), then pruning to ``keep`` complete checkpoints."""
+    then the completion marker (rank 0, after a barrier), then pruning to ``keep`` complete checkpoints.
+    ``remote`` (largetrain_core.training.sync.RemoteOutput, for an output_dir URL): after the barrier every
+    node's first rank uploads its node's files, and after another barrier rank 0 writes the marker from
+    the bucket's listing, uploads it last, then writes it locally and prunes both; last, the other nodes'
+    first ranks delete their older local copies (:func:`prune_node_copies`)."""
     from deepspeed.checkpoint.constants import (
         UNIVERSAL_CHECKPOINT_INFO,
         UNIVERSAL_CHECKPOINT_VERSION_KEY,
@@ -197,10 +222,23 @@ def save(engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int,
     engine.save_checkpoint(str(ckpt_root), tag=tag(step), client_state=client)
     maybe_fault("mid_save", step, rank)  # this rank's files written, the others' maybe not, no marker yet
     dist.barrier()
+    ckpt = ckpt_root / tag(step)
+    from largetrain_core.training.sync import node_leader
+
+    if remote is not None:
+        if node_leader():
+            remote.push_checkpoint(ckpt)
+        dist.barrier()
     if rank == 0:
-        mark_complete(ckpt_root / tag(step), step, world, engine.zero_optimization_stage())
+        files = remote.complete_files(ckpt) if remote is not None else None
+        mark_complete(ckpt, step, world, engine.zero_optimization_stage(), files=files,
+                      before_replace=(lambda: remote.push_marker_from(ckpt)) if remote is not None else None)
         prune(ckpt_root, keep)
+        if remote is not None:
+            remote.prune(keep)
     dist.barrier()
+    if remote is not None and rank != 0 and node_leader():
+        prune_node_copies(ckpt_root, keep, step)
 
 
 def load(engine, ckpt: Path, rank: int) -> dict:

@@ -21,22 +21,22 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, precision: str, load_uni
     and offload, AdamW (betas 0.9/0.95, eps 1e-8), WarmupCosineLR (linear warmup, cosine to
     ``min_lr_ratio``), gradient clipping, and fp16 (dynamic loss scaling) or bf16. ``load_universal``:
     the checkpoint to resume is in DeepSpeed's universal format (``checkpoint.load_universal``)."""
-    zero: dict = {"stage": cfg.zero_stage}
-    if cfg.offload_optimizer:
+    zero: dict = {"stage": cfg.parallelism.zero_stage}
+    if cfg.parallelism.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
-    if cfg.zero_stage == 3:
+    if cfg.parallelism.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     ds = {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-        "train_batch_size": cfg.micro_batch_size * cfg.gradient_accumulation_steps * world_size,
-        "gradient_clipping": cfg.max_grad_norm,
+        "train_micro_batch_size_per_gpu": cfg.schedule.micro_batch_size,
+        "gradient_accumulation_steps": cfg.schedule.gradient_accumulation_steps,
+        "train_batch_size": cfg.schedule.micro_batch_size * cfg.schedule.gradient_accumulation_steps * world_size,
+        "gradient_clipping": cfg.optimizer.max_grad_norm,
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": cfg.learning_rate, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                   "weight_decay": cfg.weight_decay}},
+        "optimizer": {"type": "AdamW", "params": {"lr": cfg.optimizer.learning_rate, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                   "weight_decay": cfg.optimizer.weight_decay}},
         "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": cfg.max_steps, "warmup_num_steps": max(cfg.warmup_steps, 1), "warmup_type": "linear",
-            "warmup_min_ratio": 0.0, "cos_min_ratio": cfg.min_lr_ratio}},
+            "total_num_steps": cfg.schedule.max_steps, "warmup_num_steps": max(cfg.schedule.warmup_steps, 1), "warmup_type": "linear",
+            "warmup_min_ratio": 0.0, "cos_min_ratio": cfg.schedule.min_lr_ratio}},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

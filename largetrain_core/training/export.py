@@ -24,7 +24,7 @@ def export(engine, cfg: TrainConfig, out: Path, rank: int, dist) -> Path:
     """
     final = out / ("model" if cfg.mode == "pretrain" else "adapter")
     tmp = out / f".tmp-{final.name}"
-    state = engine._zero3_consolidated_16bit_state_dict() if cfg.zero_stage == 3 else None
+    state = engine._zero3_consolidated_16bit_state_dict() if cfg.parallelism.zero_stage == 3 else None
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         if cfg.mode == "pretrain":
@@ -33,7 +33,7 @@ def export(engine, cfg: TrainConfig, out: Path, rank: int, dist) -> Path:
             _save_adapter(engine.module, cfg.lora.adapter_name, state, tmp)
         _replace_dir(tmp, final)
         if cfg.mode == "lora" and cfg.lora.merge_export:
-            export_merged(Path(cfg.base_model), final, cfg.lora.adapter_name, out / "merged", probe_batch(cfg.train_shards))
+            export_merged(Path(cfg.model.base_model), final, cfg.lora.adapter_name, out / "merged", probe_batch(cfg.train_shards))
     dist.barrier()
     return final
 
@@ -43,7 +43,7 @@ def _save_model(module, cfg: TrainConfig, state: dict | None, tmp: Path) -> None
 
     module.config.use_cache = True
     module.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
-    save_hf_tokenizer(load_tokenizer_info(Path(cfg.tokenizer or cfg.train_shards)), tmp)
+    save_hf_tokenizer(load_tokenizer_info(Path(cfg.model.tokenizer or cfg.train_shards)), tmp)
 
 
 def _save_adapter(module, name: str, state: dict | None, tmp: Path) -> None:
@@ -74,8 +74,8 @@ def probe_batch(shards: str | Path, n: int = 2):
 
     from largetrain_core.shards import TokenShards
 
-    data = TokenShards(Path(shards), "validation")
-    data = data if len(data) else TokenShards(Path(shards), "train")
+    data = TokenShards(shards, "validation")
+    data = data if len(data) else TokenShards(shards, "train")
     rows = data.take(np.arange(min(n, len(data))))[:, :-1]
     return torch.from_numpy(rows.astype(np.int64))
 

@@ -9,7 +9,8 @@ its implementations, chosen by ``TrainConfig.report_to``; rank 0 alone tracks.
 
 A tracker's :meth:`Tracker.start` returns its run record (``run_id`` and where to find the run),
 kept in ``<output_dir>/trackers.json``; a resumed run passes the recorded ``run_id`` back, so W&B and
-MLflow continue the same run. Adding a tracker: a subclass here, registered in :data:`TRACKERS`,
+MLflow continue the same run. So does :func:`log_outputs`, which logs the exported directories after
+the training, once the Dagster asset has written their model card and lineage.json. Adding a tracker: a subclass here, registered in :data:`TRACKERS`,
 plus its settings dataclass in config.py when it has any.
 """
 
@@ -22,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from largetrain_core.storage import write_json_atomic
+from largetrain_core.storage import stored_location, write_json_atomic
 from largetrain_core.training.config import TrainConfig
 
 log = logging.getLogger("largetrain.training")
@@ -34,7 +35,8 @@ METRICS = "metrics.jsonl"
 class Tracker:
     """The interface. ``start`` is called once per process start (a resume starts again), then
     ``log_metrics`` once per optimizer step, ``log_artifact`` per output file or directory, and
-    ``finish`` once: with the summary after success, with None after a failure."""
+    ``finish`` once: with the summary after success, with None after a failure (``killed``: the
+    process was stopped from outside, a cancelled run)."""
 
     name = ""
 
@@ -48,8 +50,9 @@ class Tracker:
     def log_artifact(self, path: Path) -> None:
         """A file or a directory (logged as a whole) of the run's outputs."""
 
-    def finish(self, summary: dict | None) -> None:
-        """Close the run: succeeded with ``summary`` (the run's totals), or failed (None)."""
+    def finish(self, summary: dict | None, killed: bool = False) -> None:
+        """Close the run: succeeded with ``summary`` (the run's totals), or failed (None), or, with
+        ``killed``, stopped from outside (SIGTERM: the run cancelled, its pod or node stopped)."""
 
 
 class JsonlTracker(Tracker):
@@ -69,7 +72,7 @@ class JsonlTracker(Tracker):
         self.file.write(json.dumps({"step": step, **metrics}) + "\n")
         self.file.flush()
 
-    def finish(self, summary):
+    def finish(self, summary, killed=False):
         if self.file:
             self.file.close()
 
@@ -86,7 +89,7 @@ def read_metrics(metrics_file: Path) -> list[dict]:
 
 
 class WandbTracker(Tracker):
-    """Weights & Biases (``config.wandb``): the config as the run's config, metrics per step, artefacts as
+    """Weights & Biases (``config.tracking.wandb``): the config as the run's config, metrics per step, artefacts as
     W&B artifacts (directories by reference, not copied). Offline runs are uploaded later with the
     record's ``sync_command``. ``mode: disabled`` tracks nothing."""
 
@@ -96,13 +99,13 @@ class WandbTracker(Tracker):
         self.run = None
 
     def start(self, config, resume_run_id):
-        s = config.wandb
+        s = config.tracking.wandb
         if s.mode == "disabled":
             return None
         import wandb
 
         run_id = resume_run_id or uuid.uuid4().hex[:8]
-        self.run = wandb.init(project=s.project, entity=s.entity, name=config.run_name, mode=s.mode, id=run_id,
+        self.run = wandb.init(project=s.project, entity=s.entity, name=config.tracking.run_name, mode=s.mode, id=run_id,
                               resume="allow", dir=config.output_dir, config=config.to_dict())
         record = {"run_id": run_id, "project": s.project, "mode": s.mode}
         if s.mode == "offline":
@@ -130,30 +133,35 @@ class WandbTracker(Tracker):
             art.add_file(str(path))
         self.run.log_artifact(art)
 
-    def finish(self, summary):
+    def finish(self, summary, killed=False):
         if self.run:
             if summary:
                 self.run.summary.update(summary)
-            self.run.finish(exit_code=0 if summary is not None else 1)
+            # 128 + 15: the shell's exit status of a process ended by SIGTERM
+            self.run.finish(exit_code=0 if summary is not None else 143 if killed else 1)
 
 
 def mlflow_location(config: TrainConfig) -> tuple[str, str | None]:
-    """(tracking URI, artefact location for a new experiment). The URI: ``config.mlflow.tracking_uri``,
+    """(tracking URI, artefact location for a new experiment). The URI: ``config.tracking.mlflow.tracking_uri``,
     else ``sqlite:///<output_dir>/../mlruns.db``. A SQLite store keeps its artefacts in
     ``mlartifacts/`` beside the database file (MLflow's default would be ``./mlruns`` under the
-    working directory); for other stores the server decides (None)."""
-    uri = config.mlflow.tracking_uri or f"sqlite:///{Path(config.output_dir).resolve().parent / 'mlruns.db'}"
+    working directory); for a database in the local working copy of an object-store root (the
+    default there: the database needs a local file) at that URL, ``<root URL>/mlartifacts``; for
+    other stores the server decides (None)."""
+    uri = config.tracking.mlflow.tracking_uri or f"sqlite:///{Path(config.output_dir).resolve().parent / 'mlruns.db'}"
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
-        return uri, (db.parent / "mlartifacts").as_uri()
+        artifacts = stored_location(db.parent / "mlartifacts")  # a database in an object-store root's working copy:
+        return uri, artifacts if "://" in artifacts else (db.parent / "mlartifacts").as_uri()  # its artefacts go to the bucket
     return uri, None
 
 
 class MlflowTracker(Tracker):
-    """MLflow (``config.mlflow``): the config as params (nested keys joined by '.'), metrics per step,
+    """MLflow (``config.tracking.mlflow``): the config as params (nested keys joined by '.'), metrics per step,
     artefacts copied into the run's artefact store (a directory under its own name), the summary as
-    ``summary.json``; the run ends FINISHED or FAILED and is reopened (RUNNING) by a resume."""
+    ``summary.json``; the run ends FINISHED, FAILED, or KILLED when the process was stopped from outside
+    (a cancelled run), and is reopened (RUNNING) by a resume."""
 
     name = "mlflow"
 
@@ -166,17 +174,17 @@ class MlflowTracker(Tracker):
 
         uri, artifacts = mlflow_location(config)
         self.client = MlflowClient(tracking_uri=uri)
-        exp_id = self._experiment(config.mlflow.experiment_name, artifacts)
+        exp_id = self._experiment(config.tracking.mlflow.experiment_name, artifacts)
         run = self._reopen(resume_run_id, exp_id)
         if run is None:
-            run = self.client.create_run(exp_id, run_name=config.run_name)
+            run = self.client.create_run(exp_id, run_name=config.tracking.run_name)
         self.run_id = run.info.run_id
         logged = run.data.params  # MLflow params are immutable: a resumed run logs only the new ones
         params = [Param(k, v) for k, v in _flat_params(config.to_dict()).items() if k not in logged]
         for i in range(0, len(params), 100):  # log_batch takes at most 100 params
             self.client.log_batch(self.run_id, params=params[i:i + 100])
         return {"run_id": self.run_id, "tracking_uri": uri, "experiment_id": exp_id,
-                "experiment_name": config.mlflow.experiment_name, "artifact_uri": run.info.artifact_uri,
+                "experiment_name": config.tracking.mlflow.experiment_name, "artifact_uri": run.info.artifact_uri,
                 "ui_command": f"mlflow ui --backend-store-uri {uri}"}
 
     def _experiment(self, name: str, artifacts: str | None) -> str:
@@ -222,12 +230,12 @@ class MlflowTracker(Tracker):
         else:
             self.client.log_artifact(self.run_id, str(path))
 
-    def finish(self, summary):
+    def finish(self, summary, killed=False):
         if self.run_id is None:
             return
         if summary is not None:
             self.client.log_dict(self.run_id, summary, "summary.json")
-        self.client.set_terminated(self.run_id, "FINISHED" if summary is not None else "FAILED")
+        self.client.set_terminated(self.run_id, "FINISHED" if summary is not None else "KILLED" if killed else "FAILED")
 
 
 def _flat_params(d: dict, prefix: str = "") -> dict[str, str]:
@@ -262,7 +270,7 @@ class DagsterPipesTracker(Tracker):
         log.addHandler(self.handler)
         return None
 
-    def finish(self, summary):
+    def finish(self, summary, killed=False):
         if self.pipes is None:
             return
         log.removeHandler(self.handler)
@@ -284,13 +292,43 @@ class _PipesLogHandler(logging.Handler):
 TRACKERS: dict[str, type[Tracker]] = {t.name: t for t in (WandbTracker, MlflowTracker, DagsterPipesTracker)}
 
 
+def log_outputs(out: Path, paths: list[Path], metrics: dict | None = None) -> list[str]:
+    """Log ``paths`` (files or directories under the training's output directory ``out``: the exported
+    model or adapter once its model card and lineage.json are written into it) to the runs the
+    training's trackers recorded in ``out/trackers.json``: each tracker of ``report_to`` in
+    ``out/train_config.json`` that recorded a run continues it (W&B resumes it, in a new offline-run
+    directory when offline; MLflow reopens it), logs the paths that exist and ``metrics`` (name ->
+    number, at the training's last step: results measured after it, such as its benchmarks) and
+    finishes it again as succeeded with ``out/summary.json``. Returns the names of the trackers that logged."""
+    from largetrain_core.storage import read_json
+
+    records_file = out / RECORDS
+    records = read_json(records_file, "trackers' run records (trackers.json)") if records_file.exists() else {}
+    config = TrainConfig.from_dict(read_json(out / "train_config.json", "training config (train_config.json)"))
+    summary = read_json(out / "summary.json", "training summary (summary.json)")
+    done = []
+    for name in config.tracking.report_to:
+        if name not in records or name == DagsterPipesTracker.name:
+            continue
+        tracker = TRACKERS[name]()
+        tracker.start(config, records[name]["run_id"])
+        for path in paths:
+            if Path(path).exists():
+                tracker.log_artifact(Path(path))
+        if metrics:
+            tracker.log_metrics(summary.get("steps", 0), metrics)
+        tracker.finish({k: v for k, v in summary.items() if v is not None})
+        done.append(name)
+    return done
+
+
 class Trackers:
-    """Rank 0's trackers, driven as one: :class:`JsonlTracker` and those ``config.report_to`` names.
+    """Rank 0's trackers, driven as one: :class:`JsonlTracker` and those ``config.tracking.report_to`` names.
     Other ranks hold none. Each tracker's record (``start``'s return) is kept in ``trackers.json``."""
 
     def __init__(self, config: TrainConfig, rank: int):
         self.config = config
-        names = config.report_to if rank == 0 else []
+        names = config.tracking.report_to if rank == 0 else []
         self.items: list[Tracker] = ([JsonlTracker()] if rank == 0 else []) + [TRACKERS[n]() for n in names]
         self.records_file = Path(config.output_dir) / RECORDS
         self.finished = False
@@ -315,10 +353,10 @@ class Trackers:
         for t in self.items:
             t.log_artifact(path)
 
-    def finish(self, summary: dict | None) -> None:
-        """Finish every tracker once (a second call does nothing)."""
+    def finish(self, summary: dict | None, killed: bool = False) -> None:
+        """Finish every tracker once (a second call does nothing); ``killed``: see :meth:`Tracker.finish`."""
         if self.finished:
             return
         self.finished = True
         for t in self.items:
-            t.finish(summary)
+            t.finish(summary, killed)

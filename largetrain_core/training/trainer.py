@@ -8,6 +8,9 @@ warmup + cosine schedule and, on CUDA, fp16 with dynamic loss scaling. Outputs u
 ``metrics.jsonl`` and ``trackers.json`` (trackers.py), ``summary.json`` and ``loss_curve.png``
 (training and validation loss and learning rate against step, plots.py).
 
+The loss, in training, in the evaluation during training and in the held-out perplexity
+(largetrain_core.evaluate), is one function: loss.next_token_loss.
+
 Evaluation during training (``eval_strategy: steps``): every ``eval_steps`` steps and after the last
 one, the mean next-token cross-entropy (nats) and perplexity on the first ``eval_max_sequences``
 sequences of the shards' validation split, divided among the ranks; logged as ``eval_loss`` and
@@ -31,18 +34,19 @@ import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from largetrain_core.launch import concerning, maybe_fault
+from largetrain_core.launch import concerning, defer_sigterm, maybe_fault, preempted, raise_on_sigterm, terminated
 from largetrain_core.model import build_model, load_model, parameter_count
 from largetrain_core.shards import DistributedSampler, TokenShards
 from largetrain_core.storage import write_json_atomic
-from largetrain_core.training import checkpoints
+from largetrain_core.training import checkpoints, preflight, sync
 from largetrain_core.training.config import TrainConfig
 from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
 from largetrain_core.training.export import export
 from largetrain_core.training.flops import flops_formula, job_peak_flops, mfu, model_flops_per_token
+from largetrain_core.training.health import RateLimitedWarnings, step_counts
 from largetrain_core.training.lora import add_lora
+from largetrain_core.training.loss import next_token_loss, targets
 from largetrain_core.training.plots import training_curves_png
 from largetrain_core.training.trackers import METRICS, Trackers, read_metrics
 
@@ -56,7 +60,7 @@ def run(cfg: TrainConfig) -> dict:
     try:
         return trainer.fit()
     except BaseException:
-        trainer.trackers.finish(None)
+        trainer.trackers.finish(None, killed=terminated())
         raise
 
 
@@ -66,12 +70,17 @@ class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.cuda = torch.cuda.is_available()
-        cfg.validate(self.cuda)
+        preflight.check_config(cfg, self.cuda)
         deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if self.cuda else torch.device("cpu")
         if self.cuda:
             torch.cuda.set_device(self.device)
+        # URLs (an object-store root): the ranks work on local copies; checkpoints and outputs are uploaded (sync.py)
+        self.cfg, self.remote = cfg, None
+        with concerning(cfg.output_dir, "fetching the training's inputs from the object store"):
+            self.cfg, self.remote = sync.localize(cfg, dist.barrier)
+        cfg = self.cfg
         self.out = Path(cfg.output_dir)
         self.ckpt_root = self.out / "checkpoints"
         if self.rank == 0:
@@ -82,6 +91,8 @@ class Trainer:
         self.first_loss = self.last_loss = None
         self.eval_indices = None  # this rank's validation sequences (None: no evaluation)
         self.eval_seconds = 0.0
+        # skipped steps, non-finite losses and gradient norms: in the log (and Dagster's), rate-limited
+        self.step_warnings = RateLimitedWarnings(log, cfg.health.warning_interval_s)
         # early stopping: the best validation loss so far, its step, evaluations since, and whether it stopped
         self.early = {"best_eval_loss": None, "best_eval_step": None, "bad_evals": 0, "stopped": False}
 
@@ -95,22 +106,30 @@ class Trainer:
         self.trackers.start()
         self.setup()
         t_run = time.perf_counter()
-        while self.step < cfg.max_steps and not self.early["stopped"]:
+        self.saved_step = self.step if self.resumed_from is not None else None  # the newest complete checkpoint's
+        if cfg.checkpointing.preemption_save:
+            defer_sigterm()  # a SIGTERM now ends the run after its step and a checkpoint of it (stop_if_preempted)
+        while self.step < cfg.schedule.max_steps and not self.early["stopped"]:
             row = self.train_step()
+            self.warn_unhealthy(row)
             row.update(self.evaluate())
             self.trackers.log_metrics(self.step, row)
             maybe_fault("after_step", self.step, self.rank)
-            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval_loss" in row:
-                left = (time.perf_counter() - t_run) / self.steps_this_run * (cfg.max_steps - self.step)
+            if self.step % cfg.tracking.logging_steps == 0 or self.step == cfg.schedule.max_steps or "eval_loss" in row:
+                left = (time.perf_counter() - t_run) / self.steps_this_run * (cfg.schedule.max_steps - self.step)
                 evaluated = f", validation loss {row['eval_loss']:.4f}" if "eval_loss" in row else ""
-                self.info(f"step {self.step}/{cfg.max_steps} loss {row['loss']:.4f}{evaluated} lr {row['lr']:.2e} "
+                self.info(f"step {self.step}/{cfg.schedule.max_steps} loss {row['loss']:.4f}{evaluated} lr {row['lr']:.2e} "
                           f"{row['tokens_per_s']:.0f} tokens/s ETA {_duration(left)}")
             if self.early["stopped"]:
                 self.info(f"early stopping at step {self.step}: no validation loss below "
                           f"{self.early['best_eval_loss']:.4f} (step {self.early['best_eval_step']}) by more than "
-                          f"{cfg.early_stopping_threshold} nats in {cfg.early_stopping_patience} evaluations")
-            if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps or self.early["stopped"]:
+                          f"{cfg.evaluation.early_stopping_threshold} nats in {cfg.evaluation.early_stopping_patience} evaluations")
+            if self.step % cfg.checkpointing.save_steps == 0 or self.step == cfg.schedule.max_steps or self.early["stopped"]:
                 self.save()
+            if cfg.checkpointing.preemption_save:
+                self.stop_if_preempted()
+        if cfg.checkpointing.preemption_save:
+            raise_on_sigterm()  # the export: a SIGTERM stops it at once (the last step's checkpoint is complete)
         return self.finish(time.perf_counter() - t_run)
 
     # ------------------------------------------------------------------------------------------
@@ -119,27 +138,27 @@ class Trainer:
     def setup(self) -> None:
         """Seed, open the shards, build the model, start DeepSpeed, resume, and size the step for MFU."""
         cfg = self.cfg
-        self.precision, self.precision_reason = resolve_precision(cfg.precision, self.cuda)
+        self.precision, self.precision_reason = resolve_precision(cfg.precision.dtype, self.cuda)
         self.info(f"precision {self.precision}: {self.precision_reason}")
-        self.info(f"world size {self.world}, device {self.device.type}, ZeRO stage {cfg.zero_stage}, "
-                  f"activation checkpointing {'on' if cfg.activation_checkpointing else 'off'}, "
+        self.info(f"world size {self.world}, device {self.device.type}, ZeRO stage {cfg.parallelism.zero_stage}, "
+                  f"activation checkpointing {'on' if cfg.parallelism.activation_checkpointing else 'off'}, "
                   f"torch threads per rank {torch.get_num_threads()}")
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         with concerning(cfg.train_shards, "opening the token shards"):
-            self.data = TokenShards(Path(cfg.train_shards), "train")
+            self.data = TokenShards(cfg.train_shards, "train")  # at a URL: streamed through the node's cache
         if len(self.data) == 0:
             raise ValueError(f"{cfg.train_shards}: the train split holds no sequence")
-        if cfg.eval_strategy != "no":
-            self.validation = TokenShards(Path(cfg.train_shards), "validation")
+        if cfg.evaluation.eval_strategy != "no":
+            self.validation = TokenShards(cfg.train_shards, "validation")
             if len(self.validation) == 0:
                 raise ValueError(f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to "
                                  "evaluate on; make the shards with validation_fraction > 0 or set eval_strategy 'no'")
             # strided over the first eval_max_sequences: every rank a share, the same sequences every time
-            n = min(len(self.validation), cfg.eval_max_sequences)
+            n = min(len(self.validation), cfg.evaluation.eval_max_sequences)
             self.eval_indices = np.arange(self.rank, n, self.world)
-            self.eval_batches = math.ceil(math.ceil(n / self.world) / cfg.micro_batch_size)  # rank 0's, the most
+            self.eval_batches = math.ceil(math.ceil(n / self.world) / cfg.schedule.micro_batch_size)  # rank 0's, the most
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
         self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")
@@ -148,13 +167,17 @@ class Trainer:
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(cfg, self.world, self.precision, load_universal=load_from != self.resumed_from))
         self.resume(load_from)
-        self.sampler = DistributedSampler(len(self.data), seed=cfg.seed, rank=self.rank, world_size=self.world)
-        self.tokens_per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps * self.world * self.data.seq_len
+        self.sampler = DistributedSampler(len(self.data), seed=cfg.seed, rank=self.rank, world_size=self.world,
+                                          shard_sizes=tuple(self.data.shard_sizes),
+                                          window_shards=cfg.schedule.shuffle_window_shards)
+        self.data.follow(self.sampler, cfg.schedule.micro_batch_size, lambda: self.consumed)  # streamed shards: prefetch
+        self.tokens_per_step = cfg.schedule.micro_batch_size * cfg.schedule.gradient_accumulation_steps * self.world * self.data.seq_len
         mcfg = (model.get_base_model() if cfg.mode == "lora" else model).config
+        self.vocab_size = mcfg.vocab_size  # the logits' width: a uniform prediction's loss is ln of it
         shape = (mcfg.num_hidden_layers, mcfg.hidden_size, self.data.seq_len)
         self.flops_per_token = model_flops_per_token(self.n_params, *shape, n_trainable=self.n_trainable)
         self.mfu_formula = flops_formula(self.n_params, self.n_trainable, *shape)
-        self.peak, self.peak_source = job_peak_flops(cfg.peak_flops, self.cuda, self.world,
+        self.peak, self.peak_source = job_peak_flops(cfg.tracking.peak_flops, self.cuda, self.world,
                                                      int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
         self.info(f"{self.mfu_formula}; peak {self.peak or float('nan'):.3g} FLOP/s: {self.peak_source}")
 
@@ -162,17 +185,17 @@ class Trainer:
         """The preset built from scratch (pretrain) or the base model with a fresh LoRA adapter (lora)."""
         cfg, m = self.cfg, self.data.manifest
         if cfg.mode == "pretrain":
-            model = build_model(cfg.preset, m["vocab_size"], self.data.seq_len, m["eos_id"], m.get("bos_id"), seed=cfg.seed)
+            model = build_model(cfg.model.preset, m["vocab_size"], self.data.seq_len, m["eos_id"], m.get("bos_id"), seed=cfg.seed)
         else:
-            with concerning(cfg.base_model, "loading the base model"):
-                model = load_model(Path(cfg.base_model))
+            with concerning(cfg.model.base_model, "loading the base model"):
+                model = load_model(Path(cfg.model.base_model))
             if model.config.vocab_size < m["vocab_size"]:
                 raise ValueError(f"{cfg.train_shards}: token ids up to {m['vocab_size'] - 1} "
                                  f"do not fit the base model's vocabulary of {model.config.vocab_size}")
-        if cfg.activation_checkpointing:
+        if cfg.parallelism.activation_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if cfg.mode == "lora":
-            model, targets = add_lora(model, cfg.lora, cfg.activation_checkpointing)
+            model, targets = add_lora(model, cfg.lora, cfg.parallelism.activation_checkpointing)
             self.info(f"LoRA r={cfg.lora.r} lora_alpha={cfg.lora.lora_alpha} on {targets}")
         return model
 
@@ -180,11 +203,15 @@ class Trainer:
         """(the checkpoint ``resume_from_checkpoint`` names, what to load for it): the checkpoint itself,
         or, when it was written by another number of ranks under ZeRO, its universal form, converted
         by rank 0 (checkpoints.universal)."""
-        ckpt, skipped = checkpoints.resume_point(self.cfg.resume_from_checkpoint, self.ckpt_root)
+        if self.remote is not None and self.cfg.checkpointing.resume_from_checkpoint == "auto":
+            if sync.node_leader():  # the newest complete checkpoint in the bucket, local on every node
+                self.remote.pull_newest_checkpoint(self.ckpt_root)
+            dist.barrier()
+        ckpt, skipped = checkpoints.resume_point(self.cfg.checkpointing.resume_from_checkpoint, self.ckpt_root)
         for s in skipped:
             self.info(s)
         self.resumed_world = checkpoints.saved_topology(ckpt)["world_size"] if ckpt else None
-        if ckpt is None or not checkpoints.needs_universal(ckpt, self.world, self.cfg.zero_stage):
+        if ckpt is None or not checkpoints.needs_universal(ckpt, self.world, self.cfg.parallelism.zero_stage):
             return ckpt, ckpt
         self.info(f"{ckpt} was written by {self.resumed_world} ranks, this run has {self.world}: "
                   "loading it through DeepSpeed's universal checkpoint format")
@@ -197,7 +224,7 @@ class Trainer:
         """Load ``load_from`` (engine state, step, samples, RNG), if any."""
         cfg = self.cfg
         if self.resumed_from is None:
-            self.info("starting from scratch" if cfg.mode == "pretrain" else f"starting LoRA on {cfg.base_model}")
+            self.info("starting from scratch" if cfg.mode == "pretrain" else f"starting LoRA on {cfg.model.base_model}")
             return
         client = checkpoints.load(self.engine, load_from, self.rank)
         if client["config_hash"] != cfg.config_hash():
@@ -213,14 +240,14 @@ class Trainer:
     def train_step(self) -> dict:
         """One optimizer step: ``gradient_accumulation_steps`` micro-batches on every rank; returns the
         step's metrics (loss = mean next-token cross-entropy in nats over every rank's micro-batches)."""
-        mb, ga = self.cfg.micro_batch_size, self.cfg.gradient_accumulation_steps
+        mb, ga = self.cfg.schedule.micro_batch_size, self.cfg.schedule.gradient_accumulation_steps
         t0 = time.perf_counter()
+        skipped_before = int(self.engine.skipped_steps)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(ga):
             idx = self.sampler.indices(self.consumed + micro * mb * self.world, mb)
             batch = torch.from_numpy(self.data.take(idx).astype(np.int64)).to(self.device)
-            logits = self.engine(input_ids=batch[:, :-1]).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            loss = next_token_loss(self.engine, batch)
             self.engine.backward(loss)
             self.engine.step()
             loss_sum += loss.detach().double()
@@ -231,15 +258,32 @@ class Trainer:
         step_loss = float(loss_sum) / (ga * self.world)
         self.first_loss = step_loss if self.first_loss is None else self.first_loss
         self.last_loss = step_loss
-        if not math.isfinite(step_loss):
-            self.info(f"step {self.step}: loss {step_loss} is not finite")
-        return self.step_metrics(step_loss, time.perf_counter() - t0)
+        row = self.step_metrics(step_loss, time.perf_counter() - t0)
+        row["step_skipped"] = int(self.engine.skipped_steps) > skipped_before
+        return row
+
+    def warn_unhealthy(self, row: dict) -> None:
+        """Rank 0 warns (rate-limited, health.warning_interval_s) of a step skipped for a gradient overflow,
+        a non-finite loss or a non-finite gradient norm; health.judge counts them after the run."""
+        if self.rank != 0:
+            return
+        if row["step_skipped"]:
+            scale = f", loss scale now {row['loss_scale']:g}" if "loss_scale" in row else ""
+            self.step_warnings.warn("skipped-step", f"step {self.step} skipped by DeepSpeed: the gradients overflowed "
+                                                    f"(not finite), the weights were not updated{scale}")
+        if not math.isfinite(row["loss"]):
+            self.step_warnings.warn("non-finite-loss", f"step {self.step}: loss {row['loss']} is not finite")
+        grad_norm = row.get("grad_norm")
+        if grad_norm is not None and not math.isfinite(grad_norm) and not row["step_skipped"]:
+            self.step_warnings.warn("non-finite-gradient-norm", f"step {self.step}: gradient norm {grad_norm} is not "
+                                                                "finite; the update reached the weights (the training diverges: "
+                                                                "lower the learning rate)")
 
     def step_metrics(self, loss: float, dt: float) -> dict:
         """loss, lr, grad_norm, tokens_per_s, step_time_s (s), consumed_samples, mfu; loss_scale and
-        skipped_steps in fp16; peak_memory_gib (CUDA allocator) or peak_rss_gib (CPU, this rank)."""
+        skipped_steps (DeepSpeed's count, kept in checkpoints) in fp16; peak_memory_gib (CUDA allocator) or peak_rss_gib (CPU, this rank)."""
         grad_norm = self.engine.get_global_grad_norm()
-        row = {"loss": loss, "lr": self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.learning_rate,
+        row = {"loss": loss, "lr": self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.optimizer.learning_rate,
                "grad_norm": float(grad_norm) if grad_norm is not None else None,
                "tokens_per_s": self.tokens_per_step / dt, "step_time_s": dt, "consumed_samples": self.consumed,
                "mfu": mfu(self.tokens_per_step / dt, self.flops_per_token, self.peak)}
@@ -257,7 +301,7 @@ class Trainer:
         Every rank takes part. Eval mode, no gradients, every RNG state restored afterwards; updates the
         early-stopping state."""
         cfg = self.cfg
-        if self.eval_indices is None or not (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
+        if self.eval_indices is None or not (self.step % cfg.evaluation.eval_steps == 0 or self.step == cfg.schedule.max_steps):
             return {}
         t0 = time.perf_counter()
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # nats, target tokens
@@ -267,15 +311,14 @@ class Trainer:
                 # Every rank runs the same number of forward passes (ZeRO-3 gathers the weights of each
                 # layer from all ranks in every forward): a rank short of sequences runs sequence 0 and
                 # does not count it.
-                for start in range(0, self.eval_batches * cfg.micro_batch_size, cfg.micro_batch_size):
-                    idx = self.eval_indices[start:start + cfg.micro_batch_size]
+                for start in range(0, self.eval_batches * cfg.schedule.micro_batch_size, cfg.schedule.micro_batch_size):
+                    idx = self.eval_indices[start:start + cfg.schedule.micro_batch_size]
                     counted = len(idx) > 0
                     batch = torch.from_numpy(self.validation.take(idx if counted else [0]).astype(np.int64)).to(self.device)
-                    logits = self.engine(input_ids=batch[:, :-1]).logits
+                    nats = next_token_loss(self.engine, batch, reduction="sum")
                     if counted:
-                        sums[0] += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                                   batch[:, 1:].reshape(-1), reduction="sum").double()
-                        sums[1] += batch[:, 1:].numel()
+                        sums[0] += nats.double()
+                        sums[1] += targets(batch)
             finally:
                 self.engine.train()
         dist.all_reduce(sums)
@@ -284,22 +327,47 @@ class Trainer:
         self.eval_seconds += seconds
         # Hugging Face's rule: the best is the lowest loss; patience counts evaluations not below it by the threshold
         e = self.early
-        enough = e["best_eval_loss"] is None or loss < e["best_eval_loss"] - cfg.early_stopping_threshold
+        enough = e["best_eval_loss"] is None or loss < e["best_eval_loss"] - cfg.evaluation.early_stopping_threshold
         e["bad_evals"] = 0 if enough else e["bad_evals"] + 1
         if e["best_eval_loss"] is None or loss < e["best_eval_loss"]:
             e.update(best_eval_loss=loss, best_eval_step=self.step)
-        if cfg.early_stopping_patience is not None and e["bad_evals"] >= cfg.early_stopping_patience:
+        if cfg.evaluation.early_stopping_patience is not None and e["bad_evals"] >= cfg.evaluation.early_stopping_patience:
             e["stopped"] = True
         return {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else math.inf,
                 "eval_seconds": seconds}
+
+    def stop_if_preempted(self) -> None:
+        """After a step: whether any rank got SIGTERM (launch.defer_sigterm), agreed by an all_reduce (MAX)
+        of every rank's flag, so that all ranks stop after the same step however far apart their signals
+        came. If so, save a complete checkpoint of this step (unless the newest is fewer than
+        ``preemption_min_new_steps`` steps older, said in the log) and raise launch.preempted's
+        SignalException: transient, the run is retried and resumes from it."""
+        flag = torch.tensor([1.0 if terminated() else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not flag.item():
+            return
+        ck = self.cfg.checkpointing
+        age = None if self.saved_step is None else self.step - self.saved_step
+        if age is None or age >= ck.preemption_min_new_steps:
+            self.info(f"preempted (SIGTERM) after step {self.step}: saving checkpoint {checkpoints.tag(self.step)} "
+                      f"within preemption_grace_seconds {ck.preemption_grace_seconds:g}")
+            self.save()
+            saved = f"saved checkpoint {checkpoints.tag(self.step)}"
+        else:
+            saved = f"kept checkpoint {checkpoints.tag(self.saved_step)}"
+            self.info(f"preempted (SIGTERM) after step {self.step}: preemption save skipped, checkpoint "
+                      f"{checkpoints.tag(self.saved_step)} is {age} step(s) old (< preemption_min_new_steps "
+                      f"{ck.preemption_min_new_steps})")
+        raise preempted(f"preempted: SIGTERM, stopped after step {self.step} and {saved}")
 
     def save(self) -> None:
         """A complete checkpoint of the current step (checkpoints.save), with the sampler's position."""
         client = {"consumed_samples": self.consumed, "sampler_seed": self.cfg.seed,
                   "sampler_epoch": self.consumed // len(self.data), "config_hash": self.cfg.config_hash(),
                   "early_stopping": dict(self.early)}
-        checkpoints.save(self.engine, self.ckpt_root, self.step, client, self.cfg.save_total_limit, self.rank,
-                         self.world, dist)
+        checkpoints.save(self.engine, self.ckpt_root, self.step, client, self.cfg.checkpointing.save_total_limit, self.rank,
+                         self.world, dist, self.remote)
+        self.saved_step = self.step
         self.info(f"checkpoint {checkpoints.tag(self.step)} complete")
 
     # ------------------------------------------------------------------------------------------
@@ -315,7 +383,9 @@ class Trainer:
         dist.barrier()
         summary = self.summary(export_dir, elapsed)
         if self.rank == 0:
+            self.step_warnings.flush()
             rows = read_metrics(self.out / METRICS)
+            summary.update(step_counts(rows))  # every start's steps, a redone step once
             summary["mean_mfu"] = (sum(r["mfu"] for r in rows if r.get("mfu")) / len(rows)) if self.peak and rows else None
             evals = [r for r in rows if r.get("eval_loss") is not None]  # every start's, a resumed run's too
             if evals:
@@ -325,10 +395,15 @@ class Trainer:
             title = {"pretrain": "pretraining", "lora": "LoRA adapter"}[self.cfg.mode]
             summary["loss_curve"] = str(training_curves_png(rows, self.out / "loss_curve.png", title))
             write_json_atomic(self.out / "summary.json", summary)
-            for path in (Path(summary["loss_curve"]), export_dir, self.out / "merged"):
+            # Under Dagster (dagster_pipes) the asset logs the exported directories once it has written
+            # their model card and lineage.json into them (trackers.log_outputs); run alone, the training does.
+            dirs = [] if "dagster_pipes" in self.cfg.tracking.report_to else [export_dir, self.out / "merged"]
+            for path in (Path(summary["loss_curve"]), *dirs):
                 if path.exists():
                     self.trackers.log_artifact(path)
         self.trackers.finish({k: v for k, v in summary.items() if v is not None})
+        if self.remote is not None and self.rank == 0:
+            self.remote.push_outputs()
         return summary
 
     def summary(self, export_dir: Path, elapsed: float) -> dict:
@@ -343,8 +418,9 @@ class Trainer:
                 "resumed_from_step": self.step - self.steps_this_run if self.resumed_from else None,
                 "resumed_from_world_size": self.resumed_world,
                 "tokens_seen": self.consumed * self.data.seq_len, "precision": self.precision,
-                "precision_reason": self.precision_reason, "world_size": self.world, "zero_stage": self.cfg.zero_stage,
-                "parameters": self.n_params, "trainable_parameters": self.n_trainable, "output": str(export_dir),
+                "precision_reason": self.precision_reason, "world_size": self.world, "zero_stage": self.cfg.parallelism.zero_stage,
+                "parameters": self.n_params, "trainable_parameters": self.n_trainable, "vocab_size": self.vocab_size,
+                "output": str(export_dir),
                 "train_seconds": elapsed}
 
 

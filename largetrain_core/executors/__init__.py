@@ -1,0 +1,1 @@
+"""Where data preparation computes: the interface (base), and the local and Spark executors."""

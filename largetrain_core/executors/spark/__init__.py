@@ -1,0 +1,22 @@
+"""The Spark executor: raw_corpus, cleaned_text and deduplicated_text on Apache Spark with the outputs
+of the local executor (same documents in the same order, same rejected, filtered and duplicate
+records with the same reason codes, same counts), in the same on-disk layout. One implementation of
+every rule: Spark runs the core functions, it does not re-express them. Only the application's
+modules import pyspark; this package's import (the submitting process) does not.
+
+By concern, one module each:
+
+* ``submit``      the executor of the submitting process: the job file, ``spark-submit``, the counts back
+* ``job``         the Spark application of one stage (``spark-submit .../job.py JOB.json``)
+* ``session``     the SparkSession: this interpreter on the executors, 127.0.0.1 for local masters
+* ``tasks``       items cut into byte-balanced runs, one task each; their counts collected
+* ``commit``      the task commit protocol: attempt directories, publish by rename (or one PUT under a
+                  bucket version's prefix), inputs from the bucket, the driver's check
+* ``ingest``      raw_corpus: chunks of files read by the core reader
+* ``map_parts``   a per-document stage (cleaned_text's rules, any PartStep) part by part
+* ``dedup``       deduplicated_text: signatures, the shuffle on (band, hash), duplicates, kept documents
+* ``components``  connected components by alternating large-star and small-star (Kiveris et al. 2014)
+* ``progress``    the step the driver is in and Spark stage progress, for the log
+"""
+
+from largetrain_core.executors.spark.submit import EXECUTOR, SparkExecutor  # noqa: F401

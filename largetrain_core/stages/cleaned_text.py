@@ -1,0 +1,43 @@
+"""cleaned_text: one raw_corpus partition normalized and filtered by the quality rules
+(largetrain_core.clean.Cleaning, a largetrain_core.parts.PartStep, on the run's executor); every
+removed document with its reason code in filtered.parquet; and the MinHash signatures of the kept
+documents, per part in ``signatures/`` (largetrain_core.parts.WithSignatures: in the same pass, on the
+same executor), so that the global deduplicated_text only clusters.
+
+Data version: the code version, the quality and MinHash settings and raw_corpus's data version.
+"""
+
+from __future__ import annotations
+
+from largetrain_core.accounting import WARN_REMOVED, removal_warning
+from largetrain_core.artifacts import CODE_VERSIONS
+from largetrain_core.clean import Cleaning, QualityConfig, pii_redactions
+from largetrain_core.dedup import DedupConfig
+from largetrain_core.parts import WithSignatures
+from largetrain_core.stages.base import Artifact, StageResult, StageRun, count_table, executor_metadata, mib, percent
+from largetrain_core.storage import data_version
+
+
+def cleaned_text(quality: QualityConfig, raw: Artifact, run: StageRun,
+                 warn_removed_fraction: float | None = WARN_REMOVED, dedup: DedupConfig = DedupConfig()) -> StageResult:
+    """Clean the raw_corpus partition ``raw`` into ``<root>/<asset>/<partition>/<version>/``.
+
+    Stats: the step's counts (input, kept, filtered, filtered_by_reason, nul_removed,
+    control_removed, c4_lines_removed, bytes_kept, pii_<kind>, pii_documents) and raw's partition. Warns (metadata
+    ``removal_warning``) when more than ``warn_removed_fraction`` of the partition is filtered, with
+    the top reasons and the setting of each (largetrain_core.accounting.removal_warning). ``dedup``: the
+    MinHash settings of the signatures (recorded in the stats as ``dedup``, which deduplicated_text uses)."""
+    version = data_version(CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw.data_version, dedup.to_dict())
+    part = {k: raw.stats[k] for k in ("partition", "partitions")}
+    step = WithSignatures(Cleaning(quality), dedup)
+    built = run.build_or_reuse(version, lambda out: {**run.executor.map_parts(step, raw.path, out), **part,
+                                                     "dedup": dedup.to_dict()})
+    stats = built.stats
+    result = StageResult.built(built, version, metadata={
+        "filtered_by_reason": count_table(stats["filtered_by_reason"]), "kept_percent": percent(stats["kept"], stats["input"]),
+        "kept_mib": mib(stats["bytes_kept"]), **executor_metadata(stats)})
+    if quality.redact_pii:  # replacements in the kept text, beside the accounting (they remove no document)
+        result.metadata["pii_redacted"] = count_table(pii_redactions([stats]), ("kind", "replacements"))
+    result.warn(removal_warning(run.name, stats["input"], [("filtered", r, n) for r, n in stats["filtered_by_reason"].items()],
+                                warn_removed_fraction), key="removal_warning")
+    return result

@@ -1,0 +1,133 @@
+"""Whether a finished training is healthy: :func:`judge` of its ``metrics.jsonl`` rows, the training
+assets' blocking check, with the thresholds of ``TrainConfig.health`` (config.HealthSettings, where
+each one's source is given); and :class:`RateLimitedWarnings`, how a rank's warnings about its steps
+(skipped for a gradient overflow, a non-finite loss or gradient norm) reach the log, and through the
+dagster_pipes tracker the Dagster run log, without flooding it.
+
+A step is *skipped* when DeepSpeed found its gradients overflowed (not finite) and left the weights
+as they were (``step_skipped`` in its metrics row): fp16's dynamic loss scaler does so, and so do the
+ZeRO optimizers' overflow checks in any precision; elsewhere a non-finite gradient norm reaches the
+weights. Both count against ``max_skipped_fraction``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from largetrain_core.storage import loading
+from largetrain_core.training.config import HealthSettings
+from largetrain_core.training.trackers import read_metrics
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``passed``: no problem; ``problems``: each cause in words, naming the threshold it broke;
+    ``numbers``: what was measured (counts of steps; losses in nats; fractions in [0, 1])."""
+
+    passed: bool
+    problems: list[str] = field(default_factory=list)
+    numbers: dict = field(default_factory=dict)
+
+
+def _finite(x) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings) -> Verdict:
+    """Judge a training from its metrics rows (one per optimizer step, ascending, as
+    trackers.read_metrics gives them: ``loss`` in nats, ``grad_norm`` or None, ``step_skipped``).
+
+    It fails when a loss is not finite; when more than ``max_skipped_fraction`` of the steps were
+    skipped or had a non-finite gradient norm; when the mean loss of the last 10% of steps is not
+    below that of the first 10% by ``min_loss_decrease`` (a fraction of the first); when it is not at
+    least ``min_nats_below_uniform`` nats below ln(``vocab_size``), the loss of a uniform prediction
+    over the model's vocabulary (not judged when ``vocab_size`` is None)."""
+    n = len(rows)
+    if not n:
+        return Verdict(False, ["no training step was logged"], {"steps_logged": 0})
+    losses = [r["loss"] for r in rows]
+    skipped = [r["step"] for r in rows if r.get("step_skipped")]
+    bad_norm = [r["step"] for r in rows if r.get("grad_norm") is not None and not math.isfinite(r["grad_norm"])]
+    bad_loss = [r["step"] for r in rows if not _finite(r["loss"])]
+    unhealthy = sorted(set(skipped) | set(bad_norm))
+    k = max(1, n // 10)
+    start, end = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    numbers = {"steps_logged": n, "skipped_steps": len(skipped), "nonfinite_grad_norm_steps": len(bad_norm),
+               "nonfinite_loss_steps": len(bad_loss), "skipped_or_nonfinite_fraction": round(len(unhealthy) / n, 4),
+               "mean_loss_first_10pct": start, "mean_loss_last_10pct": end}
+    problems = []
+    if bad_loss:
+        problems.append(f"the loss is not finite at {len(bad_loss)} of {n} steps (first at step {bad_loss[0]})")
+    if len(unhealthy) / n > settings.max_skipped_fraction:
+        problems.append(
+            f"{len(unhealthy)} of {n} steps ({len(unhealthy) / n:.0%}, from step {unhealthy[0]}) were skipped for a gradient "
+            f"overflow ({len(skipped)}) or had a non-finite gradient norm ({len(bad_norm)}): more than "
+            f"health.max_skipped_fraction {settings.max_skipped_fraction:g}; the training diverged (lower the learning rate)")
+    if math.isfinite(start) and math.isfinite(end):
+        numbers["loss_decrease_fraction"] = round((start - end) / start, 4) if start else None
+        if not end < start * (1 - settings.min_loss_decrease):
+            problems.append(
+                f"the mean loss fell from {start:.4f} to {end:.4f} nats (first and last 10% of steps, "
+                f"{(start - end) / start:.1%}): not below the first by health.min_loss_decrease "
+                f"{settings.min_loss_decrease:.0%}")
+        if vocab_size:
+            uniform = math.log(vocab_size)
+            numbers.update(vocab_size=vocab_size, uniform_loss=uniform, nats_below_uniform=uniform - end)
+            if not end < uniform - settings.min_nats_below_uniform:
+                problems.append(
+                    f"the mean loss of the last 10% of steps, {end:.4f} nats, is {uniform - end:.4f} nats below "
+                    f"ln(vocabulary size {vocab_size}) = {uniform:.4f}, the loss of predicting every token equally: "
+                    f"not the health.min_nats_below_uniform {settings.min_nats_below_uniform:g} that shows it learnt")
+    return Verdict(not problems, problems, numbers)
+
+
+def judge_metrics(metrics_file: Path, vocab_size: int | None, settings: HealthSettings) -> Verdict:
+    """:func:`judge` of ``metrics_file`` (metrics.jsonl) read as trackers.read_metrics reads it: a step
+    run again after a resume counts once, with its last row. Raises ArtefactError naming the file
+    when it is missing or not JSON lines."""
+    with loading(metrics_file, "training metrics (JSON lines with a step and a loss)"):
+        rows = read_metrics(metrics_file)
+    return judge(rows, vocab_size, settings)
+
+
+def step_counts(rows: list[dict]) -> dict:
+    """``skipped_steps`` and ``nonfinite_grad_norm_steps`` of a run's metrics rows (read_metrics)."""
+    return {"skipped_steps": sum(1 for r in rows if r.get("step_skipped")),
+            "nonfinite_grad_norm_steps": sum(1 for r in rows if r.get("grad_norm") is not None
+                                             and not math.isfinite(r["grad_norm"]))}
+
+
+class RateLimitedWarnings:
+    """Warnings of one kind to ``logger``: the first ``first`` of each kind, then at most one per
+    ``interval_s`` seconds, which says how many of its kind were held back since the last one shown;
+    :meth:`flush` says how many were held back at the end. ``clock``: seconds (monotonic)."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float, first: int = 3,
+                 clock: Callable[[], float] = time.monotonic):
+        self.logger, self.interval_s, self.first, self.clock = logger, interval_s, first, clock
+        self.seen: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+        self.last_shown: dict[str, float] = {}
+
+    def warn(self, kind: str, message: str) -> bool:
+        """Log ``message`` (of ``kind``) unless held back; returns whether it was logged."""
+        now = self.clock()
+        self.seen[kind] = self.seen.get(kind, 0) + 1
+        if self.seen[kind] > self.first and now - self.last_shown.get(kind, -math.inf) < self.interval_s:
+            self.held[kind] = self.held.get(kind, 0) + 1
+            return False
+        held = self.held.pop(kind, 0)
+        self.logger.warning(message + (f" ({held} more {kind} warnings held back since the last one)" if held else ""))
+        self.last_shown[kind] = now
+        return True
+
+    def flush(self) -> None:
+        """Say how many warnings of each kind were held back since the last one shown."""
+        for kind, held in sorted(self.held.items()):
+            self.logger.warning(f"{held} more {kind} warnings held back ({self.seen[kind]} in all)")
+        self.held.clear()

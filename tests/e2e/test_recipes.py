@@ -1,0 +1,229 @@
+"""The three recipes of docs/guides/your-data.md (recipe 1 is the README's quick start), materialized from their config files
+in configs/ with the asset selections their headers give to `dagster asset materialize`, so that the
+recipes cannot rot: 2 (pretrain on your corpus) on an empty storage root, then 1 (LoRA on your corpus
+with the existing base), then 3 (import a Hugging Face model directory and adapt it).
+
+Each config file is read as it is; the test overrides only paths (the corpora, the model directory)
+and sizes (sequence length, vocabulary, preset, steps, evaluation) to keep it small, and cuts the run
+config down to each run's steps as the CLI's runs use it (keys of other steps are not used by a run).
+Every key of every file must name a step of the code location (configs.check_ops_keys).
+"""
+
+import copy
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+
+from helpers import REPO, TICKETS
+from largetrain_dagster.configs import check_ops_keys, deep_merge
+from largetrain_dagster.corpus import dedup_checks
+from largetrain_dagster.definitions import ROLES, build_definitions, lineage_assets
+from largetrain_dagster.partitions import DATA_PARTITIONS, PARTITIONED_KEYS
+from largetrain_dagster.summary import render
+from helpers.docblocks import Block, commands, section_blocks
+from helpers.corpora import SHORT_RUN, labelled_corpus
+
+PARTITION_KEYS = DATA_PARTITIONS.get_partition_keys()
+
+SMALL = {  # sizes only: what each recipe does stays as its file says
+    "tokenizer": {"vocab_size": 400},
+    "pretrain__token_shards": {"seq_len": 32},
+    "domain__token_shards": {"seq_len": 32},
+    "base_checkpoint": {"model": {"preset": "llama-tiny"}, "schedule": {"max_steps": 6, "warmup_steps": 1, "micro_batch_size": 4},
+                        "checkpointing": {"save_steps": 3}, "tracking": {"logging_steps": 3},
+                        "optimizer": {"learning_rate": 0.005}, **SHORT_RUN},
+    "lora_adapter": {"schedule": {"max_steps": 6, "warmup_steps": 1, "micro_batch_size": 4}, "checkpointing": {"save_steps": 3},
+                     "tracking": {"logging_steps": 3}, "optimizer": {"learning_rate": 0.01}, **SHORT_RUN},
+    "evaluation": {"max_sequences": 8, "max_new_tokens": 4},
+}
+
+
+def recipe_commands(path: Path) -> list[tuple[str, bool]]:
+    """(asset selection, run once per data partition) of each `dagster asset materialize` in the file's
+    header, in order; each must name this file with -c."""
+    header = "\n".join(line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#"))
+    commands = []
+    for chunk in header.split("dagster asset materialize")[1:]:
+        chunk = chunk.split(".venv/bin/")[0]
+        assert f"-c configs/{path.name}" in chunk, chunk
+        commands.append((re.search(r"--select '([^']+)'", chunk).group(1), "--partition $p" in chunk))
+    loop = re.search(r"for p in \$\((.+?)\); do", header)
+    if any(parted for _, parted in commands):  # the loop runs over what the command prints: every data partition
+        assert loop, header
+        printed = subprocess.run(shlex.split(loop.group(1).replace(".venv/bin/python", sys.executable)),
+                                 cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+        assert printed == PARTITION_KEYS
+    return commands
+
+
+def documented_keys(path: Path) -> set[str]:
+    """The asset keys the file's ``# Materializes:`` line lists."""
+    line = next(line for line in path.read_text().splitlines() if line.startswith("# Materializes:"))
+    return {k.strip() for k in line.split(":", 1)[1].split(",")}
+
+
+def merged(base: dict, extra: dict) -> dict:
+    """``base``'s step configs with ``extra``'s values, sections merged setting by setting."""
+    out = copy.deepcopy(base)
+    for op, cfg in extra.items():
+        step = out.setdefault(op, {}).setdefault("config", {})
+        step.update(deep_merge(step, cfg))
+    return out
+
+
+class Lab:
+    """One storage root and one Dagster instance that the recipes run on in turn."""
+
+    def __init__(self, root: Path, instance: DagsterInstance):
+        self.root, self.instance = root, instance
+        self.defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled", report_to=[])
+        self.graph = self.defs.resolve_asset_graph()
+        self.assets = [*lineage_assets(), *dedup_checks(ROLES)]
+        self.known = {n.name for job in [self.defs.resolve_implicit_global_asset_job_def()] for n in job.graph.nodes}
+
+    def run(self, name: str, overrides: dict) -> tuple[set[str], list]:
+        """Materialize recipe ``name`` as its header says, its file's config with ``overrides`` and SMALL.
+        Returns (the asset keys materialized, the results)."""
+        path = REPO / "configs" / name
+        cfg = yaml.safe_load(path.read_text())
+        check_ops_keys(cfg, set(), self.known)  # every key names a step (raises RunConfigError otherwise)
+        ops = merged(cfg["ops"], {op: v for op, v in SMALL.items() if op in cfg["ops"] or op in overrides})
+        ops = merged(ops, overrides)
+        if "pretrained_model" in ops.get("tokenizer", {}).get("config", {}):
+            ops["tokenizer"]["config"].pop("vocab_size", None)
+        done, results = set(), []
+        for select, parted in recipe_commands(path):
+            keys = AssetSelection.from_coercible(select.split(",")).resolve(self.graph)  # as the CLI resolves it
+            assert all(k.path[0] != "landed" for k in keys) and (parted == all(k in PARTITIONED_KEYS for k in keys))
+            run_config = {"ops": {op: c for op, c in ops.items() if AssetKey(op.split("__")) in keys}}
+            for pk in PARTITION_KEYS if parted else [None]:
+                result = materialize(self.assets, resources=self.defs.resources, instance=self.instance,
+                                     run_config=run_config, selection=list(keys), partition_key=pk)
+                assert result.success, (name, select, pk)
+                checks = result.get_asset_check_evaluations()
+                assert all(c.passed for c in checks), [(c.asset_key, c.check_name) for c in checks if not c.passed]
+                results.append(result)
+                done |= {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+        return done, results
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    with DagsterInstance.ephemeral() as instance:
+        yield Lab(tmp_path_factory.mktemp("recipes") / "root", instance)
+
+
+@pytest.fixture(scope="module")
+def tickets(tmp_path_factory) -> Path:
+    """A slice of the new user's corpus (tests/data/support_tickets.jsonl): 300 labelled short records."""
+    path = tmp_path_factory.mktemp("my_data") / "tickets.jsonl"
+    path.write_text("".join(TICKETS.read_text().splitlines(keepends=True)[:300]))
+    return path
+
+
+def md(instance: DagsterInstance, key: str) -> dict:
+    ev = instance.get_latest_materialization_event(AssetKey.from_user_string(key))
+    return {k: getattr(v, "value", v) for k, v in ev.asset_materialization.metadata.items()}
+
+
+def run_id(instance: DagsterInstance, key: str) -> str:
+    return instance.get_latest_materialization_event(AssetKey.from_user_string(key)).run_id
+
+
+@pytest.fixture(scope="module")
+def recipe2(lab, tickets, tmp_path_factory):
+    """Recipe 2 on an empty root: pretrain on prose documents of one's own, the tickets as the domain corpus."""
+    books = labelled_corpus(tmp_path_factory.mktemp("books") / "books.jsonl")
+    overrides = {"pretrain__raw_corpus": {"path": str(books)}, "domain__raw_corpus": {"path": str(tickets)},
+                 "domain__cleaned_text": {"gopher_quality": False}}
+    done, _ = lab.run("pretrain_on_my_corpus.yaml", overrides)
+    return done, books
+
+
+def test_quick_start_is_recipe_1():
+    """README.md's quick start (section "Your own data and model") runs the commands of recipe 1's header,
+    which the recipe tests below materialize (the asset selections, the partition loop run as written)."""
+    (block,) = section_blocks("README.md", "Your own data and model", "sh")
+    path = REPO / "configs" / "lora_on_my_corpus.yaml"
+    comment = "\n".join(line[1:] for line in path.read_text().splitlines() if line.startswith("#"))
+    (header,) = [p for p in comment.split("\n\n") if "dagster asset materialize" in p]  # the paragraph of commands
+    assert commands(block) == commands(Block(str(path), 1, "sh", "", header, ()))
+    assert [select for select, _ in recipe_commands(path)] == [
+        re.search(r"--select '([^']+)'", c).group(1) for c in commands(block) if "--select" in c]
+
+
+def test_recipe_2_pretrain_on_your_corpus(lab, recipe2):
+    done, books = recipe2
+    assert done == documented_keys(REPO / "configs" / "pretrain_on_my_corpus.yaml")
+    assert done == {k.to_user_string() for a in lineage_assets() for k in a.keys}
+    text = render(lab.instance)
+    assert f"pretraining corpus (pretrain): {books.resolve()}" in text
+    assert "corpus version: no provenance file; content digest " in text and "(every partition)" in text
+    assert "base model: pretrained here from preset llama-tiny: loss" in text
+    assert "LoRA adapter: r=16, lora_alpha=32 on down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in text
+    # the evaluation's sample generations: each configured prompt, base and adapter on one line each
+    samples = text.split("sample generations (greedy, at most 4 new tokens):\n")[1].splitlines()
+    prompts = md(lab.instance, "evaluation")["config"]["prompts"]
+    for i, prompt in enumerate(prompts[:3]):
+        assert samples[3 * i] == f"  prompt {prompt!r}"
+        assert samples[3 * i + 1].startswith("    base:           '") and samples[3 * i + 2].startswith("    base + adapter: '")
+
+
+def test_recipe_1_lora_on_your_corpus_with_the_existing_base(lab, recipe2, tickets):
+    before = {k: run_id(lab.instance, k) for k in ("tokenizer", "base_checkpoint", "pretrain/token_shards")}
+    base_version = md(lab.instance, "base_checkpoint")["data_version"]
+    done, _ = lab.run("lora_on_my_corpus.yaml", {"domain__raw_corpus": {"path": str(tickets)}})
+    assert done == documented_keys(REPO / "configs" / "lora_on_my_corpus.yaml")
+    assert {k: run_id(lab.instance, k) for k in before} == before  # the existing base and tokenizer, untouched
+    lora = md(lab.instance, "lora_adapter")
+    assert json.loads((Path(lora["path"]) / "train_config.json").read_text())["model"]["base_model"].startswith(
+        str(lab.root.resolve() / "base_checkpoint" / base_version))
+    dedup, shards = md(lab.instance, "domain/deduplicated_text"), md(lab.instance, "domain/token_shards")
+    hist = dedup["balance"]["after"]
+    assert set(hist) == {"account", "billing", "shipping", "technical"} and len(set(hist.values())) == 1
+    assert dedup["balance_repeats"] > 0 and shards["train_repeat_copies"] > 0  # the up-sample: repeats, not duplicates
+    text = render(lab.instance)
+    assert f"domain corpus (domain): {tickets.resolve()}" in text and "balancing (up-sampled, seed 0): per class" in text
+    assert "intended repeats, not duplicates" in text and "the train split repeats" in text
+
+
+@pytest.fixture(scope="module")
+def someones_model(tmp_path_factory, tickets) -> Path:
+    """A local Hugging Face directory as `save_pretrained` writes it: a tiny Llama and a byte-level BPE
+    with its own special tokens (``<s>``, ``</s>``), trained here on the tickets. No hub access."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from largetrain_core.model import build_model
+
+    src = tmp_path_factory.mktemp("someones_model")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = [json.loads(line)["text"] for line in TICKETS.read_text().splitlines()]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    tok.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    build_model("llama-tiny", 400, 64, eos_id=tok.token_to_id("</s>"), bos_id=tok.token_to_id("<s>"), seed=3).save_pretrained(src)
+    return src
+
+
+def test_recipe_3_import_a_hugging_face_model_and_adapt_it(lab, recipe2, tickets, someones_model):
+    pretrain_dedup = run_id(lab.instance, "pretrain/deduplicated_text")
+    done, _ = lab.run("import_hf_model.yaml", {"domain__raw_corpus": {"path": str(tickets)},
+                                                "tokenizer": {"pretrained_model": str(someones_model)},
+                                                "base_checkpoint": {"pretrained_model": str(someones_model)}})
+    assert done == documented_keys(REPO / "configs" / "import_hf_model.yaml")
+    assert run_id(lab.instance, "pretrain/deduplicated_text") == pretrain_dedup
+    assert md(lab.instance, "tokenizer")["config"]["pretrained_model"] == str(someones_model)
+    text = render(lab.instance)
+    assert f"base model: imported from {someones_model}" in text and "not trained here" in text
+    assert "LoRA adapter: r=16, lora_alpha=32 on" in text

@@ -1,0 +1,86 @@
+"""The executor interface of data preparation (largetrain_core.executors): executors found by name, the
+contract every executor must meet (tests/helpers/executor_contract.py) on the handed cases, a contract
+breach caught, and the Dagster resource's choice from the environment (LARGETRAIN_EXECUTOR; its
+former name LARGETRAIN_ENGINE still works, with a logged deprecation)."""
+
+import logging
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+from helpers.executor_contract import check_executor, contract_corpus
+from largetrain_core.executors.base import Executor, ExecutorSettings, known, load
+from largetrain_core.executors.local import LocalExecutor
+from largetrain_core.parts import map_parts
+from largetrain_core.storage import part_files
+from largetrain_dagster.executor import DataExecutor
+
+
+@pytest.fixture
+def corpus(cases, tmp_path):
+    return contract_corpus(cases, tmp_path / "corpus")
+
+
+def test_executors_are_found_by_name_and_implement_the_interface():
+    assert {"local", "spark"} <= set(known())
+    for name in known():
+        cls = load(name)
+        assert issubclass(cls, Executor) and cls.name == name and not cls.__abstractmethods__, name
+    with pytest.raises(ValueError, match="executor must be one of local, spark"):
+        load("ray")
+    # the submitting process imports no pyspark: only the Spark application does
+    code = "import sys; from largetrain_core.executors.base import load; load('spark'); print('pyspark' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_the_local_executor_meets_the_contract(corpus, tmp_path):
+    check_executor(LocalExecutor(), corpus, tmp_path / "out")
+    # the corpus exercises every outcome: kept, filtered, duplicate (exact and near)
+    filtered = [pl.read_parquet(tmp_path / "out" / "reference" / f"clean{p}" / "filtered.parquet").height for p in (0, 1)]
+    dups = pl.read_parquet(tmp_path / "out" / "reference" / "dd" / "duplicates.parquet")
+    assert sum(filtered) > 0 and set(dups["kind"]) == {"exact", "near"}
+    assert len(part_files(tmp_path / "out" / "reference" / "dd")) > 0
+
+
+class _DropsLast(LocalExecutor):
+    """An executor that loses the last document of every part: the contract check must catch it."""
+
+    def map_parts(self, step, in_dir, out_dir):
+        class Lossy:
+            counts, description = step.counts, step.description
+
+            def __call__(self, df: pl.DataFrame):
+                kept, removed, counts = step(df)
+                return kept.head(max(0, kept.height - 1)), removed, counts
+
+        return {**map_parts(Lossy(), in_dir, out_dir), **self.record()}
+
+
+def test_a_breach_of_the_contract_is_caught(corpus, tmp_path):
+    with pytest.raises(AssertionError, match="clean[01]"):
+        check_executor(_DropsLast(), corpus, tmp_path / "out")
+
+
+def test_the_resource_reads_the_environment_and_the_old_name_with_a_warning(monkeypatch, caplog):
+    for var in ("LARGETRAIN_EXECUTOR", "LARGETRAIN_ENGINE", "LARGETRAIN_SPARK_MASTER", "LARGETRAIN_SPARK_CONF"):
+        monkeypatch.delenv(var, raising=False)
+    assert DataExecutor.from_env().to_core() == ExecutorSettings()
+    monkeypatch.setenv("LARGETRAIN_EXECUTOR", "spark")
+    monkeypatch.setenv("LARGETRAIN_SPARK_CONF", '{"spark.executor.cores": 2}')
+    with caplog.at_level(logging.WARNING):
+        settings = DataExecutor.from_env().to_core()
+    assert (settings.name, settings.conf) == ("spark", {"spark.executor.cores": "2"}) and "deprecated" not in caplog.text
+    monkeypatch.delenv("LARGETRAIN_EXECUTOR")
+    monkeypatch.setenv("LARGETRAIN_ENGINE", "spark")
+    with caplog.at_level(logging.WARNING):
+        assert DataExecutor.from_env().name == "spark"
+    assert "LARGETRAIN_ENGINE is deprecated: set LARGETRAIN_EXECUTOR=spark instead" in caplog.text
+    monkeypatch.setenv("LARGETRAIN_EXECUTOR", "local")
+    with pytest.raises(ValueError, match="disagree"):
+        DataExecutor.from_env()
+    monkeypatch.delenv("LARGETRAIN_ENGINE")
+    monkeypatch.setenv("LARGETRAIN_EXECUTOR", "dask")
+    with pytest.raises(ValueError, match="LARGETRAIN_EXECUTOR: executor must be one of"):
+        DataExecutor.from_env()

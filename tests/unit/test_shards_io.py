@@ -1,0 +1,291 @@
+"""Shard writes under a killed process, the Megatron export (read by megatron-core), and the sampler's saved state."""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import xxhash
+from tokenizers import Tokenizer
+
+from helpers import REPO
+from largetrain_core.shards import DistributedSampler, ShardError, TokenShards, build_token_shards, export_megatron
+from largetrain_core.tokenizer import train_bpe
+from helpers.parts import write_parts
+
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    root = tmp_path_factory.mktemp("io")
+    docs = root / "docs"
+    docs.mkdir()
+    texts = [f"document {i} says the quick brown fox number {i * 7} jumps over the lazy dog" for i in range(200)]
+    pl.DataFrame({"doc_id": [f"d{i}" for i in range(200)], "source": ["s"] * 200, "text": texts}).write_parquet(docs / "part-00000.parquet")
+    train_bpe([texts], 300, root / "tok")
+    out = root / "shards"
+    out.mkdir()
+    build_token_shards(docs, root / "tok", out, seq_len=16, validation_fraction=0.1, sequences_per_shard=50)
+    return root
+
+
+def read_megatron(prefix: Path):
+    """An independent reader of Megatron-Core's IndexedDataset layout (indexed_dataset.py, _IndexReader)."""
+    codes = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+    raw = Path(f"{prefix}.idx").read_bytes()
+    assert raw[:9] == b"MMIDIDX\x00\x00"
+    (version,) = struct.unpack("<Q", raw[9:17])
+    (code,) = struct.unpack("<B", raw[17:18])
+    n_seq, n_doc = struct.unpack("<QQ", raw[18:34])
+    off = 34
+    lengths = np.frombuffer(raw, np.int32, n_seq, off)
+    off += 4 * n_seq
+    pointers = np.frombuffer(raw, np.int64, n_seq, off)
+    off += 8 * n_seq
+    doc_idx = np.frombuffer(raw, np.int64, n_doc, off)
+    assert off + 8 * n_doc == len(raw)
+    dtype = np.dtype(codes[code])
+    data = np.memmap(f"{prefix}.bin", dtype=np.uint8, mode="r")
+    seqs = [np.frombuffer(data, dtype, int(length), int(p)) for length, p in zip(lengths, pointers)]
+    return version, dtype, seqs, doc_idx
+
+
+def train_documents(root: Path) -> list[list[int]]:
+    """The train split's documents of the ``small`` fixture, each its BPE ids + EOS, in corpus order,
+    computed with tokenizers and xxhash directly (the split: xxh64(doc_id, 0) / 2**64 >= 0.1)."""
+    tok = Tokenizer.from_file(str(root / "tok" / "tokenizer.json"))
+    eos = json.loads((root / "shards" / "manifest.json").read_text())["eos_id"]
+    df = pl.read_parquet(root / "docs" / "part-00000.parquet")
+    return [tok.encode(t, add_special_tokens=False).ids + [eos] for d, t in zip(df["doc_id"], df["text"])
+            if xxhash.xxh64_intdigest(d.encode(), 0) >= 0.1 * 2**64]
+
+
+def whole_documents_in_stream(documents: list[list[int]], total: int) -> list[list[int]]:
+    """The documents that end within the first ``total`` tokens of their concatenation."""
+    ends = np.cumsum([len(d) for d in documents])
+    return [d for d, e in zip(documents, ends) if e <= total]
+
+
+@pytest.mark.parametrize("prefix", ["wiki.en_text_document", "kernel_text_document"])
+def test_megatron_export_writes_the_documents_under_the_whole_prefix(small, tmp_path, prefix):
+    shards = TokenShards(small / "shards", "train")
+    stream = shards.take(range(len(shards))).reshape(-1)
+    r = subprocess.run([sys.executable, "-m", "largetrain_core.shards", "export-megatron", str(small / "shards"),
+                        str(tmp_path / "mega" / prefix)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    # Megatron appends .bin/.idx to the prefix: wiki.en_text_document.bin, not wiki.bin
+    assert sorted(p.name for p in (tmp_path / "mega").iterdir()) == [f"{prefix}.bin", f"{prefix}.idx"]
+    version, dtype, seqs, doc_idx = read_megatron(tmp_path / "mega" / prefix)
+    expected = whole_documents_in_stream(train_documents(small), len(stream))
+    assert version == 1 and dtype == np.uint16
+    assert [s.tolist() for s in seqs] == expected  # one sequence per document, the cut last one left out
+    assert doc_idx.tolist() == list(range(len(expected) + 1))
+    tokens = sum(len(d) for d in expected)
+    assert np.concatenate(seqs).tolist() == stream[:tokens].tolist()  # the tokens training reads, in order
+    assert info == {"documents": len(expected), "tokens": tokens, "dropped_partial_tokens": len(stream) - tokens,
+                    "dtype": "uint16", "bin": str(tmp_path / "mega" / f"{prefix}.bin"),
+                    "idx": str(tmp_path / "mega" / f"{prefix}.idx")}
+    assert 0 < info["dropped_partial_tokens"] < max(len(d) for d in expected)
+    assert (tmp_path / "mega" / f"{prefix}.bin").stat().st_size == tokens * 2
+
+
+def _megatron_tokenizer(root: Path):
+    """Our tokenizer (tokenizer.json of the shard directory) behind Megatron-Core's tokenizer interface,
+    which its GPTDataset asks for the EOD id and the vocabulary size."""
+    from megatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+
+    from largetrain_core.tokenizer import load_tokenizer_info, read_tokenizer
+
+    class Tokenizer_(MegatronLegacyTokenizer):
+        def __init__(self, directory: Path):
+            self.info = load_tokenizer_info(directory)
+            super().__init__(str(self.info.path))
+            self.tok = read_tokenizer(self.info.path)
+
+        def tokenize(self, text):
+            return np.array(self.tok.encode(text, add_special_tokens=False).ids)
+
+        def detokenize(self, ids):
+            return self.tok.decode(list(ids), skip_special_tokens=False)
+
+        @property
+        def vocab(self):
+            return self.tok.get_vocab(with_added_tokens=True)
+
+        @property
+        def inv_vocab(self):
+            return {i: t for t, i in self.vocab.items()}
+
+        @property
+        def vocab_size(self):
+            return self.info.vocab_size
+
+        @property
+        def eod(self):
+            return self.info.eos_id
+
+    return Tokenizer_(root)
+
+
+@pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed")
+def test_megatron_core_reads_the_export_and_its_gpt_dataset_samples_whole_documents(small, tmp_path):
+    """megatron-core's own IndexedDataset and GPTDataset (its BlendedMegatronDatasetBuilder, defaults:
+    sequence_length = our seq_len, one extra token) over the export: every sample is made of whole
+    documents joined after their EOS, except the parts cut at its two ends."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    prefix = str(tmp_path / "mega" / "wiki.en_text_document")
+    info = export_megatron(small / "shards", "train", Path(prefix))
+    shards = TokenShards(small / "shards", "train")
+    documents = whole_documents_in_stream(train_documents(small), len(shards) * (shards.seq_len + 1))
+    indexed = IndexedDataset(prefix)
+    assert len(indexed) == info["documents"] == len(documents) and indexed.document_indices.tolist() == list(range(len(documents) + 1))
+    assert [indexed[i].tolist() for i in range(len(indexed))] == documents
+
+    eos = shards.manifest["eos_id"]
+    config = GPTDatasetConfig(random_seed=1234, sequence_length=shards.seq_len, blend=([prefix], None), split="1,0,0",
+                              tokenizer=_megatron_tokenizer(small / "shards"), reset_position_ids=False,
+                              reset_attention_mask=False, eod_mask_loss=False, path_to_cache=str(tmp_path / "cache"))
+    train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()
+    assert valid is None and test is None
+    assert len(train) == (info["tokens"] - 1) // shards.seq_len  # one epoch of the documents' tokens
+    whole = {tuple(d) for d in documents}
+    heads = {tuple(d[:k]) for d in documents for k in range(1, len(d) + 1)}
+    tails = {tuple(d[-k:]) for d in documents for k in range(1, len(d) + 1)}
+    inside = {tuple(d[a:b]) for d in documents for a in range(len(d)) for b in range(a + 1, len(d) + 1)}
+    joined = 0
+    for i in range(len(train)):
+        sample = train[i]
+        text = sample["tokens"].tolist() + sample["labels"][-1:].tolist()
+        assert sample["labels"].tolist() == text[1:] and len(text) == shards.seq_len + 1
+        cuts = [k + 1 for k, t in enumerate(text) if t == eos]
+        pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)]) if a < b]
+        if len(pieces) == 1:  # inside one document
+            assert tuple(pieces[0]) in inside, (i, pieces)
+            continue
+        assert tuple(pieces[0]) in tails and tuple(pieces[-1]) in heads, (i, pieces)
+        assert all(tuple(p) in whole for p in pieces[1:-1]), (i, pieces)  # documents joined only after their EOS
+        joined += 1
+    assert joined > len(train) // 2  # most samples span a document boundary: the check above is exercised
+
+
+@pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed")
+def test_megatron_export_of_a_uint32_vocabulary_reads_back_in_megatron_core(tmp_path, make_word_tokenizer):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    tok = make_word_tokenizer(tmp_path / "tok", [f"w{i}" for i in range(70_000)])
+    docs = [("d0", "w69999 w1 w2"), ("d1", "w5 w69998"), ("d2", "w7")]  # 4 + 3 + 2 tokens with EOS: 3 windows of 3
+    out = tmp_path / "out"
+    out.mkdir()
+    build_token_shards(write_parts(tmp_path / "in", [docs]), tok, out, seq_len=2, validation_fraction=0.0)
+    info = export_megatron(out, "train", tmp_path / "m" / "words")
+    indexed = IndexedDataset(str(tmp_path / "m" / "words"))
+    assert info["dtype"] == "int32" and indexed.index.dtype == np.int32
+    assert [indexed[i].tolist() for i in range(len(indexed))] == [[69999, 1, 2, 70_000], [5, 69998, 70_000], [7, 70_000]]
+
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import polars as pl
+    from largetrain_core.shards import build_token_shards
+    from largetrain_core.storage import atomic_dir
+    docs, tok, final = map(Path, sys.argv[1:4])
+    with atomic_dir(final) as tmp:
+        build_token_shards(docs, tok, tmp, seq_len=16, sequences_per_shard=50)
+        print("written", flush=True)
+        time.sleep(60)  # killed here: the shards are complete in the temporary directory, not yet renamed
+""")
+
+
+def kill_writer_when(docs: Path, tok: Path, final: Path, ready) -> None:
+    """Start WRITER in its own process group; SIGKILL the group once ``ready(proc)`` returns."""
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(docs), str(tok), str(final)],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ready(proc)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_writer_killed_before_rename_leaves_nothing_a_reader_accepts(small, tmp_path):
+    final = tmp_path / "token_shards" / "v1"
+
+    def written(proc):
+        assert proc.stdout.readline().strip() == "written"
+
+    kill_writer_when(small / "docs", small / "tok", final, written)
+    assert not final.exists()
+    leftovers = list(final.parent.iterdir())
+    assert leftovers and all(p.name.startswith(".tmp-v1-") for p in leftovers)
+    with pytest.raises(ShardError, match="manifest.json: missing"):
+        TokenShards(final, "train")
+
+
+def test_writer_killed_mid_shard_leaves_nothing_a_reader_accepts(tmp_path):
+    """Kill while a shard file is being written (many documents, SIGKILL as soon as the first shard file appears)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    texts = ["word " * 400 + str(i) for i in range(4000)]
+    pl.DataFrame({"doc_id": [str(i) for i in range(4000)], "source": ["s"] * 4000, "text": texts}).write_parquet(docs / "part-00000.parquet")
+    train_bpe([texts[:50]], 300, tmp_path / "tok")
+    final = tmp_path / "out" / "v1"
+
+    def first_shard_file_appears(proc):
+        deadline = time.time() + 120
+        while time.time() < deadline and not list((tmp_path / "out").glob(".tmp-v1-*/train-*.arrow")):
+            time.sleep(0.01)
+
+    kill_writer_when(docs, tmp_path / "tok", final, first_shard_file_appears)
+    assert not final.exists()
+    with pytest.raises(ShardError):
+        TokenShards(final, "train")
+    # the temporary directory is not a valid shard directory either
+    tmp_dirs = list((tmp_path / "out").glob(".tmp-v1-*"))
+    assert tmp_dirs
+    with pytest.raises(ShardError):
+        TokenShards(tmp_dirs[0], "train")
+
+
+def test_sampler_iterates_and_restores_its_state():
+    a = DistributedSampler(37, seed=3, rank=1, world_size=2, micro_batch_size=4)
+    it = iter(a)
+    first = [next(it) for _ in range(7)]
+    state = a.state_dict()
+    assert state["consumed_samples"] == 7 * 4 * 2 and state["epoch"] == 56 // 37
+    rest = [next(it) for _ in range(5)]
+    b = DistributedSampler(37, seed=3, rank=1, world_size=2, micro_batch_size=4)
+    b.load_state_dict(state)
+    it_b = iter(b)
+    assert all(np.array_equal(x, next(it_b)) for x in rest)
+    assert not np.array_equal(first[0], rest[0])
+    with pytest.raises(ValueError, match="seed"):
+        DistributedSampler(37, seed=4, rank=1, world_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="num_samples"):
+        DistributedSampler(38, seed=3, rank=1, world_size=2).load_state_dict(state)
+
+
+def test_resume_work_does_not_depend_on_the_position():
+    """Resuming at any point computes one permutation of the epoch: count the generator draws."""
+    from largetrain_core import shards
+
+    s = DistributedSampler(1000, seed=0, rank=0, world_size=2, micro_batch_size=8)
+    for consumed in (0, 16, 992 - 16, 5000):
+        shards._permutation.cache_clear()
+        s.indices(consumed, 8)
+        info = shards._permutation.cache_info()
+        assert info.misses == 1, (consumed, info)
