@@ -176,6 +176,11 @@ def _click_button(driver, label: str, timeout: float) -> None:
 
     def click():
         try:
+            if label != "Skip":  # the community dialog can appear late, over the page, and take the click
+                for skip in driver.find_elements(By.XPATH, "//button[normalize-space(.)='Skip']"):
+                    if skip.is_displayed() and skip.is_enabled():
+                        skip.click()
+                        return False
             for b in driver.find_elements(By.XPATH, f"//button[normalize-space(.)='{label}']"):
                 if b.is_displayed() and b.is_enabled():
                     b.click()
@@ -184,7 +189,14 @@ def _click_button(driver, label: str, timeout: float) -> None:
             return False
         return False
 
-    _wait(click, f"a clickable {label!r} button", timeout, every=0.5)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if click():
+            return
+        time.sleep(0.5)
+    shown = [b.text for b in driver.find_elements(By.TAG_NAME, "button") if b.is_displayed()]
+    pytest.fail(f"timed out waiting for a clickable {label!r} button; buttons shown: {shown}; "
+                f"page: {driver.find_element(By.TAG_NAME, 'body').text[:1500]!r}")
 
 
 def _dismiss_community_dialog(driver) -> None:
@@ -224,14 +236,16 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
         driver.get(f"{server.url}/assets/domain/raw_corpus")
         body = lambda: driver.find_element(By.TAG_NAME, "body").text  # noqa: E731
         _wait(lambda: "domain_data" in body() and "Materialize" in body(), "the asset page", 60)
-        for attempt in range(3):  # a click that lands while the page re-renders is lost: click again
+        for attempt in range(4):  # a click that lands while the page re-renders is lost: click again
             _dismiss_community_dialog(driver)
             _click_button(driver, "Materialize\u2026", 60)  # the ellipsis: a dialog follows
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not shown("Launch backfill"):
                 time.sleep(0.5)
             if shown("Launch backfill"):
                 break
+        else:
+            pytest.fail(f"the partition dialog did not open after 4 clicks on Materialize\u2026; page: {body()[:1500]!r}")
         _click_button(driver, "All", 30)  # the dialog opens on "Custom" with no partition chosen
         _wait(lambda: f"{len(PARTITION_KEYS)} partitions" in body(), "all partitions to be selected", 30)
         _click_button(driver, "Launch backfill", 30)
