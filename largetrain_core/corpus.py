@@ -12,6 +12,9 @@ documents in Parquet parts with the columns ``doc_id``, ``source``, ``text`` (``
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
@@ -27,6 +30,7 @@ from largetrain_core.readers import (DOC_SCHEMA, LABELLED_DOC_SCHEMA, REJECT_SCH
                                      Batch, Collector, ReaderConfig, Source, utf8_error, read_source, reader_for,
                                      splittable)
 from largetrain_core import fs
+from largetrain_core.cache import cache_dir
 from largetrain_core.storage import part_files
 
 
@@ -62,18 +66,19 @@ def _walk(root: Path) -> list[Path]:
     return sorted(f for f in out if f.is_file())
 
 
-def _walk_remote(url: str) -> tuple[list[str], str]:
+def _walk_remote(url: str) -> tuple[list[str], str, dict[str, int]]:
     """(every object under the URL ``url``, or ``url`` itself when it is one object; the URL their
-    relative paths start from), in the order of :func:`_walk` (by path component). One listing."""
+    relative paths start from; each object's size in bytes), in the order of :func:`_walk` (by path
+    component). One listing."""
     fsys, root = fs.filesystem(url)
     root = root.rstrip("/")
     base_url = url.rstrip("/")
     if fsys.isfile(root):
-        return [base_url], base_url.rsplit("/", 1)[0]
-    rels = [p[len(root) + 1:] for p, info in fsys.find(root, detail=True).items()
-            if info.get("type", "file") == "file" and not p.endswith("/")]
-    rels.sort(key=lambda r: PurePosixPath(r).parts)
-    return [f"{base_url}/{r}" for r in rels], base_url
+        return [base_url], base_url.rsplit("/", 1)[0], {base_url: int(fsys.info(root)["size"])}
+    sizes = {p[len(root) + 1:]: int(info.get("size") or 0) for p, info in fsys.find(root, detail=True).items()
+             if info.get("type", "file") == "file" and not p.endswith("/")}
+    rels = sorted(sizes, key=lambda r: PurePosixPath(r).parts)
+    return [f"{base_url}/{r}" for r in rels], base_url, {f"{base_url}/{r}": sizes[r] for r in rels}
 
 
 def _name(f: Path | str) -> str:
@@ -123,10 +128,11 @@ def scan(path: str | Path, partition: int = 0, partitions: int = 1) -> Scan:
     if not str(path):
         raise ValueError("corpus path is empty")
     shown = fs.redact(str(path))
+    sizes: dict = {}
     if fs.is_url(path):
         if not fs.exists(path):
             raise FileNotFoundError(f"corpus path does not exist: {shown}")
-        files, base = _walk_remote(str(path))
+        files, base, sizes = _walk_remote(str(path))
         if len(files) == 1 and files[0] == str(path).rstrip("/") and not is_corpus_file(_name(files[0])):
             raise ValueError(f"{shown}: not a corpus file: the suffix is none of {', '.join(SUFFIXES)}")
     else:
@@ -144,9 +150,10 @@ def scan(path: str | Path, partition: int = 0, partitions: int = 1) -> Scan:
         raise ValueError(f"no corpus file under {shown}: no file has a suffix of {', '.join(SUFFIXES)}")
     rel = {f: _relative(f, base) for f in files}
     if partitions > 1 and len(known) == 1 and splittable(known[0]):
-        sources = [Source(known[0], rel[known[0]], reader_for(_name(known[0])), (partition, partitions))]
+        sources = [Source(known[0], rel[known[0]], reader_for(_name(known[0])), (partition, partitions),
+                          sizes.get(known[0]))]
     else:
-        sources = [Source(f, rel[f], reader_for(_name(f))) for f in known
+        sources = [Source(f, rel[f], reader_for(_name(f)), size=sizes.get(f)) for f in known
                    if partitions == 1 or partition_of(rel[f], partitions) == partition]
     skipped = [f for f in files if not is_corpus_file(_name(f))
                and (partitions == 1 or partition_of(rel[f], partitions) == partition)]
@@ -173,7 +180,7 @@ def read_corpus(config: ReaderConfig, listed: Scan | None = None) -> Iterator[Ba
     if listed is None:
         listed = scan(config.path, config.partition, config.partitions)
     out = Collector(config.batch_size, labelled=config.label_field is not None)
-    for src in listed.sources:
+    for src in _fetched_whole(listed.sources):
         if utf8_error(src.rel) is not None:  # document ids and sources must be UTF-8: the file becomes one rejected record
             out.reject(_shown(src.rel), -1, "file name is not valid UTF-8 (undecodable bytes shown as \\x escapes): rename the file")
         else:
@@ -183,6 +190,68 @@ def read_corpus(config: ReaderConfig, listed: Scan | None = None) -> Iterator[Ba
     last = out.flush()
     if last.documents.num_rows or last.rejected.num_rows or last.renamed.num_rows or last.blank_lines or last.utf16_files:
         yield last
+
+
+# Objects up to this size are fetched whole, concurrently, before they are read (a handful of requests each,
+# sequential, would bound the reading by the store's latency); larger ones and pieces are read with range
+# requests. A window holds at most WHOLE_WINDOW_BYTES or WHOLE_WINDOW_OBJECTS; the next window is fetched while
+# one is read, so at most two are on local disk. Our choices, no standard's: a few times the latency-bandwidth
+# product of a store (S3: tens of ms, hundreds of MB/s per node), a few hundred MiB of scratch.
+WHOLE_OBJECT_BYTES = 8 << 20
+WHOLE_WINDOW_BYTES = 128 << 20
+WHOLE_WINDOW_OBJECTS = 256
+
+
+def _fetched_whole(sources: list[Source]) -> Iterator[Source]:
+    """``sources`` in order, the small whole objects among them (a URL, no piece, a listed size of at most
+    :data:`WHOLE_OBJECT_BYTES`) fetched first, a window at a time in one concurrent ``get``
+    (fsspec: s3fs and gcsfs fetch the objects of one call concurrently), into a scratch directory of
+    the local cache (largetrain_core.cache), and read from there as local files under their own
+    relative names. Scratch files are removed when their window is read, or when the reading ends
+    early. Raises what the store raises for an object that cannot be fetched (FileNotFoundError,
+    PermissionError, naming the object), failing the read rather than rejecting the object."""
+    small = [s for s in sources if fs.is_url(s.path) and s.piece is None and s.size is not None
+             and s.size <= WHOLE_OBJECT_BYTES]
+    if not small:
+        yield from sources
+        return
+    windows, window, held = [], [], 0
+    for s in small:
+        if window and (held + s.size > WHOLE_WINDOW_BYTES or len(window) >= WHOLE_WINDOW_OBJECTS):
+            windows.append(window)
+            window, held = [], 0
+        window.append(s)
+        held += s.size
+    windows.append(window)
+    window_of = {id(s): k for k, w in enumerate(windows) for s in w}
+
+    def fetch(k: int, scratch: Path) -> dict[int, Source]:
+        directory = scratch / f"{k:06d}"
+        directory.mkdir()
+        fsys, _ = fs.filesystem(windows[k][0].path)
+        local = [directory / f"{i:06d}" for i in range(len(windows[k]))]
+        fsys.get([fs.filesystem(s.path)[1] for s in windows[k]], [str(p) for p in local])
+        return {id(s): Source(p, s.rel, s.reader, None, s.size) for s, p in zip(windows[k], local)}
+
+    with tempfile.TemporaryDirectory(prefix="corpus-", dir=cache_dir()) as scratch, \
+            ThreadPoolExecutor(1, thread_name_prefix="corpus-fetch") as pool:
+        pending = {0: pool.submit(fetch, 0, Path(scratch))}
+        ready: dict[int, Source] = {}
+        current = -1
+        for s in sources:
+            k = window_of.get(id(s))
+            if k is None:
+                yield s
+                continue
+            if k != current:
+                if current >= 0:
+                    shutil.rmtree(Path(scratch) / f"{current:06d}", ignore_errors=True)
+                ready, current = pending.pop(k).result(), k
+                if k + 1 < len(windows):
+                    pending[k + 1] = pool.submit(fetch, k + 1, Path(scratch))
+            yield ready[id(s)]
+        for f in pending.values():  # a window fetched ahead and not read (the reading ended early)
+            f.cancel()
 
 
 def _in_sample(doc_ids: list[str], fraction: float, seed: int) -> list[bool]:

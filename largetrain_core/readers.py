@@ -403,12 +403,14 @@ class Reader:
 class Source:
     """One corpus file to read: ``rel`` (its path relative to the corpus, POSIX) names its documents;
     ``piece`` ``(i, n)``: only the i-th of n pieces (see :func:`splittable`). ``path``: a local Path or
-    an object's URL, read with range requests (largetrain_core.fs.open_input)."""
+    an object's URL, read with range requests (largetrain_core.fs.open_input); a small object is
+    fetched whole first (largetrain_core.corpus.read_corpus) and read as a local file."""
 
     path: Path | str
     rel: str
     reader: Reader
     piece: tuple[int, int] | None = None
+    size: int | None = None  # bytes, from the corpus listing where it gave them
 
     def open_random(self):
         """For the columnar readers: the local path as it is (pyarrow opens and maps it), or for a URL a
@@ -484,7 +486,7 @@ def _numbered_lines(src: Source, f: BinaryIO) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(f, start=1)
         return
     i, n = src.piece
-    size = fs.size(src.path)
+    size = src.size if src.size is not None else fs.size(src.path)
     start, end = size * i // n, size * (i + 1) // n
     if start > 0:
         f.seek(start - 1)

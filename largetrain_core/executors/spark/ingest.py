@@ -39,8 +39,8 @@ def _ingest_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
             stats = local_ingest(spec["config"], tmp / "out")
         else:  # the run's files, each named by its path relative to the corpus root (the local engine's ids)
             base = spec["base"] if fs.is_url(spec["base"]) else Path(spec["base"])  # a URL: read through largetrain_core.fs
-            listed = Scan([Source(fs.join(base, rel) if fs.is_url(base) else base / rel, rel, reader_for(Path(rel).name))
-                           for rel in rels], [], base)
+            listed = Scan([Source(fs.join(base, rel) if fs.is_url(base) else base / rel, rel, reader_for(Path(rel).name),
+                                  size=spec["sizes"].get(rel)) for rel in rels], [], base)
             stats = local_ingest(spec["config"], tmp / "out", listed)
         stats["part_rows"] = []
         for j, part in enumerate(part_files(tmp / "out")):
@@ -68,8 +68,9 @@ def ingest(spark: SparkSession, config: ReaderConfig, out_dir: Path, progress: P
                 if fs.is_url(config.path) else Path(config.path).is_file())
     whole = one_file or any(src.piece for src in listed.sources)
     rels = [src.rel for src in listed.sources]
-    sizes = [fs.size(src.path) for src in listed.sources]
-    spec = {"config": config, "out": str(out_dir), "url": uploads.url, "base": str(listed.base), "whole": whole}
+    sizes = [src.size if src.size is not None else fs.size(src.path) for src in listed.sources]
+    spec = {"config": config, "out": str(out_dir), "url": uploads.url, "base": str(listed.base), "whole": whole,
+            "sizes": dict(zip(rels, sizes))}
     if whole:  # one task: the file (or its piece) is read as one stream
         items, sizes = ([(0, json.dumps(rels))] if rels else []), sizes[:1]
     else:
