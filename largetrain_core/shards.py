@@ -669,6 +669,7 @@ class TokenShards:
         self._wake = threading.Event()
         self._follower: threading.Thread | None = None
         self._arrays: list[np.ndarray] | None = None
+        self._flat: tuple | None = None  # a streamed directory's _flatten(), while every file is held
         if self.remote:
             if self._starts[-1] != self._sequences:
                 raise ShardError(f"{fs.redact(str(mf))}: split {self.split!r} lists {self._starts[-1]} sequences in its "
@@ -857,6 +858,7 @@ class TokenShards:
             follower.join(timeout=10)
         with self._lock:
             self._held.clear()
+            self._flat = None
             while self._pinned:
                 _, (pinned, _, _) = self._pinned.popitem(last=False)
                 pinned.close()
@@ -922,6 +924,9 @@ class TokenShards:
         if self.remote:
             if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
                 raise IndexError(f"sequence index out of range for {len(self)} sequences")
+            flat = self._flat or self._flatten()
+            if flat is not None:  # every file held open: gather as from a local directory
+                return self._take_flat(idx, *flat)
             entry = np.searchsorted(self._starts, idx, side="right") - 1
             out = np.empty((len(idx), self.seq_len + 1), dtype=self.dtype)
             order = np.argsort(entry, kind="stable")  # the positions of idx grouped by entry: one gather per entry
@@ -932,17 +937,37 @@ class TokenShards:
                 out[at] = self._gather(e, idx[at] - self._starts[e])
             return out
         self._load()
-        if len(self._arrays) == 1 and self._rows[0] is None:
-            return self._arrays[0][idx]
         if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"sequence index out of range for {len(self)} sequences")
-        chunks = np.searchsorted(self._offsets, idx, side="right") - 1
+        return self._take_flat(idx, self._arrays, self._rows, self._offsets)
+
+    def _take_flat(self, idx: np.ndarray, arrays: list[np.ndarray], rows: list[np.ndarray | None],
+                   offsets: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` (in range) of record batches ``arrays``, batch ``c`` holding the split's rows
+        ``offsets[c]:offsets[c + 1]`` (its ``rows[c]``, None for all of them): one gather per batch touched."""
+        if len(arrays) == 1 and rows[0] is None:
+            return arrays[0][idx]
+        chunks = np.searchsorted(offsets, idx, side="right") - 1
         out = np.empty((len(idx), self.seq_len + 1), dtype=self.dtype)
-        for c in np.unique(chunks):  # one fancy-index gather per record batch touched
+        for c in np.unique(chunks):
             sel = chunks == c
-            local = idx[sel] - self._offsets[c]
-            out[sel] = self._arrays[c][local if self._rows[c] is None else self._rows[c][local]]
+            local = idx[sel] - offsets[c]
+            out[sel] = arrays[c][local if rows[c] is None else rows[c][local]]
         return out
+
+    def _flatten(self) -> tuple[list[np.ndarray], list[np.ndarray | None], np.ndarray] | None:
+        """A streamed directory's (arrays, rows, offsets), as :meth:`_load` makes for a local one, once
+        every entry is held open (:attr:`max_open` covers the split and each entry was read); else None."""
+        if len(self._held) < len(self._entries):
+            return None
+        with self._lock:
+            arrays, rows = [], []
+            for e in range(len(self._entries)):
+                for a, r in self._held[e][0]:
+                    arrays.append(a)
+                    rows.append(r)
+            self._flat = (arrays, rows, np.cumsum([0] + [len(a) if r is None else len(r) for a, r in zip(arrays, rows)]))
+        return self._flat
 
 
 @functools.lru_cache(maxsize=4)

@@ -105,6 +105,10 @@ def test_streamed_shards_read_as_the_local_ones(tmp_path, bpe_dir, sentences, me
     assert np.array_equal(there[3], here[3])
     assert there.cache.peak_bytes() <= bound_shards * size
     assert there.max_open == (len(there.shard_sizes) if holds == "all" else 1)
+    # with every file held, take gathers over one flat list of batches, as from a local directory
+    assert (there._flat is not None) == (holds == "all")
+    there.close()
+    assert there._flat is None and np.array_equal(there.take(order[:8]), here.take(order[:8]))  # pinned again
     there.close()
 
 
