@@ -39,7 +39,14 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: install corpora $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -m largetrain_dagster.demo -c configs/demo.yaml -w workspace.yaml --log $(DATA)/demo.log
 
-test: install $(VENV)/.spark-installed corpora
+# Azure Blob's emulator for the object-storage tests (tests/conftest.py: azure_server): Azurite, from npm
+AZURITE_VERSION ?= 3.35.0
+$(VENV)/azurite/.installed: | $(VENV)/.installed
+	scripts/install_system_deps.sh
+	npm install -q --prefix $(VENV)/azurite --no-audit --no-fund --no-save azurite@$(AZURITE_VERSION)
+	touch $@
+
+test: install $(VENV)/.spark-installed $(VENV)/azurite/.installed corpora
 	scripts/install_system_deps.sh
 	$(PY) -m pytest -q --durations=25 --cpu-durations=25
 

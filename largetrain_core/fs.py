@@ -6,7 +6,9 @@ It uses fsspec (s3fs, gcsfs, adlfs behind it): no HTTP of our own.
 
 Credentials come only from each library's standard chain (environment, profile files, instance
 roles); nothing here reads or stores a secret. The S3 endpoint of an S3-compatible store (MinIO,
-Ceph, moto) is read from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, as boto3 reads them.
+Ceph, moto) is read from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, as boto3 reads them; a GCS
+emulator's from ``STORAGE_EMULATOR_HOST`` (gcsfs); an Azure account, or Azurite, from
+``AZURE_STORAGE_CONNECTION_STRING`` or ``AZURE_STORAGE_ACCOUNT_NAME`` (adlfs).
 A URL that carries credentials (``s3://KEY:SECRET@bucket``) is refused; :func:`redact` removes them
 from any message that names such a URL.
 """
@@ -68,6 +70,10 @@ def storage_options(protocol: str) -> dict:
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             options["endpoint_url"] = endpoint
+    if protocol in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
+        # a GCS emulator (the variable Google's clients read; gcsfs sends its requests there) takes no
+        # credentials: without this gcsfs would first ask the metadata server of a cloud VM for a token
+        options["token"] = "anon"
     return options
 
 

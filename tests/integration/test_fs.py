@@ -1,7 +1,8 @@
-"""Locations as URLs (largetrain_core.fs) against a real S3 API server on 127.0.0.1."""
+"""Locations as URLs (largetrain_core.fs) against real S3, GCS and Azure Blob API servers on 127.0.0.1."""
 
 import pytest
 
+from helpers.stores import AZURITE_KEY, STORES
 from largetrain_core import fs
 
 
@@ -20,21 +21,25 @@ def test_credentials_in_a_url_are_redacted():
     assert fs.redact("s3://bucket/root") == "s3://bucket/root"
 
 
-def test_files_round_trip_through_the_s3_server(s3_bucket):
-    fsys, path = fs.filesystem(fs.join(s3_bucket, "dir", "a.txt"))
+def test_files_round_trip_through_each_store(bucket):
+    fsys, path = fs.filesystem(fs.join(bucket, "dir", "a.txt"))
     fsys.pipe_file(path, b"hello")
-    again, _ = fs.filesystem(s3_bucket)
+    again, _ = fs.filesystem(bucket)
     assert again.cat_file(path) == b"hello"
-    fs.check_access(s3_bucket, "read the corpus")
-    fs.check_access(fs.join(s3_bucket, "root"), "write the storage root", write=True)
+    fs.check_access(bucket, "read the corpus")
+    fs.check_access(fs.join(bucket, "root"), "write the storage root", write=True)
     assert not again.exists(f"{path.rsplit('/', 1)[0]}/.largetrain-write-probe")
 
 
-def test_a_missing_bucket_fails_naming_the_location_and_operation(s3_server):
-    with pytest.raises(fs.StorageAccessError, match=r"cannot read the corpus at s3://no-such-bucket-here/x"):
-        fs.check_access("s3://no-such-bucket-here/x", "read the corpus")
-    with pytest.raises(fs.StorageAccessError, match=r"cannot write the storage root at s3://no-such-bucket-here"):
-        fs.check_access("s3://no-such-bucket-here/root", "write the storage root", write=True)
+@pytest.mark.parametrize("store", STORES)
+def test_a_missing_bucket_fails_naming_the_location_and_operation(store, request):
+    request.getfixturevalue(STORES[store])
+    with pytest.raises(fs.StorageAccessError, match=rf"cannot read the corpus at {store}://no-such-bucket-here/x") as e:
+        fs.check_access(f"{store}://no-such-bucket-here/x", "read the corpus")
+    with pytest.raises(fs.StorageAccessError, match=rf"cannot write the storage root at {store}://no-such-bucket-here") as f:
+        fs.check_access(f"{store}://no-such-bucket-here/root", "write the storage root", write=True)
+    for raised in (e, f):  # Azurite's account key is in the environment's connection string, never in a message
+        assert AZURITE_KEY not in str(raised.value) and AZURITE_KEY[:12] not in str(raised.value)
 
 
 def test_a_missing_local_directory_fails_before_work(tmp_path):
