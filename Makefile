@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 export LARGETRAIN_ROOT := $(abspath $(DATA))
 export DAGSTER_HOME := $(abspath $(DATA))/dagster_home
 
-.PHONY: install corpora demo test test-fast dev clean
+.PHONY: install corpora demo test test-fast lint format dev clean
 
 install: $(VENV)/.installed
 
@@ -46,9 +46,19 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 	npm install -q --prefix $(VENV)/azurite --no-audit --no-fund --no-save azurite@$(AZURITE_VERSION)
 	touch $@
 
-test: install $(VENV)/.spark-installed $(VENV)/azurite/.installed corpora
+test: lint $(VENV)/.spark-installed $(VENV)/azurite/.installed corpora
 	scripts/install_system_deps.sh
 	$(PY) -m pytest -q --durations=25 --cpu-durations=25
+
+# The style gate (ruff, pinned in the dev extra, configured in pyproject.toml; .pre-commit-config.yaml runs the
+# same): lint, and the formatting checked. `make format` fixes what it can and formats.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # The unit tier alone (tests/unit: core functions on tiny inputs, seconds each; docs/ARCHITECTURE.md, Tests);
 # some of them read small slices of the real corpora.

@@ -83,8 +83,16 @@ from largetrain_core.tokenizer import train_bpe
 
 BUCKET = "bench"
 # configs/demo.yaml, pretrain__cleaned_text: the demo's rules for the kernel docs
-DEMO_QUALITY = QualityConfig(min_words=50, max_words=100000, min_mean_word_length=3.0, max_mean_word_length=10.0,
-                             min_alpha_word_fraction=0.8, min_stop_words=2, gopher_repetition=True, c4=False)
+DEMO_QUALITY = QualityConfig(
+    min_words=50,
+    max_words=100000,
+    min_mean_word_length=3.0,
+    max_mean_word_length=10.0,
+    min_alpha_word_fraction=0.8,
+    min_stop_words=2,
+    gopher_repetition=True,
+    c4=False,
+)
 DEMO_DEDUP = DedupConfig(ngram=5, bands=14, rows=8, seed=1)
 
 
@@ -98,8 +106,12 @@ def start_s3_server() -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -108,12 +120,18 @@ def start_s3_server() -> tuple[subprocess.Popen, str]:
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 stop(proc)
-                raise RuntimeError(f"moto server did not start on {endpoint} (exit {proc.poll()})")
+                raise RuntimeError(f"moto server did not start on {endpoint} (exit {proc.poll()})") from None
             time.sleep(0.2)
     for k in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
         os.environ.pop(k, None)
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench-key-id",
-                       "AWS_SECRET_ACCESS_KEY": "bench-secret-key", "AWS_DEFAULT_REGION": "us-east-1"})
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "bench-key-id",
+            "AWS_SECRET_ACCESS_KEY": "bench-secret-key",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
     return proc, endpoint
 
 
@@ -151,10 +169,13 @@ def prep(corpus: str, root: str, partition: int, partitions: int) -> tuple[float
     """raw_corpus then cleaned_text of one partition: (seconds, documents read, cleaned_text's result)."""
     ex = LocalExecutor()
     t0 = time.perf_counter()
-    raw = raw_corpus(ReaderConfig(corpus, batch_size=1024, partition=partition, partitions=partitions),
-                     StageRun(root, ("pretrain", "raw_corpus"), str(partition), executor=ex))
-    clean = cleaned_text(DEMO_QUALITY, raw, StageRun(root, ("pretrain", "cleaned_text"), str(partition), executor=ex),
-                         dedup=DEMO_DEDUP)
+    raw = raw_corpus(
+        ReaderConfig(corpus, batch_size=1024, partition=partition, partitions=partitions),
+        StageRun(root, ("pretrain", "raw_corpus"), str(partition), executor=ex),
+    )
+    clean = cleaned_text(
+        DEMO_QUALITY, raw, StageRun(root, ("pretrain", "cleaned_text"), str(partition), executor=ex), dedup=DEMO_DEDUP
+    )
     seconds = time.perf_counter() - t0
     assert not raw.reused and not clean.reused, "a fresh root reused a version: the timing would not be a build"
     return seconds, int(raw.stats["documents"]), clean
@@ -200,8 +221,9 @@ def open_loader(location: str, micro_batch: int, window: int = 0, seed: int = 0)
     """The trainer's loader (largetrain_core.training.trainer.Trainer.setup): the train split, its
     sampler (rank 0 of 1) and the prefetching that follows it. Returns (data, sampler, position)."""
     data = TokenShards(location, "train")
-    sampler = DistributedSampler(len(data), seed=seed, rank=0, world_size=1,
-                                 shard_sizes=tuple(data.shard_sizes), window_shards=window)
+    sampler = DistributedSampler(
+        len(data), seed=seed, rank=0, world_size=1, shard_sizes=tuple(data.shard_sizes), window_shards=window
+    )
     position = {"consumed": 0}
     data.follow(sampler, micro_batch, lambda: position["consumed"])
     return data, sampler, position
@@ -222,8 +244,16 @@ def split_bytes(data: TokenShards) -> int:
     return sum(files.values())
 
 
-def load_case(url: str, cache: Path, bound: int, micro_batch: int, window: int, epochs: int,
-              max_batches: int | None = None, scan_epochs: int | None = None) -> dict:
+def load_case(
+    url: str,
+    cache: Path,
+    bound: int,
+    micro_batch: int,
+    window: int,
+    epochs: int,
+    max_batches: int | None = None,
+    scan_epochs: int | None = None,
+) -> dict:
     """The loader over ``url`` through a fresh cache of ``bound`` bytes: per epoch the seconds and the
     bytes fetched, and the peaks against the bound. ``scan_epochs``: the directory scan (DiskWatch)
     runs during the first that many epochs only (None: all); the cache's own record covers every epoch."""
@@ -231,9 +261,16 @@ def load_case(url: str, cache: Path, bound: int, micro_batch: int, window: int, 
     data, sampler, position = open_loader(url, micro_batch, window)
     per_epoch = -(-len(data) // micro_batch)
     total = split_bytes(data)
-    out = {"bound_bytes": bound, "split_bytes": total, "files": len({e["file"] for e in data._entries}),
-           "window_shards": window, "micro_batches_per_epoch": per_epoch, "prefetch_depth": data.prefetch_depth,
-           "max_open": data.max_open, "epochs": []}
+    out = {
+        "bound_bytes": bound,
+        "split_bytes": total,
+        "files": len({e["file"] for e in data._entries}),
+        "window_shards": window,
+        "micro_batches_per_epoch": per_epoch,
+        "prefetch_depth": data.prefetch_depth,
+        "max_open": data.max_open,
+        "epochs": [],
+    }
     watch = DiskWatch(cache / "shards").start()
     try:
         for epoch in range(epochs):
@@ -243,9 +280,15 @@ def load_case(url: str, cache: Path, bound: int, micro_batch: int, window: int, 
             before = data.cache.fetched_bytes if data.cache else 0
             seconds = run_batches(data, sampler, position, micro_batch, n)
             fetched = data.cache.fetched_bytes - before
-            out["epochs"].append({"micro_batches": n, "seconds": seconds, "fetched_bytes": fetched,
-                                  "measured_fraction_of_epoch": n / per_epoch,
-                                  "fetched_per_epoch_ratio": fetched / total * per_epoch / n})
+            out["epochs"].append(
+                {
+                    "micro_batches": n,
+                    "seconds": seconds,
+                    "fetched_bytes": fetched,
+                    "measured_fraction_of_epoch": n / per_epoch,
+                    "fetched_per_epoch_ratio": fetched / total * per_epoch / n,
+                }
+            )
         data.close()
     finally:
         watch.stop()
@@ -268,16 +311,26 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--shard-files", type=int, default=32, help="about this many shard files in the train split")
-    p.add_argument("--warm-batches", type=int, default=40000,
-                   help="the warm figure is timed over whole epochs after the first, at least this many micro-batches "
-                        "(about 2 s: a shorter timing varies by more than the 10%% the goal allows)")
-    p.add_argument("--unwindowed-batches", type=int, default=200,
-                   help="micro-batches measured for the quarter cache without a window (extrapolated to the epoch)")
+    p.add_argument(
+        "--warm-batches",
+        type=int,
+        default=40000,
+        help="the warm figure is timed over whole epochs after the first, at least this many micro-batches "
+        "(about 2 s: a shorter timing varies by more than the 10%% the goal allows)",
+    )
+    p.add_argument(
+        "--unwindowed-batches",
+        type=int,
+        default=200,
+        help="micro-batches measured for the quarter cache without a window (extrapolated to the epoch)",
+    )
     args = p.parse_args()
 
     corpus = Path(args.corpus)
     if not corpus.is_dir():
-        raise SystemExit(f"{corpus}: no corpus there (ln -s /work/main/.largetrain/corpora .largetrain/corpora, or make corpora)")
+        raise SystemExit(
+            f"{corpus}: no corpus there (ln -s /work/main/.largetrain/corpora .largetrain/corpora, or make corpora)"
+        )
     partition, partitions = (0, 4) if args.quick else (0, 1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still stops the S3 server (finally)
     load_before = os.getloadavg()
@@ -307,15 +360,23 @@ def main() -> None:
                     clean_dir = clean.path
                 else:
                     secs, docs, clean = prep(s3_corpus, f"s3://{BUCKET}/root-{r}", partition, partitions)
-                prep_runs[side].append({"seconds": secs, "documents": docs, "kept": clean.stats["kept"],
-                                        "data_version": clean.data_version})
+                prep_runs[side].append(
+                    {
+                        "seconds": secs,
+                        "documents": docs,
+                        "kept": clean.stats["kept"],
+                        "data_version": clean.data_version,
+                    }
+                )
                 print(f"prep {side} run {r}: {docs} documents in {secs:.2f} s", flush=True)
         same_versions = len({x["data_version"] for x in prep_runs["local"] + prep_runs["s3"]}) == 1
         dps = {side: statistics.median(x["documents"] / x["seconds"] for x in runs) for side, runs in prep_runs.items()}
 
         # --- token shards of the cleaned text (a BPE of 8,192 ids trained on it), about --shard-files files:
         # written locally, then uploaded
-        texts = pl.concat([pl.read_parquet(f, columns=["text"]) for f in sorted(Path(clean_dir).glob("part-*.parquet"))])["text"].to_list()
+        texts = pl.concat(
+            [pl.read_parquet(f, columns=["text"]) for f in sorted(Path(clean_dir).glob("part-*.parquet"))]
+        )["text"].to_list()
         train_bpe([texts], 8192, work / "tok")
         probe = work / "probe"
         probe.mkdir()
@@ -324,8 +385,14 @@ def main() -> None:
         per_shard = max(1, -(-sequences // args.shard_files))
         local_shards = work / "shards"
         local_shards.mkdir()
-        build_token_shards(clean_dir, work / "tok", local_shards, seq_len=args.seq_len, validation_fraction=0.0,
-                           sequences_per_shard=per_shard)
+        build_token_shards(
+            clean_dir,
+            work / "tok",
+            local_shards,
+            seq_len=args.seq_len,
+            validation_fraction=0.0,
+            sequences_per_shard=per_shard,
+        )
         shutil.rmtree(probe)
         s3_shards = f"s3://{BUCKET}/shards"
         upload(local_shards, s3_shards)
@@ -352,28 +419,52 @@ def main() -> None:
                     load_runs["local"].append({"micro_batches": n, "cold_seconds": cold, "warm_seconds": warm})
                 else:
                     # the scan thread costs CPU that the local side does not pay: only during the epoch that fetches
-                    case = load_case(s3_shards, work / f"load-cache-{r}", full_bound, mb, 0, 1 + warm_epochs, scan_epochs=1)
+                    case = load_case(
+                        s3_shards, work / f"load-cache-{r}", full_bound, mb, 0, 1 + warm_epochs, scan_epochs=1
+                    )
                     n = case["epochs"][0]["micro_batches"]
-                    load_runs["s3"].append({"micro_batches": n, "cold_seconds": case["epochs"][0]["seconds"],
-                                            "warm_seconds": sum(e["seconds"] for e in case["epochs"][1:]), "case": case})
-                print(f"load {side} run {r}: cold {load_runs[side][-1]['cold_seconds']:.3f} s, "
-                      f"warm {load_runs[side][-1]['warm_seconds']:.3f} s", flush=True)
-        bps = {side: {k: statistics.median(x["micro_batches"] * (warm_epochs if k == "warm" else 1) / x[f"{k}_seconds"]
-                          for x in runs) for k in ("cold", "warm")} for side, runs in load_runs.items()}
+                    load_runs["s3"].append(
+                        {
+                            "micro_batches": n,
+                            "cold_seconds": case["epochs"][0]["seconds"],
+                            "warm_seconds": sum(e["seconds"] for e in case["epochs"][1:]),
+                            "case": case,
+                        }
+                    )
+                print(
+                    f"load {side} run {r}: cold {load_runs[side][-1]['cold_seconds']:.3f} s, "
+                    f"warm {load_runs[side][-1]['warm_seconds']:.3f} s",
+                    flush=True,
+                )
+        bps = {
+            side: {
+                k: statistics.median(
+                    x["micro_batches"] * (warm_epochs if k == "warm" else 1) / x[f"{k}_seconds"] for x in runs
+                )
+                for k in ("cold", "warm")
+            }
+            for side, runs in load_runs.items()
+        }
 
         # --- bytes fetched per epoch and peaks: a cache that holds the data, and one of a quarter of it
         quarter = total // 4
         share = quarter // biggest
         if share < 4:
-            raise SystemExit(f"a quarter of the split holds {share} shard files: too few to measure (raise --shard-files)")
+            raise SystemExit(
+                f"a quarter of the split holds {share} shard files: too few to measure (raise --shard-files)"
+            )
         window = max(1, share // 2)
         cases = {"full_cache": load_runs["s3"][-1]["case"]}
         cases["quarter_cache_window"] = load_case(s3_shards, work / "quarter-window", quarter, mb, window, 2)
-        cases["quarter_cache_global_shuffle"] = load_case(s3_shards, work / "quarter-global", quarter, mb, 0, 1,
-                                                          max_batches=args.unwindowed_batches)
+        cases["quarter_cache_global_shuffle"] = load_case(
+            s3_shards, work / "quarter-global", quarter, mb, 0, 1, max_batches=args.unwindowed_batches
+        )
         for name, c in cases.items():
-            print(f"{name}: fetched/epoch {[round(e['fetched_per_epoch_ratio'], 3) for e in c['epochs']]}, "
-                  f"peak {c['peak_bytes_cache_record']:,} / {c['peak_bytes_disk_scan']:,} of {c['bound_bytes']:,}", flush=True)
+            print(
+                f"{name}: fetched/epoch {[round(e['fetched_per_epoch_ratio'], 3) for e in c['epochs']]}, "
+                f"peak {c['peak_bytes_cache_record']:,} / {c['peak_bytes_disk_scan']:,} of {c['bound_bytes']:,}",
+                flush=True,
+            )
     finally:
         stop(server)
 
@@ -385,46 +476,89 @@ def main() -> None:
         "s3_vs_local_load_cold": bps["s3"]["cold"] / bps["local"]["cold"],
         "s3_vs_local_load_warm": warm_ratio,
         "bytes_fetched_per_epoch_ratio": {
-            "full_cache_epoch_1": fetch_full[0], "full_cache_later_epochs_max": fetch_full[1],
+            "full_cache_epoch_1": fetch_full[0],
+            "full_cache_later_epochs_max": fetch_full[1],
             "quarter_cache_window_epoch_1": cases["quarter_cache_window"]["epochs"][0]["fetched_per_epoch_ratio"],
             "quarter_cache_window_epoch_2": cases["quarter_cache_window"]["epochs"][1]["fetched_per_epoch_ratio"],
-            "quarter_cache_global_shuffle": cases["quarter_cache_global_shuffle"]["epochs"][0]["fetched_per_epoch_ratio"],
-            "quarter_cache_global_shuffle_extrapolated_from_fraction":
-                cases["quarter_cache_global_shuffle"]["epochs"][0]["measured_fraction_of_epoch"],
+            "quarter_cache_global_shuffle": cases["quarter_cache_global_shuffle"]["epochs"][0][
+                "fetched_per_epoch_ratio"
+            ],
+            "quarter_cache_global_shuffle_extrapolated_from_fraction": cases["quarter_cache_global_shuffle"]["epochs"][
+                0
+            ]["measured_fraction_of_epoch"],
             "quarter_cache_window_shards": window,
         },
-        "peak_cache_bytes": {name: {"bound": c["bound_bytes"], "cache_record": c["peak_bytes_cache_record"],
-                                    "disk_scan": c["peak_bytes_disk_scan"], "within_bound": c["within_bound"]}
-                             for name, c in cases.items()},
+        "peak_cache_bytes": {
+            name: {
+                "bound": c["bound_bytes"],
+                "cache_record": c["peak_bytes_cache_record"],
+                "disk_scan": c["peak_bytes_disk_scan"],
+                "within_bound": c["within_bound"],
+            }
+            for name, c in cases.items()
+        },
         "goals": {
             "load_warm_at_least_0.9x_local": {"value": warm_ratio, "goal": ">= 0.9", "met": warm_ratio >= 0.9},
             "each_byte_fetched_at_most_once_per_epoch_when_cached": {
-                "value": fetch_full, "goal": "epoch 1 <= 1, every later epoch 0",
-                "met": fetch_full[0] <= 1.0 + 1e-9 and fetch_full[1] == 0},
-            "cache_never_above_bound": {"value": {n: c["within_bound"] for n, c in cases.items()},
-                                        "goal": "peak <= bound in every case",
-                                        "met": all(c["within_bound"] for c in cases.values())},
+                "value": fetch_full,
+                "goal": "epoch 1 <= 1, every later epoch 0",
+                "met": fetch_full[0] <= 1.0 + 1e-9 and fetch_full[1] == 0,
+            },
+            "cache_never_above_bound": {
+                "value": {n: c["within_bound"] for n, c in cases.items()},
+                "goal": "peak <= bound in every case",
+                "met": all(c["within_bound"] for c in cases.values()),
+            },
         },
         "prep_same_data_version_local_and_s3": same_versions,
-        "documents_per_s": dps, "micro_batches_per_s": bps,
-        "corpus": str(corpus.name), "subset": "data partition 0 of 4 (partition_of(path, 4) == 0)" if args.quick else "whole corpus",
-        "documents": prep_runs["local"][0]["documents"], "sequences": sequences,
-        "seq_len": args.seq_len, "micro_batch": mb, "warm_epochs": warm_epochs, "shard_files": cases["full_cache"]["files"],
-        "split_bytes": total, "sequences_per_shard": per_shard,
+        "documents_per_s": dps,
+        "micro_batches_per_s": bps,
+        "corpus": str(corpus.name),
+        "subset": "data partition 0 of 4 (partition_of(path, 4) == 0)" if args.quick else "whole corpus",
+        "documents": prep_runs["local"][0]["documents"],
+        "sequences": sequences,
+        "seq_len": args.seq_len,
+        "micro_batch": mb,
+        "warm_epochs": warm_epochs,
+        "shard_files": cases["full_cache"]["files"],
+        "split_bytes": total,
+        "sequences_per_shard": per_shard,
         "s3_server": "moto.server (moto " + __import__("moto").__version__ + ") on 127.0.0.1, its own process",
         "corpus_upload_seconds": upload_seconds,
-        "runs": {"prep": prep_runs, "load": [{k: v for k, v in x.items() if k != "case"} for x in load_runs["s3"]],
-                 "load_local": load_runs["local"], "cases": cases},
-        "repeats": args.repeats, "quick": args.quick, "wall_seconds": time.perf_counter() - t_start,
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "cpu_count": os.cpu_count(), "machine": platform.machine(),
+        "runs": {
+            "prep": prep_runs,
+            "load": [{k: v for k, v in x.items() if k != "case"} for x in load_runs["s3"]],
+            "load_local": load_runs["local"],
+            "cases": cases,
+        },
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "wall_seconds": time.perf_counter() - t_start,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     }
     shutil.rmtree(work, ignore_errors=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("s3_vs_local_prep", "s3_vs_local_load_cold", "s3_vs_local_load_warm",
-                                             "bytes_fetched_per_epoch_ratio", "peak_cache_bytes", "goals")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "s3_vs_local_prep",
+                    "s3_vs_local_load_cold",
+                    "s3_vs_local_load_warm",
+                    "bytes_fetched_per_epoch_ratio",
+                    "peak_cache_bytes",
+                    "goals",
+                )
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

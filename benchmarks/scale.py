@@ -78,7 +78,9 @@ def paragraphs(source: Path = KERNEL_DOCS) -> tuple[list[str], list[int]]:
     left out), in sorted file order, and each file's paragraph count."""
     out, counts = [], []
     for f in sorted(source.rglob("*.txt")):
-        ps = [p.strip("\n") for p in re.split(r"\n[ \t]*\n", f.read_text(encoding="utf-8", errors="replace")) if p.strip()]
+        ps = [
+            p.strip("\n") for p in re.split(r"\n[ \t]*\n", f.read_text(encoding="utf-8", errors="replace")) if p.strip()
+        ]
         out += ps
         counts.append(len(ps))
     return out, counts
@@ -113,10 +115,21 @@ def generate(out: Path, scale: float, seed: int = 0, source: Path = KERNEL_DOCS)
     held, pool = sorted(order[:cut]), [paras[i] for i in sorted(order[cut:])]
     with open(out / "heldout.jsonl", "w", encoding="utf-8") as fh:
         for k in range(0, len(held), 40):  # documents of 40 held-out paragraphs
-            fh.write(json.dumps({"id": f"heldout-{k // 40}", "text": "\n\n".join(paras[i] for i in held[k:k + 40])}) + "\n")
+            fh.write(
+                json.dumps({"id": f"heldout-{k // 40}", "text": "\n\n".join(paras[i] for i in held[k : k + 40])}) + "\n"
+            )
     target = int(scale * source_bytes)
-    stats = {"scale": scale, "seed": seed, "source_bytes": source_bytes, "documents": 0, "bytes": 0, "files": 0,
-             "planted_near": 0, "planted_exact": 0, "heldout_paragraphs": len(held)}
+    stats = {
+        "scale": scale,
+        "seed": seed,
+        "source_bytes": source_bytes,
+        "documents": 0,
+        "bytes": 0,
+        "files": 0,
+        "planted_near": 0,
+        "planted_exact": 0,
+        "heldout_paragraphs": len(held),
+    }
     recent: list[str] = []
     fh, in_file = None, 0
     while stats["bytes"] < target:
@@ -178,21 +191,39 @@ def tokenizer_quality(corpus_dir: Path, work: Path, sample_bytes: list[int | Non
         tok = Tokenizer.from_file(str(info.path))
         tokens = sum(len(e.ids) for e in tok.encode_batch(held, add_special_tokens=False))
         out["all" if limit is None else str(limit)] = {
-            "max_training_bytes": limit, "trained_on_characters": stats["characters"], "sample_fraction": sample.fraction,
-            "seconds": round(seconds, 1), "heldout_bytes_per_token": held_bytes / tokens, "load_average": os.getloadavg()}
-    return {"vocab_size": vocab_size, "heldout_bytes": held_bytes, "corpus_bytes": sample.corpus_bytes, "by_sample": out}
+            "max_training_bytes": limit,
+            "trained_on_characters": stats["characters"],
+            "sample_fraction": sample.fraction,
+            "seconds": round(seconds, 1),
+            "heldout_bytes_per_token": held_bytes / tokens,
+            "load_average": os.getloadavg(),
+        }
+    return {
+        "vocab_size": vocab_size,
+        "heldout_bytes": held_bytes,
+        "corpus_bytes": sample.corpus_bytes,
+        "by_sample": out,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ stages
 
-ONE_THREAD = {"POLARS_MAX_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "true"}
+ONE_THREAD = {
+    "POLARS_MAX_THREADS": "1",
+    "RAYON_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "true",
+}
 
 
 def _peak_mib() -> float:
     """This process's peak RSS and its waited-for children's (the BPE trainer runs in one), MiB."""
     import resource
 
-    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    return (
+        max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+        / 1024
+    )
 
 
 def _text_mb(dirs=None, parts=None) -> float:
@@ -217,8 +248,12 @@ def work_read_clean(a: dict) -> dict:
     t0 = time.perf_counter()
     got = ingest(ReaderConfig(a["corpus"], partition=a["partition"], partitions=a["partitions"]), raw)
     kept = map_parts(WithSignatures(Cleaning(QualityConfig()), DedupConfig()), raw, clean)
-    return {"seconds": time.perf_counter() - t0, "input_mb": got["bytes"] / 1e6, "documents": got["documents"],
-            "kept": kept["kept"]}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "input_mb": got["bytes"] / 1e6,
+        "documents": got["documents"],
+        "kept": kept["kept"],
+    }
 
 
 def work_dedup(a: dict) -> dict:
@@ -229,8 +264,13 @@ def work_dedup(a: dict) -> dict:
     out.mkdir(parents=True)
     t0 = time.perf_counter()
     got = deduplicate([Path(d) for d in a["inputs"]], out, DedupConfig())
-    return {"seconds": time.perf_counter() - t0, "input_mb": _text_mb([Path(d) for d in a["inputs"]]),
-            "documents": got["input"], "duplicate_exact": got["duplicate_exact"], "duplicate_near": got["duplicate_near"]}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "input_mb": _text_mb([Path(d) for d in a["inputs"]]),
+        "documents": got["input"],
+        "duplicate_exact": got["duplicate_exact"],
+        "duplicate_near": got["duplicate_near"],
+    }
 
 
 def work_tokenizer(a: dict) -> dict:
@@ -241,8 +281,12 @@ def work_tokenizer(a: dict) -> dict:
     t0 = time.perf_counter()
     sample = training_sample(part_files(Path(a["input"])), a["max_training_bytes"])
     _, stats = train_bpe(sample.texts(), 8192, Path(a["out"]))
-    return {"seconds": time.perf_counter() - t0, "input_mb": sample.corpus_bytes / 1e6,
-            "trained_on_mb": stats["characters"] / 1e6, "sample_fraction": sample.fraction}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "input_mb": sample.corpus_bytes / 1e6,
+        "trained_on_mb": stats["characters"] / 1e6,
+        "sample_fraction": sample.fraction,
+    }
 
 
 def work_tokenize_write(a: dict) -> dict:
@@ -254,10 +298,15 @@ def work_tokenize_write(a: dict) -> dict:
     out = Path(a["out"])
     out.mkdir(parents=True)
     t0 = time.perf_counter()
-    s = tokenize_partition(Path(a["input"]), Path(a["tokenizer"]), out, a["partition"], a["partitions"], Packing(seq_len=1024))
+    s = tokenize_partition(
+        Path(a["input"]), Path(a["tokenizer"]), out, a["partition"], a["partitions"], Packing(seq_len=1024)
+    )
     mine = partition_parts(part_files(Path(a["input"])), a["partition"], a["partitions"])[1]
-    return {"seconds": time.perf_counter() - t0, "input_mb": _text_mb(parts=mine),
-            "tokens": s["sequences"] * 1025 + s["tail_tokens"]}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "input_mb": _text_mb(parts=mine),
+        "tokens": s["sequences"] * 1025 + s["tail_tokens"],
+    }
 
 
 def work_assemble(a: dict) -> dict:
@@ -267,7 +316,9 @@ def work_assemble(a: dict) -> dict:
     out = Path(a["out"])
     out.mkdir(parents=True)
     t0 = time.perf_counter()
-    m = assemble_token_shards([Path(d) for d in a["inputs"]], Path(a["input"]), Path(a["tokenizer"]), out, Packing(seq_len=1024))
+    m = assemble_token_shards(
+        [Path(d) for d in a["inputs"]], Path(a["input"]), Path(a["tokenizer"]), out, Packing(seq_len=1024)
+    )
     return {"seconds": time.perf_counter() - t0, "input_mb": 0.0, "tokens": m["total_tokens"]}
 
 
@@ -302,13 +353,28 @@ def work_encode_batch(a: dict) -> dict:
             tokens += sum(len(e.ids) + 1 for e in enc)
             for f in Path(tmp).iterdir():
                 f.unlink()
-            assert sum(w["document_tokens"] + w["repeat_tokens"] for w in r["writers"].values()) == sum(len(e.ids) + 1 for e in enc)
-    return {"seconds": ours, "seconds_encode_batch": bare, "seconds_encode_batch_fast": fast, "tokens": tokens,
-            "input_mb": _text_mb(Path(a["input"])), "ratio_vs_encode_batch": bare / ours, "ratio_vs_encode_batch_fast": fast / ours}
+            assert sum(w["document_tokens"] + w["repeat_tokens"] for w in r["writers"].values()) == sum(
+                len(e.ids) + 1 for e in enc
+            )
+    return {
+        "seconds": ours,
+        "seconds_encode_batch": bare,
+        "seconds_encode_batch_fast": fast,
+        "tokens": tokens,
+        "input_mb": _text_mb(Path(a["input"])),
+        "ratio_vs_encode_batch": bare / ours,
+        "ratio_vs_encode_batch_fast": fast / ours,
+    }
 
 
-WORK = {"read_clean": work_read_clean, "dedup": work_dedup, "tokenizer": work_tokenizer,
-        "tokenize_write": work_tokenize_write, "assemble": work_assemble, "encode_batch": work_encode_batch}
+WORK = {
+    "read_clean": work_read_clean,
+    "dedup": work_dedup,
+    "tokenizer": work_tokenizer,
+    "tokenize_write": work_tokenize_write,
+    "assemble": work_assemble,
+    "encode_batch": work_encode_batch,
+}
 
 
 def run_workers(jobs: list[tuple[str, dict]]) -> tuple[float, list[dict]]:
@@ -318,11 +384,19 @@ def run_workers(jobs: list[tuple[str, dict]]) -> tuple[float, list[dict]]:
 
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", stage, json.dumps(args)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for stage, args in jobs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "worker", stage, json.dumps(args)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for stage, args in jobs
+    ]
     outs = [p.communicate() for p in procs]
     wall = time.perf_counter() - t0
-    for p, (out, err), (stage, _) in zip(procs, outs, jobs):
+    for p, (_out, err), (stage, _) in zip(procs, outs, jobs):
         if p.returncode:
             raise RuntimeError(f"worker {stage} exited with {p.returncode}:\n{err[-3000:]}")
     return wall, [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
@@ -332,18 +406,33 @@ def measure(name: str, one: tuple[str, dict], two: list[tuple[str, dict]] | None
     """One stage at one size: 1 worker, then (``two``) 2 workers at once; the load averages around each."""
     before = os.getloadavg()
     wall, (r,) = run_workers([one])
-    res = {**r, "wall_seconds": wall, "mb_per_s": r["input_mb"] / r["seconds"], "load_average_before": before,
-           "load_average_after": os.getloadavg()}
+    res = {
+        **r,
+        "wall_seconds": wall,
+        "mb_per_s": r["input_mb"] / r["seconds"],
+        "load_average_before": before,
+        "load_average_after": os.getloadavg(),
+    }
     if two:
         before = os.getloadavg()
         wall2, rs = run_workers(two)
         slowest = max(x["seconds"] for x in rs)  # in the workers: without the interpreters' start
-        res.update(seconds_2_partitions=slowest, wall_seconds_2_partitions=wall2,
-                   parallel_efficiency=r["seconds"] / (2 * slowest), parallel_efficiency_wall=wall / (2 * wall2),
-                   partition_input_mb=[x["input_mb"] for x in rs], partition_seconds=[x["seconds"] for x in rs],
-                   partition_peak_rss_mib=[x["peak_rss_mib"] for x in rs], load_average_before_2=before,
-                   load_average_after_2=os.getloadavg())
-    print(f"{name}: {json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, tuple))})}", file=sys.stderr, flush=True)
+        res.update(
+            seconds_2_partitions=slowest,
+            wall_seconds_2_partitions=wall2,
+            parallel_efficiency=r["seconds"] / (2 * slowest),
+            parallel_efficiency_wall=wall / (2 * wall2),
+            partition_input_mb=[x["input_mb"] for x in rs],
+            partition_seconds=[x["seconds"] for x in rs],
+            partition_peak_rss_mib=[x["peak_rss_mib"] for x in rs],
+            load_average_before_2=before,
+            load_average_after_2=os.getloadavg(),
+        )
+    print(
+        f"{name}: {json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, tuple))})}",
+        file=sys.stderr,
+        flush=True,
+    )
     return res
 
 
@@ -357,23 +446,44 @@ def run_scale(scale: float, work: Path, max_training_bytes: int) -> dict:
         import shutil
 
         shutil.rmtree(w)
-    print(f"x{scale:g}: {corpus} ({json.loads((corpus / 'generated.json').read_text())['bytes'] / 1e6:.0f} MB)", file=sys.stderr)
+    print(
+        f"x{scale:g}: {corpus} ({json.loads((corpus / 'generated.json').read_text())['bytes'] / 1e6:.0f} MB)",
+        file=sys.stderr,
+    )
     c = str(corpus / "corpus")
     out = {"corpus": json.loads((corpus / "generated.json").read_text())}
-    out["read_clean"] = measure(f"x{scale:g} read_clean", ("read_clean", {"corpus": c, "partition": 0, "partitions": 1, "out": str(w / "p1")}),
-                                [("read_clean", {"corpus": c, "partition": i, "partitions": 2, "out": str(w / f"p2-{i}")}) for i in range(2)])
-    out["dedup"] = measure(f"x{scale:g} dedup", ("dedup", {"inputs": [str(w / "p1" / "clean")], "out": str(w / "p1" / "dd")}), None)
+    out["read_clean"] = measure(
+        f"x{scale:g} read_clean",
+        ("read_clean", {"corpus": c, "partition": 0, "partitions": 1, "out": str(w / "p1")}),
+        [("read_clean", {"corpus": c, "partition": i, "partitions": 2, "out": str(w / f"p2-{i}")}) for i in range(2)],
+    )
+    out["dedup"] = measure(
+        f"x{scale:g} dedup", ("dedup", {"inputs": [str(w / "p1" / "clean")], "out": str(w / "p1" / "dd")}), None
+    )
     dd = str(w / "p1" / "dd")
-    out["tokenizer"] = measure(f"x{scale:g} tokenizer", ("tokenizer", {"input": dd, "out": str(w / "tok"),
-                                                                      "max_training_bytes": max_training_bytes}), None)
+    out["tokenizer"] = measure(
+        f"x{scale:g} tokenizer",
+        ("tokenizer", {"input": dd, "out": str(w / "tok"), "max_training_bytes": max_training_bytes}),
+        None,
+    )
     tok = str(w / "tok")
     tw = {"input": dd, "tokenizer": tok}
-    out["tokenize_write"] = measure(f"x{scale:g} tokenize_write",
-                                    ("tokenize_write", {**tw, "partition": 0, "partitions": 1, "out": str(w / "shards1" / "p0")}),
-                                    [("tokenize_write", {**tw, "partition": i, "partitions": 2, "out": str(w / "shards2" / f"p{i}")})
-                                     for i in range(2)])
-    out["assemble"] = measure(f"x{scale:g} assemble", ("assemble", {**tw, "inputs": [str(w / "shards2" / f"p{i}") for i in range(2)],
-                                                                    "out": str(w / "shards2" / "global")}), None)
+    out["tokenize_write"] = measure(
+        f"x{scale:g} tokenize_write",
+        ("tokenize_write", {**tw, "partition": 0, "partitions": 1, "out": str(w / "shards1" / "p0")}),
+        [
+            ("tokenize_write", {**tw, "partition": i, "partitions": 2, "out": str(w / "shards2" / f"p{i}")})
+            for i in range(2)
+        ],
+    )
+    out["assemble"] = measure(
+        f"x{scale:g} assemble",
+        (
+            "assemble",
+            {**tw, "inputs": [str(w / "shards2" / f"p{i}") for i in range(2)], "out": str(w / "shards2" / "global")},
+        ),
+        None,
+    )
     out["encode_batch"] = measure(f"x{scale:g} encode_batch", ("encode_batch", tw), None)
     out["tokenize_write"]["ratio_vs_encode_batch_per_core"] = out["encode_batch"]["ratio_vs_encode_batch"]
     out["tokenize_write"]["ratio_vs_encode_batch_fast_per_core"] = out["encode_batch"]["ratio_vs_encode_batch_fast"]
@@ -390,16 +500,24 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("out")
     g.add_argument("--scale", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    q = sub.add_parser("tokenizer-quality", help="held-out bytes per token of tokenizers trained on samples of a "
-                                                 "generated corpus (OUT of `generate`)")
+    q = sub.add_parser(
+        "tokenizer-quality",
+        help="held-out bytes per token of tokenizers trained on samples of a generated corpus (OUT of `generate`)",
+    )
     q.add_argument("corpus", help="the directory `generate` wrote")
-    q.add_argument("--sample-mb", type=float, nargs="+", default=[4, 16, 0], help="sample sizes in MB (10^6 bytes); 0: all")
+    q.add_argument(
+        "--sample-mb", type=float, nargs="+", default=[4, 16, 0], help="sample sizes in MB (10^6 bytes); 0: all"
+    )
     q.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale.json"))
     r = sub.add_parser("run", help="every stage at each size -> benchmarks/results/scale.json (key stages)")
     r.add_argument("--scales", type=float, nargs="+", default=[1, 8, 32])
     r.add_argument("--work", default="/tmp/largetrain-scale", help="corpora and stage outputs (several GB at 32x)")
-    r.add_argument("--max-training-bytes", type=int, default=24_000_000,
-                   help="the tokenizer's training sample bound (default: about the 1x corpus, so its bound shows at 8x)")
+    r.add_argument(
+        "--max-training-bytes",
+        type=int,
+        default=24_000_000,
+        help="the tokenizer's training sample bound (default: about the 1x corpus, so its bound shows at 8x)",
+    )
     r.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale.json"))
     w = sub.add_parser("worker", help=argparse.SUPPRESS)
     w.add_argument("stage", choices=sorted(WORK))
@@ -412,11 +530,19 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.work)
         work.mkdir(parents=True, exist_ok=True)
         out = Path(args.out)
-        stages = (json.loads(out.read_text()).get("stages", {}) if out.exists() else {})  # other sizes' results stay
+        stages = json.loads(out.read_text()).get("stages", {}) if out.exists() else {}  # other sizes' results stay
         for scale in args.scales:
             stages[f"x{scale:g}"] = run_scale(scale, work, args.max_training_bytes)
-            merge_results(Path(args.out), {"stages": stages, "summary": summarize(stages), "cpu_count": os.cpu_count(),
-                                           "threads_per_worker": 1, "max_training_bytes": args.max_training_bytes})
+            merge_results(
+                Path(args.out),
+                {
+                    "stages": stages,
+                    "summary": summarize(stages),
+                    "cpu_count": os.cpu_count(),
+                    "threads_per_worker": 1,
+                    "max_training_bytes": args.max_training_bytes,
+                },
+            )
         print(json.dumps(summarize(stages), indent=1))
     elif args.cmd == "generate":
         print(json.dumps(generate(Path(args.out), args.scale, args.seed)))
@@ -435,9 +561,11 @@ def summarize(stages: dict) -> dict:
     out = {}
     for stage in ("read_clean", "dedup", "tokenizer", "tokenize_write", "assemble"):
         by = {size: r[stage] for size, r in stages.items() if stage in r}
-        s = {"peak_rss_mib": {k: v["peak_rss_mib"] for k, v in by.items()},
-             "mb_per_s": {k: v["mb_per_s"] for k, v in by.items()},
-             "parallel_efficiency": {k: v.get("parallel_efficiency") for k, v in by.items()}}
+        s = {
+            "peak_rss_mib": {k: v["peak_rss_mib"] for k, v in by.items()},
+            "mb_per_s": {k: v["mb_per_s"] for k, v in by.items()},
+            "parallel_efficiency": {k: v.get("parallel_efficiency") for k, v in by.items()},
+        }
         if "x1" in by and "x32" in by:
             s["peak_rss_growth_32x"] = by["x32"]["peak_rss_mib"] / by["x1"]["peak_rss_mib"]
         if stage == "tokenize_write":

@@ -99,8 +99,13 @@ def synthetic_signatures(d: Path, n: int, layout: str, bands: int = 14, seed: in
     n_words[kind > 0.99] = 0
     for f0 in range(0, n, PER_FILE):
         s = slice(f0, min(n, f0 + PER_FILE))
-        t = {"doc_id": pa.array([f"corpus/dir{i % 97:02d}/file-{i:07d}.rst.txt" for i in range(s.start, s.stop)], pa.large_string()),
-             "key_hash": pa.array(key[s]), "n_words": pa.array(n_words[s])}
+        t = {
+            "doc_id": pa.array(
+                [f"corpus/dir{i % 97:02d}/file-{i:07d}.rst.txt" for i in range(s.start, s.stop)], pa.large_string()
+            ),
+            "key_hash": pa.array(key[s]),
+            "n_words": pa.array(n_words[s]),
+        }
         if layout == "list":
             t["band_hash"] = pa.FixedSizeListArray.from_arrays(pa.array(bh[s].ravel()), bands)
         else:
@@ -123,8 +128,12 @@ def global_step_worker(which: str, sig_dir: str) -> None:
     if which == "before":
         import importlib.util
 
-        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASELINE}:largetrain_core/dedup.py"], check=True,
-                             capture_output=True, text=True).stdout
+        src = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{BASELINE}:largetrain_core/dedup.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         path = Path(tempfile.mkdtemp()) / "dedup_before.py"
         path.write_text(src)
         spec = importlib.util.spec_from_file_location("dedup_before", path)
@@ -140,13 +149,24 @@ def global_step_worker(which: str, sig_dir: str) -> None:
     t0 = time.perf_counter()
     out = mod.cluster_signatures(files)
     seconds = time.perf_counter() - t0
-    print(json.dumps({"rss_growth_bytes": _status("VmHWM:") - base, "seconds": seconds,
-                      "duplicates": int(out["duplicate_of"].drop_nulls().len())}))
+    print(
+        json.dumps(
+            {
+                "rss_growth_bytes": _status("VmHWM:") - base,
+                "seconds": seconds,
+                "duplicates": int(out["duplicate_of"].drop_nulls().len()),
+            }
+        )
+    )
 
 
 def local_global_step(which: str, sig_dir: Path) -> dict:
-    r = subprocess.run([sys.executable, __file__, "--global-step-worker", which, str(sig_dir)], capture_output=True,
-                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, __file__, "--global-step-worker", which, str(sig_dir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     if r.returncode:
         raise SystemExit(r.stderr)
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -197,8 +217,11 @@ class RssSampler:
         self.stop_event.set()
         self.thread.join()
         growth = {pid: self.peak[pid] - self.base[pid] for pid in self.peak}
-        return {"max_process_growth_bytes": max(growth.values(), default=0), "sum_growth_bytes": sum(growth.values()),
-                "processes": len(growth)}
+        return {
+            "max_process_growth_bytes": max(growth.values(), default=0),
+            "sum_growth_bytes": sum(growth.values()),
+            "processes": len(growth),
+        }
 
 
 def spark_global_step(sig_dir: Path) -> dict:
@@ -286,8 +309,10 @@ class CpuMeter:
             role = _role(pid)
             if role:
                 roles[role] = roles.get(role, 0.0) + (ticks - self.before.get(pid, 0)) / self.HZ
-        return {"cpu_seconds": {k: round(v, 2) for k, v in sorted(roles.items())},
-                "machine_cpu_seconds": round((machine - self.machine) / self.HZ, 2)}
+        return {
+            "cpu_seconds": {k: round(v, 2) for k, v in sorted(roles.items())},
+            "machine_cpu_seconds": round((machine - self.machine) / self.HZ, 2),
+        }
 
 
 def _warm_up(spark) -> None:
@@ -296,6 +321,7 @@ def _warm_up(spark) -> None:
 
     def imports(batches):
         import largetrain_core.executors.spark.dedup  # noqa: F401
+
         for b in batches:
             yield pa.RecordBatch.from_pydict({"id": b.column(0)})
 
@@ -330,14 +356,19 @@ def chain(engine, corpus: Path, out: Path) -> tuple[dict, float]:
         d.mkdir(parents=True)
     t0 = time.perf_counter()
     if engine is None:
-        stats = {"raw": ingest(ReaderConfig(str(corpus)), dirs[0]), "clean": clean_corpus(dirs[0], dirs[1], quality),
-                 "dd": deduplicate(dirs[1], dirs[2], DedupConfig())}
+        stats = {
+            "raw": ingest(ReaderConfig(str(corpus)), dirs[0]),
+            "clean": clean_corpus(dirs[0], dirs[1], quality),
+            "dd": deduplicate(dirs[1], dirs[2], DedupConfig()),
+        }
     else:
         from largetrain_core.executors.spark import dedup, ingest as spark_ingest, map_parts
 
-        stats = {"raw": spark_ingest.ingest(engine, ReaderConfig(str(corpus)), dirs[0]),
-                 "clean": map_parts.clean(engine, dirs[0], dirs[1], quality),
-                 "dd": dedup.deduplicate(engine, dirs[1], dirs[2], DedupConfig())}
+        stats = {
+            "raw": spark_ingest.ingest(engine, ReaderConfig(str(corpus)), dirs[0]),
+            "clean": map_parts.clean(engine, dirs[0], dirs[1], quality),
+            "dd": dedup.deduplicate(engine, dirs[1], dirs[2], DedupConfig()),
+        }
     return stats, time.perf_counter() - t0
 
 
@@ -358,7 +389,11 @@ def identical(local: Path, other: Path, ls: dict, os_: dict) -> dict:
     res = {}
     for stage in ("raw", "clean", "dd"):
         res[f"{stage}_documents"] = same(docs(local / stage), docs(other / stage))
-    for name, f in (("rejected", "raw/rejected.parquet"), ("filtered", "clean/filtered.parquet"), ("duplicates", "dd/duplicates.parquet")):
+    for name, f in (
+        ("rejected", "raw/rejected.parquet"),
+        ("filtered", "clean/filtered.parquet"),
+        ("duplicates", "dd/duplicates.parquet"),
+    ):
         res[name] = pl.read_parquet(local / f).equals(pl.read_parquet(other / f))
     strip = lambda s: {k: v for k, v in s.items() if k != "parts"}  # noqa: E731 (part boundaries may differ)
     res["counts"] = all(strip(ls[k]) == strip(os_[k]) for k in ("raw", "clean", "dd"))
@@ -372,7 +407,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "spark_prep.json"))
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each engine, interleaved; the fastest counts (default 3)")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="runs of each engine, interleaved; the fastest counts (default 3)"
+    )
     ap.add_argument("--global-step-worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.global_step_worker:
@@ -400,7 +437,10 @@ def main() -> None:
                     t0 = time.perf_counter()
                     spark = session(f"local-cluster[{executors},1,1024]", f"largetrain-bench-{executors}")
                     _warm_up(spark)
-                    sample |= {"master": spark.sparkContext.master, "session_start_and_warm_up_seconds": time.perf_counter() - t0}
+                    sample |= {
+                        "master": spark.sparkContext.master,
+                        "session_start_and_warm_up_seconds": time.perf_counter() - t0,
+                    }
                 meter = CpuMeter()
                 meter.start()
                 try:
@@ -425,8 +465,11 @@ def main() -> None:
         runs = {}
         for name, ss in samples.items():
             best = min(ss, key=lambda x: x["seconds"])
-            runs[name] = {**{k: v for k, v in best.items() if k != "load_average_before"},
-                          "documents_per_s": documents / best["seconds"], "samples_seconds": [x["seconds"] for x in ss]}
+            runs[name] = {
+                **{k: v for k, v in best.items() if k != "load_average_before"},
+                "documents_per_s": documents / best["seconds"],
+                "samples_seconds": [x["seconds"] for x in ss],
+            }
         res["repeats"] = args.repeats
         res["documents"] = documents
         res["throughput"] = runs
@@ -446,15 +489,26 @@ def main() -> None:
             synthetic_signatures(tmp / "sig-spark", n_spark, "columns")
             check = local_global_step("local", tmp / "sig-spark")
         spark = spark_global_step(tmp / ("sig-spark" if n_spark != n else "sig-columns"))
-        if not before["duplicates"] == local["duplicates"] or spark["duplicates"] != (check if n_spark != n else local)["duplicates"]:
+        if (
+            not before["duplicates"] == local["duplicates"]
+            or spark["duplicates"] != (check if n_spark != n else local)["duplicates"]
+        ):
             res["spark_local_identical"] = False
-        res["global_step"] = {"documents": n, "before": before, "local": local, "spark": {**spark, "documents": n_spark}}
+        res["global_step"] = {
+            "documents": n,
+            "before": before,
+            "local": local,
+            "spark": {**spark, "documents": n_spark},
+        }
         res["dedup_global_bytes_per_doc_before"] = before["rss_growth_bytes"] / n
         res["dedup_global_bytes_per_doc_local"] = local["rss_growth_bytes"] / n
         res["dedup_global_bytes_per_doc_spark"] = spark["max_process_growth_bytes"] / n_spark
         res["dedup_global_memory_reduction"] = before["rss_growth_bytes"] / local["rss_growth_bytes"]
-        res["goals"] = {"spark_scaling_efficiency": ">= 0.75", "spark_vs_local_throughput": ">= 0.5 (within 2x)",
-                        "dedup_global_memory_reduction": ">= 4"}
+        res["goals"] = {
+            "spark_scaling_efficiency": ">= 0.75",
+            "spark_vs_local_throughput": ">= 0.5 (within 2x)",
+            "dedup_global_memory_reduction": ">= 4",
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["seconds"] = time.perf_counter() - t_start

@@ -59,7 +59,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a 25%% document sample, fewer batches")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "tokenize_load.json"))
-    p.add_argument("--corpus", default=str(Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora" / "linux-doc"))
+    p.add_argument(
+        "--corpus", default=str(Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora" / "linux-doc")
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seq-len", type=int, default=1024)
     args = p.parse_args()
@@ -69,7 +71,9 @@ def main() -> None:
     raw.mkdir(), clean.mkdir()
     ingest(ReaderConfig(args.corpus, sample_fraction=0.25 if args.quick else 1.0, seed=0), raw)
     clean_corpus(raw, clean, QualityConfig())
-    texts = pl.concat([pl.read_parquet(f, columns=["text"]) for f in sorted(clean.glob("part-*.parquet"))])["text"].to_list()
+    texts = pl.concat([pl.read_parquet(f, columns=["text"]) for f in sorted(clean.glob("part-*.parquet"))])[
+        "text"
+    ].to_list()
     info, _ = train_bpe([texts], 8192, work / "tok")
     tok = Tokenizer.from_file(str(info.path))
     threads = os.environ.get("RAYON_NUM_THREADS", str(os.cpu_count()))
@@ -83,10 +87,17 @@ def main() -> None:
         build_token_shards(clean, work / "tok", out, seq_len=args.seq_len, validation_fraction=0.0)
         return out
 
-    tok_times = interleaved({"encode_batch": lambda: tok.encode_batch(texts, add_special_tokens=False),
-                             "encode_batch_fast": lambda: tok.encode_batch_fast(texts, add_special_tokens=False),
-                             "ours_tokenize_pack_write": ours}, args.repeats)
-    t_lib, t_fast, t_ours = (min(tok_times[k]) for k in ("encode_batch", "encode_batch_fast", "ours_tokenize_pack_write"))
+    tok_times = interleaved(
+        {
+            "encode_batch": lambda: tok.encode_batch(texts, add_special_tokens=False),
+            "encode_batch_fast": lambda: tok.encode_batch_fast(texts, add_special_tokens=False),
+            "ours_tokenize_pack_write": ours,
+        },
+        args.repeats,
+    )
+    t_lib, t_fast, t_ours = (
+        min(tok_times[k]) for k in ("encode_batch", "encode_batch_fast", "ours_tokenize_pack_write")
+    )
     shard_dir = ours()
 
     # --- loading: random batches of 32 sequences
@@ -117,16 +128,28 @@ def main() -> None:
         "tokenize_ratio_vs_encode_batch_fast": (n_tokens / t_ours) / (n_tokens / t_fast),
         "load_ratio_vs_memmap": (batches / t_load) / (batches / t_mm),
         "load_speedup_vs_hf_datasets": None,
-        "tokens": n_tokens, "documents": len(texts), "sequences": n, "seq_len": args.seq_len, "batches": batches,
-        "tokens_per_s": {"ours": n_tokens / t_ours, "encode_batch": n_tokens / t_lib, "encode_batch_fast": n_tokens / t_fast},
+        "tokens": n_tokens,
+        "documents": len(texts),
+        "sequences": n,
+        "seq_len": args.seq_len,
+        "batches": batches,
+        "tokens_per_s": {
+            "ours": n_tokens / t_ours,
+            "encode_batch": n_tokens / t_lib,
+            "encode_batch_fast": n_tokens / t_fast,
+        },
         "batches_per_s": {"ours": batches / t_load, "memmap": batches / t_mm},
         "raw_seconds": {**tok_times, **load_times},
-        "quick": args.quick, "threads": threads, "load_average_at_end": os.getloadavg(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
+        "quick": args.quick,
+        "threads": threads,
+        "load_average_at_end": os.getloadavg(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
     }
     try:
         import datasets
 
-        hf = datasets.Dataset.from_dict({"input_ids": [row for row in mm[: n]]}).with_format("numpy")
+        hf = datasets.Dataset.from_dict({"input_ids": [row for row in mm[:n]]}).with_format("numpy")
         hf_lists = index_lists[: max(20, batches // 10)]
 
         def hf_gather():
@@ -139,9 +162,13 @@ def main() -> None:
             for b in range(len(hf_ours_lists)):
                 data.take(sampler.indices(b * 32, 32))
 
-        hf_times = interleaved({"hf_datasets_gather": hf_gather, "ours_load_hf_batches": our_loader_same_batches}, args.repeats)
+        hf_times = interleaved(
+            {"hf_datasets_gather": hf_gather, "ours_load_hf_batches": our_loader_same_batches}, args.repeats
+        )
         result["batches_per_s"]["hf_datasets"] = len(hf_lists) / min(hf_times["hf_datasets_gather"])
-        result["load_speedup_vs_hf_datasets"] = min(hf_times["hf_datasets_gather"]) / min(hf_times["ours_load_hf_batches"])
+        result["load_speedup_vs_hf_datasets"] = min(hf_times["hf_datasets_gather"]) / min(
+            hf_times["ours_load_hf_batches"]
+        )
         result["raw_seconds"].update(hf_times)
         result["hf_datasets_version"] = datasets.__version__
     except ImportError:

@@ -46,8 +46,17 @@ sys.path.insert(0, str(REPO))
 
 
 def settings(quick: bool) -> dict:
-    return {"preset": "llama-3m", "vocab": 8192, "seq_len": 128, "micro_batch": 8, "documents": 200 if quick else 354,
-            "warmup": 2 if quick else 5, "steps": 6 if quick else 30, "r": 8, "lora_targets": ["q_proj", "v_proj"]}
+    return {
+        "preset": "llama-3m",
+        "vocab": 8192,
+        "seq_len": 128,
+        "micro_batch": 8,
+        "documents": 200 if quick else 354,
+        "warmup": 2 if quick else 5,
+        "steps": 6 if quick else 30,
+        "r": 8,
+        "lora_targets": ["q_proj", "v_proj"],
+    }
 
 
 def make_shards(s: dict, tmp: Path) -> Path:
@@ -64,8 +73,9 @@ def make_shards(s: dict, tmp: Path) -> Path:
     texts = [p.read_text(errors="replace") for p in files]
     docs = tmp / "docs"
     docs.mkdir()
-    pl.DataFrame({"doc_id": [p.name for p in files], "source": ["linux-doc"] * len(files), "text": texts}
-                 ).write_parquet(docs / "part-00000.parquet")
+    pl.DataFrame(
+        {"doc_id": [p.name for p in files], "source": ["linux-doc"] * len(files), "text": texts}
+    ).write_parquet(docs / "part-00000.parquet")
     train_bpe([texts], s["vocab"], tmp / "tok")
     out = tmp / "shards"
     out.mkdir()
@@ -77,9 +87,16 @@ def ablation_config(s: dict, out: Path, shards: Path, variants: list[str]):
     from largetrain_core.training.ablation import AblationConfig
     from largetrain_core.training.config import LoraSettings
 
-    return AblationConfig(output_dir=str(out), train_shards=str(shards), preset=s["preset"], variants=variants,
-                          steps=s["steps"], warmup_steps=s["warmup"], micro_batch_size=s["micro_batch"],
-                          lora=LoraSettings(r=s["r"], lora_alpha=2.0 * s["r"], target_modules=s["lora_targets"]))
+    return AblationConfig(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset=s["preset"],
+        variants=variants,
+        steps=s["steps"],
+        warmup_steps=s["warmup"],
+        micro_batch_size=s["micro_batch"],
+        lora=LoraSettings(r=s["r"], lora_alpha=2.0 * s["r"], target_modules=s["lora_targets"]),
+    )
 
 
 def plain(s: dict, shards: Path) -> dict:
@@ -109,8 +126,12 @@ def plain(s: dict, shards: Path) -> dict:
         if i >= s["warmup"]:
             times.append(time.perf_counter() - t0)
     step = statistics.median(times)
-    return {"step_time_s": step, "tokens_per_s": s["micro_batch"] * s["seq_len"] / step, "timed_steps": len(times),
-            "parameters": sum(p.numel() for p in model.parameters())}
+    return {
+        "step_time_s": step,
+        "tokens_per_s": s["micro_batch"] * s["seq_len"] / step,
+        "timed_steps": len(times),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def activation_bytes(model, batch) -> int:
@@ -156,11 +177,16 @@ def in_process(s: dict, shards: Path) -> dict:
         return parameter_count(mdl, trainable_only=True) / parameter_count(mdl)
 
     without, with_ = activation_bytes(model(), batch), activation_bytes(model(ckpt=True), batch)
-    return {"activation_bytes": {"without_checkpointing": without, "with_checkpointing": with_,
-                                 "how": "bytes of tensors saved for backward in one forward (saved_tensors_hooks), weights excluded"},
-            "lora_trainable_fraction_all_linear": fraction(s["preset"], None),
-            "lora_trainable_fraction_llama125m": fraction("llama-125m", s["lora_targets"]),
-            "lora_trainable_fraction_llama125m_all_linear": fraction("llama-125m", None)}
+    return {
+        "activation_bytes": {
+            "without_checkpointing": without,
+            "with_checkpointing": with_,
+            "how": "bytes of tensors saved for backward in one forward (saved_tensors_hooks), weights excluded",
+        },
+        "lora_trainable_fraction_all_linear": fraction(s["preset"], None),
+        "lora_trainable_fraction_llama125m": fraction("llama-125m", s["lora_targets"]),
+        "lora_trainable_fraction_llama125m_all_linear": fraction("llama-125m", None),
+    }
 
 
 def main() -> int:
@@ -187,8 +213,9 @@ def main() -> int:
         chart = Path(a.out).with_suffix(".png")
         chart.parent.mkdir(parents=True, exist_ok=True)
         chart.write_bytes((tmp / "two_ranks" / res["ablation"]["chart"]).read_bytes())
-        res["one_rank_baseline"] = run_ablation(ablation_config(s, tmp / "one_rank", shards, []), 1,
-                                                threads_per_rank=1)["variants"][0]
+        res["one_rank_baseline"] = run_ablation(
+            ablation_config(s, tmp / "one_rank", shards, []), 1, threads_per_rank=1
+        )["variants"][0]
         res["plain"] = plain(s, shards)
         res.update(in_process(s, shards))
     v = {r["name"]: r for r in res["ablation"]["variants"]}
@@ -203,10 +230,17 @@ def main() -> int:
         "lora_trainable_fraction": v["lora"]["trainable_parameters"] / v["lora"]["parameters"],
         "cpu_mfu": res["plain"]["tokens_per_s"] * fpt / peak,
     }
-    goals = {"deepspeed_vs_plain_tokens_ratio": (">=", 0.95), "actckpt_activation_memory_saving": (">=", 0.5),
-             "actckpt_time_cost": ("<=", 0.35), "lora_trainable_fraction": ("<=", 0.01), "cpu_mfu": (">=", 0.4)}
-    res["goals"] = {k: {"goal": f"{op} {g}", "met": (res["keys"][k] >= g) if op == ">=" else (res["keys"][k] <= g)}
-                    for k, (op, g) in goals.items()}
+    goals = {
+        "deepspeed_vs_plain_tokens_ratio": (">=", 0.95),
+        "actckpt_activation_memory_saving": (">=", 0.5),
+        "actckpt_time_cost": ("<=", 0.35),
+        "lora_trainable_fraction": ("<=", 0.01),
+        "cpu_mfu": (">=", 0.4),
+    }
+    res["goals"] = {
+        k: {"goal": f"{op} {g}", "met": (res["keys"][k] >= g) if op == ">=" else (res["keys"][k] <= g)}
+        for k, (op, g) in goals.items()
+    }
     res["cpu_peak_flops"], res["cpu_peak_how"], res["flops_per_token"] = peak, how, fpt
     res["machine"] = {"loadavg_before": load_before, "loadavg_after": os.getloadavg(), "wall_s": time.time() - t_start}
     out = Path(a.out)
@@ -218,7 +252,9 @@ def main() -> int:
     print("\n| key | value | goal | met |\n|---|---|---|---|")
     for k, val in res["keys"].items():
         print(f"| {k} | {val:.3f} | {res['goals'][k]['goal']} | {res['goals'][k]['met']} |")
-    print(f"\nload average before {load_before}, after {res['machine']['loadavg_after']}; wall {res['machine']['wall_s']:.0f} s")
+    print(
+        f"\nload average before {load_before}, after {res['machine']['loadavg_after']}; wall {res['machine']['wall_s']:.0f} s"
+    )
     return 0
 
 

@@ -69,18 +69,31 @@ def main() -> None:
                 verify_manifest(d, full=mode == "full")
                 best = min(best, time.perf_counter() - t0)
             times[mode] = round(best, 4)
-        rows.append({"directory": str(d.relative_to(root)), "files": len(manifest["files"]), "bytes": size,
-                     "bytes_hashed_default": _hashed_by_default(d, manifest),
-                     "seconds_default": times["default"], "seconds_full": times["full"]})
+        rows.append(
+            {
+                "directory": str(d.relative_to(root)),
+                "files": len(manifest["files"]),
+                "bytes": size,
+                "bytes_hashed_default": _hashed_by_default(d, manifest),
+                "seconds_default": times["default"],
+                "seconds_full": times["full"],
+            }
+        )
     result = {
-        "root": str(root), "note": args.note, "directories": len(dirs), "files": sum(r["files"] for r in rows),
-        "bytes": sum(r["bytes"] for r in rows), "bytes_hashed_default": sum(r["bytes_hashed_default"] for r in rows),
-        "seconds_default": round(min(totals["default"]), 4), "seconds_full": round(min(totals["full"]), 4),
+        "root": str(root),
+        "note": args.note,
+        "directories": len(dirs),
+        "files": sum(r["files"] for r in rows),
+        "bytes": sum(r["bytes"] for r in rows),
+        "bytes_hashed_default": sum(r["bytes_hashed_default"] for r in rows),
+        "seconds_default": round(min(totals["default"]), 4),
+        "seconds_full": round(min(totals["full"]), 4),
         "first_run_seconds": {m: round(t[0], 4) for m, t in totals.items()},
-        "problems": problems, "full_checksum_max_bytes": storage.FULL_CHECKSUM_MAX_BYTES,
+        "problems": problems,
+        "full_checksum_max_bytes": storage.FULL_CHECKSUM_MAX_BYTES,
         "sample": f"{storage.SAMPLE_BLOCKS} x {storage.SAMPLE_BLOCK} bytes",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_average": os.getloadavg()}, "per_directory": rows,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
+        "per_directory": rows,
     }
     text = json.dumps(result, indent=2)
     if args.out:

@@ -27,10 +27,20 @@ from largetrain_core.storage import (
 
 # Bump a stage's code version when its code changes what it writes: its data version changes, so its
 # artifact is rebuilt, and Dagster marks the asset stale.
-CODE_VERSIONS = {"raw_corpus": "6", "cleaned_text": "8", "deduplicated_text": "8", "tokenizer": "2",
-                 "token_shards": "4", "base_checkpoint": "3", "lora_adapter": "3", "evaluation": "4",
-                 "optimization_report": "1", "evaluation_sets": "1",
-                 "relevance_classifier": "2", "filtered_text": "1"}
+CODE_VERSIONS = {
+    "raw_corpus": "6",
+    "cleaned_text": "8",
+    "deduplicated_text": "8",
+    "tokenizer": "2",
+    "token_shards": "4",
+    "base_checkpoint": "3",
+    "lora_adapter": "3",
+    "evaluation": "4",
+    "optimization_report": "1",
+    "evaluation_sets": "1",
+    "relevance_classifier": "2",
+    "filtered_text": "1",
+}
 
 STATS = "stats.json"
 LOG = logging.getLogger(__name__)
@@ -80,8 +90,10 @@ def build_or_reuse(final: str | Path, build: Callable[[Path], dict], log: loggin
         t0 = time.perf_counter()
         problems = verify_manifest(final)
         if not problems:
-            log.info(f"{shown} is already complete and matches its manifest "
-                     f"(verified in {time.perf_counter() - t0:.3f} s): reusing it")
+            log.info(
+                f"{shown} is already complete and matches its manifest "
+                f"(verified in {time.perf_counter() - t0:.3f} s): reusing it"
+            )
             return _committed(final)
         rebuilt_because = "; ".join(problems)
         log.warning(f"{shown} does not match its manifest, rebuilding it: {rebuilt_because}")
@@ -92,8 +104,10 @@ def build_or_reuse(final: str | Path, build: Callable[[Path], dict], log: loggin
         stats["seconds"] = round(time.perf_counter() - t0, 3)
         write_json_atomic(tmp / STATS, relative_to_root(relative_to_root(stats, tmp), final))
     if not commit.committed:  # a committed version is immutable: another run's, of the same data version, stays
-        log.info(f"{shown} was committed by another run while this one built it: reusing that one, this run's "
-                 "identical result discarded")
+        log.info(
+            f"{shown} was committed by another run while this one built it: reusing that one, this run's "
+            "identical result discarded"
+        )
         return _committed(final)
     stats = resolve_under(relative_to_root(stats, commit.tmp), final)  # paths into the build dir: where they now are
     return Built(local_copy(final), {**stats, "rebuilt_because": rebuilt_because} if rebuilt_because else stats, False)
@@ -101,4 +115,6 @@ def build_or_reuse(final: str | Path, build: Callable[[Path], dict], log: loggin
 
 def _committed(final: str | Path) -> Built:
     """The committed version at ``final``, reused: its working copy and its stats."""
-    return Built(local_copy(final), resolve_under(read_json(fs.join(final, STATS), f"stage stats ({STATS})"), final), True)
+    return Built(
+        local_copy(final), resolve_under(read_json(fs.join(final, STATS), f"stage stats ({STATS})"), final), True
+    )

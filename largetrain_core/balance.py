@@ -51,8 +51,9 @@ def label_histogram(directories: list[Path]) -> dict[str, int] | None:
     return class_histogram(pl.concat([pl.read_parquet(p, columns=["label"]) for p in parts])["label"])
 
 
-def balance(df: pl.DataFrame, label: str, target: dict[str, float] | None = None, mode: str = "down",
-            seed: int = 0) -> tuple[pl.DataFrame, dict]:
+def balance(
+    df: pl.DataFrame, label: str, target: dict[str, float] | None = None, mode: str = "down", seed: int = 0
+) -> tuple[pl.DataFrame, dict]:
     """Re-sample ``df`` so that column ``label`` follows ``target`` (see module docstring).
 
     Returns ``(sample, metadata)`` with metadata ``{"before": histogram, "after": histogram,
@@ -101,8 +102,7 @@ COPIES = "copies"  # the column of intended repetition: how many times the train
 _ROW_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "label": pl.Utf8}
 
 
-def balance_parts(directory: Path, target: dict[str, float] | None = None, mode: str = "down",
-                  seed: int = 0) -> dict:
+def balance_parts(directory: Path, target: dict[str, float] | None = None, mode: str = "down", seed: int = 0) -> dict:
     """Balance the ``part-*.parquet`` files of ``directory`` (columns doc_id, source, text, label) in place.
 
     The class histogram is taken over all parts together (global row order = sorted part files,
@@ -151,7 +151,9 @@ def repeat_counts(directory: Path) -> tuple[int, int]:
             continue
         c = pl.read_parquet(p, columns=[COPIES])[COPIES]
         if c.null_count() or (c < 1).any():
-            raise ValueError(f"{p}: column {COPIES!r} must be >= 1 in every row (how many times the document is trained on)")
+            raise ValueError(
+                f"{p}: column {COPIES!r} must be >= 1 in every row (how many times the document is trained on)"
+            )
         documents += int((c > 1).sum())
         extra += int((c - 1).sum())
     return documents, extra
@@ -161,5 +163,11 @@ def histogram_markdown(before: dict[str, int], after: dict[str, int]) -> str:
     """| class | before | after | as markdown, classes sorted, with a total row; class names in code
     spans, so that ``<null>`` is not read as an HTML tag by the Dagster UI."""
     rows = [f"| `{c}` | {before.get(c, 0)} | {after.get(c, 0)} |" for c in sorted(set(before) | set(after))]
-    return "\n".join(["| class | before | after |", "|---|---|---|", *rows,
-                      f"| **total** | **{sum(before.values())}** | **{sum(after.values())}** |"])
+    return "\n".join(
+        [
+            "| class | before | after |",
+            "|---|---|---|",
+            *rows,
+            f"| **total** | **{sum(before.values())}** | **{sum(after.values())}** |",
+        ]
+    )

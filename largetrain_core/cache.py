@@ -153,9 +153,11 @@ class ShardCache:
                 got = part.stat().st_size
                 if got != size or (xxh3_128 and file_digest(part) != xxh3_128):
                     part.unlink()
-                    raise OSError(f"{fs.redact(url)}: fetched {got} bytes" + (
-                        "" if got != size else " whose xxh3-128 differs from the manifest") +
-                        f", the manifest says {size} bytes: the object changed after its version was committed")
+                    raise OSError(
+                        f"{fs.redact(url)}: fetched {got} bytes"
+                        + ("" if got != size else " whose xxh3-128 differs from the manifest")
+                        + f", the manifest says {size} bytes: the object changed after its version was committed"
+                    )
                 os.rename(part, path)
             self.fetched_bytes += size
             self.fetches += 1
@@ -199,8 +201,10 @@ class ShardCache:
         """Make room for ``size`` more bytes (``part`` is the reservation being made), evicting unused
         files least recently used first; record the peak."""
         if size > self.max_bytes:
-            raise CacheFullError(f"a shard of {size:,} bytes is larger than the shard cache's bound of "
-                                 f"{self.max_bytes:,} bytes (LARGETRAIN_SHARD_CACHE_BYTES): raise it")
+            raise CacheFullError(
+                f"a shard of {size:,} bytes is larger than the shard cache's bound of "
+                f"{self.max_bytes:,} bytes (LARGETRAIN_SHARD_CACHE_BYTES): raise it"
+            )
         deadline = time.monotonic() + self.wait_seconds
         while True:
             with self._locked(self.dir / ".lock"):
@@ -225,9 +229,11 @@ class ShardCache:
                     self._record_peak(used + size)
                     return
             if time.monotonic() > deadline:
-                raise CacheFullError(f"the shard cache at {self.dir} holds {used:,} of its {self.max_bytes:,} bytes "
-                                     f"(LARGETRAIN_SHARD_CACHE_BYTES) in shards that are in use; a shard of {size:,} "
-                                     "bytes does not fit: raise the bound, or lower shuffle_window_shards")
+                raise CacheFullError(
+                    f"the shard cache at {self.dir} holds {used:,} of its {self.max_bytes:,} bytes "
+                    f"(LARGETRAIN_SHARD_CACHE_BYTES) in shards that are in use; a shard of {size:,} "
+                    "bytes does not fit: raise the bound, or lower shuffle_window_shards"
+                )
             time.sleep(0.2)
 
     def _record_peak(self, used: int) -> None:

@@ -40,19 +40,42 @@ _CONTROL = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F]"
 
 def _quality_fields() -> list[tuple]:
     """QualityConfig's fields: ``words``, then per rule group its switch, its own parameters and its rules' parameters."""
-    fields = [("words", str, field(default="whitespace", metadata=described(
-        "Word tokenization: whitespace (\\S+ runs, the Gopher paper's words) or spacy_like (approximates "
-        "the spaCy English tokenizer datatrove uses).")))]
+    fields = [
+        (
+            "words",
+            str,
+            field(
+                default="whitespace",
+                metadata=described(
+                    "Word tokenization: whitespace (\\S+ runs, the Gopher paper's words) or spacy_like (approximates "
+                    "the spaCy English tokenizer datatrove uses)."
+                ),
+            ),
+        )
+    ]
     for g in GROUPS:
         fields.append((g.name, bool, field(default=g.on, metadata=described(g.description))))
         for p in (*g.params, *(p for r in g.rules for p in r.params)):
             fields.append((p.name, p.type, field(default=p.default, metadata=described(p.description))))
-    fields += [("redact_pii", bool, field(default=True, metadata=described(
-        "Replace PII in the kept documents' text by typed placeholders (<EMAIL>, <IP_ADDRESS>, <PHONE>, <CARD_NUMBER>, "
-        "<IBAN>, <SECRET>), counted per kind (columns pii_<kind>); the rules decide on the text before it. The "
-        "patterns and what they leave alone (versions, dates, hashes): largetrain_core.pii, docs/guides/filtering.md."))),
-               ("pii_kinds", tuple[str, ...], field(default=PII_KINDS, metadata=described(
-                   f"The kinds redact_pii replaces, of {', '.join(PII_KINDS)}.")))]
+    fields += [
+        (
+            "redact_pii",
+            bool,
+            field(
+                default=True,
+                metadata=described(
+                    "Replace PII in the kept documents' text by typed placeholders (<EMAIL>, <IP_ADDRESS>, <PHONE>, <CARD_NUMBER>, "
+                    "<IBAN>, <SECRET>), counted per kind (columns pii_<kind>); the rules decide on the text before it. The "
+                    "patterns and what they leave alone (versions, dates, hashes): largetrain_core.pii, docs/guides/filtering.md."
+                ),
+            ),
+        ),
+        (
+            "pii_kinds",
+            tuple[str, ...],
+            field(default=PII_KINDS, metadata=described(f"The kinds redact_pii replaces, of {', '.join(PII_KINDS)}.")),
+        ),
+    ]
     names = [f[0] for f in fields]
     if len(set(names)) != len(names):
         raise ValueError(f"two rules share a parameter name: {sorted(n for n in set(names) if names.count(n) > 1)}")
@@ -69,13 +92,21 @@ def _check(self) -> None:
         raise ValueError(f"min_language_score must be in [0, 1), got {self.min_language_score}")
 
 
-QualityConfig = make_dataclass("QualityConfig", _quality_fields(), frozen=True, namespace={
-    "to_dict": lambda self: asdict(self), "__post_init__": _check, "__module__": __name__})
+QualityConfig = make_dataclass(
+    "QualityConfig",
+    _quality_fields(),
+    frozen=True,
+    namespace={"to_dict": lambda self: asdict(self), "__post_init__": _check, "__module__": __name__},
+)
 QualityConfig.__doc__ = (
     "Settings of the quality filter, one field per rule parameter (largetrain_core.rules) and one on/off "
     "switch per rule group; None switches one rule off. Raises ValueError for an unknown ``words``.\n\n"
-    + "\n".join(f"{f.name} = {f.default!r}: {f.metadata['description']}"
-                 for f in QualityConfig.__dataclass_fields__.values() if f.default is not MISSING))
+    + "\n".join(
+        f"{f.name} = {f.default!r}: {f.metadata['description']}"
+        for f in QualityConfig.__dataclass_fields__.values()
+        if f.default is not MISSING
+    )
+)
 
 
 def normalize(df: pl.DataFrame) -> pl.DataFrame:
@@ -103,28 +134,41 @@ def apply_rules(df: pl.DataFrame, cfg: QualityConfig) -> pl.DataFrame:
     Float32; null for a document removed before its group ran).
     """
     n = df.height
-    df = df.with_columns(reason=pl.when(pl.col("text").str.contains(r"\S")).then(pl.lit(None, dtype=pl.Utf8))
-                         .otherwise(pl.lit("empty")),
-                         **{f"{g.name}_lines_removed": pl.lit(0, dtype=pl.UInt32) for g in GROUPS if g.rewrites},
-                         **{c: pl.lit(None, dtype=t) for c, t in group_columns(cfg)})
+    df = df.with_columns(
+        reason=pl.when(pl.col("text").str.contains(r"\S")).then(pl.lit(None, dtype=pl.Utf8)).otherwise(pl.lit("empty")),
+        **{f"{g.name}_lines_removed": pl.lit(0, dtype=pl.UInt32) for g in GROUPS if g.rewrites},
+        **{c: pl.lit(None, dtype=t) for c, t in group_columns(cfg)},
+    )
     for group in GROUPS:
         if not getattr(cfg, group.name):
             continue
         rules = [(r, v) for r in group.rules if (v := r.values(cfg)) is not None]
-        alive = df.select(pl.int_range(n, dtype=pl.UInt32).alias("i"), "text", "reason").filter(pl.col("reason").is_null())
+        alive = df.select(pl.int_range(n, dtype=pl.UInt32).alias("i"), "text", "reason").filter(
+            pl.col("reason").is_null()
+        )
         if not alive.height:
             break
-        res = group.evaluate(pl.DataFrame({"text": blank_whitespace_lines(alive["text"]) if group.blank_lines else alive["text"]}),
-                             cfg, rules)
+        res = group.evaluate(
+            pl.DataFrame({"text": blank_whitespace_lines(alive["text"]) if group.blank_lines else alive["text"]}),
+            cfg,
+            rules,
+        )
         rows = alive["i"]
-        df = df.with_columns(reason=pl.col("reason").fill_null(pl.Series([None] * n, dtype=pl.Utf8).scatter(rows, res["reason"])),
-                             **{c: df[c].clone().scatter(rows, res[c]) for c, _ in group.columns})
+        df = df.with_columns(
+            reason=pl.col("reason").fill_null(pl.Series([None] * n, dtype=pl.Utf8).scatter(rows, res["reason"])),
+            **{c: df[c].clone().scatter(rows, res[c]) for c, _ in group.columns},
+        )
         if group.rewrites:
             kept = res["reason"].is_null()
             rows = rows.filter(kept)
-            df = df.with_columns(text=df["text"].clone().scatter(rows, res["text"].filter(kept)),
-                                 **{f"{group.name}_lines_removed": df[f"{group.name}_lines_removed"].clone().scatter(
-                                     rows, res["lines_removed"].filter(kept))})
+            df = df.with_columns(
+                text=df["text"].clone().scatter(rows, res["text"].filter(kept)),
+                **{
+                    f"{group.name}_lines_removed": df[f"{group.name}_lines_removed"]
+                    .clone()
+                    .scatter(rows, res["lines_removed"].filter(kept))
+                },
+            )
     return df
 
 
@@ -146,7 +190,13 @@ def part_counts(cfg: QualityConfig) -> tuple[str, ...]:
     ``control_removed``, ``<group>_lines_removed`` of each rewriting group, ``bytes_kept`` and, with
     ``redact_pii``, ``pii_<kind>`` per kind and ``pii_documents``."""
     pii = (*pii_columns(cfg.pii_kinds), "pii_documents") if cfg.redact_pii else ()
-    return ("nul_removed", "control_removed", *(f"{g.name}_lines_removed" for g in GROUPS if g.rewrites), "bytes_kept", *pii)
+    return (
+        "nul_removed",
+        "control_removed",
+        *(f"{g.name}_lines_removed" for g in GROUPS if g.rewrites),
+        "bytes_kept",
+        *pii,
+    )
 
 
 def clean_part(df: pl.DataFrame, cfg: QualityConfig) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:

@@ -26,9 +26,21 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from largetrain_core.readers import (DOC_SCHEMA, LABELLED_DOC_SCHEMA, REJECT_SCHEMA, RENAMED_SCHEMA, SUFFIXES,  # noqa: F401
-                                     Batch, Collector, ReaderConfig, Source, utf8_error, read_source, reader_for,
-                                     splittable)
+from largetrain_core.readers import (
+    DOC_SCHEMA,  # noqa: F401 -- re-exported: the schemas and suffixes of the documents this module reads
+    LABELLED_DOC_SCHEMA,  # noqa: F401
+    REJECT_SCHEMA,
+    RENAMED_SCHEMA,
+    SUFFIXES,
+    Batch,
+    Collector,
+    ReaderConfig,
+    Source,
+    utf8_error,
+    read_source,
+    reader_for,
+    splittable,
+)
 from largetrain_core import fs
 from largetrain_core.cache import cache_dir
 from largetrain_core.storage import part_files
@@ -75,8 +87,11 @@ def _walk_remote(url: str) -> tuple[list[str], str, dict[str, int]]:
     base_url = url.rstrip("/")
     if fsys.isfile(root):
         return [base_url], base_url.rsplit("/", 1)[0], {base_url: int(fsys.info(root)["size"])}
-    sizes = {p[len(root) + 1:]: int(info.get("size") or 0) for p, info in fsys.find(root, detail=True).items()
-             if info.get("type", "file") == "file" and not p.endswith("/")}
+    sizes = {
+        p[len(root) + 1 :]: int(info.get("size") or 0)
+        for p, info in fsys.find(root, detail=True).items()
+        if info.get("type", "file") == "file" and not p.endswith("/")
+    }
     rels = sorted(sizes, key=lambda r: PurePosixPath(r).parts)
     return [f"{base_url}/{r}" for r in rels], base_url, {f"{base_url}/{r}": sizes[r] for r in rels}
 
@@ -87,7 +102,7 @@ def _name(f: Path | str) -> str:
 
 def _relative(f: Path | str, base: Path | str) -> str:
     """``f``'s path relative to ``base``, POSIX (a local path or an object's URL)."""
-    return f.relative_to(base).as_posix() if isinstance(f, Path) else f[len(str(base)) + 1:]
+    return f.relative_to(base).as_posix() if isinstance(f, Path) else f[len(str(base)) + 1 :]
 
 
 def _shown(relative_path: str) -> str:
@@ -150,13 +165,20 @@ def scan(path: str | Path, partition: int = 0, partitions: int = 1) -> Scan:
         raise ValueError(f"no corpus file under {shown}: no file has a suffix of {', '.join(SUFFIXES)}")
     rel = {f: _relative(f, base) for f in files}
     if partitions > 1 and len(known) == 1 and splittable(known[0]):
-        sources = [Source(known[0], rel[known[0]], reader_for(_name(known[0])), (partition, partitions),
-                          sizes.get(known[0]))]
+        sources = [
+            Source(known[0], rel[known[0]], reader_for(_name(known[0])), (partition, partitions), sizes.get(known[0]))
+        ]
     else:
-        sources = [Source(f, rel[f], reader_for(_name(f)), size=sizes.get(f)) for f in known
-                   if partitions == 1 or partition_of(rel[f], partitions) == partition]
-    skipped = [f for f in files if not is_corpus_file(_name(f))
-               and (partitions == 1 or partition_of(rel[f], partitions) == partition)]
+        sources = [
+            Source(f, rel[f], reader_for(_name(f)), size=sizes.get(f))
+            for f in known
+            if partitions == 1 or partition_of(rel[f], partitions) == partition
+        ]
+    skipped = [
+        f
+        for f in files
+        if not is_corpus_file(_name(f)) and (partitions == 1 or partition_of(rel[f], partitions) == partition)
+    ]
     return Scan(sources, skipped, base)
 
 
@@ -181,14 +203,26 @@ def read_corpus(config: ReaderConfig, listed: Scan | None = None) -> Iterator[Ba
         listed = scan(config.path, config.partition, config.partitions)
     out = Collector(config.batch_size, labelled=config.label_field is not None)
     for src in _fetched_whole(listed.sources):
-        if utf8_error(src.rel) is not None:  # document ids and sources must be UTF-8: the file becomes one rejected record
-            out.reject(_shown(src.rel), -1, "file name is not valid UTF-8 (undecodable bytes shown as \\x escapes): rename the file")
+        if (
+            utf8_error(src.rel) is not None
+        ):  # document ids and sources must be UTF-8: the file becomes one rejected record
+            out.reject(
+                _shown(src.rel),
+                -1,
+                "file name is not valid UTF-8 (undecodable bytes shown as \\x escapes): rename the file",
+            )
         else:
             yield from read_source(src, config, out)
         if out.full():
             yield out.flush()
     last = out.flush()
-    if last.documents.num_rows or last.rejected.num_rows or last.renamed.num_rows or last.blank_lines or last.utf16_files:
+    if (
+        last.documents.num_rows
+        or last.rejected.num_rows
+        or last.renamed.num_rows
+        or last.blank_lines
+        or last.utf16_files
+    ):
         yield last
 
 
@@ -210,8 +244,11 @@ def _fetched_whole(sources: list[Source]) -> Iterator[Source]:
     relative names. Scratch files are removed when their window is read, or when the reading ends
     early. Raises what the store raises for an object that cannot be fetched (FileNotFoundError,
     PermissionError, naming the object), failing the read rather than rejecting the object."""
-    small = [s for s in sources if fs.is_url(s.path) and s.piece is None and s.size is not None
-             and s.size <= WHOLE_OBJECT_BYTES]
+    small = [
+        s
+        for s in sources
+        if fs.is_url(s.path) and s.piece is None and s.size is not None and s.size <= WHOLE_OBJECT_BYTES
+    ]
     if not small:
         yield from sources
         return
@@ -233,8 +270,10 @@ def _fetched_whole(sources: list[Source]) -> Iterator[Source]:
         fsys.get([fs.filesystem(s.path)[1] for s in windows[k]], [str(p) for p in local])
         return {id(s): Source(p, s.rel, s.reader, None, s.size) for s, p in zip(windows[k], local)}
 
-    with tempfile.TemporaryDirectory(prefix="corpus-", dir=cache_dir()) as scratch, \
-            ThreadPoolExecutor(1, thread_name_prefix="corpus-fetch") as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="corpus-", dir=cache_dir()) as scratch,
+        ThreadPoolExecutor(1, thread_name_prefix="corpus-fetch") as pool,
+    ):
         pending = {0: pool.submit(fetch, 0, Path(scratch))}
         ready: dict[int, Source] = {}
         current = -1
@@ -297,8 +336,11 @@ def ingest(config: ReaderConfig, out_dir: Path, listed: Scan | None = None) -> d
         if config.id_prefix:  # after the sample, so a mixture's corpus keeps the documents it keeps alone
             i = docs.schema.get_field_index("doc_id")
             ids = docs.column(i)
-            docs = docs.set_column(i, docs.schema.field(i), pc.binary_join_element_wise(
-                pa.scalar(config.id_prefix, ids.type), ids, pa.scalar("", ids.type)))
+            docs = docs.set_column(
+                i,
+                docs.schema.field(i),
+                pc.binary_join_element_wise(pa.scalar(config.id_prefix, ids.type), ids, pa.scalar("", ids.type)),
+            )
         rejected.append(batch.rejected)
         renamed.append(batch.renamed)
         stats["rejected"] += batch.rejected.num_rows
@@ -316,9 +358,20 @@ def ingest(config: ReaderConfig, out_dir: Path, listed: Scan | None = None) -> d
 def start_ingest(listed: Scan, out_dir: Path) -> dict:
     """The counts of an ingest at its start (every executor's), after writing ``skipped_files.txt``."""
     (Path(out_dir) / "skipped_files.txt").write_text(
-        "".join(_shown(_relative(f, listed.base)) + "\n" for f in listed.skipped))
-    return {"documents": 0, "rejected": 0, "renamed_ids": 0, "bytes": 0, "not_sampled": 0, "parts": 0,
-            "blank_lines": 0, "utf16_files": 0, "files": len(listed.sources), "skipped_files": len(listed.skipped)}
+        "".join(_shown(_relative(f, listed.base)) + "\n" for f in listed.skipped)
+    )
+    return {
+        "documents": 0,
+        "rejected": 0,
+        "renamed_ids": 0,
+        "bytes": 0,
+        "not_sampled": 0,
+        "parts": 0,
+        "blank_lines": 0,
+        "utf16_files": 0,
+        "files": len(listed.sources),
+        "skipped_files": len(listed.skipped),
+    }
 
 
 def finish_ingest(stats: dict, rejected: list[pa.Table], renamed: list[pa.Table], out_dir: Path) -> dict:
@@ -326,8 +379,15 @@ def finish_ingest(stats: dict, rejected: list[pa.Table], renamed: list[pa.Table]
     ``stats`` with ``rejected_by_file`` (the ten files with the most rejected records)."""
     rejected_table = pa.concat_tables(rejected) if rejected else REJECT_SCHEMA.empty_table()
     pq.write_table(rejected_table, Path(out_dir) / "rejected.parquet")
-    pq.write_table(pa.concat_tables(renamed) if renamed else RENAMED_SCHEMA.empty_table(), Path(out_dir) / "renamed_ids.parquet")
-    by_file = pl.from_arrow(rejected_table.select(["source"])).group_by("source").len().sort(["len", "source"], descending=[True, False])
+    pq.write_table(
+        pa.concat_tables(renamed) if renamed else RENAMED_SCHEMA.empty_table(), Path(out_dir) / "renamed_ids.parquet"
+    )
+    by_file = (
+        pl.from_arrow(rejected_table.select(["source"]))
+        .group_by("source")
+        .len()
+        .sort(["len", "source"], descending=[True, False])
+    )
     return {**stats, "rejected_by_file": dict(by_file.head(10).iter_rows())}
 
 
@@ -340,13 +400,23 @@ def _reason_groups(rejected: Path) -> pl.DataFrame:
     records, text (the first occurrence without its position prefix), source, position, at, n (the
     first occurrence's place), whole (records rejected as whole files), most frequent first."""
     df = pl.read_parquet(rejected, columns=["source", "position", "reason"])
-    df = df.with_columns(at=pl.col("reason").str.extract(_WHERE, 1), n=pl.col("reason").str.extract(_WHERE, 2),
-                         text=pl.col("reason").str.replace(_WHERE, ""))
-    return (df.with_columns(key=pl.col("text").str.replace_all(_NUMBERED, "$1 N")).with_row_index("order")
-            .group_by("key")
-            .agg(records=pl.len(), whole=(pl.col("position") == -1).sum(), order=pl.col("order").first(),
-                 **{c: pl.col(c).first() for c in ("text", "source", "position", "at", "n")})
-            .sort(["records", "order"], descending=[True, False]))
+    df = df.with_columns(
+        at=pl.col("reason").str.extract(_WHERE, 1),
+        n=pl.col("reason").str.extract(_WHERE, 2),
+        text=pl.col("reason").str.replace(_WHERE, ""),
+    )
+    return (
+        df.with_columns(key=pl.col("text").str.replace_all(_NUMBERED, "$1 N"))
+        .with_row_index("order")
+        .group_by("key")
+        .agg(
+            records=pl.len(),
+            whole=(pl.col("position") == -1).sum(),
+            order=pl.col("order").first(),
+            **{c: pl.col(c).first() for c in ("text", "source", "position", "at", "n")},
+        )
+        .sort(["records", "order"], descending=[True, False])
+    )
 
 
 def rejection_reasons(rejected: Path, top: int = 3) -> list[dict]:
@@ -358,8 +428,15 @@ def rejection_reasons(rejected: Path, top: int = 3) -> list[dict]:
     character numbers) left out, so one fault on many lines is one reason."""
     out = []
     for g in _reason_groups(rejected).head(top).iter_rows(named=True):
-        first = (f"{g['source']}:{g['n']}" if g["at"] == "line" else f"{g['source']}, row {g['n']}" if g["at"] == "row"
-                 else f"{g['source']} (whole file)" if g["position"] == -1 else g["source"])
+        first = (
+            f"{g['source']}:{g['n']}"
+            if g["at"] == "line"
+            else f"{g['source']}, row {g['n']}"
+            if g["at"] == "row"
+            else f"{g['source']} (whole file)"
+            if g["position"] == -1
+            else g["source"]
+        )
         out.append({"reason": g["text"], "records": g["records"], "first": first})
     return out
 
@@ -373,11 +450,17 @@ def describe_rejections(rejected: Path, top: int = 3) -> str:
     groups = _reason_groups(rejected)
     if not groups.height:
         return ""
-    text = "; ".join(f"{r['records']:,} x {r['reason']} (first: {r['first']})" for r in rejection_reasons(rejected, top))
+    text = "; ".join(
+        f"{r['records']:,} x {r['reason']} (first: {r['first']})" for r in rejection_reasons(rejected, top)
+    )
     more = f"; {groups.height - top} more reasons" if groups.height > top else ""
     whole = groups["whole"].sum()
-    files = (f"{whole:,} {'files' if whole > 1 else 'file'} rejected as a whole, each counted as one record however "
-             "many lines it has. " if whole else "")
+    files = (
+        f"{whole:,} {'files' if whole > 1 else 'file'} rejected as a whole, each counted as one record however "
+        "many lines it has. "
+        if whole
+        else ""
+    )
     return f"{files}Top reasons: {text}{more}."
 
 
@@ -392,14 +475,22 @@ def rejection_error(stats: dict, config: ReaderConfig, rejected: Path | None = N
     top = stats.get("rejected_by_file") or {}
     files = ", ".join(f"{f} ({n})" for f, n in top.items())
     more = stats["rejected"] - sum(top.values())
-    message = (f"{stats['rejected']:,} of {total:,} records rejected, more than max_rejected_fraction="
-               f"{config.max_rejected_fraction}; by file: {files}{f' and {more} more' if more else ''}")
+    message = (
+        f"{stats['rejected']:,} of {total:,} records rejected, more than max_rejected_fraction="
+        f"{config.max_rejected_fraction}; by file: {files}{f' and {more} more' if more else ''}"
+    )
     reasons = describe_rejections(rejected) if rejected is not None else ""
     return f"{message}. {reasons}" if reasons else message
 
 
-def duplicate_ids(raw_dirs: list[Path], names: list[str], *, examples: int = 5, rows_per_pass: int = 1 << 22,
-                  spill_dir: Path | None = None) -> tuple[int, pl.DataFrame]:
+def duplicate_ids(
+    raw_dirs: list[Path],
+    names: list[str],
+    *,
+    examples: int = 5,
+    rows_per_pass: int = 1 << 22,
+    spill_dir: Path | None = None,
+) -> tuple[int, pl.DataFrame]:
     """Document ids held by more than one of the raw_corpus directories ``raw_dirs`` (the partitions,
     named ``names``): (how many distinct ids repeat, the first ``examples`` of them in corpus order as
     a frame with columns doc_id, sources: list of "<name>: <source file>", one per occurrence).
@@ -418,19 +509,27 @@ def duplicate_ids(raw_dirs: list[Path], names: list[str], *, examples: int = 5, 
     def chunks():
         for f, first in zip(files, offsets[:-1]):
             ids = pl.read_parquet(f, columns=["doc_id"])["doc_id"]
-            yield (ids.hash(seed=1).to_numpy(), ids.hash(seed=2).to_numpy(),
-                   np.arange(first, first + len(ids), dtype=np.int64))
+            yield (
+                ids.hash(seed=1).to_numpy(),
+                ids.hash(seed=2).to_numpy(),
+                np.arange(first, first + len(ids), dtype=np.int64),
+            )
 
     repeated, shown = 0, []  # shown: (first row, every row) of the first ``examples`` repeated ids
-    for h1, h2, rows in by_hash_range(chunks(), int(offsets[-1]), dtypes=(np.uint64, np.uint64, np.int64),
-                                      rows_per_pass=rows_per_pass, spill_dir=spill_dir):
+    for h1, h2, rows in by_hash_range(
+        chunks(),
+        int(offsets[-1]),
+        dtypes=(np.uint64, np.uint64, np.int64),
+        rows_per_pass=rows_per_pass,
+        spill_dir=spill_dir,
+    ):
         order = np.lexsort((rows, h2, h1))
         h1, h2, rows = h1[order], h2[order], rows[order]
         start = np.r_[True, (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])]
         bounds = np.r_[np.flatnonzero(start), len(rows)]
         many = np.flatnonzero(np.diff(bounds) > 1)
         repeated += len(many)
-        groups = sorted(((int(rows[bounds[g]]), rows[bounds[g]:bounds[g + 1]]) for g in many), key=lambda e: e[0])
+        groups = sorted(((int(rows[bounds[g]]), rows[bounds[g] : bounds[g + 1]]) for g in many), key=lambda e: e[0])
         shown = sorted(shown + groups[:examples], key=lambda e: e[0])[:examples]
     if not shown:
         return repeated, pl.DataFrame(schema={"doc_id": pl.Utf8, "sources": pl.List(pl.Utf8)})

@@ -31,18 +31,29 @@ from largetrain_core.storage import part_files
 N = 13
 _M = np.uint64(0x100000001B3)
 ITEM_SCHEMA = {"eval_set": pl.Utf8, "item_id": pl.Utf8, "prompt": pl.Utf8, "answer": pl.Utf8, "words": pl.List(pl.Utf8)}
-MATCH_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "reason": pl.Utf8, "eval_set": pl.Utf8, "item_id": pl.Utf8, "ngram": pl.Utf8}
+MATCH_SCHEMA = {
+    "doc_id": pl.Utf8,
+    "source": pl.Utf8,
+    "reason": pl.Utf8,
+    "eval_set": pl.Utf8,
+    "item_id": pl.Utf8,
+    "ngram": pl.Utf8,
+}
 
 
 def normalized_words(texts: pl.Series) -> pl.Series:
     """The normalized words of each text (List[Utf8]): NFKC, lower case, runs of ``\\w``."""
-    return pl.select(pl.lit(texts.cast(pl.Utf8)).str.normalize("NFKC").str.to_lowercase().str.extract_all(r"\w+")).to_series()
+    return pl.select(
+        pl.lit(texts.cast(pl.Utf8)).str.normalize("NFKC").str.to_lowercase().str.extract_all(r"\w+")
+    ).to_series()
 
 
 def _word_hashes(words: pl.Series) -> np.ndarray:
     """xxh3-64 of each word (seed 0), stable across processes and library versions."""
     uniq = words.unique()
-    table = pl.DataFrame({"w": uniq, "h": pl.Series([xxhash.xxh3_64_intdigest(w.encode()) for w in uniq.to_list()], dtype=pl.UInt64)})
+    table = pl.DataFrame(
+        {"w": uniq, "h": pl.Series([xxhash.xxh3_64_intdigest(w.encode()) for w in uniq.to_list()], dtype=pl.UInt64)}
+    )
     return pl.DataFrame({"w": words}).join(table, on="w", how="left", maintain_order="left")["h"].to_numpy()
 
 
@@ -55,12 +66,12 @@ def ngram_hashes(words: pl.Series, n: int = N) -> tuple[np.ndarray, np.ndarray, 
         return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     wh = _word_hashes(flat["w"])
     row = flat["r"].to_numpy().astype(np.int64)
-    h = wh[:W - n + 1].copy()
+    h = wh[: W - n + 1].copy()
     for i in range(1, n):
-        h = h * _M ^ wh[i:W - n + 1 + i]
-    inside = row[:W - n + 1] == row[n - 1:]
+        h = h * _M ^ wh[i : W - n + 1 + i]
+    inside = row[: W - n + 1] == row[n - 1 :]
     starts = np.arange(W, dtype=np.int64) - np.searchsorted(row, row)  # position within the row's list
-    return fmix64(h[inside]), row[:W - n + 1][inside], starts[:W - n + 1][inside]
+    return fmix64(h[inside]), row[: W - n + 1][inside], starts[: W - n + 1][inside]
 
 
 def read_benchmark(path: str | Path, name: str | None = None) -> pl.DataFrame:
@@ -80,7 +91,7 @@ def read_benchmark(path: str | Path, name: str | None = None) -> pl.DataFrame:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not JSON: {e}") from e
             if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec["prompt"].strip():
-                raise ValueError(f"{path}:{n}: an evaluation item needs a non-empty string \"prompt\" (and an \"answer\")")
+                raise ValueError(f'{path}:{n}: an evaluation item needs a non-empty string "prompt" (and an "answer")')
             answer = rec.get("answer", "")
             if not isinstance(answer, str):
                 answer = json.dumps(answer)
@@ -108,7 +119,9 @@ class Index:
         out_dir = Path(out_dir)
         self.items.write_parquet(out_dir / "items.parquet")
         self.too_short.write_parquet(out_dir / "too_short.parquet")
-        pl.DataFrame({"hash": self.hashes, "item_row": self.item_rows, "start": self.starts}).write_parquet(out_dir / "ngrams.parquet")
+        pl.DataFrame({"hash": self.hashes, "item_row": self.item_rows, "start": self.starts}).write_parquet(
+            out_dir / "ngrams.parquet"
+        )
         (out_dir / "index.json").write_text(json.dumps({"n": self.n}))
 
 
@@ -125,8 +138,14 @@ def load_index(directory: Path) -> Index:
     """The Index saved in ``directory`` (:meth:`Index.save`)."""
     d = Path(directory)
     g = pl.read_parquet(d / "ngrams.parquet")
-    return Index(g["hash"].to_numpy(), g["item_row"].to_numpy(), g["start"].to_numpy(), pl.read_parquet(d / "items.parquet"),
-                 pl.read_parquet(d / "too_short.parquet"), json.loads((d / "index.json").read_text())["n"])
+    return Index(
+        g["hash"].to_numpy(),
+        g["item_row"].to_numpy(),
+        g["start"].to_numpy(),
+        pl.read_parquet(d / "items.parquet"),
+        pl.read_parquet(d / "too_short.parquet"),
+        json.loads((d / "index.json").read_text())["n"],
+    )
 
 
 def scan(df: pl.DataFrame, index: Index) -> pl.DataFrame:
@@ -145,15 +164,22 @@ def scan(df: pl.DataFrame, index: Index) -> pl.DataFrame:
         r = int(rows[c])
         if r in seen:
             continue
-        gram = words[r][int(starts[c]):int(starts[c]) + index.n].to_list()
+        gram = words[r][int(starts[c]) : int(starts[c]) + index.n].to_list()
         k = int(pos[c])
         while k < len(index.hashes) and index.hashes[k] == h[c]:  # every item with this hash
             item = int(index.item_rows[k])
             s = int(index.starts[k])
-            if item_words[item][s:s + index.n].to_list() == gram:
-                out.append({"doc_id": df["doc_id"][r], "source": df["source"][r] if "source" in df.columns else None,
-                            "reason": "contaminated", "eval_set": index.items["eval_set"][item],
-                            "item_id": index.items["item_id"][item], "ngram": " ".join(gram)})
+            if item_words[item][s : s + index.n].to_list() == gram:
+                out.append(
+                    {
+                        "doc_id": df["doc_id"][r],
+                        "source": df["source"][r] if "source" in df.columns else None,
+                        "reason": "contaminated",
+                        "eval_set": index.items["eval_set"][item],
+                        "item_id": index.items["item_id"][item],
+                        "ngram": " ".join(gram),
+                    }
+                )
                 seen.add(r)
                 break
             k += 1
@@ -171,8 +197,11 @@ def find_contamination(in_dirs: Path | list[Path], index: Index) -> pl.DataFrame
 def contamination_counts(table: pl.DataFrame, index: Index) -> dict:
     """The counts of a :func:`find_contamination` table: ``contaminated`` (documents),
     ``contaminated_by_set`` {eval_set: documents}, ``too_short_items`` (of ``index``)."""
-    return {"contaminated": table.height, "contaminated_by_set": dict(table.group_by("eval_set").len().sort("eval_set").iter_rows()),
-            "too_short_items": index.too_short.height}
+    return {
+        "contaminated": table.height,
+        "contaminated_by_set": dict(table.group_by("eval_set").len().sort("eval_set").iter_rows()),
+        "too_short_items": index.too_short.height,
+    }
 
 
 def decontaminate_parts(in_dirs: list[Path], out_dir: Path, index: Index, remove: bool = True) -> dict:
@@ -188,13 +217,22 @@ def decontaminate_parts(in_dirs: list[Path], out_dir: Path, index: Index, remove
         m = scan(df, index)
         found.append(m)
         n += df.height
-        (df.filter(~pl.col("doc_id").is_in(m["doc_id"].implode())) if remove else df).write_parquet(out_dir / f"part-{i:05d}.parquet")
+        (df.filter(~pl.col("doc_id").is_in(m["doc_id"].implode())) if remove else df).write_parquet(
+            out_dir / f"part-{i:05d}.parquet"
+        )
     table = pl.concat(found) if found else pl.DataFrame(schema=MATCH_SCHEMA)
     table.write_parquet(out_dir / "contaminated.parquet")
     by_set = dict(table.group_by("eval_set").len().sort("eval_set").iter_rows())
     removed = table.height if remove else 0
-    return {"input": n, "kept": n - removed, "filtered": removed, "filtered_by_reason": {"contaminated": removed} if removed else {},
-            "contaminated": table.height, "contaminated_by_set": by_set, "too_short_items": index.too_short.height}
+    return {
+        "input": n,
+        "kept": n - removed,
+        "filtered": removed,
+        "filtered_by_reason": {"contaminated": removed} if removed else {},
+        "contaminated": table.height,
+        "contaminated_by_set": by_set,
+        "too_short_items": index.too_short.height,
+    }
 
 
 def overlaps(corpora: dict[str, list[Path]], index: Index) -> pl.DataFrame:
@@ -204,9 +242,16 @@ def overlaps(corpora: dict[str, list[Path]], index: Index) -> pl.DataFrame:
     for name, dirs in corpora.items():
         for p in part_files(dirs):
             m = scan(pl.read_parquet(p, columns=["doc_id", "source", "text"]), index)
-            frames.append(m.select(corpus=pl.lit(name), doc_id="doc_id", eval_set="eval_set", item_id="item_id", ngram="ngram"))
-    return pl.concat(frames) if frames else pl.DataFrame(schema={"corpus": pl.Utf8, "doc_id": pl.Utf8, "eval_set": pl.Utf8,
-                                                                  "item_id": pl.Utf8, "ngram": pl.Utf8})
+            frames.append(
+                m.select(corpus=pl.lit(name), doc_id="doc_id", eval_set="eval_set", item_id="item_id", ngram="ngram")
+            )
+    return (
+        pl.concat(frames)
+        if frames
+        else pl.DataFrame(
+            schema={"corpus": pl.Utf8, "doc_id": pl.Utf8, "eval_set": pl.Utf8, "item_id": pl.Utf8, "ngram": pl.Utf8}
+        )
+    )
 
 
 def trained_corpora(model_dirs: list[Path], root: Path) -> dict[str, list[Path]]:
@@ -233,8 +278,10 @@ def trained_corpora(model_dirs: list[Path], root: Path) -> dict[str, list[Path]]
             dv = versions[asset]
             d = Path(root) / c["role"] / asset / dv
             if not d.is_dir():
-                raise ValueError(f"{c['role']}/{asset} {dv}, which a model was trained on, is not at {d} any more: "
-                                 "cannot check it for evaluation items")
+                raise ValueError(
+                    f"{c['role']}/{asset} {dv}, which a model was trained on, is not at {d} any more: "
+                    "cannot check it for evaluation items"
+                )
             found[f"{c['role']} {asset} {dv}"] = [d]
         if lineage.get("base"):
             todo.append(lineage["base"])
@@ -243,6 +290,8 @@ def trained_corpora(model_dirs: list[Path], root: Path) -> dict[str, list[Path]]
 
 def describe_overlaps(found: pl.DataFrame, limit: int = 10) -> str:
     """The overlaps of :func:`overlaps` in words: how many, then corpus, document, item and n-gram of the first ``limit``."""
-    shown = "; ".join(f"{c}: document {d!r} holds item {s}/{i} ({g!r})" for c, d, s, i, g in found.head(limit).iter_rows())
+    shown = "; ".join(
+        f"{c}: document {d!r} holds item {s}/{i} ({g!r})" for c, d, s, i, g in found.head(limit).iter_rows()
+    )
     more = f"; and {found.height - limit} more" if found.height > limit else ""
     return f"{found.height} training documents share a {N}-word n-gram with an evaluation item: {shown}{more}"

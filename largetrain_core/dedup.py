@@ -50,8 +50,14 @@ from largetrain_core.settings import described
 from largetrain_core.storage import as_dirs, part_files
 
 _M = np.uint64(0x100000001B3)
-DUP_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "duplicate_of": pl.Utf8, "cluster_id": pl.Int64,
-              "kind": pl.Utf8, "key_hash": pl.UInt64}
+DUP_SCHEMA = {
+    "doc_id": pl.Utf8,
+    "source": pl.Utf8,
+    "duplicate_of": pl.Utf8,
+    "cluster_id": pl.Int64,
+    "kind": pl.Utf8,
+    "key_hash": pl.UInt64,
+}
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,17 @@ class DedupConfig:
 
     near: bool = field(default=True, metadata=described("Also remove near duplicates (MinHash-LSH); else exact only."))
     ngram: int = field(default=5, metadata=described("Words per shingle (datatrove MinhashConfig default 5)."))
-    bands: int = field(default=14, metadata=described(
-        "LSH bands; bands x rows permutations (14 x 8, datatrove MinhashConfig defaults: candidates at Jaccard ~0.72)."))
+    bands: int = field(
+        default=14,
+        metadata=described(
+            "LSH bands; bands x rows permutations (14 x 8, datatrove MinhashConfig defaults: candidates at Jaccard ~0.72)."
+        ),
+    )
     rows: int = field(default=8, metadata=described("Rows (permutations) per LSH band."))
     seed: int = field(default=1, metadata=described("Seed of the word hashes and the permutations."))
-    chunk_shingles: int = field(default=8192, metadata=described("Shingles hashed per numpy block (memory, not results)."))
+    chunk_shingles: int = field(
+        default=8192, metadata=described("Shingles hashed per numpy block (memory, not results).")
+    )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,8 +96,11 @@ def key_hashes(texts: pl.Series, keys: pl.Series | None = None) -> pl.Series:
     """UInt64 xxh3_64 hash of each text's dedup key (``keys``: ``dedup_key`` of ``texts`` if already computed)."""
     if keys is None:
         keys = pl.select(dedup_key(pl.lit(texts))).to_series()
-    return pl.Series("key_hash", [xxhash.xxh3_64_intdigest(unicodedata.normalize("NFKC", k.casefold()).encode())
-                                  for k in keys.to_list()], dtype=pl.UInt64)
+    return pl.Series(
+        "key_hash",
+        [xxhash.xxh3_64_intdigest(unicodedata.normalize("NFKC", k.casefold()).encode()) for k in keys.to_list()],
+        dtype=pl.UInt64,
+    )
 
 
 def fmix64(x: np.ndarray) -> np.ndarray:
@@ -111,12 +126,12 @@ def _shingle_hashes(wh: np.ndarray, doc: np.ndarray, n_words: np.ndarray, ngram:
     W = len(doc)
     hs, ds = [], []
     if W >= ngram:
-        h = wh[:W - ngram + 1].copy()
+        h = wh[: W - ngram + 1].copy()
         for i in range(1, ngram):  # sliding windows by slices: no gathers
-            h = h * _M ^ wh[i:W - ngram + 1 + i]
-        inside = doc[:W - ngram + 1] == doc[ngram - 1:]
+            h = h * _M ^ wh[i : W - ngram + 1 + i]
+        inside = doc[: W - ngram + 1] == doc[ngram - 1 :]
         hs.append(h[inside])
-        ds.append(doc[:W - ngram + 1][inside])
+        ds.append(doc[: W - ngram + 1][inside])
     short = np.flatnonzero((n_words > 0) & (n_words < ngram))
     if len(short):
         first = np.searchsorted(doc, short)
@@ -147,7 +162,7 @@ def _permute_min(h: np.ndarray, sdoc: np.ndarray, n_docs: int, cfg: DedupConfig)
     buf = np.empty((p, min(cfg.chunk_shingles, len(h))), dtype=np.uint64)
     for c0 in range(0, len(h), cfg.chunk_shingles):
         c1 = min(c0 + cfg.chunk_shingles, len(h))
-        hc, dc, v = h[c0:c1], sdoc[c0:c1], buf[:, :c1 - c0]
+        hc, dc, v = h[c0:c1], sdoc[c0:c1], buf[:, : c1 - c0]
         np.multiply(a[:, None], hc[None, :], out=v)
         np.add(v, b[:, None], out=v)
         bounds = np.flatnonzero(np.r_[True, dc[1:] != dc[:-1]])
@@ -161,14 +176,25 @@ def _permute_min(h: np.ndarray, sdoc: np.ndarray, n_docs: int, cfg: DedupConfig)
 def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
     n, p = len(keys), cfg.bands * cfg.rows
     # words = runs of \w in the key: the same as turning punctuation into spaces and splitting at whitespace
-    words = pl.DataFrame({"t": keys}).with_row_index("d").select("d", w=pl.col("t").str.extract_all(r"\w+")
-                                                                ).explode("w").drop_nulls("w")
-    n_words = np.bincount(words["d"].to_numpy(), minlength=n).astype(np.int64) if words.height else np.zeros(n, np.int64)
+    words = (
+        pl.DataFrame({"t": keys})
+        .with_row_index("d")
+        .select("d", w=pl.col("t").str.extract_all(r"\w+"))
+        .explode("w")
+        .drop_nulls("w")
+    )
+    n_words = (
+        np.bincount(words["d"].to_numpy(), minlength=n).astype(np.int64) if words.height else np.zeros(n, np.int64)
+    )
     if not words.height:
         return np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64), n_words
     uniq = words["w"].unique()
-    table = pl.DataFrame({"w": uniq, "h": pl.Series([xxhash.xxh3_64_intdigest(w.encode(), cfg.seed) for w in uniq.to_list()],
-                                                    dtype=pl.UInt64)})
+    table = pl.DataFrame(
+        {
+            "w": uniq,
+            "h": pl.Series([xxhash.xxh3_64_intdigest(w.encode(), cfg.seed) for w in uniq.to_list()], dtype=pl.UInt64),
+        }
+    )
     wh = words.join(table, on="w", how="left", maintain_order="left")["h"].to_numpy()
     doc = words["d"].to_numpy().astype(np.int64)
     h, sdoc = _shingle_hashes(wh, doc, n_words, cfg.ngram)
@@ -210,6 +236,7 @@ def minhash(texts: pl.Series, cfg: DedupConfig = DedupConfig()) -> tuple[np.ndar
 
 def _signature_columns(texts: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """(key hashes, signatures, n_words) of texts, the dedup key computed once, halves in two threads."""
+
     def half(t: pl.Series):
         keys = pl.select(dedup_key(pl.lit(t))).to_series()
         kh = key_hashes(t, keys).to_numpy()
@@ -231,7 +258,7 @@ def band_hashes(sig: np.ndarray, cfg: DedupConfig) -> np.ndarray:
     hash when the band's rows are equal (up to 64-bit hash collisions, ~n^2 / 2^65 per band)."""
     out = np.empty((sig.shape[0], cfg.bands), dtype=np.uint64)
     for band in range(cfg.bands):
-        cols = sig[:, band * cfg.rows:(band + 1) * cfg.rows]
+        cols = sig[:, band * cfg.rows : (band + 1) * cfg.rows]
         h = np.zeros(sig.shape[0], dtype=np.uint64)
         for r in range(cfg.rows):
             h = fmix64(h * _M ^ cols[:, r])
@@ -263,7 +290,11 @@ def write_signatures(part_files: list[Path], out_file: Path, cfg: DedupConfig = 
     """:func:`signature_table` of one partition's documents (its ``part_files`` in order) to the Parquet
     file ``out_file`` (written to a temporary name, then renamed). Returns the number of documents."""
     tables = [signature_table(pl.read_parquet(part, columns=["doc_id", "text"]), cfg) for part in part_files]
-    table = pa.concat_tables(tables) if tables else signature_table(pl.DataFrame(schema={"doc_id": pl.Utf8, "text": pl.Utf8}), cfg)
+    table = (
+        pa.concat_tables(tables)
+        if tables
+        else signature_table(pl.DataFrame(schema={"doc_id": pl.Utf8, "text": pl.Utf8}), cfg)
+    )
     tmp = Path(str(out_file) + ".tmp")
     pq.write_table(table, tmp)
     tmp.replace(out_file)
@@ -363,8 +394,9 @@ class _Spill:
     order added to one binary file per array under ``directory``; at most ``buffer_bytes`` held in
     memory between writes. The range of a value is its top log2(``ranges``) bits."""
 
-    def __init__(self, directory: Path, ranges: int, buffer_bytes: int = 1 << 24,
-                 dtypes: tuple = (np.uint64, np.int64)) -> None:
+    def __init__(
+        self, directory: Path, ranges: int, buffer_bytes: int = 1 << 24, dtypes: tuple = (np.uint64, np.int64)
+    ) -> None:
         self.dir, self.ranges, self.limit = Path(directory), ranges, buffer_bytes
         self.dtypes = tuple(np.dtype(d) for d in dtypes)
         self.shift = np.uint64(64 - (ranges.bit_length() - 1))
@@ -382,7 +414,7 @@ class _Spill:
             order = np.argsort(rng, kind="stable")
             bounds = np.searchsorted(rng[order], np.arange(self.ranges + 1))
             for r in np.flatnonzero(np.diff(bounds)):
-                sel = order[bounds[r]:bounds[r + 1]]
+                sel = order[bounds[r] : bounds[r + 1]]
                 self.buffers.setdefault((column, int(r)), []).append(tuple(a[sel] for a in arrays))
         self.held += sum(d.itemsize for d in self.dtypes) * len(values)
         if self.held > self.limit:
@@ -446,8 +478,14 @@ def _gather(signature_files: list[Path], offsets: np.ndarray, rows: np.ndarray) 
     return pl.from_arrow(t.column("doc_id")).cast(pl.Utf8), t.column("key_hash").to_numpy()
 
 
-def by_hash_range(chunks: Iterable[tuple[np.ndarray, ...]], n: int, *, dtypes: tuple = (np.uint64, np.int64),
-                  rows_per_pass: int = 1 << 22, spill_dir: Path | None = None) -> Iterator[tuple[np.ndarray, ...]]:
+def by_hash_range(
+    chunks: Iterable[tuple[np.ndarray, ...]],
+    n: int,
+    *,
+    dtypes: tuple = (np.uint64, np.int64),
+    rows_per_pass: int = 1 << 22,
+    spill_dir: Path | None = None,
+) -> Iterator[tuple[np.ndarray, ...]]:
     """The rows of ``chunks`` (each a uint64 hash array and its aligned payloads, ``dtypes`` giving
     every array's dtype) regrouped by hash range: yields, for each of :func:`hash_ranges` (``n``,
     ``rows_per_pass``) ranges, its arrays in the order added, so equal hashes meet in one range.
@@ -465,12 +503,23 @@ def by_hash_range(chunks: Iterable[tuple[np.ndarray, ...]], n: int, *, dtypes: t
             yield spill.take("h", r)
 
 
-ASSIGNMENT_SCHEMA = {"row": pl.Int64, "doc_id": pl.Utf8, "cluster_id": pl.Int64, "duplicate_of": pl.Utf8,
-                     "kind": pl.Utf8, "key_hash": pl.UInt64}
+ASSIGNMENT_SCHEMA = {
+    "row": pl.Int64,
+    "doc_id": pl.Utf8,
+    "cluster_id": pl.Int64,
+    "duplicate_of": pl.Utf8,
+    "kind": pl.Utf8,
+    "key_hash": pl.UInt64,
+}
 
 
-def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConfig(), *,
-                       rows_per_pass: int = 1 << 22, spill_dir: Path | None = None) -> pl.DataFrame:
+def cluster_signatures(
+    signature_files: list[Path],
+    cfg: DedupConfig = DedupConfig(),
+    *,
+    rows_per_pass: int = 1 << 22,
+    spill_dir: Path | None = None,
+) -> pl.DataFrame:
     """Cluster all documents of all signature files (global row = order of files, then rows): the
     connected components of exact-key and band matches, each document's cluster being the smallest
     row of its component.
@@ -508,9 +557,17 @@ def cluster_signatures(signature_files: list[Path], cfg: DedupConfig = DedupConf
     need = np.unique(np.concatenate([member, root]))
     ids, keys = _gather(signature_files, offsets, need)
     mi, ri = np.searchsorted(need, member), np.searchsorted(need, root)
-    return pl.DataFrame({"row": member, "doc_id": ids.gather(mi), "cluster_id": root, "duplicate_of": ids.gather(ri),
-                         "kind": np.where(keys[mi] == keys[ri], "exact", "near").tolist(),
-                         "key_hash": pl.Series(keys[mi], dtype=pl.UInt64)}, schema=ASSIGNMENT_SCHEMA)
+    return pl.DataFrame(
+        {
+            "row": member,
+            "doc_id": ids.gather(mi),
+            "cluster_id": root,
+            "duplicate_of": ids.gather(ri),
+            "kind": np.where(keys[mi] == keys[ri], "exact", "near").tolist(),
+            "key_hash": pl.Series(keys[mi], dtype=pl.UInt64),
+        },
+        schema=ASSIGNMENT_SCHEMA,
+    )
 
 
 def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataFrame:
@@ -526,12 +583,14 @@ def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataF
     dups = df.filter(pl.Series(is_dup)).select("doc_id", "source")
     if not dups["doc_id"].equals(duplicates["doc_id"]):
         raise ValueError(f"{part}: its documents differ from those its signatures were computed from")
-    return dups.with_columns(duplicates["duplicate_of"], duplicates["cluster_id"], duplicates["kind"],
-                             duplicates["key_hash"]).select(*DUP_SCHEMA)
+    return dups.with_columns(
+        duplicates["duplicate_of"], duplicates["cluster_id"], duplicates["kind"], duplicates["key_hash"]
+    ).select(*DUP_SCHEMA)
 
 
-def write_deduplicated(part_files: list[Path], assignment: pl.DataFrame, first_row: int, out_dir: Path,
-                       first_part: int = 0) -> tuple[int, pl.DataFrame]:
+def write_deduplicated(
+    part_files: list[Path], assignment: pl.DataFrame, first_row: int, out_dir: Path, first_part: int = 0
+) -> tuple[int, pl.DataFrame]:
     """Write the kept documents of ``part_files`` (whose first document has global row ``first_row``)
     to ``out_dir/part-NNNNN.parquet`` numbered from ``first_part`` (:func:`write_kept`), given the
     :func:`cluster_signatures` result. Returns (rows read, duplicates frame)."""
@@ -548,9 +607,14 @@ def write_deduplicated(part_files: list[Path], assignment: pl.DataFrame, first_r
 
 def dedup_stats(dups: pl.DataFrame, n: int) -> dict:
     """The counts of :func:`deduplicate` from the duplicates frame of ``n`` input documents."""
-    return {"input": n, "kept": n - dups.height, "duplicate": dups.height,
-            "clusters": dups["duplicate_of"].n_unique() if dups.height else 0,
-            "duplicate_exact": int((dups["kind"] == "exact").sum()), "duplicate_near": int((dups["kind"] == "near").sum())}
+    return {
+        "input": n,
+        "kept": n - dups.height,
+        "duplicate": dups.height,
+        "clusters": dups["duplicate_of"].n_unique() if dups.height else 0,
+        "duplicate_exact": int((dups["kind"] == "exact").sum()),
+        "duplicate_near": int((dups["kind"] == "near").sum()),
+    }
 
 
 SIGNATURES = "signatures"  # a partition's per-part signature files (written by cleaned_text), or the global step's
@@ -635,8 +699,14 @@ def exact_dedup(in_dir: Path | list[Path], out_dir: Path) -> dict:
     return {k: stats[k] for k in ("input", "kept", "duplicate", "clusters")}
 
 
-def count_exact_duplicates(directory: Path, *, examples: int = 5, batch: int = 10_000, rows_per_pass: int = 1 << 22,
-                           spill_dir: Path | None = None) -> tuple[int, int, list[str]]:
+def count_exact_duplicates(
+    directory: Path,
+    *,
+    examples: int = 5,
+    batch: int = 10_000,
+    rows_per_pass: int = 1 << 22,
+    spill_dir: Path | None = None,
+) -> tuple[int, int, list[str]]:
     """Recount the ``part-*.parquet`` documents under ``directory``: (documents, documents whose dedup key
     hash (:func:`key_hashes`) occurred at an earlier document, the doc ids of the first ``examples`` of
     those in corpus order). Memory: one hash range of (key hash, row) pairs at a time

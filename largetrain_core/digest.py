@@ -135,7 +135,7 @@ def files_digest(base: str | Path, files: Iterable[str | Path], cache: DigestCac
         outside = [str(f) for f in files if not str(f).startswith(prefix)]
         if outside:
             raise ValueError(f"{outside[0]} is not under {base}")
-        rel = sorted((str(f)[len(prefix):], str(f)) for f in files)
+        rel = sorted((str(f)[len(prefix) :], str(f)) for f in files)
     else:
         base = Path(base)
         rel = sorted((Path(f).relative_to(base).as_posix(), Path(f)) for f in files)

@@ -30,8 +30,9 @@ def load_for_eval(model_dir: Path, adapter_dir: Path | None = None):
 
 
 @torch.no_grad()
-def perplexity(model, shards_dir: Path, split: str = "validation", max_sequences: int | None = 64,
-               batch_size: int = 8) -> dict:
+def perplexity(
+    model, shards_dir: Path, split: str = "validation", max_sequences: int | None = 64, batch_size: int = 8
+) -> dict:
     """Perplexity of ``model`` on the first ``max_sequences`` sequences of ``split``.
 
     Returns ``{"perplexity", "loss_nats", "sequences", "tokens"}``. Raises ValueError on an empty split.
@@ -67,7 +68,13 @@ def sample_generations(model, tokenizer_dir: Path, prompts: list[str], max_new_t
         ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         if tok.bos_token_id is not None:
             ids = torch.cat([torch.tensor([[tok.bos_token_id]]), ids], dim=1)
-        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
-        out.append({"prompt": prompt, "completion": tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)})
+        gen = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.eos_token_id,
+        )
+        out.append({"prompt": prompt, "completion": tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True)})
     return out

@@ -49,7 +49,7 @@ def local_path(location: str | os.PathLike) -> Path:
     if is_url(s):
         raise ValueError(f"{redact(s)} is not a local path")
     if s.lower().startswith("file://"):
-        s = s[len("file://"):]
+        s = s[len("file://") :]
     return Path(s).resolve()
 
 
@@ -87,9 +87,11 @@ def filesystem(location: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, 
     if not is_url(s):
         s = str(local_path(s))
     elif _USERINFO.match(s):
-        raise StorageAccessError(f"{redact(s)}: credentials in a URL are not taken (they would end up in logs and "
-                                 "metadata): give them through the standard chain (AWS_ACCESS_KEY_ID / "
-                                 "AWS_SECRET_ACCESS_KEY, a profile, an instance role) and the URL without them")
+        raise StorageAccessError(
+            f"{redact(s)}: credentials in a URL are not taken (they would end up in logs and "
+            "metadata): give them through the standard chain (AWS_ACCESS_KEY_ID / "
+            "AWS_SECRET_ACCESS_KEY, a profile, an instance role) and the URL without them"
+        )
     try:
         fs, path = url_to_fs(s, **storage_options(protocol))
     except (ImportError, ValueError) as e:

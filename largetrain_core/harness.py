@@ -56,9 +56,18 @@ def sentences(text: str, min_words: int, max_words: int) -> list[list[str]]:
     return out
 
 
-def build_cloze_task(documents: Iterable[tuple[str, str]], out_dir: Path, name: str, items: int = 200,
-                     choices: int = 4, min_words: int = 8, max_words: int = 40, seed: int = 0,
-                     count_tokens: Callable[[str], int] | None = None, max_tokens: int | None = None) -> dict:
+def build_cloze_task(
+    documents: Iterable[tuple[str, str]],
+    out_dir: Path,
+    name: str,
+    items: int = 200,
+    choices: int = 4,
+    min_words: int = 8,
+    max_words: int = 40,
+    seed: int = 0,
+    count_tokens: Callable[[str], int] | None = None,
+    max_tokens: int | None = None,
+) -> dict:
     """Write ``out_dir/<name>.jsonl`` and ``out_dir/<name>.yaml``: a multiple-choice cloze task of at most
     ``items`` items from the sentences of ``documents`` ((doc_id, text) pairs, in a stable order).
 
@@ -83,10 +92,12 @@ def build_cloze_task(documents: Iterable[tuple[str, str]], out_dir: Path, name: 
                 continue
             pool.append((doc_id, i, words))
     if len(pool) < choices:
-        raise ValueError(f"{docs} held-out document(s) hold {len(pool)} sentence(s) of {min_words} to {max_words} "
-                         f"words{f' and at most {max_tokens} tokens ({too_long} longer)' if too_long else ''}, fewer "
-                         f"than the {choices} choices an item needs: lower min_words or hold out more "
-                         "documents (validation_fraction)")
+        raise ValueError(
+            f"{docs} held-out document(s) hold {len(pool)} sentence(s) of {min_words} to {max_words} "
+            f"words{f' and at most {max_tokens} tokens ({too_long} longer)' if too_long else ''}, fewer "
+            f"than the {choices} choices an item needs: lower min_words or hold out more "
+            "documents (validation_fraction)"
+        )
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pool))
     rows = []
@@ -97,7 +108,7 @@ def build_cloze_task(documents: Iterable[tuple[str, str]], out_dir: Path, name: 
         others = []
         for j in rng.permutation(len(pool)):
             ow = pool[j][2]
-            cand = " " + " ".join(ow[len(ow) // 2:])
+            cand = " " + " ".join(ow[len(ow) // 2 :])
             if cand != answer and cand not in others:
                 others.append(cand)
             if len(others) == choices - 1:
@@ -106,36 +117,54 @@ def build_cloze_task(documents: Iterable[tuple[str, str]], out_dir: Path, name: 
             continue  # too few distinct endings (a corpus of near-identical sentences)
         opts = [answer, *others]
         perm = rng.permutation(choices)
-        rows.append({"context": " ".join(words[:cut]), "choices": [opts[p] for p in perm],
-                     "label": int(np.flatnonzero(perm == 0)[0]), "doc_id": doc_id, "sentence": i})
+        rows.append(
+            {
+                "context": " ".join(words[:cut]),
+                "choices": [opts[p] for p in perm],
+                "label": int(np.flatnonzero(perm == 0)[0]),
+                "doc_id": doc_id,
+                "sentence": i,
+            }
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = out_dir / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     yaml_file = out_dir / f"{name}.yaml"
     yaml_file.write_text(cloze_yaml(name, data))
-    return {"task": name, "yaml": str(yaml_file), "data": str(data), "items": len(rows), "sentences": len(pool),
-            "documents": docs, "choices": choices, "chance": 1 / choices, "too_long": too_long}
+    return {
+        "task": name,
+        "yaml": str(yaml_file),
+        "data": str(data),
+        "items": len(rows),
+        "sentences": len(pool),
+        "documents": docs,
+        "choices": choices,
+        "chance": 1 / choices,
+        "too_long": too_long,
+    }
 
 
 def cloze_yaml(name: str, data: Path) -> str:
     """The lm-eval task YAML of a cloze JSONL file (fields context, choices, label). An absolute (or
     resolvable) ``data`` is written absolute, as lm-eval reads it; a bare file name is written as it is, a
     file beside the YAML (:func:`check_task_files` reads such a task again)."""
-    return (f"task: {name}\n"
-            "dataset_path: json\n"
-            "dataset_kwargs:\n"
-            "  data_files:\n"
-            f"    test: {json.dumps(str(data) if Path(data).name == str(data) else str(Path(data).resolve()))}\n"
-            "test_split: test\n"
-            "output_type: multiple_choice\n"
-            'doc_to_text: "{{context}}"\n'
-            'doc_to_choice: "{{choices}}"\n'
-            'doc_to_target: "{{label}}"\n'
-            "metric_list:\n"
-            "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
-            "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n"
-            "metadata:\n  version: 1\n")
+    return (
+        f"task: {name}\n"
+        "dataset_path: json\n"
+        "dataset_kwargs:\n"
+        "  data_files:\n"
+        f"    test: {json.dumps(str(data) if Path(data).name == str(data) else str(Path(data).resolve()))}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        'doc_to_text: "{{context}}"\n'
+        'doc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{label}}"\n'
+        "metric_list:\n"
+        "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+        "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n"
+        "metadata:\n  version: 1\n"
+    )
 
 
 class _TaskLoader:
@@ -199,7 +228,8 @@ def check_task_files(paths: Iterable[str | Path], out_dir: Path) -> list[str]:
             raise TaskFileError(
                 f"{f}: dataset_path {source!r} is not local data: nothing is downloaded at run time. Use "
                 f"dataset_path: one of {', '.join(LOCAL_BUILDERS)} with dataset_kwargs.data_files naming local files, "
-                "or a local dataset directory")
+                "or a local dataset directory"
+            )
         if kwargs:
             task["dataset_kwargs"] = kwargs
         for fn in {v.split()[1].split(".")[0] for v in _strings(task) if v.startswith("!function ")}:
@@ -259,11 +289,13 @@ def _dump(task: dict) -> str:
 
 def _absolute_files(data_files, task_file: Path):
     """``data_files`` (a path, a list, or split -> path(s)) with every path absolute and checked to exist."""
+
     def one(p):
         path = Path(p) if Path(p).is_absolute() else task_file.parent / p
         if not path.exists():
-            raise TaskFileError(f"{task_file}: dataset_kwargs.data_files names {p}, which does not exist "
-                                f"(looked at {path})")
+            raise TaskFileError(
+                f"{task_file}: dataset_kwargs.data_files names {p}, which does not exist (looked at {path})"
+            )
         return str(path.resolve())
 
     if isinstance(data_files, dict):
@@ -289,9 +321,19 @@ def offline(cache_dir: Path):
                 os.environ[k] = v
 
 
-def evaluate(model_dir: Path, task_dir: Path, tasks: list[str], adapter_dir: Path | None = None, *,
-             batch_size: int = 8, device: str = "cpu", limit: int | None = None, samples_file: Path | None = None,
-             bootstrap_iters: int = 100000, seed: int = 0) -> dict:
+def evaluate(
+    model_dir: Path,
+    task_dir: Path,
+    tasks: list[str],
+    adapter_dir: Path | None = None,
+    *,
+    batch_size: int = 8,
+    device: str = "cpu",
+    limit: int | None = None,
+    samples_file: Path | None = None,
+    bootstrap_iters: int = 100000,
+    seed: int = 0,
+) -> dict:
     """Run lm-eval's ``simple_evaluate`` on ``tasks`` (task YAML files in ``task_dir``, as
     :func:`check_task_files` or :func:`build_cloze_task` wrote them) with ``HFLM`` on the Hugging Face
     directory ``model_dir`` (fp32, ``device``), plus the PEFT adapter ``adapter_dir`` through HFLM's
@@ -309,15 +351,32 @@ def evaluate(model_dir: Path, task_dir: Path, tasks: list[str], adapter_dir: Pat
         if d is not None and not Path(d).is_dir():
             raise FileNotFoundError(f"{d}: no such {what} directory to evaluate")
     with tempfile.TemporaryDirectory(prefix="lm-eval-cache-") as cache, offline(Path(cache)):
-        lm = HFLM(pretrained=str(model_dir), peft=str(adapter_dir) if adapter_dir else None, device=device,
-                  dtype="float32", batch_size=batch_size)
+        lm = HFLM(
+            pretrained=str(model_dir),
+            peft=str(adapter_dir) if adapter_dir else None,
+            device=device,
+            dtype="float32",
+            batch_size=batch_size,
+        )
         manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-        raw = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
-                                      log_samples=samples_file is not None, bootstrap_iters=bootstrap_iters,
-                                      random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                                      fewshot_random_seed=seed)
-    out = {"tasks": {}, "lm_eval_version": getattr(lm_eval, "__version__", None), "model": str(model_dir),
-           "adapter": str(adapter_dir) if adapter_dir else None}
+        raw = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            task_manager=manager,
+            limit=limit,
+            log_samples=samples_file is not None,
+            bootstrap_iters=bootstrap_iters,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
+    out = {
+        "tasks": {},
+        "lm_eval_version": getattr(lm_eval, "__version__", None),
+        "model": str(model_dir),
+        "adapter": str(adapter_dir) if adapter_dir else None,
+    }
     for task, values in raw["results"].items():
         metrics = {}
         for key, value in values.items():
@@ -326,8 +385,10 @@ def evaluate(model_dir: Path, task_dir: Path, tasks: list[str], adapter_dir: Pat
                 continue
             stderr = values.get(f"{metric}_stderr,{filt}")
             name = metric if filt == "none" else f"{metric}_{filt}"
-            metrics[name] = {"value": float(value),
-                             "stderr": float(stderr) if isinstance(stderr, (int, float)) else None}
+            metrics[name] = {
+                "value": float(value),
+                "stderr": float(stderr) if isinstance(stderr, (int, float)) else None,
+            }
         items = (raw.get("n-samples") or {}).get(task, {}).get("effective")
         out["tasks"][task] = {"items": items, "metrics": metrics}
     if samples_file is not None:
@@ -335,16 +396,37 @@ def evaluate(model_dir: Path, task_dir: Path, tasks: list[str], adapter_dir: Pat
         with open(samples_file, "w") as f:
             for task, rows in raw.get("samples", {}).items():
                 for r in rows:
-                    f.write(json.dumps({"task": task, "doc_id": r["doc_id"], "target": r["target"],
-                                        "loglikelihoods": [x[0] for x in r["filtered_resps"]],
-                                        **{m: r[m] for m in values_of(r)}}, default=str) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "task": task,
+                                "doc_id": r["doc_id"],
+                                "target": r["target"],
+                                "loglikelihoods": [x[0] for x in r["filtered_resps"]],
+                                **{m: r[m] for m in values_of(r)},
+                            },
+                            default=str,
+                        )
+                        + "\n"
+                    )
     return out
 
 
 def values_of(sample: dict) -> list[str]:
     """The per-item metric keys of an lm-eval sample record (acc, acc_norm, ...)."""
-    fixed = {"doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics", "doc_hash",
-             "prompt_hash", "target_hash"}
+    fixed = {
+        "doc_id",
+        "doc",
+        "target",
+        "arguments",
+        "resps",
+        "filtered_resps",
+        "filter",
+        "metrics",
+        "doc_hash",
+        "prompt_hash",
+        "target_hash",
+    }
     return [k for k in sample if k not in fixed and isinstance(sample[k], (int, float))]
 
 
@@ -366,8 +448,12 @@ def results_table(results: dict[str, dict]) -> str:
         return f"{m['value']:.4f}" + ("" if m["stderr"] is None else f" ± {m['stderr']:.4f}")
 
     head = "| task | metric | items | " + " | ".join(labels) + " |\n|---|---|---|" + "---|" * len(labels) + "\n"
-    rows = [f"| {task} | {metric} | {next((r['tasks'][task]['items'] for r in results.values() if task in r['tasks']), '')} | "
-            + " | ".join(cell(label, task, metric) for label in labels) + " |" for task, metric in keys]
+    rows = [
+        f"| {task} | {metric} | {next((r['tasks'][task]['items'] for r in results.values() if task in r['tasks']), '')} | "
+        + " | ".join(cell(label, task, metric) for label in labels)
+        + " |"
+        for task, metric in keys
+    ]
     return head + "\n".join(rows)
 
 
@@ -382,33 +468,51 @@ def flat_metrics(results: dict, prefix: str) -> dict:
     return out
 
 
-
 @dataclass(frozen=True)
 class BenchmarkSettings:
     """lm-evaluation-harness tasks run by ``evaluation`` on the base and on base + adapter."""
 
-    tasks: tuple[str, ...] = field(default=(), metadata={"description": (
-        "Local lm-eval task files (YAML) or directories of them; each task's data must be local files "
-        f"(dataset_path one of {', '.join(LOCAL_BUILDERS)} with dataset_kwargs.data_files, relative to the YAML file): "
-        "nothing is downloaded.")})
-    cloze_items: int = field(default=200, metadata={"description": (
-        "Items of the built-in task domain_cloze, a multiple-choice cloze over sentences of the held-out domain "
-        "documents (the domain shards' validation split): the first half of a sentence, its own second half against "
-        "those of other sentences. 0 = no built-in task.")})
+    tasks: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "description": (
+                "Local lm-eval task files (YAML) or directories of them; each task's data must be local files "
+                f"(dataset_path one of {', '.join(LOCAL_BUILDERS)} with dataset_kwargs.data_files, relative to the YAML file): "
+                "nothing is downloaded."
+            )
+        },
+    )
+    cloze_items: int = field(
+        default=200,
+        metadata={
+            "description": (
+                "Items of the built-in task domain_cloze, a multiple-choice cloze over sentences of the held-out domain "
+                "documents (the domain shards' validation split): the first half of a sentence, its own second half against "
+                "those of other sentences. 0 = no built-in task."
+            )
+        },
+    )
     cloze_choices: int = field(default=4, metadata={"description": "Choices per cloze item (chance = 1 / choices)."})
     cloze_min_words: int = field(default=8, metadata={"description": "Fewest words of a sentence used for the cloze."})
     cloze_max_words: int = field(default=40, metadata={"description": "Most words of a sentence used for the cloze."})
     batch_size: int = field(default=8, metadata={"description": "lm-eval's batch size (requests per forward pass)."})
-    limit: Optional[int] = field(default=None, metadata={"description": (
-        "At most this many items per task (lm-eval's --limit); null = all.")})
+    limit: Optional[int] = field(
+        default=None, metadata={"description": ("At most this many items per task (lm-eval's --limit); null = all.")}
+    )
     seed: int = field(default=0, metadata={"description": "Seed of the cloze items' draw and of lm-eval's seeds."})
 
     def problems(self) -> list[str]:
         p = []
-        if self.cloze_items < 0 or self.cloze_choices < 2 or self.cloze_min_words < 2 or \
-                self.cloze_max_words < self.cloze_min_words:
-            p.append("benchmark: cloze_items >= 0, cloze_choices >= 2 and 2 <= cloze_min_words <= cloze_max_words, not "
-                     f"{self.cloze_items}, {self.cloze_choices}, {self.cloze_min_words}, {self.cloze_max_words}")
+        if (
+            self.cloze_items < 0
+            or self.cloze_choices < 2
+            or self.cloze_min_words < 2
+            or self.cloze_max_words < self.cloze_min_words
+        ):
+            p.append(
+                "benchmark: cloze_items >= 0, cloze_choices >= 2 and 2 <= cloze_min_words <= cloze_max_words, not "
+                f"{self.cloze_items}, {self.cloze_choices}, {self.cloze_min_words}, {self.cloze_max_words}"
+            )
         if self.batch_size < 1 or (self.limit is not None and self.limit < 1):
             p.append(f"benchmark: batch_size >= 1 and limit null or >= 1, not {self.batch_size} and {self.limit}")
         return p
@@ -444,15 +548,22 @@ def context_of(model_dir: Path) -> tuple[Callable[[str], int], int]:
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     config = AutoConfig.from_pretrained(str(model_dir))
-    length = next((getattr(config, a) for a in ("max_position_embeddings", "n_positions", "n_ctx")
-                   if getattr(config, a, None)), None)
+    length = next(
+        (getattr(config, a) for a in ("max_position_embeddings", "n_positions", "n_ctx") if getattr(config, a, None)),
+        None,
+    )
     if length is None:
         length = tok.model_max_length if tok.model_max_length < 10**9 else 2048
     return (lambda text: len(tok(text, add_special_tokens=False)["input_ids"])), int(length)
 
 
-def run_benchmarks(settings: BenchmarkSettings, models: dict[str, tuple[Path, Path | None]], out: Path,
-                   held_out=None, device: str | None = None) -> dict:
+def run_benchmarks(
+    settings: BenchmarkSettings,
+    models: dict[str, tuple[Path, Path | None]],
+    out: Path,
+    held_out=None,
+    device: str | None = None,
+) -> dict:
     """Run every task of ``settings`` on each of ``models`` (label -> (model directory, adapter directory or
     None)) into ``out``: ``tasks/`` (the checked task files and the built cloze, its YAML naming its data
     file beside it), ``benchmark.json``
@@ -482,9 +593,18 @@ def run_benchmarks(settings: BenchmarkSettings, models: dict[str, tuple[Path, Pa
 
         count_tokens, max_tokens = context_of(next(iter(models.values()))[0])
         try:
-            cloze = build_cloze_task(bounded(held_out), task_dir, CLOZE_TASK, settings.cloze_items,
-                                     settings.cloze_choices, settings.cloze_min_words, settings.cloze_max_words,
-                                     settings.seed, count_tokens, max_tokens)
+            cloze = build_cloze_task(
+                bounded(held_out),
+                task_dir,
+                CLOZE_TASK,
+                settings.cloze_items,
+                settings.cloze_choices,
+                settings.cloze_min_words,
+                settings.cloze_max_words,
+                settings.seed,
+                count_tokens,
+                max_tokens,
+            )
             names = [CLOZE_TASK, *names]
         except ValueError as e:  # too few held-out sentences: the cloze is skipped, said, never silently
             skipped = f"no {CLOZE_TASK} task: {e}"
@@ -495,9 +615,20 @@ def run_benchmarks(settings: BenchmarkSettings, models: dict[str, tuple[Path, Pa
             return record
         raise ValueError("benchmark: no task to run (cloze_items 0 and no tasks)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    results = {label: evaluate(model_dir, task_dir, names, adapter, batch_size=settings.batch_size, device=device,
-                               limit=settings.limit, samples_file=out / f"samples-{label}.jsonl", seed=settings.seed)
-               for label, (model_dir, adapter) in models.items()}
+    results = {
+        label: evaluate(
+            model_dir,
+            task_dir,
+            names,
+            adapter,
+            batch_size=settings.batch_size,
+            device=device,
+            limit=settings.limit,
+            samples_file=out / f"samples-{label}.jsonl",
+            seed=settings.seed,
+        )
+        for label, (model_dir, adapter) in models.items()
+    }
     if cloze:  # the committed task and record name the cloze's files by their place in ``out``, not the build's
         (task_dir / f"{CLOZE_TASK}.yaml").write_text(cloze_yaml(CLOZE_TASK, Path(f"{CLOZE_TASK}.jsonl")))
         cloze = {**cloze, "yaml": f"tasks/{CLOZE_TASK}.yaml", "data": f"tasks/{CLOZE_TASK}.jsonl"}
@@ -519,17 +650,31 @@ def write_benchmark_card(model_dir: Path, results: dict, out_dir: Path, model_na
     evals = []
     for task, t in results["tasks"].items():
         for metric, m in t["metrics"].items():
-            evals.append(EvalResult(task_type="multiple-choice", task_name=task, dataset_type=task, dataset_name=task,
-                                    metric_type=metric, metric_value=round(m["value"], 4),
-                                    metric_name=f"{metric} (stderr {m['stderr']:.4f})" if m["stderr"] is not None else metric,
-                                    source_name="lm-evaluation-harness",
-                                    source_url="https://github.com/EleutherAI/lm-evaluation-harness"))
+            evals.append(
+                EvalResult(
+                    task_type="multiple-choice",
+                    task_name=task,
+                    dataset_type=task,
+                    dataset_name=task,
+                    metric_type=metric,
+                    metric_value=round(m["value"], 4),
+                    metric_name=f"{metric} (stderr {m['stderr']:.4f})" if m["stderr"] is not None else metric,
+                    source_name="lm-evaluation-harness",
+                    source_url="https://github.com/EleutherAI/lm-evaluation-harness",
+                )
+            )
     card.data.eval_results = evals
     card.data.model_name = model_name
-    section = ["", "## Benchmarks (lm-evaluation-harness)", "",
-               f"Scored by lm-eval {results.get('lm_eval_version')} (HFLM{', PEFT adapter' if results.get('adapter') else ''}) "
-               "on local task files; value ± standard error (sample standard deviation / sqrt(items)).", "",
-               results_table({model_name: results}), ""]
+    section = [
+        "",
+        "## Benchmarks (lm-evaluation-harness)",
+        "",
+        f"Scored by lm-eval {results.get('lm_eval_version')} (HFLM{', PEFT adapter' if results.get('adapter') else ''}) "
+        "on local task files; value ± standard error (sample standard deviation / sqrt(items)).",
+        "",
+        results_table({model_name: results}),
+        "",
+    ]
     card.text = card.text.rstrip() + "\n" + "\n".join(section)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

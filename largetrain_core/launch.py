@@ -52,8 +52,10 @@ def maybe_fault(point: str, step: int, rank: int) -> None:
         if kind == f"sigterm_{point}:{step}":
             tree = process_tree(os.getppid())
             targets = tree if point == "after_step" else tree[1:]
-            log.warning(f"LARGETRAIN_FAULT {kind}: SIGTERM to {'the torchrun agent and ' if point == 'after_step' else ''}"
-                        "every rank")
+            log.warning(
+                f"LARGETRAIN_FAULT {kind}: SIGTERM to {'the torchrun agent and ' if point == 'after_step' else ''}"
+                "every rank"
+            )
             for pid in targets:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
@@ -104,8 +106,10 @@ def raise_on_sigterm() -> None:
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _terminated.append(signum)
-        raise SignalException(f"process {os.getpid()} received {signal.Signals(signum).name}: stopped from outside",
-                              sigval=signal.Signals(signum))
+        raise SignalException(
+            f"process {os.getpid()} received {signal.Signals(signum).name}: stopped from outside",
+            sigval=signal.Signals(signum),
+        )
 
     signal.signal(signal.SIGTERM, handler)
 
@@ -144,14 +148,27 @@ def preempted(message: str):
 
     global Preempted
     if Preempted is None:
-        Preempted = type("Preempted", (SignalException,), {"__module__": __name__, "__doc__": (
-            "A SIGTERM'd rank's end after its preemption save (transient: retried).")})
+        Preempted = type(
+            "Preempted",
+            (SignalException,),
+            {
+                "__module__": __name__,
+                "__doc__": ("A SIGTERM'd rank's end after its preemption save (transient: retried)."),
+            },
+        )
     return Preempted(message, sigval=signal.SIGTERM)
 
 
-def launch_commands(config_path: str, hosts: list[str], nproc_per_node: int, port: int = 29500,
-                    rdzv_backend: str = "static", python: str = "python", log_dir: str | None = None,
-                    module: str = ENTRY_MODULE) -> dict:
+def launch_commands(
+    config_path: str,
+    hosts: list[str],
+    nproc_per_node: int,
+    port: int = 29500,
+    rdzv_backend: str = "static",
+    python: str = "python",
+    log_dir: str | None = None,
+    module: str = ENTRY_MODULE,
+) -> dict:
     """The commands that start ``module`` (the training; or the ablation,
     largetrain_core.training.ablation) with ``config_path`` on ``hosts`` (node rank = position in the
     list; the first host holds the rendezvous store), ``nproc_per_node`` ranks on each.
@@ -177,11 +194,15 @@ def launch_commands(config_path: str, hosts: list[str], nproc_per_node: int, por
         else:
             where = f"--nnodes {n} --rdzv_backend c10d --rdzv_endpoint {hosts[0]}:{port} --rdzv_id largetrain"
         logs = f"--log-dir {shlex.quote(str(log_dir))} " if log_dir else ""
-        cmds.append(f"{shlex.quote(python)} -m torch.distributed.run {where} --nproc_per_node {nproc_per_node} "
-                    f"{logs}-m {module} {shlex.quote(str(config_path))}")
+        cmds.append(
+            f"{shlex.quote(python)} -m torch.distributed.run {where} --nproc_per_node {nproc_per_node} "
+            f"{logs}-m {module} {shlex.quote(str(config_path))}"
+        )
     hostfile = "".join(f"{h} slots={nproc_per_node}\n" for h in dict.fromkeys(hosts))
-    ds = (f"deepspeed --hostfile hostfile --master_addr {hosts[0]} --master_port {port} "
-          f"--module {module} {shlex.quote(str(config_path))}")
+    ds = (
+        f"deepspeed --hostfile hostfile --master_addr {hosts[0]} --master_port {port} "
+        f"--module {module} {shlex.quote(str(config_path))}"
+    )
     return {"torchrun": cmds, "hostfile": hostfile, "deepspeed": ds}
 
 
@@ -232,7 +253,9 @@ def is_transient(e: BaseException) -> bool:
     if isinstance(e, (dist.DistError, ConnectionError, TimeoutError, SignalException)):
         return True
     frames = traceback.extract_tb(e.__traceback__)
-    return isinstance(e, RuntimeError) and bool(frames) and "/torch/distributed/" in frames[-1].filename.replace("\\", "/")
+    return (
+        isinstance(e, RuntimeError) and bool(frames) and "/torch/distributed/" in frames[-1].filename.replace("\\", "/")
+    )
 
 
 def error_record(e: BaseException) -> dict:
@@ -243,14 +266,21 @@ def error_record(e: BaseException) -> dict:
     file = file or next((str(x.filename) for x in _chain(e) if isinstance(x, OSError) and x.filename), None)
     frames = traceback.extract_tb(e.__traceback__)
     env = os.environ
-    return {"type": type_name(type(e)), "message": str(e), "notes": list(getattr(e, "__notes__", [])),
-            "rank": int(env["RANK"]) if "RANK" in env else None,
-            "local_rank": int(env["LOCAL_RANK"]) if "LOCAL_RANK" in env else None,
-            "world_size": int(env["WORLD_SIZE"]) if "WORLD_SIZE" in env else None,
-            "host": socket.gethostname(), "pid": os.getpid(), "file": file,
-            "where": f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None,
-            "transient": is_transient(e), "preempted": Preempted is not None and isinstance(e, Preempted),
-            "time": time.time()}
+    return {
+        "type": type_name(type(e)),
+        "message": str(e),
+        "notes": list(getattr(e, "__notes__", [])),
+        "rank": int(env["RANK"]) if "RANK" in env else None,
+        "local_rank": int(env["LOCAL_RANK"]) if "LOCAL_RANK" in env else None,
+        "world_size": int(env["WORLD_SIZE"]) if "WORLD_SIZE" in env else None,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "file": file,
+        "where": f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None,
+        "transient": is_transient(e),
+        "preempted": Preempted is not None and isinstance(e, Preempted),
+        "time": time.time(),
+    }
 
 
 def record(fn):
@@ -270,9 +300,16 @@ def record(fn):
             if not path:
                 return
             rec = error_record(e)
-            data = {"message": {"message": f"{rec['type']}: {e}",
-                                "extraInfo": {"py_callstack": traceback.format_exc(),
-                                              "timestamp": str(int(rec["time"])), "largetrain": rec}}}
+            data = {
+                "message": {
+                    "message": f"{rec['type']}: {e}",
+                    "extraInfo": {
+                        "py_callstack": traceback.format_exc(),
+                        "timestamp": str(int(rec["time"])),
+                        "largetrain": rec,
+                    },
+                }
+            }
             tmp = f"{path}.tmp"
             with open(tmp, "w") as f:
                 json.dump(data, f, default=str)
@@ -296,20 +333,43 @@ def rank_errors(log_dir: str | Path) -> list[dict]:
                 msg = {"message": msg, "extraInfo": {"timestamp": data.get("timestamp", 0)}}
             info = msg.get("extraInfo", {})
         except (OSError, ValueError, KeyError, AttributeError) as e:
-            out.append({"type": "unreadable error file", "message": f"{type(e).__name__}: {e}", "rank": None,
-                        "file": str(f), "transient": True, "time": f.stat().st_mtime, "error_file": str(f)})
+            out.append(
+                {
+                    "type": "unreadable error file",
+                    "message": f"{type(e).__name__}: {e}",
+                    "rank": None,
+                    "file": str(f),
+                    "transient": True,
+                    "time": f.stat().st_mtime,
+                    "error_file": str(f),
+                }
+            )
             continue
         rec = info.get("largetrain")
         if f.name == AGENT_ERROR_FILE:
             if rec is not None:
                 continue  # the agent's copy of the root-cause rank's file, read above
             kind, _, text = msg.get("message", "").partition(": ")
-            rec = {"type": kind, "message": text, "rank": None, "file": None, "where": "torchrun agent",
-                   "transient": True, "time": float(info.get("timestamp", 0))}
+            rec = {
+                "type": kind,
+                "message": text,
+                "rank": None,
+                "file": None,
+                "where": "torchrun agent",
+                "transient": True,
+                "time": float(info.get("timestamp", 0)),
+            }
         elif rec is None:  # a worker that torch's plain ErrorHandler recorded
             kind, _, text = msg.get("message", "").partition(": ")
-            rec = {"type": kind, "message": text, "rank": None, "local_rank": int(f.parent.name), "file": None,
-                   "transient": False, "time": float(info.get("timestamp", 0))}
+            rec = {
+                "type": kind,
+                "message": text,
+                "rank": None,
+                "local_rank": int(f.parent.name),
+                "file": None,
+                "transient": False,
+                "time": float(info.get("timestamp", 0)),
+            }
         out.append({**rec, "error_file": str(f), "traceback": info.get("py_callstack")})
     return sorted(out, key=lambda r: r.get("time") or 0)
 
@@ -325,8 +385,11 @@ def describe_failure(returncode: int | None, errors: list[dict], max_message: in
     preemption = [r for r in errors if r.get("preempted")]
     lines = []
     for r in own + [r for r in errors if r.get("transient")]:
-        who = "torchrun agent" if r.get("rank") is None and r.get("where") == "torchrun agent" else (
-            f"rank {r['rank']}" if r.get("rank") is not None else f"local rank {r.get('local_rank')}")
+        who = (
+            "torchrun agent"
+            if r.get("rank") is None and r.get("where") == "torchrun agent"
+            else (f"rank {r['rank']}" if r.get("rank") is not None else f"local rank {r.get('local_rank')}")
+        )
         text = " ".join([r.get("message") or "", *r.get("notes", [])]).strip()
         text = text if len(text) <= max_message else text[:max_message] + " [...]"
         line = f"{who}: {r['type']}: {text}"
@@ -337,13 +400,19 @@ def describe_failure(returncode: int | None, errors: list[dict], max_message: in
         lines.append(line + (" (a consequence of another process failing)" if r.get("transient") else ""))
     status = exit_status(returncode)
     if preemption and not own:
-        head = (f"training preempted ({status} of torchrun): the ranks got SIGTERM and stopped after the same step "
-                f"({preemption[0].get('message')}). A retry resumes from the newest complete checkpoint.")
+        head = (
+            f"training preempted ({status} of torchrun): the ranks got SIGTERM and stopped after the same step "
+            f"({preemption[0].get('message')}). A retry resumes from the newest complete checkpoint."
+        )
     elif own:
-        head = (f"training failed ({status} of torchrun): {len(own)} rank(s) raised an error. Not retried: it is "
-                "deterministic (a config, data or file problem) and would fail the same way again.")
+        head = (
+            f"training failed ({status} of torchrun): {len(own)} rank(s) raised an error. Not retried: it is "
+            "deterministic (a config, data or file problem) and would fail the same way again."
+        )
     else:
-        head = (f"training stopped ({status} of torchrun) without an error of its own in any rank: a process was "
-                "killed or preempted (a signal, the OOM killer, a lost node). A retry resumes from the newest "
-                "complete checkpoint.")
+        head = (
+            f"training stopped ({status} of torchrun) without an error of its own in any rank: a process was "
+            "killed or preempted (a signal, the OOM killer, a lost node). A retry resumes from the newest "
+            "complete checkpoint."
+        )
     return "\n".join([head, *lines]), not own

@@ -24,25 +24,37 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 }
 
 
-def build_config(preset: str, vocab_size: int, max_positions: int, eos_id: int, bos_id: int | None = None) -> LlamaConfig:
+def build_config(
+    preset: str, vocab_size: int, max_positions: int, eos_id: int, bos_id: int | None = None
+) -> LlamaConfig:
     """A ``LlamaConfig`` for ``preset``. Raises KeyError naming the known presets."""
     if preset not in PRESETS:
         raise KeyError(f"unknown model preset {preset!r}; known: {sorted(PRESETS)}")
     hidden, inter, layers, heads = PRESETS[preset]
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
-        tie_word_embeddings=True, eos_token_id=eos_id, bos_token_id=bos_id if bos_id is not None else eos_id,
-        pad_token_id=None, use_cache=False,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        bos_token_id=bos_id if bos_id is not None else eos_id,
+        pad_token_id=None,
+        use_cache=False,
     )
 
 
-def build_model(preset: str, vocab_size: int, max_positions: int, eos_id: int, bos_id: int | None = None,
-                seed: int = 0) -> PreTrainedModel:
+def build_model(
+    preset: str, vocab_size: int, max_positions: int, eos_id: int, bos_id: int | None = None, seed: int = 0
+) -> PreTrainedModel:
     """A freshly initialized fp32 causal LM (transformers' own init, under ``torch.manual_seed(seed)``)."""
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(build_config(preset, vocab_size, max_positions, eos_id, bos_id),
-                                            dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(
+        build_config(preset, vocab_size, max_positions, eos_id, bos_id), dtype=torch.float32
+    )
 
 
 def check_safetensors(path: Path, what: str = "safetensors weights file") -> list[str]:
@@ -79,8 +91,9 @@ def load_model(path: Path) -> PreTrainedModel:
     read_json(path / "config.json", f"config.json of a {what}")
     _check_weights(path, "model", what)
     with loading(path, f"{what} (config.json + safetensors weights)"):
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True,
-                                                    local_files_only=True)
+        return AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=torch.float32, use_safetensors=True, local_files_only=True
+        )
 
 
 def load_adapter(model: PreTrainedModel, adapter_dir: Path, adapter_name: str = "default"):
@@ -117,11 +130,13 @@ def embedding_overflow(model_dir: Path) -> str | None:
     tok = read_tokenizer(info.path)
     beyond = [t for t in (tok.id_to_token(i) for i in range(rows, info.vocab_size)) if t is not None]
     shown = ", ".join(repr(t) for t in beyond[:5]) + (f" and {len(beyond) - 5} more" if len(beyond) > 5 else "")
-    return (f"{model_dir}: its own tokenizer ({info.path.name}) has ids up to {info.vocab_size - 1}, but the model's "
-            f"embedding has only {rows} rows (config.json vocab_size): ids {rows}..{info.vocab_size - 1} ({shown}) have "
-            f"no embedding. Resize the embedding to the tokenizer and save the model again (transformers: "
-            f"m = AutoModelForCausalLM.from_pretrained(d); m.resize_token_embeddings(len(AutoTokenizer.from_pretrained(d))); "
-            f"m.save_pretrained(d), with d = {str(model_dir)!r}), or use a tokenizer whose ids all fit its {rows} rows")
+    return (
+        f"{model_dir}: its own tokenizer ({info.path.name}) has ids up to {info.vocab_size - 1}, but the model's "
+        f"embedding has only {rows} rows (config.json vocab_size): ids {rows}..{info.vocab_size - 1} ({shown}) have "
+        f"no embedding. Resize the embedding to the tokenizer and save the model again (transformers: "
+        f"m = AutoModelForCausalLM.from_pretrained(d); m.resize_token_embeddings(len(AutoTokenizer.from_pretrained(d))); "
+        f"m.save_pretrained(d), with d = {str(model_dir)!r}), or use a tokenizer whose ids all fit its {rows} rows"
+    )
 
 
 def import_pretrained(src: Path, out: Path) -> dict:
@@ -146,9 +161,14 @@ def import_pretrained(src: Path, out: Path) -> dict:
     model.config.use_cache = True
     model.save_pretrained(str(out), safe_serialization=True)
     save_hf_tokenizer(info, out)
-    return {"parameters": parameter_count(model), "model_vocab_size": model.config.vocab_size,
-            "tokenizer_vocab_size": info.vocab_size, "eos_id": info.eos_id, "bos_id": info.bos_id,
-            "model_type": model.config.model_type}
+    return {
+        "parameters": parameter_count(model),
+        "model_vocab_size": model.config.vocab_size,
+        "tokenizer_vocab_size": info.vocab_size,
+        "eos_id": info.eos_id,
+        "bos_id": info.bos_id,
+        "model_type": model.config.model_type,
+    }
 
 
 def tokenizer_mismatch(model_dir: Path, shards_manifest: dict, shards_tokenizer: Path) -> str | None:
@@ -163,7 +183,9 @@ def tokenizer_mismatch(model_dir: Path, shards_manifest: dict, shards_tokenizer:
         return f"the shards' tokenizer ({theirs.path}) has another vocabulary than the model's ({mine.path})"
     if shards_manifest["eos_id"] != mine.eos_id:
         return f"the shards end documents with id {shards_manifest['eos_id']}, the model's EOS is {mine.eos_id}"
-    vocab = read_json(Path(model_dir) / "config.json", "config.json of a Hugging Face causal-LM directory")["vocab_size"]
+    vocab = read_json(Path(model_dir) / "config.json", "config.json of a Hugging Face causal-LM directory")[
+        "vocab_size"
+    ]
     if shards_manifest["vocab_size"] > vocab:
         return f"shard ids reach {shards_manifest['vocab_size'] - 1}, the model's embedding has {vocab} rows"
     return None

@@ -35,12 +35,40 @@ from largetrain_core.storage import write_json_atomic
 
 CARD = "README.md"
 LINEAGE = "lineage.json"
-TRAINING_KEYS = ("preset", "mode", "zero_stage", "offload_optimizer", "precision", "activation_checkpointing",
-                 "micro_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate", "min_lr_ratio",
-                 "warmup_steps", "weight_decay", "max_grad_norm", "seed", "seq_len", "lora")
+TRAINING_KEYS = (
+    "preset",
+    "mode",
+    "zero_stage",
+    "offload_optimizer",
+    "precision",
+    "activation_checkpointing",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "learning_rate",
+    "min_lr_ratio",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "seed",
+    "seq_len",
+    "lora",
+)
 STAGES = ("raw_corpus", "cleaned_text", "deduplicated_text", "filtered_text", "token_shards")
-RESULT_KEYS = ("steps", "first_loss", "last_loss", "tokens_seen", "tokens_per_s", "precision", "precision_reason",
-               "world_size", "zero_stage", "parameters", "trainable_parameters", "train_seconds")
+RESULT_KEYS = (
+    "steps",
+    "first_loss",
+    "last_loss",
+    "tokens_seen",
+    "tokens_per_s",
+    "precision",
+    "precision_reason",
+    "world_size",
+    "zero_stage",
+    "parameters",
+    "trainable_parameters",
+    "train_seconds",
+)
 
 
 def software_versions() -> dict:
@@ -54,11 +82,16 @@ def software_versions() -> dict:
             out[dist] = None
     src = Path(__file__).resolve().parents[1]
     try:
-        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                                text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if commit.returncode == 0:
-            dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
             out["commit"] = commit.stdout.strip() + ("+changes" if dirty else "")
     except (OSError, subprocess.TimeoutExpired):
         pass
@@ -90,8 +123,10 @@ def _corpus_source(c: dict) -> str:
         where = f" from {p['registry']}" if p.get("registry") else ""
         archive = f", archive `{p['archive']}` sha256 `{p['archive_sha256']}`" if p.get("archive_sha256") else ""
         note = f" Note: {p['note']}" if p.get("note") else ""
-        return (f"{version}{where}{archive}; {_fmt(p.get('files'))} files, {_fmt(p.get('bytes'))} bytes, content "
-                f"digest `{p.get('content_digest')}`, fetched {p.get('fetched_at')}.{note}")
+        return (
+            f"{version}{where}{archive}; {_fmt(p.get('files'))} files, {_fmt(p.get('bytes'))} bytes, content "
+            f"digest `{p.get('content_digest')}`, fetched {p.get('fetched_at')}.{note}"
+        )
     return f"`{c.get('source')}` (no provenance file: identified by the content digests of the files read)"
 
 
@@ -107,13 +142,24 @@ def _corpora_section(corpora: list[dict]) -> list[str]:
         d, s = c.get("documents") or {}, c.get("shards") or {}
         out += [f"### {c.get('role')} corpus", "", f"Source: {_corpus_source(c)}", ""]
         if c.get("content_digests"):
-            out += [f"Content digests of the files read (xxh3-128 per partition): {_versions(c['content_digests'])}", ""]
-        out += [_table(("read", "kept", "filtered", "duplicates", "rejected"),
-                       [(d.get("input"), d.get("kept"), d.get("filtered"), d.get("duplicate"), d.get("rejected"))]), ""]
+            out += [
+                f"Content digests of the files read (xxh3-128 per partition): {_versions(c['content_digests'])}",
+                "",
+            ]
+        out += [
+            _table(
+                ("read", "kept", "filtered", "duplicates", "rejected"),
+                [(d.get("input"), d.get("kept"), d.get("filtered"), d.get("duplicate"), d.get("rejected"))],
+            ),
+            "",
+        ]
         if s:
-            out += [f"Token shards: {_fmt(s.get('total_tokens'))} tokens at sequence length {_fmt(s.get('seq_len'))} "
-                    f"({_fmt(s.get('train_sequences'))} training and {_fmt(s.get('validation_sequences'))} validation "
-                    f"sequences, {_fmt(s.get('dtype'))}).", ""]
+            out += [
+                f"Token shards: {_fmt(s.get('total_tokens'))} tokens at sequence length {_fmt(s.get('seq_len'))} "
+                f"({_fmt(s.get('train_sequences'))} training and {_fmt(s.get('validation_sequences'))} validation "
+                f"sequences, {_fmt(s.get('dtype'))}).",
+                "",
+            ]
         if c.get("data_versions"):
             order = sorted(c["data_versions"], key=lambda k: (STAGES.index(k) if k in STAGES else len(STAGES), k))
             out += ["Data versions:", ""] + [f"- {k}: {_versions(c['data_versions'][k])}" for k in order] + [""]
@@ -123,26 +169,48 @@ def _corpora_section(corpora: list[dict]) -> list[str]:
 def _training_section(lineage: dict) -> list[str]:
     if lineage.get("imported"):
         imp = lineage["imported"]
-        return [f"Imported, not trained here: copied from `{imp.get('from')}` (content digest "
-                f"`{imp.get('content_digest')}`) as fp32 safetensors.", ""]
+        return [
+            f"Imported, not trained here: copied from `{imp.get('from')}` (content digest "
+            f"`{imp.get('content_digest')}`) as fp32 safetensors.",
+            "",
+        ]
     training = lineage.get("training") or {}
     cfg, res = training.get("config") or {}, training.get("results") or {}
     keys = [k for k in TRAINING_KEYS if k in cfg and not (k == "preset" and cfg.get("mode") == "lora")]
-    out = ["Configuration:", "", _table(("setting", "value"), [(k, json.dumps(cfg[k], sort_keys=True)
-                                                                if isinstance(cfg[k], (dict, list)) else cfg[k]) for k in keys]), ""]
+    out = [
+        "Configuration:",
+        "",
+        _table(
+            ("setting", "value"),
+            [(k, json.dumps(cfg[k], sort_keys=True) if isinstance(cfg[k], (dict, list)) else cfg[k]) for k in keys],
+        ),
+        "",
+    ]
     if training.get("adapter"):
         a = training["adapter"]
-        out += [f"LoRA: r={_fmt(a.get('r'))}, lora_alpha={_fmt(a.get('lora_alpha'))}, target modules "
-                f"{', '.join(f'`{m}`' for m in a.get('target_modules') or []) or 'unknown'} (from adapter_config.json).", ""]
+        out += [
+            f"LoRA: r={_fmt(a.get('r'))}, lora_alpha={_fmt(a.get('lora_alpha'))}, target modules "
+            f"{', '.join(f'`{m}`' for m in a.get('target_modules') or []) or 'unknown'} (from adapter_config.json).",
+            "",
+        ]
     rows = [(k, res[k]) for k in RESULT_KEYS if res.get(k) is not None]
     last = res.get("last_loss")
     if isinstance(last, (int, float)) and math.isfinite(last):
         rows.append(("training perplexity (exp of the last logged training loss)", round(math.exp(last), 3)))
-    rows += [(k, v) for k, v in sorted(res.items()) if ("perplexity" in k or k.startswith(("val", "eval")))
-             and isinstance(v, (int, float)) and k not in RESULT_KEYS]
-    out += ["Results at the end of training:", "", _table(("metric", "value"), rows), "",
-            "Held-out perplexities are computed after training by the `evaluation` asset and recorded in its "
-            "materialization, not here.", ""]
+    rows += [
+        (k, v)
+        for k, v in sorted(res.items())
+        if ("perplexity" in k or k.startswith(("val", "eval"))) and isinstance(v, (int, float)) and k not in RESULT_KEYS
+    ]
+    out += [
+        "Results at the end of training:",
+        "",
+        _table(("metric", "value"), rows),
+        "",
+        "Held-out perplexities are computed after training by the `evaluation` asset and recorded in its "
+        "materialization, not here.",
+        "",
+    ]
     return out
 
 
@@ -160,28 +228,55 @@ def render_model_card(lineage: dict, existing: str | None = None) -> str:
     meta = ModelCardData(**data)
     sw = lineage.get("software") or {}
     title = "LoRA adapter" if adapter else "Base model"
-    load = ("`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), THIS_DIR, adapter_name=...)` "
-            "(the adapter's name is in `adapter_name.txt`)" if adapter else
-            "`AutoModelForCausalLM.from_pretrained(THIS_DIR)`; the tokenizer files are in the same directory")
-    body = [f"# {title} made by largetrain", "",
-            f"Data version `{lineage.get('data_version')}`, made by largetrain {_fmt(sw.get('largetrain'))}"
-            + (f" (commit `{sw['commit']}`)" if sw.get("commit") else "") + ". Load it with " + load + ".", "",
-            "This card was generated from the lineage that produced the model; `lineage.json` beside it holds the "
-            "same facts as JSON.", "", "## Training data", ""]
+    load = (
+        "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), THIS_DIR, adapter_name=...)` "
+        "(the adapter's name is in `adapter_name.txt`)"
+        if adapter
+        else "`AutoModelForCausalLM.from_pretrained(THIS_DIR)`; the tokenizer files are in the same directory"
+    )
+    body = [
+        f"# {title} made by largetrain",
+        "",
+        f"Data version `{lineage.get('data_version')}`, made by largetrain {_fmt(sw.get('largetrain'))}"
+        + (f" (commit `{sw['commit']}`)" if sw.get("commit") else "")
+        + ". Load it with "
+        + load
+        + ".",
+        "",
+        "This card was generated from the lineage that produced the model; `lineage.json` beside it holds the "
+        "same facts as JSON.",
+        "",
+        "## Training data",
+        "",
+    ]
     body += _corpora_section(lineage.get("corpora") or [])
     tok = lineage.get("tokenizer") or {}
-    body += ["## Tokenizer", "",
-             (f"Copied from `{tok['pretrained_model']}`" if tok.get("pretrained_model") else "Byte-level BPE trained "
-              "by largetrain on the deduplicated pretraining corpus") + f": vocabulary {_fmt(tok.get('vocab_size'))}, "
-             f"EOS id {_fmt(tok.get('eos_id'))}, tokenizer.json sha256 `{tok.get('sha256')}`, data version "
-             f"`{tok.get('data_version')}`.", "", "## Training", ""]
+    body += [
+        "## Tokenizer",
+        "",
+        (
+            f"Copied from `{tok['pretrained_model']}`"
+            if tok.get("pretrained_model")
+            else "Byte-level BPE trained by largetrain on the deduplicated pretraining corpus"
+        )
+        + f": vocabulary {_fmt(tok.get('vocab_size'))}, "
+        f"EOS id {_fmt(tok.get('eos_id'))}, tokenizer.json sha256 `{tok.get('sha256')}`, data version "
+        f"`{tok.get('data_version')}`.",
+        "",
+        "## Training",
+        "",
+    ]
     body += _training_section(lineage)
     if adapter:
         base = lineage.get("base") or {}
-        body += ["## Base model", "",
-                 f"Data version `{base.get('data_version')}`"
-                 + (f", imported from `{base['imported']['from']}`" if base.get("imported") else "")
-                 + ". Its own training data:", ""]
+        body += [
+            "## Base model",
+            "",
+            f"Data version `{base.get('data_version')}`"
+            + (f", imported from `{base['imported']['from']}`" if base.get("imported") else "")
+            + ". Its own training data:",
+            "",
+        ]
         body += _corpora_section(base.get("corpora") or []) if base else ["unknown", ""]
     body += ["## Software", "", _table(("package", "version"), sorted(sw.items())), ""]
     return ModelCard(f"---\n{meta.to_yaml()}\n---\n\n" + "\n".join(body)).content

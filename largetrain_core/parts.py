@@ -110,4 +110,3 @@ def map_parts(step: PartStep, in_dir: Path | list[Path], out_dir: Path) -> dict:
     if isinstance(step, WithSignatures):
         write_signature_settings(out_dir, step.signatures)
     return finish(removed, out_dir, totals)
-

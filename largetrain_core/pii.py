@@ -76,8 +76,11 @@ _RESERVED_TLDS = ("example", "test", "invalid", "localhost")
 
 def _email_ok(address: str) -> bool:
     domain = address.rsplit("@", 1)[-1].lower().rstrip(".")
-    return not (domain in _RESERVED_DOMAINS or domain.endswith(tuple("." + d for d in _RESERVED_DOMAINS))
-                or domain.rsplit(".", 1)[-1] in _RESERVED_TLDS)
+    return not (
+        domain in _RESERVED_DOMAINS
+        or domain.endswith(tuple("." + d for d in _RESERVED_DOMAINS))
+        or domain.rsplit(".", 1)[-1] in _RESERVED_TLDS
+    )
 
 
 def _global_ipv4(address: str) -> bool:
@@ -109,8 +112,10 @@ def luhn(digits: str) -> bool:
     return total % 10 == 0
 
 
-_CARD_PREFIX = re.compile(r"4|5[1-5]|2(?:22[1-9]|2[3-9]\d|[3-6]\d\d|7[01]\d|720)|3[47]|6(?:011|4[4-9]|5)|35(?:2[89]|[3-8]\d)"
-                          r"|3(?:0[0-5]|[68])|62")
+_CARD_PREFIX = re.compile(
+    r"4|5[1-5]|2(?:22[1-9]|2[3-9]\d|[3-6]\d\d|7[01]\d|720)|3[47]|6(?:011|4[4-9]|5)|35(?:2[89]|[3-8]\d)"
+    r"|3(?:0[0-5]|[68])|62"
+)
 
 
 def _card_ok(text: str) -> bool:
@@ -121,13 +126,83 @@ def _card_ok(text: str) -> bool:
 
 # SWIFT IBAN registry: characters per country
 IBAN_LENGTHS = {
-    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29, "BY": 28,
-    "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28, "EE": 20, "EG": 29, "ES": 24, "FI": 18,
-    "FO": 18, "FR": 27, "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HR": 21, "HU": 28, "IE": 22,
-    "IL": 23, "IQ": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28, "LC": 32, "LI": 21, "LT": 20,
-    "LU": 20, "LV": 21, "MC": 27, "MD": 24, "ME": 22, "MK": 19, "MR": 27, "MT": 31, "MU": 30, "NL": 18, "NO": 15,
-    "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "SA": 24, "SC": 31, "SE": 24, "SI": 19,
-    "SK": 24, "SM": 27, "ST": 25, "SV": 28, "TL": 23, "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20,
+    "AD": 24,
+    "AE": 23,
+    "AL": 28,
+    "AT": 20,
+    "AZ": 28,
+    "BA": 20,
+    "BE": 16,
+    "BG": 22,
+    "BH": 22,
+    "BR": 29,
+    "BY": 28,
+    "CH": 21,
+    "CR": 22,
+    "CY": 28,
+    "CZ": 24,
+    "DE": 22,
+    "DK": 18,
+    "DO": 28,
+    "EE": 20,
+    "EG": 29,
+    "ES": 24,
+    "FI": 18,
+    "FO": 18,
+    "FR": 27,
+    "GB": 22,
+    "GE": 22,
+    "GI": 23,
+    "GL": 18,
+    "GR": 27,
+    "GT": 28,
+    "HR": 21,
+    "HU": 28,
+    "IE": 22,
+    "IL": 23,
+    "IQ": 23,
+    "IS": 26,
+    "IT": 27,
+    "JO": 30,
+    "KW": 30,
+    "KZ": 20,
+    "LB": 28,
+    "LC": 32,
+    "LI": 21,
+    "LT": 20,
+    "LU": 20,
+    "LV": 21,
+    "MC": 27,
+    "MD": 24,
+    "ME": 22,
+    "MK": 19,
+    "MR": 27,
+    "MT": 31,
+    "MU": 30,
+    "NL": 18,
+    "NO": 15,
+    "PK": 24,
+    "PL": 28,
+    "PS": 29,
+    "PT": 25,
+    "QA": 29,
+    "RO": 24,
+    "RS": 22,
+    "SA": 24,
+    "SC": 31,
+    "SE": 24,
+    "SI": 19,
+    "SK": 24,
+    "SM": 27,
+    "ST": 25,
+    "SV": 28,
+    "TL": 23,
+    "TN": 24,
+    "TR": 26,
+    "UA": 29,
+    "VA": 22,
+    "VG": 24,
+    "XK": 20,
 }
 
 
@@ -150,7 +225,7 @@ def _iban_prefix(text: str) -> int:
     for i, c in enumerate(text):
         seen += c != " "
         if seen == want:
-            return i + 1 if iban_ok(text[:i + 1]) else 0
+            return i + 1 if iban_ok(text[: i + 1]) else 0
     return 0
 
 
@@ -161,7 +236,9 @@ def _address_context(text: str, start: int, end: int) -> bool:
 
 
 def _phone_ok(text: str) -> bool:
-    if re.fullmatch(r"\+\d{1,3}(?:\.\d{1,3}){3}", text):  # +192.168.1.1: an address with a sign (bonding's arp_ip_target)
+    if re.fullmatch(
+        r"\+\d{1,3}(?:\.\d{1,3}){3}", text
+    ):  # +192.168.1.1: an address with a sign (bonding's arp_ip_target)
         return False
     digits = sum(c.isdigit() for c in text)
     return 10 <= digits <= 15 if not text.startswith("+") else 8 <= digits <= 15
@@ -173,43 +250,98 @@ _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 # a dotted quad after one of these words (a few characters of punctuation between, or another such number
 # and "and"/"or"/"to": "sections 4.4.6.4 and 8.12.1.4") numbers a section or a release; one before a
 # capitalized word ("2.1.1.2 Timestamp types") numbers a heading; one after "~" ends a range of versions
-_NUMBER_WORDS = re.compile(r"(?i)(?:\b(?:sections?|chapters?|clauses?|tables?|figures?|versions?|releases?|revisions?|rev|"
-                           r"firmware|kernel|linux|manual|spec\w*|as of|v)|§)"
-                           r"(?:[\s\"'(:,#-]{0,12}|\s+\d+(?:\.\d+)+,?\s+(?:and|or|to)\s+)$|~\s*$")
+_NUMBER_WORDS = re.compile(
+    r"(?i)(?:\b(?:sections?|chapters?|clauses?|tables?|figures?|versions?|releases?|revisions?|rev|"
+    r"firmware|kernel|linux|manual|spec\w*|as of|v)|§)"
+    r"(?:[\s\"'(:,#-]{0,12}|\s+\d+(?:\.\d+)+,?\s+(?:and|or|to)\s+)$|~\s*$"
+)
 _HEADING = re.compile(r"[ \t]+[A-Z][a-z]")
 _AWS_IDS = "AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA"
 
 KINDS: tuple[Kind, ...] = (
-    Kind("secret", "<SECRET>", re.compile(
-        r"-----BEGIN ((?:RSA |DSA |EC |OPENSSH |ENCRYPTED |PGP )?PRIVATE KEY(?: BLOCK)?)-----.*?-----END \1-----", re.S),
-         r"-----BEGIN [A-Z ]*PRIVATE KEY"),
+    Kind(
+        "secret",
+        "<SECRET>",
+        re.compile(
+            r"-----BEGIN ((?:RSA |DSA |EC |OPENSSH |ENCRYPTED |PGP )?PRIVATE KEY(?: BLOCK)?)-----.*?-----END \1-----",
+            re.S,
+        ),
+        r"-----BEGIN [A-Z ]*PRIVATE KEY",
+    ),
     Kind("secret", "<SECRET>", re.compile(rf"\b(?:{_AWS_IDS})[A-Z0-9]{{16}}\b"), _AWS_IDS),
-    Kind("secret", "<SECRET>", re.compile(
-        r"(?i:aws_?secret_?access_?key)[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"),
-         r"(?i)aws_?secret_?access_?key", group=1),
-    Kind("secret", "<SECRET>", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36}\b|\bgithub_pat_[A-Za-z0-9_]{82}\b"),
-         r"gh[pousr]_|github_pat_"),
-    Kind("secret", "<SECRET>", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}|https://hooks\.slack\.com/services/[A-Za-z0-9_/]+"),
-         r"xox[abprs]-|hooks\.slack\.com"),
-    Kind("email", "<EMAIL>", re.compile(  # datatrove 0.10.1 PIIFormatter's, without '/' in the local part
-        r"\b[A-Za-z0-9!#$%&'*+=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+=?^_`{|}~-]+)*@(?:(?:[A-Za-z0-9](?:["
-        r"A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?|\[(?:(?:25[0-5]|2[0-4][0-9]|["
-        r"01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?|[A-Za-z0-9-]*[A-Za-z0-9]:)])"),
-         r"@(?:[A-Za-z0-9][A-Za-z0-9-]*\.|\[)", _email_ok),
-    Kind("iban", "<IBAN>", re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b"),
-         r"[A-Z]{2}\d{2} ?[A-Z0-9]{4}", _iban_prefix),
-    Kind("card", "<CARD_NUMBER>", re.compile(
-        r"(?<![\w.\-])(?:\d{13,19}|\d{4}( |-)\d{4}\1\d{4}\1\d{4}(?:\1\d{3})?|\d{4}( |-)\d{6}\2\d{4,5})(?!\w|[.\-]\d)"),
-         r"\d{4}[ \-]?\d{4}[ \-]?\d{4}[ \-]?\d|\d{4}[ \-]\d{6}[ \-]\d{4}", _card_ok),
-    Kind("phone", "<PHONE>", re.compile(
-        r"(?<![\w+.\-])\+[1-9]\d{0,2}(?:[ .\-]\(?\d{1,10}\)?){2,5}(?!\w|[.\-]\d)"
-        r"|(?<![\w.\-(])(?:\(\d{3}\) ?\d{3}-\d{4}|\d{3}([-.])\d{3}\1\d{4})(?!\w|[.\-]\d)"),
-         r"\+[1-9]\d{0,2}[ .\-]\(?\d|\d{3}[-.]\d{3}[-.]\d{4}|\(\d{3}\) ?\d{3}-\d{4}", _phone_ok),
-    Kind("ipv6", "<IP_ADDRESS>", re.compile(
-        r"(?<![\w:.])[23][0-9A-Fa-f]{3}(?::[0-9A-Fa-f]{0,4}){2,7}(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\d)"),
-         r"[23][0-9A-Fa-f]{3}:[0-9A-Fa-f]{0,4}:", _global_ipv6),
-    Kind("ipv4", "<IP_ADDRESS>", re.compile(rf"(?<![\w.+]){_OCTET}(?:\.{_OCTET}){{3}}(?!\w|\.[\w*])"),
-         r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}", _global_ipv4, context=_address_context),
+    Kind(
+        "secret",
+        "<SECRET>",
+        re.compile(r"(?i:aws_?secret_?access_?key)[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"),
+        r"(?i)aws_?secret_?access_?key",
+        group=1,
+    ),
+    Kind(
+        "secret",
+        "<SECRET>",
+        re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36}\b|\bgithub_pat_[A-Za-z0-9_]{82}\b"),
+        r"gh[pousr]_|github_pat_",
+    ),
+    Kind(
+        "secret",
+        "<SECRET>",
+        re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}|https://hooks\.slack\.com/services/[A-Za-z0-9_/]+"),
+        r"xox[abprs]-|hooks\.slack\.com",
+    ),
+    Kind(
+        "email",
+        "<EMAIL>",
+        re.compile(  # datatrove 0.10.1 PIIFormatter's, without '/' in the local part
+            r"\b[A-Za-z0-9!#$%&'*+=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+=?^_`{|}~-]+)*@(?:(?:[A-Za-z0-9](?:["
+            r"A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?|\[(?:(?:25[0-5]|2[0-4][0-9]|["
+            r"01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?|[A-Za-z0-9-]*[A-Za-z0-9]:)])"
+        ),
+        r"@(?:[A-Za-z0-9][A-Za-z0-9-]*\.|\[)",
+        _email_ok,
+    ),
+    Kind(
+        "iban",
+        "<IBAN>",
+        re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b"),
+        r"[A-Z]{2}\d{2} ?[A-Z0-9]{4}",
+        _iban_prefix,
+    ),
+    Kind(
+        "card",
+        "<CARD_NUMBER>",
+        re.compile(
+            r"(?<![\w.\-])(?:\d{13,19}|\d{4}( |-)\d{4}\1\d{4}\1\d{4}(?:\1\d{3})?|\d{4}( |-)\d{6}\2\d{4,5})(?!\w|[.\-]\d)"
+        ),
+        r"\d{4}[ \-]?\d{4}[ \-]?\d{4}[ \-]?\d|\d{4}[ \-]\d{6}[ \-]\d{4}",
+        _card_ok,
+    ),
+    Kind(
+        "phone",
+        "<PHONE>",
+        re.compile(
+            r"(?<![\w+.\-])\+[1-9]\d{0,2}(?:[ .\-]\(?\d{1,10}\)?){2,5}(?!\w|[.\-]\d)"
+            r"|(?<![\w.\-(])(?:\(\d{3}\) ?\d{3}-\d{4}|\d{3}([-.])\d{3}\1\d{4})(?!\w|[.\-]\d)"
+        ),
+        r"\+[1-9]\d{0,2}[ .\-]\(?\d|\d{3}[-.]\d{3}[-.]\d{4}|\(\d{3}\) ?\d{3}-\d{4}",
+        _phone_ok,
+    ),
+    Kind(
+        "ipv6",
+        "<IP_ADDRESS>",
+        re.compile(
+            r"(?<![\w:.])[23][0-9A-Fa-f]{3}(?::[0-9A-Fa-f]{0,4}){2,7}(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\d)"
+        ),
+        r"[23][0-9A-Fa-f]{3}:[0-9A-Fa-f]{0,4}:",
+        _global_ipv6,
+    ),
+    Kind(
+        "ipv4",
+        "<IP_ADDRESS>",
+        re.compile(rf"(?<![\w.+]){_OCTET}(?:\.{_OCTET}){{3}}(?!\w|\.[\w*])"),
+        r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}",
+        _global_ipv4,
+        context=_address_context,
+    ),
 )
 NAMES = tuple(dict.fromkeys(k.name for k in KINDS))
 
@@ -264,5 +396,6 @@ def redact(texts: pl.Series, kinds=NAMES) -> tuple[pl.Series, pl.DataFrame]:
             done = [_redact_one(kind, t) for t in texts.filter(hit).to_list()]
             counts[f"pii_{kind.name}"][rows.to_numpy()] += np.array([c for _, c in done], dtype=np.uint32)
             texts = texts.scatter(rows, pl.Series([t for t, _ in done], dtype=pl.Utf8))
-    return texts, pl.DataFrame({c: pl.Series(v, dtype=pl.UInt32) for c, v in counts.items()},
-                               schema={c: pl.UInt32 for c in counts})
+    return texts, pl.DataFrame(
+        {c: pl.Series(v, dtype=pl.UInt32) for c, v in counts.items()}, schema={c: pl.UInt32 for c in counts}
+    )

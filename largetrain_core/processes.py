@@ -86,9 +86,16 @@ def stop_process_group(proc: subprocess.Popen, grace_seconds: float) -> None:
         proc.wait(timeout=5)
 
 
-def run_in_group(cmd: list[str], env: dict[str, str], log_path: Path, grace_seconds: float,
-                 on_tick: Callable[[], None] | None = None, tick_seconds: float = 0.5,
-                 on_stop: Callable[[int], None] | None = None, cwd: str | Path | None = None) -> int:
+def run_in_group(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    grace_seconds: float,
+    on_tick: Callable[[], None] | None = None,
+    tick_seconds: float = 0.5,
+    on_stop: Callable[[int], None] | None = None,
+    cwd: str | Path | None = None,
+) -> int:
     """Run ``cmd`` to its end in a new session (its own process group), stdout and stderr appended to
     ``log_path``; return its exit code (negative: killed by that signal, as Popen says).
 

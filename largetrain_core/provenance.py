@@ -104,8 +104,10 @@ def describe(provenance: dict) -> str:
     if p.get("requested_version") and p.get("requested_version") != p.get("version"):
         what += f" [requested {p['requested_version']}]"
     sha = f", archive sha256 {p['archive_sha256'][:16]}" if p.get("archive_sha256") else ""
-    return (f"{what}{sha}; {p['files']:,} files, {p['bytes']:,} bytes, content {p['content_digest'][:16]}; "
-            f"fetched {p['fetched_at']}")
+    return (
+        f"{what}{sha}; {p['files']:,} files, {p['bytes']:,} bytes, content {p['content_digest'][:16]}; "
+        f"fetched {p['fetched_at']}"
+    )
 
 
 def write_provenance(corpus: str | Path, package: str, **fields) -> dict:
@@ -117,23 +119,39 @@ def write_provenance(corpus: str | Path, package: str, **fields) -> dict:
     if not corpus.exists():
         raise FileNotFoundError(f"corpus does not exist: {corpus}")
     files, size = tree_size(corpus)
-    data = {"corpus": corpus.name, "package": package, "files": files, "bytes": size,
-            "content_digest": tree_digest(corpus),
-            "fetched_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            **{k: v for k, v in fields.items() if v is not None}}
+    data = {
+        "corpus": corpus.name,
+        "package": package,
+        "files": files,
+        "bytes": size,
+        "content_digest": tree_digest(corpus),
+        "fetched_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **{k: v for k, v in fields.items() if v is not None},
+    }
     write_json_atomic(provenance_path(corpus), data)
     return data
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m largetrain_core.provenance", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m largetrain_core.provenance",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write", help="describe a corpus and write <corpus>.provenance.json beside it")
     w.add_argument("corpus")
     w.add_argument("--package", required=True)
-    for opt in ("registry", "version", "requested-version", "archive", "archive-sha256", "archive-url",
-                "extracted-from", "note"):
+    for opt in (
+        "registry",
+        "version",
+        "requested-version",
+        "archive",
+        "archive-sha256",
+        "archive-url",
+        "extracted-from",
+        "note",
+    ):
         w.add_argument(f"--{opt}")
     w.add_argument("--archive-bytes", type=int)
     v = sub.add_parser("verify", help="recompute files, bytes and the content digest; exit 1 on a mismatch")

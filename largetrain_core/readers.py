@@ -71,8 +71,9 @@ DOC_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("source", pa.large_strin
 LABELLED_DOC_SCHEMA = DOC_SCHEMA.append(pa.field("label", pa.large_string()))
 REJECT_SCHEMA = pa.schema([("source", pa.large_string()), ("position", pa.int64()), ("reason", pa.large_string())])
 # a document whose id repeats one read before it: doc_id is "<id>@<fallback id>"
-RENAMED_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("id", pa.large_string()), ("source", pa.large_string()),
-                            ("position", pa.int64())])
+RENAMED_SCHEMA = pa.schema(
+    [("doc_id", pa.large_string()), ("id", pa.large_string()), ("source", pa.large_string()), ("position", pa.int64())]
+)
 
 UNREADABLE_PREFIX = 100  # JSONL: a file whose first 100 non-empty lines are all unreadable is one rejected record
 
@@ -85,25 +86,46 @@ class ReaderConfig:
     """How to read one corpus (the raw_corpus settings). ``partition``/``partitions`` are set by the
     caller (the Dagster partition), not by users; so is ``id_prefix`` (a mixture's corpus name)."""
 
-    path: str = field(metadata=described(
-        "Corpus directory (walked recursively, files in sorted order, links to directories followed) or one file; "
-        "empty in a Dagster run config: <storage root>/<the role's default corpus>."))
+    path: str = field(
+        metadata=described(
+            "Corpus directory (walked recursively, files in sorted order, links to directories followed) or one file; "
+            "empty in a Dagster run config: <storage root>/<the role's default corpus>."
+        )
+    )
     text_field: str = field(default="text", metadata=described("JSONL key / Parquet or Arrow column holding the text."))
-    id_field: str | None = field(default="id", metadata=described(
-        "JSONL key / column holding the document id, used where a record has one (not null, not empty); "
-        "otherwise, and for text files, the id is <relative path>:<line or row> (<relative path> for a text file). "
-        "null: always the file and position. A repeated id becomes <id>@<file>:<line or row> (counted: renamed_ids)."))
-    label_field: str | None = field(default=None, metadata=described(
-        "JSONL key / column holding a class label: adds a `label` column (null where a record lacks it; a "
-        "non-string value as its JSON text), kept through cleaned_text and deduplicated_text; needed for balancing."))
+    id_field: str | None = field(
+        default="id",
+        metadata=described(
+            "JSONL key / column holding the document id, used where a record has one (not null, not empty); "
+            "otherwise, and for text files, the id is <relative path>:<line or row> (<relative path> for a text file). "
+            "null: always the file and position. A repeated id becomes <id>@<file>:<line or row> (counted: renamed_ids)."
+        ),
+    )
+    label_field: str | None = field(
+        default=None,
+        metadata=described(
+            "JSONL key / column holding a class label: adds a `label` column (null where a record lacks it; a "
+            "non-string value as its JSON text), kept through cleaned_text and deduplicated_text; needed for balancing."
+        ),
+    )
     batch_size: int = field(default=1024, metadata=described("Documents per batch and per part file (bounds memory)."))
-    sample_fraction: float = field(default=1.0, metadata=described(
-        "Subset: keep a document when xxh64(doc_id, seed) / 2**64 < sample_fraction (deterministic, order-free)."))
-    max_documents: int | None = field(default=None, metadata=described(
-        "Subset: then keep at most this many documents (per partition), the first in corpus order."))
+    sample_fraction: float = field(
+        default=1.0,
+        metadata=described(
+            "Subset: keep a document when xxh64(doc_id, seed) / 2**64 < sample_fraction (deterministic, order-free)."
+        ),
+    )
+    max_documents: int | None = field(
+        default=None,
+        metadata=described("Subset: then keep at most this many documents (per partition), the first in corpus order."),
+    )
     seed: int = field(default=0, metadata=described("Seed of the sample_fraction hash."))
-    max_rejected_fraction: float = field(default=0.05, metadata=described(
-        "raw_corpus fails when more than this share of the records read (before subsetting) is rejected."))
+    max_rejected_fraction: float = field(
+        default=0.05,
+        metadata=described(
+            "raw_corpus fails when more than this share of the records read (before subsetting) is rejected."
+        ),
+    )
     partition: int = 0
     partitions: int = 1
     # set by the caller for one corpus of a mixture: "<corpus>:" before every document id, so ids stay
@@ -177,8 +199,10 @@ def control_error(text: str) -> str | None:
     controls = len(text) - len(_CONTROL.sub("", text))
     if controls < CONTROL_FRACTION * len(text):
         return None
-    return (f"mostly control characters: at least {CONTROL_FRACTION:.0%} of its characters are control characters "
-            f"({_CONTROL_NAMES}), so it is not text: UTF-16 without a byte-order mark, or binary data?")
+    return (
+        f"mostly control characters: at least {CONTROL_FRACTION:.0%} of its characters are control characters "
+        f"({_CONTROL_NAMES}), so it is not text: UTF-16 without a byte-order mark, or binary data?"
+    )
 
 
 @dataclass(frozen=True)
@@ -211,12 +235,14 @@ def detect_utf16(head: bytes) -> Utf16 | None:
         return Utf16("UTF-16LE", "utf-16-le", 2, "byte-order mark")
     if head.startswith(b"\xfe\xff"):
         return Utf16("UTF-16BE", "utf-16-be", 2, "byte-order mark")
-    sample = head[:len(head) // 2 * 2]
+    sample = head[: len(head) // 2 * 2]
     if len(sample) < 2 * _UTF16_MIN_UNITS or head.startswith(b"\xef\xbb\xbf") or not _garbled_as_utf8(head):
         return None
-    found = [Utf16(name, codec, 0, "byte pattern")
-             for name, codec, high in (("UTF-16BE", "utf-16-be", sample[0::2]), ("UTF-16LE", "utf-16-le", sample[1::2]))
-             if _reads_as_utf16(sample, codec, high)]
+    found = [
+        Utf16(name, codec, 0, "byte pattern")
+        for name, codec, high in (("UTF-16BE", "utf-16-be", sample[0::2]), ("UTF-16LE", "utf-16-le", sample[1::2]))
+        if _reads_as_utf16(sample, codec, high)
+    ]
     return found[0] if len(found) == 1 else None
 
 
@@ -230,7 +256,9 @@ def _garbled_as_utf8(head: bytes) -> bool:
 
 def _reads_as_utf16(sample: bytes, codec: str, high: bytes) -> bool:
     try:
-        text = codecs.getincrementaldecoder(codec)().decode(sample, final=False)  # a surrogate pair may be cut at the end
+        text = codecs.getincrementaldecoder(codec)().decode(
+            sample, final=False
+        )  # a surrogate pair may be cut at the end
     except UnicodeDecodeError:
         return False
     implausible = sum(1 for c in text if unicodedata.category(c) in ("Cc", "Cn", "Co", "Cs") and c not in "\t\n\v\f\r")
@@ -269,13 +297,14 @@ class _Utf8FromUtf16(io.RawIOBase):
             try:
                 text = self.decoder.decode(chunk, final=not chunk)
             except UnicodeDecodeError as e:
-                raise EncodingError(start + e.start, f"invalid {self.encoding.name} at byte {start + e.start}: "
-                                                     f"{e.reason}") from None
+                raise EncodingError(
+                    start + e.start, f"invalid {self.encoding.name} at byte {start + e.start}: {e.reason}"
+                ) from None
             self.fed += len(chunk)
             self.eof = not chunk
             self.out, self.at = text.encode("utf-8"), 0  # strict UTF-16 decoding leaves no lone surrogate
         n = min(len(buffer), len(self.out) - self.at)
-        buffer[:n] = self.out[self.at:self.at + n]
+        buffer[:n] = self.out[self.at : self.at + n]
         self.at += n
         return n
 
@@ -335,12 +364,19 @@ class Collector:
         self.rejects: dict[str, list] = {name: [] for name in REJECT_SCHEMA.names}
         self.renamed: dict[str, list] = {name: [] for name in RENAMED_SCHEMA.names}
 
-    def doc(self, record_id: str | None, fallback: str, source: str, position: int, at: str, text: str,
-            label: str | None = None) -> None:
+    def doc(
+        self,
+        record_id: str | None,
+        fallback: str,
+        source: str,
+        position: int,
+        at: str,
+        text: str,
+        label: str | None = None,
+    ) -> None:
         """Add one document; ``at`` ("line 3", "row 2", "" for a whole file) prefixes a rejection's reason."""
         doc_id = record_id or fallback
-        bad = (utf8_error(text) or control_error(text) or utf8_error(doc_id)
-               or (label is not None and utf8_error(label)))
+        bad = utf8_error(text) or control_error(text) or utf8_error(doc_id) or (label is not None and utf8_error(label))
         if not bad and doc_id in self.seen and f"{doc_id}@{fallback}" in self.seen:
             bad = f"duplicate id {doc_id!r}, and {doc_id + '@' + fallback!r} is taken too"
         if bad:
@@ -369,8 +405,13 @@ class Collector:
         return len(self.docs["doc_id"]) >= self.batch_size or len(self.rejects["source"]) >= self.batch_size
 
     def flush(self) -> Batch:
-        batch = Batch(pa.table(self.docs, schema=self.schema), pa.table(self.rejects, schema=REJECT_SCHEMA),
-                      pa.table(self.renamed, schema=RENAMED_SCHEMA), self.blank_lines, self.utf16_files)
+        batch = Batch(
+            pa.table(self.docs, schema=self.schema),
+            pa.table(self.rejects, schema=REJECT_SCHEMA),
+            pa.table(self.renamed, schema=RENAMED_SCHEMA),
+            self.blank_lines,
+            self.utf16_files,
+        )
         self._clear()
         return batch
 
@@ -521,7 +562,10 @@ def _parse_line(raw: bytes, config: ReaderConfig) -> tuple[dict | None, str | No
     if not isinstance(record, dict):
         return None, f"no string field {config.text_field!r}: the line is a JSON {_json_type(record)}, not an object"
     if config.text_field not in record:
-        return None, f"no string field {config.text_field!r}: {missing_field_hint(list(record), 'the record has fields')}"
+        return (
+            None,
+            f"no string field {config.text_field!r}: {missing_field_hint(list(record), 'the record has fields')}",
+        )
     if not isinstance(record[config.text_field], str):
         return None, f"no string field {config.text_field!r}: it is a JSON {_json_type(record[config.text_field])}"
     return record, None
@@ -548,7 +592,8 @@ def _jsonl_record(raw: bytes, config: ReaderConfig) -> tuple[tuple[str | None, s
 
 def _json_type(value) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
+        type(value), "number"
+    )
 
 
 MISSING_FIELD = "set raw_corpus text_field to the one holding the text"
@@ -583,8 +628,15 @@ def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
         return None
     more = "" if len(bad) < UNREADABLE_PREFIX else " (not read further)"
     if all(MISSING_FIELD in reason for _, reason in bad):  # JSON objects, all without the text field
-        which = f"the first {len(bad)} non-empty lines lack it (the rest was not read)" if more else f"its {len(bad)} non-empty lines lack it"
-        return f"no string field {config.text_field!r} on any line: {which}; line {bad[0][0]}: " + bad[0][1].split(": ", 1)[1]
+        which = (
+            f"the first {len(bad)} non-empty lines lack it (the rest was not read)"
+            if more
+            else f"its {len(bad)} non-empty lines lack it"
+        )
+        return (
+            f"no string field {config.text_field!r} on any line: {which}; line {bad[0][0]}: "
+            + bad[0][1].split(": ", 1)[1]
+        )
     return f"no readable JSON line: {len(bad)} unreadable lines{more}, the first: line {bad[0][0]}: {bad[0][1]}; is it JSON Lines?"
 
 
@@ -621,8 +673,14 @@ def _text_type_error(t: pa.DataType) -> str | None:
     """None for a text-like Arrow type (string, large_string, string_view, the binary types, any of
     them dictionary-encoded), else what it is instead."""
     v = t.value_type if pa.types.is_dictionary(t) else t
-    if (pa.types.is_string(v) or pa.types.is_large_string(v) or pa.types.is_string_view(v)
-            or pa.types.is_binary(v) or pa.types.is_large_binary(v) or pa.types.is_binary_view(v)):
+    if (
+        pa.types.is_string(v)
+        or pa.types.is_large_string(v)
+        or pa.types.is_string_view(v)
+        or pa.types.is_binary(v)
+        or pa.types.is_large_binary(v)
+        or pa.types.is_binary_view(v)
+    ):
         return None
     return f"{t}, not a string or binary column"
 
@@ -666,7 +724,9 @@ def _columnar_file_error(schema: pa.Schema, config: ReaderConfig) -> str | None:
     return f"column {config.text_field!r} is {why}" if why else None
 
 
-def _columnar_batch(src: Source, config: ReaderConfig, out: Collector, rb: pa.RecordBatch, row0: int) -> Iterator[Batch]:
+def _columnar_batch(
+    src: Source, config: ReaderConfig, out: Collector, rb: pa.RecordBatch, row0: int
+) -> Iterator[Batch]:
     """Documents of one record batch of a columnar file whose text column is text-like: one per row;
     the row (0-based, from the file's start; ``row0`` is the batch's first) is the position and the
     fallback id ``<file>:<row>``. Every row of the batch ends as a document or a rejected record: when
@@ -674,9 +734,12 @@ def _columnar_batch(src: Source, config: ReaderConfig, out: Collector, rb: pa.Re
     names = rb.schema.names
     try:
         texts, bad = _strings(rb.column(config.text_field))
-        ids, bad_ids = _values(rb.column(config.id_field)) if config.id_field and config.id_field in names else (None, {})
-        labels, bad_labels = (_values(rb.column(config.label_field)) if config.label_field and config.label_field in names
-                              else (None, {}))
+        ids, bad_ids = (
+            _values(rb.column(config.id_field)) if config.id_field and config.id_field in names else (None, {})
+        )
+        labels, bad_labels = (
+            _values(rb.column(config.label_field)) if config.label_field and config.label_field in names else (None, {})
+        )
     except Exception as e:  # noqa: BLE001 -- the batch's rows are rejected, the file read on
         failure = f"cannot convert the record batch of rows {row0} to {row0 + rb.num_rows - 1}: {exception_text(e)}"
         for row in range(row0, row0 + rb.num_rows):
@@ -686,14 +749,29 @@ def _columnar_batch(src: Source, config: ReaderConfig, out: Collector, rb: pa.Re
         return
     for i, text in enumerate(texts):
         row = row0 + i
-        why = (f"text: {bad[i]}" if i in bad else "text is null" if text is None
-               else f"{config.id_field}: {bad_ids[i]}" if i in bad_ids
-               else f"{config.label_field}: {bad_labels[i]}" if i in bad_labels else None)
+        why = (
+            f"text: {bad[i]}"
+            if i in bad
+            else "text is null"
+            if text is None
+            else f"{config.id_field}: {bad_ids[i]}"
+            if i in bad_ids
+            else f"{config.label_field}: {bad_labels[i]}"
+            if i in bad_labels
+            else None
+        )
         if why:
             out.reject(src.rel, row, f"row {row}: {why}")
         else:
-            out.doc(ids[i] if ids else None, f"{src.rel}:{row}", src.rel, row, f"row {row}", text,
-                    labels[i] if labels else None)
+            out.doc(
+                ids[i] if ids else None,
+                f"{src.rel}:{row}",
+                src.rel,
+                row,
+                f"row {row}",
+                text,
+                labels[i] if labels else None,
+            )
         if out.full():  # per document: the collector may already hold documents of earlier files
             yield out.flush()
 
@@ -715,9 +793,11 @@ def _read_parquet(src: Source, config: ReaderConfig, out: Collector) -> Generato
     groups = list(range(pf.num_row_groups))
     if src.piece is not None:
         i, n = src.piece
-        groups = groups[len(groups) * i // n:len(groups) * (i + 1) // n]
+        groups = groups[len(groups) * i // n : len(groups) * (i + 1) // n]
     names = pf.schema_arrow.names
-    columns = list(dict.fromkeys(c for c in (config.text_field, config.id_field, config.label_field) if c and c in names))
+    columns = list(
+        dict.fromkeys(c for c in (config.text_field, config.id_field, config.label_field) if c and c in names)
+    )
     row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0])) if groups else 0
     records = 0
     for g in groups:
@@ -771,8 +851,11 @@ def _read_arrow(src: Source, config: ReaderConfig, out: Collector) -> Generator[
         if why:
             out.reject(src.rel, -1, why)
             return 1
-        columns = list(dict.fromkeys(c for c in (config.text_field, config.id_field, config.label_field)
-                                     if c and c in schema.names))
+        columns = list(
+            dict.fromkeys(
+                c for c in (config.text_field, config.id_field, config.label_field) if c and c in schema.names
+            )
+        )
         row = i = 0
         while True:
             try:
@@ -782,8 +865,11 @@ def _read_arrow(src: Source, config: ReaderConfig, out: Collector) -> Generator[
                     rb.validate()  # structure only: full validation would refuse the rows that are not UTF-8
             except Exception as e:  # noqa: BLE001
                 of = f" of {total}" if total is not None else ""
-                out.reject(src.rel, -1, f"cannot read record batch {i}{of} (rows from {row} on were not read): "
-                                        f"{exception_text(e)}")
+                out.reject(
+                    src.rel,
+                    -1,
+                    f"cannot read record batch {i}{of} (rows from {row} on were not read): {exception_text(e)}",
+                )
                 return row + 1
             if rb is None:
                 return row
@@ -850,5 +936,7 @@ def read_source(src: Source, config: ReaderConfig, out: Collector) -> Iterator[B
         out.reject(src.rel, -1, f"cannot read file ({src.reader.name}){after}: {exception_text(e)}")
         return
     if out.outcomes - before != records:
-        raise RuntimeError(f"{src.rel}: the {src.reader.name} reader took {records} records from the file but "
-                           f"gave {out.outcomes - before} documents and rejected records")
+        raise RuntimeError(
+            f"{src.rel}: the {src.reader.name} reader took {records} records from the file but "
+            f"gave {out.outcomes - before} documents and rejected records"
+        )

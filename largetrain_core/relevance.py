@@ -33,20 +33,54 @@ SCORE = "relevance_score"
 class RelevanceConfig:
     """How the relevance classifier is trained (the relevance_classifier settings)."""
 
-    positives_file: str | None = field(default=None, metadata={"description": (
-        "JSONL (one {\"text\": ...} per line) or text file (one example per line) of positive examples; null: the "
-        "domain corpus (domain/deduplicated_text).")})
-    negatives_file: str | None = field(default=None, metadata={"description": (
-        "The same for negative examples; null: a seeded sample of the pretraining corpus (pretrain/deduplicated_text).")})
-    max_examples: int = field(default=20_000, metadata={"description": (
-        "At most this many examples of each class (a seeded sample of each when there are more).")})
-    negatives_per_positive: float = field(default=4.0, metadata={"description": (
-        "With negatives from the pretraining corpus: sample this many per positive example (at most max_examples).")})
-    held_out_fraction: float = field(default=0.2, metadata={"description": (
-        "Share of each class held out for precision, recall and AUC (stratified; the model is trained on the rest).")})
-    ngram_max: int = field(default=2, metadata={"description": "Longest word n-gram used as a feature (1: words only)."})
-    n_features: int = field(default=1 << 20, metadata={"description": "Hashed feature space (scikit-learn HashingVectorizer)."})
-    c: float = field(default=4.0, metadata={"description": "Inverse L2 regularization strength of the logistic regression."})
+    positives_file: str | None = field(
+        default=None,
+        metadata={
+            "description": (
+                'JSONL (one {"text": ...} per line) or text file (one example per line) of positive examples; null: the '
+                "domain corpus (domain/deduplicated_text)."
+            )
+        },
+    )
+    negatives_file: str | None = field(
+        default=None,
+        metadata={
+            "description": (
+                "The same for negative examples; null: a seeded sample of the pretraining corpus (pretrain/deduplicated_text)."
+            )
+        },
+    )
+    max_examples: int = field(
+        default=20_000,
+        metadata={
+            "description": ("At most this many examples of each class (a seeded sample of each when there are more).")
+        },
+    )
+    negatives_per_positive: float = field(
+        default=4.0,
+        metadata={
+            "description": (
+                "With negatives from the pretraining corpus: sample this many per positive example (at most max_examples)."
+            )
+        },
+    )
+    held_out_fraction: float = field(
+        default=0.2,
+        metadata={
+            "description": (
+                "Share of each class held out for precision, recall and AUC (stratified; the model is trained on the rest)."
+            )
+        },
+    )
+    ngram_max: int = field(
+        default=2, metadata={"description": "Longest word n-gram used as a feature (1: words only)."}
+    )
+    n_features: int = field(
+        default=1 << 20, metadata={"description": "Hashed feature space (scikit-learn HashingVectorizer)."}
+    )
+    c: float = field(
+        default=4.0, metadata={"description": "Inverse L2 regularization strength of the logistic regression."}
+    )
     seed: int = field(default=0, metadata={"description": "Seed of the samples and the held-out split."})
 
     def __post_init__(self):
@@ -62,8 +96,15 @@ class RelevanceConfig:
 def _vectorizer(n_features: int, ngram_max: int):
     from sklearn.feature_extraction.text import HashingVectorizer
 
-    return HashingVectorizer(n_features=n_features, ngram_range=(1, ngram_max), token_pattern=r"(?u)\b\w+\b",
-                             lowercase=True, alternate_sign=False, binary=True, norm="l2")
+    return HashingVectorizer(
+        n_features=n_features,
+        ngram_range=(1, ngram_max),
+        token_pattern=r"(?u)\b\w+\b",
+        lowercase=True,
+        alternate_sign=False,
+        binary=True,
+        norm="l2",
+    )
 
 
 def read_examples(path: str | Path) -> list[str]:
@@ -81,7 +122,7 @@ def read_examples(path: str | Path) -> list[str]:
                 except (json.JSONDecodeError, AttributeError) as e:
                     raise ValueError(f"{path}:{n}: not a JSON object: {e}") from e
                 if not isinstance(text, str) or not text.strip():
-                    raise ValueError(f"{path}:{n}: no non-empty \"text\" field")
+                    raise ValueError(f'{path}:{n}: no non-empty "text" field')
                 out.append(text)
             else:
                 out.append(line.rstrip("\n"))
@@ -135,8 +176,10 @@ class Model:
         if "metrics" in meta:
             meta["metrics"] = {k: v for k, v in meta["metrics"].items() if k != "train_seconds"}
         np.savez(Path(out_dir) / "weights.npz", indices=self.indices, weights=self.weights)
-        write_json_atomic(Path(out_dir) / "model.json", {"n_features": self.n_features, "ngram_max": self.ngram_max,
-                                                         "intercept": self.intercept, **meta})
+        write_json_atomic(
+            Path(out_dir) / "model.json",
+            {"n_features": self.n_features, "ngram_max": self.ngram_max, "intercept": self.intercept, **meta},
+        )
 
 
 def load(model_dir: Path) -> Model:
@@ -171,7 +214,9 @@ def _feature_names(texts: Iterable[str], wanted: np.ndarray, n_features: int, ng
     return out
 
 
-def train(positives: list[str], negatives: list[str], cfg: RelevanceConfig = RelevanceConfig(), top_features: int = 20) -> Model:
+def train(
+    positives: list[str], negatives: list[str], cfg: RelevanceConfig = RelevanceConfig(), top_features: int = 20
+) -> Model:
     """Train on ``positives`` (label 1) and ``negatives`` (label 0), each sampled to ``cfg.max_examples``.
 
     Returns the Model; its ``meta`` holds ``metrics`` (held-out ``precision``, ``recall`` at 0.5,
@@ -185,10 +230,16 @@ def train(positives: list[str], negatives: list[str], cfg: RelevanceConfig = Rel
     from sklearn.model_selection import train_test_split
 
     rng = np.random.default_rng(cfg.seed)
-    pos = [positives[i] for i in np.sort(rng.choice(len(positives), min(len(positives), cfg.max_examples), replace=False))]
-    neg = [negatives[i] for i in np.sort(rng.choice(len(negatives), min(len(negatives), cfg.max_examples), replace=False))]
+    pos = [
+        positives[i] for i in np.sort(rng.choice(len(positives), min(len(positives), cfg.max_examples), replace=False))
+    ]
+    neg = [
+        negatives[i] for i in np.sort(rng.choice(len(negatives), min(len(negatives), cfg.max_examples), replace=False))
+    ]
     if len(pos) < 2 or len(neg) < 2:
-        raise ValueError(f"relevance classifier: {len(pos)} positive and {len(neg)} negative examples; each class needs 2 or more")
+        raise ValueError(
+            f"relevance classifier: {len(pos)} positive and {len(neg)} negative examples; each class needs 2 or more"
+        )
     texts, y = pos + neg, np.r_[np.ones(len(pos), np.int8), np.zeros(len(neg), np.int8)]
     tr, te = train_test_split(np.arange(len(texts)), test_size=cfg.held_out_fraction, stratify=y, random_state=cfg.seed)
     vec = _vectorizer(cfg.n_features, cfg.ngram_max)
@@ -198,33 +249,48 @@ def train(positives: list[str], negatives: list[str], cfg: RelevanceConfig = Rel
     clf.fit(X[tr], y[tr])
     seconds = time.perf_counter() - t0
     p = clf.predict_proba(X[te])[:, 1]
-    metrics = {"precision": float(precision_score(y[te], p >= 0.5, zero_division=0)),
-               "recall": float(recall_score(y[te], p >= 0.5, zero_division=0)),
-               "auc": float(roc_auc_score(y[te], p)) if len(set(y[te])) == 2 else None,
-               "train": {"positive": int(y[tr].sum()), "negative": int((1 - y[tr]).sum())},
-               "held_out": {"positive": int(y[te].sum()), "negative": int((1 - y[te]).sum())},
-               "train_seconds": round(seconds, 3)}
+    metrics = {
+        "precision": float(precision_score(y[te], p >= 0.5, zero_division=0)),
+        "recall": float(recall_score(y[te], p >= 0.5, zero_division=0)),
+        "auc": float(roc_auc_score(y[te], p)) if len(set(y[te])) == 2 else None,
+        "train": {"positive": int(y[tr].sum()), "negative": int((1 - y[tr]).sum())},
+        "held_out": {"positive": int(y[te].sum()), "negative": int((1 - y[te]).sum())},
+        "train_seconds": round(seconds, 3),
+    }
     coef = clf.coef_.ravel()
     nz = np.flatnonzero(coef)
     order = nz[np.argsort(coef[nz])]
     best, worst = order[::-1][:top_features], order[:top_features]
     names = _feature_names([texts[i] for i in tr], np.r_[best, worst], cfg.n_features, cfg.ngram_max)
-    feats = {side: [{"ngrams": names.get(int(i), [])[:3], "weight": round(float(coef[i]), 4)} for i in idx]
-             for side, idx in (("relevant", best), ("irrelevant", worst))}
-    return Model(cfg.n_features, cfg.ngram_max, float(clf.intercept_[0]), nz.astype(np.int64), coef[nz].astype(np.float32),
-                 {"metrics": metrics, "features": feats, "config": cfg.to_dict()})
+    feats = {
+        side: [{"ngrams": names.get(int(i), [])[:3], "weight": round(float(coef[i]), 4)} for i in idx]
+        for side, idx in (("relevant", best), ("irrelevant", worst))
+    }
+    return Model(
+        cfg.n_features,
+        cfg.ngram_max,
+        float(clf.intercept_[0]),
+        nz.astype(np.int64),
+        coef[nz].astype(np.float32),
+        {"metrics": metrics, "features": feats, "config": cfg.to_dict()},
+    )
 
 
 def score_parts(dirs: list[Path], model: Model, batch: int = 2048) -> Iterator[tuple[Path, pl.DataFrame, np.ndarray]]:
     """(part file, its documents, their scores) for every part file of ``dirs``, in corpus order."""
     for p in part_files(dirs):
         df = pl.read_parquet(p)
-        scores = np.concatenate([model.score(df["text"].slice(i, batch).to_list()) for i in range(0, df.height, batch)]) \
-            if df.height else np.zeros(0, np.float32)
+        scores = (
+            np.concatenate([model.score(df["text"].slice(i, batch).to_list()) for i in range(0, df.height, batch)])
+            if df.height
+            else np.zeros(0, np.float32)
+        )
         yield p, df, scores
 
 
-BINS = 1 << 16  # histogram bins of the top-fraction threshold: the kept share is within one bin (1/65,536 of the score range)
+BINS = (
+    1 << 16
+)  # histogram bins of the top-fraction threshold: the kept share is within one bin (1/65,536 of the score range)
 
 
 def threshold_for_top(hist: np.ndarray, fraction: float) -> float:
@@ -262,6 +328,14 @@ def histogram_quantiles(hist: np.ndarray) -> dict:
     cum = np.cumsum(hist)
     at = lambda q: round(float(edges[int(np.searchsorted(cum, max(1, int(np.ceil(q * n)))))]), 4)  # noqa: E731
     nz = np.flatnonzero(hist)
-    return {"count": n, "min": round(float(edges[nz[0]]), 4), "p10": at(0.1), "p25": at(0.25), "p50": at(0.5),
-            "p75": at(0.75), "p90": at(0.9), "max": round(float(edges[nz[-1]]), 4),
-            "mean": round(float((hist * edges).sum() / n), 4)}
+    return {
+        "count": n,
+        "min": round(float(edges[nz[0]]), 4),
+        "p10": at(0.1),
+        "p25": at(0.25),
+        "p50": at(0.5),
+        "p75": at(0.75),
+        "p90": at(0.9),
+        "max": round(float(edges[nz[-1]]), 4),
+        "mean": round(float((hist * edges).sum() / n), 4),
+    }

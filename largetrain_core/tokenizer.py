@@ -98,8 +98,13 @@ def storage_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def train_bpe(texts: Iterable[list[str]], vocab_size: int, out_dir: Path, min_frequency: int = 2,
-              max_pretoken_chars: int = MAX_PRETOKEN_CHARS) -> tuple[TokenizerInfo, dict]:
+def train_bpe(
+    texts: Iterable[list[str]],
+    vocab_size: int,
+    out_dir: Path,
+    min_frequency: int = 2,
+    max_pretoken_chars: int = MAX_PRETOKEN_CHARS,
+) -> tuple[TokenizerInfo, dict]:
     """Train a byte-level BPE of ``vocab_size`` ids (EOS included) on batches of texts; write
     ``out_dir/tokenizer.json``.
 
@@ -122,8 +127,15 @@ def train_bpe(texts: Iterable[list[str]], vocab_size: int, out_dir: Path, min_fr
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stats = {"documents": 0, "characters": 0, "long_runs_split": 0, "max_pretoken_chars": max_pretoken_chars}
-    cmd = [sys.executable, "-m", "largetrain_core.tokenizer", str(out_dir), str(vocab_size), str(min_frequency),
-           str(os.getpid())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "largetrain_core.tokenizer",
+        str(out_dir),
+        str(vocab_size),
+        str(min_frequency),
+        str(os.getpid()),
+    ]
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
         try:
@@ -145,8 +157,9 @@ def train_bpe(texts: Iterable[list[str]], vocab_size: int, out_dir: Path, min_fr
         if proc.returncode != 0:
             err.seek(0)
             tail = err.read().decode(errors="replace").strip().splitlines()[-20:]
-            raise RuntimeError(f"BPE training process {' '.join(cmd)} exited with status {proc.returncode}:\n"
-                               + "\n".join(tail))
+            raise RuntimeError(
+                f"BPE training process {' '.join(cmd)} exited with status {proc.returncode}:\n" + "\n".join(tail)
+            )
     return load_tokenizer_info(out_dir), stats
 
 
@@ -190,8 +203,14 @@ class TrainingSample:
                 ids = pl.read_parquet(part, columns=["doc_id"])["doc_id"]
                 seen += len(ids)
                 keep = ids.to_list() if self.fraction >= 1 else None
-                mask = None if keep is not None else pl.Series(
-                    [xxhash.xxh3_64_intdigest(d.encode(), self.seed) < limit for d in ids.to_list()], dtype=pl.Boolean)
+                mask = (
+                    None
+                    if keep is not None
+                    else pl.Series(
+                        [xxhash.xxh3_64_intdigest(d.encode(), self.seed) < limit for d in ids.to_list()],
+                        dtype=pl.Boolean,
+                    )
+                )
                 if mask is not None and not mask.any():
                     continue
                 text = pl.read_parquet(part, columns=["text"])["text"]
@@ -206,8 +225,12 @@ class TrainingSample:
     def describe(self) -> dict:
         """What the sample was, for the stats: ``sample_fraction``, ``sample_seed``, ``max_training_bytes``,
         ``corpus_bytes``."""
-        return {"sample_fraction": self.fraction, "sample_seed": self.seed, "max_training_bytes": self.max_bytes,
-                "corpus_bytes": self.corpus_bytes}
+        return {
+            "sample_fraction": self.fraction,
+            "sample_seed": self.seed,
+            "max_training_bytes": self.max_bytes,
+            "corpus_bytes": self.corpus_bytes,
+        }
 
 
 def training_sample(parts: list[Path], max_bytes: int | None = MAX_TRAINING_BYTES, seed: int = 0) -> TrainingSample:

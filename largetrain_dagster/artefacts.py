@@ -5,7 +5,16 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
-from dagster import AssetCheckResult, AssetExecutionContext, BetaWarning, Config, DataVersion, Failure, MetadataValue, Output
+from dagster import (
+    AssetCheckResult,
+    AssetExecutionContext,
+    BetaWarning,
+    Config,
+    DataVersion,
+    Failure,
+    MetadataValue,
+    Output,
+)
 
 from largetrain_core import artifacts
 from largetrain_core.artifacts import CODE_VERSIONS  # noqa: F401 (the stages' code versions, for the asset definitions)
@@ -16,15 +25,23 @@ from largetrain_core.storage import stored_location
 from largetrain_dagster.resources import Storage
 
 
-def build_or_reuse(context: AssetExecutionContext, storage: Storage, key: list[str], version: str,
-                   build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
+def build_or_reuse(
+    context: AssetExecutionContext, storage: Storage, key: list[str], version: str, build: Callable[[Path], dict]
+) -> tuple[Path, dict, bool]:
     """largetrain_core.artifacts.build_or_reuse of ``<root>/<key>/<version>/``, logging to the step's log.
     Returns (directory, stats, reused)."""
     return artifacts.build_or_reuse(artifacts.location(storage.root, key, version), build, context.log)
 
 
-def asset_output(path: Path, version: str, stats: dict, config: Config | dict, reused: bool, extra: dict | None = None,
-                 stats_metadata: bool = True) -> Output:
+def asset_output(
+    path: Path,
+    version: str,
+    stats: dict,
+    config: Config | dict,
+    reused: bool,
+    extra: dict | None = None,
+    stats_metadata: bool = True,
+) -> Output:
     """The asset's Output: the JSON handle (path: where the version is stored, its URL under an
     object-store root; data version, stats, exact) and metadata (path, data
     version, reused, config, every numeric stat unless ``stats_metadata`` is False, ``extra``), with the data version Dagster records.
@@ -34,8 +51,12 @@ def asset_output(path: Path, version: str, stats: dict, config: Config | dict, r
     cfg = config if isinstance(config, dict) else config.model_dump()
     where = stored_location(path)  # a working copy's URL under an object-store root
     handle = {"path": where, "data_version": version, "stats": stats}
-    md = {"path": MetadataValue.path(where), "data_version": version, "reused": reused,
-          "config": MetadataValue.json(cfg)}
+    md = {
+        "path": MetadataValue.path(where),
+        "data_version": version,
+        "reused": reused,
+        "config": MetadataValue.json(cfg),
+    }
     if stats_metadata:  # else the caller shows the stats it chose in ``extra``
         md.update({k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if stats.get("rebuilt_because"):
@@ -49,6 +70,7 @@ def asset_output(path: Path, version: str, stats: dict, config: Config | dict, r
 
 def metadata_values(metadata: dict) -> dict:
     """A core stage's metadata (largetrain_core.stages.base: Markdown, Text, Json, paths, numbers) as Dagster's."""
+
     def value(v):
         if isinstance(v, Markdown):
             return MetadataValue.md(str(v))
@@ -59,19 +81,25 @@ def metadata_values(metadata: dict) -> dict:
         if isinstance(v, Path):
             return MetadataValue.path(stored_location(v))
         return v
+
     return {k: value(v) for k, v in metadata.items()}
 
 
 def stage_run(context: AssetExecutionContext, storage: Storage, executor=None) -> StageRun:
     """The StageRun of this step: the storage root, the asset key and partition, the step's log, and
     the executor resource bound to the step (largetrain_dagster.executor)."""
-    return StageRun(root=storage.root if storage.is_url else Path(storage.root), asset=tuple(context.asset_key.path),
-                    partition=context.partition_key if context.has_partition_key else None, log=context.log,
-                    executor=executor.bind(context) if executor is not None else None)
+    return StageRun(
+        root=storage.root if storage.is_url else Path(storage.root),
+        asset=tuple(context.asset_key.path),
+        partition=context.partition_key if context.has_partition_key else None,
+        log=context.log,
+        executor=executor.bind(context) if executor is not None else None,
+    )
 
 
-def materialize_stage(context: AssetExecutionContext, config: Config | dict, stage: Callable[..., StageResult],
-                      *args, **kwargs) -> Iterator:
+def materialize_stage(
+    context: AssetExecutionContext, config: Config | dict, stage: Callable[..., StageResult], *args, **kwargs
+) -> Iterator:
     """Call one core ``stage`` with ``args``, log its warnings, yield its Output (config, stats and metadata)
     and its check results. A StageError (the data or a setting) becomes a dagster Failure with its
     message, not retried unless it says it could succeed again; an ExecutorError (the executor's job
@@ -84,9 +112,8 @@ def materialize_stage(context: AssetExecutionContext, config: Config | dict, sta
         raise Failure(str(e)) from e
     for warning in result.warnings:
         context.log.warning(warning)
-    yield asset_output(result.path, result.data_version, result.stats, config, result.reused,
-                       metadata_values(result.metadata))
+    yield asset_output(
+        result.path, result.data_version, result.stats, config, result.reused, metadata_values(result.metadata)
+    )
     for name, check in result.checks.items():
         yield AssetCheckResult(check_name=name, passed=bool(check.passed), metadata=metadata_values(check.metadata))
-
-

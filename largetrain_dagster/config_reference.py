@@ -161,11 +161,22 @@ def _table(cls: type[Config]) -> list[str]:
 def render() -> str:
     """docs/CONFIG.md: the header, a contents line, one table per step, then one per resource."""
     entries, shared = steps(), resources()
-    lines = [HEADER, "Steps: " + ", ".join(f"[{name}](#{name})" for name, _, _ in entries) + ". Resources: "
-             + ", ".join(f"[{key}](#{key})" for key, _ in shared) + ".", ""]
+    lines = [
+        HEADER,
+        "Steps: "
+        + ", ".join(f"[{name}](#{name})" for name, _, _ in entries)
+        + ". Resources: "
+        + ", ".join(f"[{key}](#{key})" for key, _ in shared)
+        + ".",
+        "",
+    ]
     for name, names, cls in entries:
-        lines += [f"## {name}", "", f"Run config keys: {', '.join(f'`{n}`' for n in names)} "
-                  f"(config class `{cls.__module__}.{cls.__name__}`).", ""]
+        lines += [
+            f"## {name}",
+            "",
+            f"Run config keys: {', '.join(f'`{n}`' for n in names)} (config class `{cls.__module__}.{cls.__name__}`).",
+            "",
+        ]
         lines += _table(cls)
     lines.append(RESOURCES_HEADER)
     for key, cls in shared:

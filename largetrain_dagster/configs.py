@@ -77,8 +77,14 @@ def _split(names) -> tuple[set, dict[str, list]]:
     return top, inner
 
 
-def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None = None,
-                   exclude: tuple[str, ...] = (), base: type = Config) -> type[Config]:
+def dagster_config(
+    cls: type,
+    name: str | None = None,
+    *,
+    defaults: dict | None = None,
+    exclude: tuple[str, ...] = (),
+    base: type = Config,
+) -> type[Config]:
     """A ``dagster.Config`` subclass (or a subclass of ``base``, e.g. ``ConfigurableResource``) with the
     fields of dataclass ``cls`` (minus ``exclude``).
 
@@ -110,9 +116,12 @@ def dagster_config(cls: type, name: str | None = None, *, defaults: dict | None 
         desc = f.metadata.get("description")
         if dataclasses.is_dataclass(hints[f.name]) and (f.name in inner_exclude or f.name in inner_defaults):
             sub = hints[f.name]
-            tp = dagster_config(sub, f"{name}_{f.name}", exclude=tuple(inner_exclude.get(f.name, ())),
-                                defaults={k.partition(".")[2]: v for k, v in defaults.items()
-                                          if k.partition(".")[0] == f.name})
+            tp = dagster_config(
+                sub,
+                f"{name}_{f.name}",
+                exclude=tuple(inner_exclude.get(f.name, ())),
+                defaults={k.partition(".")[2]: v for k, v in defaults.items() if k.partition(".")[0] == f.name},
+            )
         else:
             tp = _config_type(hints[f.name])
         if f.name in defaults:
@@ -146,7 +155,9 @@ class RunConfigError(ValueError):
     """A run config key under ``ops`` that names no step (the message lists the valid names)."""
 
 
-def check_ops_keys(run_config: dict | None, selected: typing.Collection[str], known: typing.Collection[str]) -> list[str]:
+def check_ops_keys(
+    run_config: dict | None, selected: typing.Collection[str], known: typing.Collection[str]
+) -> list[str]:
     """The rule for the keys under a run config's ``ops`` (docs/guides/your-data.md, "Run config keys").
 
     A key is a step's name: the asset key with ``__`` between its parts (``domain__raw_corpus`` for
@@ -168,12 +179,19 @@ def check_ops_keys(run_config: dict | None, selected: typing.Collection[str], kn
         for k in unknown:
             spelled = k.replace("/", "__").replace(".", "__")
             if spelled in known:
-                hints.append(f"{k!r}: write {spelled!r} (run config names a step by its asset key with __ between the parts)")
+                hints.append(
+                    f"{k!r}: write {spelled!r} (run config names a step by its asset key with __ between the parts)"
+                )
             else:
                 close = difflib.get_close_matches(spelled, sorted(known), n=3, cutoff=0.6)
-                hints.append(f"{k!r}: no such step" + (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""))
+                hints.append(
+                    f"{k!r}: no such step"
+                    + (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else "")
+                )
         raise RunConfigError(
             f"run config: {len(unknown)} key(s) under ops name no step, so their settings would be ignored: "
-            + "; ".join(hints) + f". Steps of this run: {', '.join(sorted(selected))}. "
-            f"Every step: {', '.join(sorted(known))}.")
+            + "; ".join(hints)
+            + f". Steps of this run: {', '.join(sorted(selected))}. "
+            f"Every step: {', '.join(sorted(known))}."
+        )
     return sorted(k for k in ops if k not in set(selected))

@@ -47,14 +47,19 @@ from largetrain_dagster.resources import Storage
 ROLES = partitions.ROLES
 
 
-RawCorpusConfig = dagster_config(ReaderConfig, "RawCorpusConfig", defaults={"path": ""},
-                                 exclude=("partition", "partitions", "id_prefix"))
+RawCorpusConfig = dagster_config(
+    ReaderConfig, "RawCorpusConfig", defaults={"path": ""}, exclude=("partition", "partitions", "id_prefix")
+)
 
 
 def _warn_removed_field(what: str):
-    return Field(default=WARN_REMOVED, description=(
-        f"Log a WARNING (and metadata removal_warning) when {what} removes more than this share of its input "
-        "documents, with the top reasons and the setting that changes each. null: never. Not part of the data version."))
+    return Field(
+        default=WARN_REMOVED,
+        description=(
+            f"Log a WARNING (and metadata removal_warning) when {what} removes more than this share of its input "
+            "documents, with the top reasons and the setting that changes each. null: never. Not part of the data version."
+        ),
+    )
 
 
 _QualitySettings = dagster_config(QualityConfig, "QualitySettings")
@@ -83,23 +88,36 @@ class DeduplicatedTextConfig(Config):
     """Exact + MinHash-LSH near-duplicate removal (largetrain_core.dedup) of the signatures cleaned_text
     computed, with its MinHash settings; then optional class balancing."""
 
-    near: bool = Field(default=True, description=(
-        "Also remove near duplicates (MinHash-LSH, of the signatures cleaned_text computed with its ngram, bands, "
-        "rows and seed); else exact only."))
+    near: bool = Field(
+        default=True,
+        description=(
+            "Also remove near duplicates (MinHash-LSH, of the signatures cleaned_text computed with its ngram, bands, "
+            "rows and seed); else exact only."
+        ),
+    )
 
     warn_removed_fraction: Optional[float] = _warn_removed_field(
-        "the corpus's whole chain (rejected, filtered, duplicate, balanced away, over every partition)")
+        "the corpus's whole chain (rejected, filtered, duplicate, balanced away, over every partition)"
+    )
 
-    balance_target: Optional[dict[str, float]] = Field(default=None, description=(
-        "Class balancing after dedup (largetrain_core.balance; needs raw_corpus label_field): target share per "
-        "label (normalized; `<null>` names documents without a label; a class left out or at 0 is dropped). "
-        "{} = uniform over the classes present. null = no balancing (with labels read, a WARNING gives the documents "
-        "per class). Set without labels read: the step fails before any work."))
-    balance_mode: str = Field(default="downsample", description=(
-        "downsample: sample every class without replacement, dropped documents count as filtered "
-        "(balance_downsample); upsample: keep every document once and draw seeded extra copies of the minority "
-        "classes, kept as a `copies` weight per document (never as rows, so they are not duplicates); "
-        "token_shards repeats each document `copies` times in its train split."))
+    balance_target: Optional[dict[str, float]] = Field(
+        default=None,
+        description=(
+            "Class balancing after dedup (largetrain_core.balance; needs raw_corpus label_field): target share per "
+            "label (normalized; `<null>` names documents without a label; a class left out or at 0 is dropped). "
+            "{} = uniform over the classes present. null = no balancing (with labels read, a WARNING gives the documents "
+            "per class). Set without labels read: the step fails before any work."
+        ),
+    )
+    balance_mode: str = Field(
+        default="downsample",
+        description=(
+            "downsample: sample every class without replacement, dropped documents count as filtered "
+            "(balance_downsample); upsample: keep every document once and draw seeded extra copies of the minority "
+            "classes, kept as a `copies` weight per document (never as rows, so they are not duplicates); "
+            "token_shards repeats each document `copies` times in its train split."
+        ),
+    )
     balance_seed: int = Field(default=0, description="Seed of the balancing draw (numpy PCG64).")
 
     def balancing(self) -> Optional[dict]:
@@ -149,15 +167,23 @@ def role_chain(role: str) -> Chain:
 def mixture_chain(role: str, corpus: str) -> Chain:
     """The chain of corpus ``corpus`` of ``role``'s mixture (partitions.role_corpora): its files at config
     ``path`` (required: a mixture's corpora have no default), in the deployment's hash partitions."""
+
     def locate(storage: Storage, pk: str, config) -> tuple[str, int, int]:
         if not config.path:
-            raise Failure(f"{role}/{corpus}/raw_corpus: set its config `path` (ops: {role}__{corpus}__raw_corpus) to "
-                          f"the files of corpus {corpus!r} of the {role} mixture", allow_retries=False)
+            raise Failure(
+                f"{role}/{corpus}/raw_corpus: set its config `path` (ops: {role}__{corpus}__raw_corpus) to "
+                f"the files of corpus {corpus!r} of the {role} mixture",
+                allow_retries=False,
+            )
         keys = partitions.DATA_PARTITIONS.get_partition_keys()
         return config.path, keys.index(pk), len(keys)
 
-    return Chain(f"{role}/{corpus}", f"Corpus {corpus!r} of the {role} mixture ({ROLES[role][1]}). One hash partition "
-                                     "of its files", partitions.DATA_PARTITIONS, locate)
+    return Chain(
+        f"{role}/{corpus}",
+        f"Corpus {corpus!r} of the {role} mixture ({ROLES[role][1]}). One hash partition of its files",
+        partitions.DATA_PARTITIONS,
+        locate,
+    )
 
 
 def corpus_assets(chain: Chain | str) -> list:
@@ -178,23 +204,43 @@ def partition_assets(chain: Chain) -> list:
     key, RawConfig = chain.key, chain.raw_config
     common = {"group_name": chain.group, "io_manager_key": "handles"}
 
-    @asset(key=[*key, "raw_corpus"], code_version=CODE_VERSIONS["raw_corpus"], partitions_def=chain.partitions_def,
-           kinds={"parquet"}, description=f"{chain.description} read into Parquet {{doc_id, source, text}}.", **common)
+    @asset(
+        key=[*key, "raw_corpus"],
+        code_version=CODE_VERSIONS["raw_corpus"],
+        partitions_def=chain.partitions_def,
+        kinds={"parquet"},
+        description=f"{chain.description} read into Parquet {{doc_id, source, text}}.",
+        **common,
+    )
     def raw_corpus(context: AssetExecutionContext, config: RawConfig, storage: Storage, executor: DataExecutor):
         path, i, n = chain.locate(storage, context.partition_key, config)
-        reader = config.to_core(path=path, partition=i, partitions=n,
-                                id_prefix=f"{key[1]}:" if len(key) > 1 else "")
+        reader = config.to_core(path=path, partition=i, partitions=n, id_prefix=f"{key[1]}:" if len(key) > 1 else "")
         yield from materialize_stage(context, config, raw_stage, reader, stage_run(context, storage, executor))
 
-    @asset(key=[*key, "cleaned_text"], ins={"raw": AssetIn(key=[*key, "raw_corpus"])},
-           code_version=CODE_VERSIONS["cleaned_text"], partitions_def=chain.partitions_def,
-           automation_condition=chain.automation, kinds={"parquet", "polars"},
-           description="NFC, control characters and NUL removed, LF line endings; Gopher quality/repetition and C4 "
-                       "line rules with a reason code per removed document.", **common)
-    def cleaned_text(context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, executor: DataExecutor,
-                     raw: dict):
-        yield from materialize_stage(context, config, clean_stage, config.to_core(), Artifact.of(raw),
-                                     stage_run(context, storage, executor), config.warn_removed_fraction, config.dedup())
+    @asset(
+        key=[*key, "cleaned_text"],
+        ins={"raw": AssetIn(key=[*key, "raw_corpus"])},
+        code_version=CODE_VERSIONS["cleaned_text"],
+        partitions_def=chain.partitions_def,
+        automation_condition=chain.automation,
+        kinds={"parquet", "polars"},
+        description="NFC, control characters and NUL removed, LF line endings; Gopher quality/repetition and C4 "
+        "line rules with a reason code per removed document.",
+        **common,
+    )
+    def cleaned_text(
+        context: AssetExecutionContext, config: CleanedTextConfig, storage: Storage, executor: DataExecutor, raw: dict
+    ):
+        yield from materialize_stage(
+            context,
+            config,
+            clean_stage,
+            config.to_core(),
+            Artifact.of(raw),
+            stage_run(context, storage, executor),
+            config.warn_removed_fraction,
+            config.dedup(),
+        )
 
     return [raw_corpus, cleaned_text]
 
@@ -204,21 +250,45 @@ def dedup_asset(chain: Chain):
     prefix = chain.prefix
     common = {"group_name": chain.group, "io_manager_key": "handles"}
 
-    @asset(key=[prefix, "deduplicated_text"], code_version=CODE_VERSIONS["deduplicated_text"],
-           ins={"raw": AssetIn(key=[prefix, "raw_corpus"]), "cleaned": AssetIn(key=[prefix, "cleaned_text"])},
-           automation_condition=chain.automation, kinds={"parquet"},
-           check_specs=[AssetCheckSpec("accounting", asset=[prefix, "deduplicated_text"], blocking=True,
-                                       description="kept + filtered + duplicate + rejected == input, recounted from the files")],
-           description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH "
-                       "near duplicates removed; the first copy in corpus order (partition, file, row) is kept per cluster.",
-           **common)
-    def deduplicated_text(context: AssetExecutionContext, config: DeduplicatedTextConfig, storage: Storage,
-                          executor: DataExecutor, raw: dict, cleaned: dict):
+    @asset(
+        key=[prefix, "deduplicated_text"],
+        code_version=CODE_VERSIONS["deduplicated_text"],
+        ins={"raw": AssetIn(key=[prefix, "raw_corpus"]), "cleaned": AssetIn(key=[prefix, "cleaned_text"])},
+        automation_condition=chain.automation,
+        kinds={"parquet"},
+        check_specs=[
+            AssetCheckSpec(
+                "accounting",
+                asset=[prefix, "deduplicated_text"],
+                blocking=True,
+                description="kept + filtered + duplicate + rejected == input, recounted from the files",
+            )
+        ],
+        description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH "
+        "near duplicates removed; the first copy in corpus order (partition, file, row) is kept per cluster.",
+        **common,
+    )
+    def deduplicated_text(
+        context: AssetExecutionContext,
+        config: DeduplicatedTextConfig,
+        storage: Storage,
+        executor: DataExecutor,
+        raw: dict,
+        cleaned: dict,
+    ):
         # raw and cleaned: {partition: handle} for every partition
         yield from materialize_stage(
-            context, config, dedup_stage, config.near, {k: Artifact.of(h) for k, h in raw.items()},
-            {k: Artifact.of(h) for k, h in cleaned.items()}, stage_run(context, storage, executor), config.balancing(),
-            config.warn_removed_fraction, chain.hash_partitioned)
+            context,
+            config,
+            dedup_stage,
+            config.near,
+            {k: Artifact.of(h) for k, h in raw.items()},
+            {k: Artifact.of(h) for k, h in cleaned.items()},
+            stage_run(context, storage, executor),
+            config.balancing(),
+            config.warn_removed_fraction,
+            chain.hash_partitioned,
+        )
 
     return deduplicated_text
 
@@ -229,25 +299,55 @@ def mixture_dedup_asset(role: str, chains: list[Chain]):
     LARGETRAIN_<ROLE>_CORPORA's order, then partition, file, row); the kept documents carry their corpus
     name in a ``corpus`` column, for the token shards' weights."""
     names = [c.key[1] for c in chains]
-    ins = {f"{kind}__{name}": AssetIn(key=[role, name, asset_name]) for name in names
-           for kind, asset_name in (("raw", "raw_corpus"), ("cleaned", "cleaned_text"))}
+    ins = {
+        f"{kind}__{name}": AssetIn(key=[role, name, asset_name])
+        for name in names
+        for kind, asset_name in (("raw", "raw_corpus"), ("cleaned", "cleaned_text"))
+    }
 
-    @asset(key=[role, "deduplicated_text"], code_version=CODE_VERSIONS["deduplicated_text"], ins=ins, kinds={"parquet"},
-           group_name=f"{role}_data", io_manager_key="handles",
-           check_specs=[AssetCheckSpec("accounting", asset=[role, "deduplicated_text"], blocking=True,
-                                       description="kept + filtered + duplicate + rejected == input, recounted from the files")],
-           description=f"Global over every partition of the corpora {', '.join(names)} of the {role} mixture: exact and "
-                       "MinHash-LSH near duplicates removed across them, the first copy in corpus order kept; each kept "
-                       "document carries its corpus's name (column corpus).")
-    def deduplicated_text(context: AssetExecutionContext, config: DeduplicatedTextConfig, storage: Storage,
-                          executor: DataExecutor, **handles):
+    @asset(
+        key=[role, "deduplicated_text"],
+        code_version=CODE_VERSIONS["deduplicated_text"],
+        ins=ins,
+        kinds={"parquet"},
+        group_name=f"{role}_data",
+        io_manager_key="handles",
+        check_specs=[
+            AssetCheckSpec(
+                "accounting",
+                asset=[role, "deduplicated_text"],
+                blocking=True,
+                description="kept + filtered + duplicate + rejected == input, recounted from the files",
+            )
+        ],
+        description=f"Global over every partition of the corpora {', '.join(names)} of the {role} mixture: exact and "
+        "MinHash-LSH near duplicates removed across them, the first copy in corpus order kept; each kept "
+        "document carries its corpus's name (column corpus).",
+    )
+    def deduplicated_text(
+        context: AssetExecutionContext,
+        config: DeduplicatedTextConfig,
+        storage: Storage,
+        executor: DataExecutor,
+        **handles,
+    ):
         # handles: raw__<corpus> and cleaned__<corpus>, each {partition: handle}; keyed <corpus>/<partition> here
         def keyed(kind):
             return {f"{n}/{k}": Artifact.of(h) for n in names for k, h in handles[f"{kind}__{n}"].items()}
 
         yield from materialize_stage(
-            context, config, dedup_stage, config.near, keyed("raw"), keyed("cleaned"),
-            stage_run(context, storage, executor), config.balancing(), config.warn_removed_fraction, True, names)
+            context,
+            config,
+            dedup_stage,
+            config.near,
+            keyed("raw"),
+            keyed("cleaned"),
+            stage_run(context, storage, executor),
+            config.balancing(),
+            config.warn_removed_fraction,
+            True,
+            names,
+        )
 
     return deduplicated_text
 
@@ -255,10 +355,14 @@ def mixture_dedup_asset(role: str, chains: list[Chain]):
 def no_exact_duplicates_check(key: list[str]):
     """A blocking check on ``key`` (a deduplicated_text asset): no two kept documents share a dedup key."""
 
-    @asset_check(asset=key, name="no_exact_duplicates", blocking=True,
-                 description="Recounted from the files: no two kept documents have the same dedup key (NFKC, case-folded, "
-                             "whitespace-collapsed). Intended repetition (balancing's `copies` weight) is no duplicate: "
-                             "it is counted apart (intended_repeats).")
+    @asset_check(
+        asset=key,
+        name="no_exact_duplicates",
+        blocking=True,
+        description="Recounted from the files: no two kept documents have the same dedup key (NFKC, case-folded, "
+        "whitespace-collapsed). Intended repetition (balancing's `copies` weight) is no duplicate: "
+        "it is counted apart (intended_repeats).",
+    )
     def _check(handle: dict) -> AssetCheckResult:
         check = exact_duplicates_check(Artifact.of(handle))
         return AssetCheckResult(passed=check.passed, metadata=metadata_values(check.metadata))
@@ -268,4 +372,3 @@ def no_exact_duplicates_check(key: list[str]):
 
 def dedup_checks(prefixes) -> list:
     return [no_exact_duplicates_check([prefix, "deduplicated_text"]) for prefix in prefixes]
-

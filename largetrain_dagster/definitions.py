@@ -41,25 +41,45 @@ from largetrain_dagster.training import base_checkpoint, lora_adapter
 def lineage_assets() -> list:
     """The lineage (both corpus chains, tokenizer, training, evaluation): what ``make demo``
     materializes, without the dynamically partitioned landed chain."""
-    chains = [a for role in ROLES for a in [*corpus_assets(role), *([filtered_text_asset(role)] if partitions.filters_text(role) else []),
-                                              *token_shards_asset(role)]]
+    chains = [
+        a
+        for role in ROLES
+        for a in [
+            *corpus_assets(role),
+            *([filtered_text_asset(role)] if partitions.filters_text(role) else []),
+            *token_shards_asset(role),
+        ]
+    ]
     return chains + [tokenizer, relevance_classifier, base_checkpoint, lora_adapter, evaluation_sets, evaluation]
 
 
-def build_definitions(root: str | None = None, nproc_per_node: int | None = None, wandb_mode: str | None = None,
-                      report_to: list[str] | None = None) -> Definitions:
+def build_definitions(
+    root: str | None = None,
+    nproc_per_node: int | None = None,
+    wandb_mode: str | None = None,
+    report_to: list[str] | None = None,
+) -> Definitions:
     root = root or os.environ.get("LARGETRAIN_ROOT", ".largetrain")
     nproc = nproc_per_node or int(os.environ.get("LARGETRAIN_NPROC", "2"))
     assets = lineage_assets()
     # The landed chain (dynamically partitioned, largetrain_dagster.landing) is in neither job.
-    prepare = define_asset_job("prepare_partitions", selection=PARTITION_STEPS, partitions_def=partitions.DATA_PARTITIONS,
-                               description="raw corpus -> cleaned text of both corpora, one partition per run (backfill all partitions)")
-    lineage = define_asset_job("lineage", selection=AssetSelection.all() - AssetSelection.groups("landed_data", "optimization")
-                               - PARTITION_STEPS,
-                               description="deduplicated text (all partitions) -> token shards -> base checkpoint -> LoRA adapter -> evaluation")
-    optimization = define_asset_job("optimization_ablation", selection=AssetSelection.assets(optimization_report),
-                                    description="short training runs of each optimization on this model and hardware "
-                                                "against plain data parallel (needs pretrain/token_shards)")
+    prepare = define_asset_job(
+        "prepare_partitions",
+        selection=PARTITION_STEPS,
+        partitions_def=partitions.DATA_PARTITIONS,
+        description="raw corpus -> cleaned text of both corpora, one partition per run (backfill all partitions)",
+    )
+    lineage = define_asset_job(
+        "lineage",
+        selection=AssetSelection.all() - AssetSelection.groups("landed_data", "optimization") - PARTITION_STEPS,
+        description="deduplicated text (all partitions) -> token shards -> base checkpoint -> LoRA adapter -> evaluation",
+    )
+    optimization = define_asset_job(
+        "optimization_ablation",
+        selection=AssetSelection.assets(optimization_report),
+        description="short training runs of each optimization on this model and hardware "
+        "against plain data parallel (needs pretrain/token_shards)",
+    )
     return Definitions(
         assets=assets + LANDED_ASSETS + [optimization_report],
         asset_checks=[*dedup_checks([*ROLES, LANDED.prefix]), no_evaluation_item_in_training_data],
@@ -71,10 +91,12 @@ def build_definitions(root: str | None = None, nproc_per_node: int | None = None
             "handles": HandleIOManager(root=root),
             "launcher": TorchrunLauncher(nproc_per_node=nproc),
             "trackers": TrackerSettings(
-                report_to=report_to if report_to is not None else
-                [t.strip() for t in os.environ.get("LARGETRAIN_REPORT_TO", "wandb").split(",") if t.strip()],
+                report_to=report_to
+                if report_to is not None
+                else [t.strip() for t in os.environ.get("LARGETRAIN_REPORT_TO", "wandb").split(",") if t.strip()],
                 wandb={"mode": wandb_mode or os.environ.get("LARGETRAIN_WANDB_MODE", "offline")},
-                mlflow={"tracking_uri": os.environ.get("MLFLOW_TRACKING_URI")}),
+                mlflow={"tracking_uri": os.environ.get("MLFLOW_TRACKING_URI")},
+            ),
             "executor": DataExecutor.from_env(),
         },
     )

@@ -121,8 +121,11 @@ class Webserver:
 
     def query(self, query: str, variables: dict | None = None) -> dict:
         """The ``data`` of a GraphQL query. Raises RuntimeError with the server's errors."""
-        req = urllib.request.Request(f"{self.url}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}/graphql",
+            data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=120) as r:
             body = json.loads(r.read())
         if body.get("errors"):
@@ -171,7 +174,9 @@ def dagster_dev(workspace: str, console: Console) -> Iterator[Webserver]:
     RuntimeError when the server exits or the code location fails to load."""
     port = _free_port()
     dagster = str(Path(sys.executable).with_name("dagster"))
-    proc = subprocess.Popen([dagster, "dev", "-w", workspace, "-h", "127.0.0.1", "-p", str(port)], start_new_session=True)
+    proc = subprocess.Popen(
+        [dagster, "dev", "-w", workspace, "-h", "127.0.0.1", "-p", str(port)], start_new_session=True
+    )
     server = Webserver(f"http://127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + LOAD_TIMEOUT_S
@@ -203,9 +208,19 @@ class RunView:
         self.tasks: dict[str, int] = {}
         self.last_line: dict[str, float] = {}
         self.errors: list[str] = []
-        self.live = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=30),
-                             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
-                             transient=True) if console.is_terminal else None
+        self.live = (
+            Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=30),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+            if console.is_terminal
+            else None
+        )
 
     def say(self, text: str) -> None:
         (self.live.console if self.live else self.console).print(text, highlight=False)
@@ -246,7 +261,9 @@ class RunView:
         if kind == "RUN_START" and self.live and RUN in self.tasks:
             self.live.remove_task(self.tasks.pop(RUN))
         elif kind == "STEP_WORKER_STARTING" and self.live:
-            self.tasks[step] = self.live.add_task(f"{escape(step.replace('__', '/'))} (starting its process)", total=None, info="")
+            self.tasks[step] = self.live.add_task(
+                f"{escape(step.replace('__', '/'))} (starting its process)", total=None, info=""
+            )
         elif kind == "STEP_START":
             self.started[step] = timestamp
             if self.live:
@@ -295,8 +312,9 @@ class RunView:
                 continue
             if self.live and step in self.tasks:
                 info = p.line().split(", ", 1)[1] if ", " in p.line() else ""
-                self.live.update(self.tasks[step], total=p.total, completed=p.step,
-                                 info=f"{p.step}/{p.total or '?'}  {info}")
+                self.live.update(
+                    self.tasks[step], total=p.total, completed=p.step, info=f"{p.step}/{p.total or '?'}  {info}"
+                )
             elif not self.live and now - self.last_line.get(step, 0) >= self.progress_seconds:
                 self.last_line[step] = now
                 self.say(f"    {step.replace('__', '/')}: {p.line()}")
@@ -305,8 +323,9 @@ class RunView:
         """A training writes ``<root>/<asset key>/<data version>/train_config.json`` before it starts."""
         if step in self.training:
             return
-        configs = [c for c in Path(self.root, *step.split("__")).glob("*/train_config.json")
-                   if c.stat().st_mtime >= began - 5]
+        configs = [
+            c for c in Path(self.root, *step.split("__")).glob("*/train_config.json") if c.stat().st_mtime >= began - 5
+        ]
         if configs:
             self.training[step] = TrainingProgress(max(configs, key=lambda c: c.stat().st_mtime).parent)
             if not self.live:
@@ -325,23 +344,38 @@ def _redirect_output(log: Path) -> Console:
     return Console(file=terminal, soft_wrap=True)
 
 
-def _launch(server: Webserver, plan: list[tuple[str, dict]], run_config: dict, console: Console, root: Path,
-            progress_seconds: float, log: Path) -> bool:
+def _launch(
+    server: Webserver,
+    plan: list[tuple[str, dict]],
+    run_config: dict,
+    console: Console,
+    root: Path,
+    progress_seconds: float,
+    log: Path,
+) -> bool:
     """Submit and follow the runs of ``plan`` in turn; False (after saying why) at the first that does
     not succeed. Raises configs.RunConfigError, before any run starts, for a key that names no step."""
     nodes = server.asset_nodes()
     steps = {op for n in nodes for op in config_nodes(n["opNames"])}
     configs = {}
     for job in dict.fromkeys(job for job, _ in plan):
-        configs[job] = job_config(run_config, {op for n in nodes if job in n["jobNames"]
-                                               for op in config_nodes(n["opNames"])}, steps)
+        configs[job] = job_config(
+            run_config, {op for n in nodes if job in n["jobNames"] for op in config_nodes(n["opNames"])}, steps
+        )
     for i, (job, tags) in enumerate(plan, 1):
-        parents = {tuple(n["assetKey"]["path"]): {tuple(d["path"]) for d in n["dependencyKeys"]} for n in nodes if job in n["jobNames"]}
-        run_id = server.client.submit_job_execution(job, repository_location_name=LOCATION, repository_name=REPOSITORY,
-                                                    run_config=configs[job], tags=tags)
+        parents = {
+            tuple(n["assetKey"]["path"]): {tuple(d["path"]) for d in n["dependencyKeys"]}
+            for n in nodes
+            if job in n["jobNames"]
+        }
+        run_id = server.client.submit_job_execution(
+            job, repository_location_name=LOCATION, repository_name=REPOSITORY, run_config=configs[job], tags=tags
+        )
         part = f", partition {tags['dagster/partition']}" if tags else ""
-        console.print(f"[bold][{i}/{len(plan)}] {job}{part}[/bold] (run {run_id[:8]}): {escape(stage_order(parents))}",
-                      highlight=False)
+        console.print(
+            f"[bold][{i}/{len(plan)}] {job}{part}[/bold] (run {run_id[:8]}): {escape(stage_order(parents))}",
+            highlight=False,
+        )
         view = RunView(server, run_id, console, root, progress_seconds)
         try:
             status = view.follow()
@@ -354,10 +388,14 @@ def _launch(server: Webserver, plan: list[tuple[str, dict]], run_config: dict, c
             console.print(f"run {run_id} {server.client.get_run_status(run_id).value}", highlight=False)
             raise
         if status != "SUCCESS":
-            console.print(f"[red]run {run_id} {status}[/red]" + "".join(f"\n  {escape(e[:2000])}" for e in view.errors[-3:]),
-                          highlight=False)
-            console.print(f"demo failed; full log: {log}; the run in the web UI: `make dev`, then "
-                          f"{UI_URL}/runs/{run_id}", highlight=False)
+            console.print(
+                f"[red]run {run_id} {status}[/red]" + "".join(f"\n  {escape(e[:2000])}" for e in view.errors[-3:]),
+                highlight=False,
+            )
+            console.print(
+                f"demo failed; full log: {log}; the run in the web UI: `make dev`, then {UI_URL}/runs/{run_id}",
+                highlight=False,
+            )
             return False
     return True
 
@@ -367,12 +405,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m largetrain_dagster.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("-c", "--config", default="configs/demo.yaml", help="run config (YAML), cut down to each job's ops")
     p.add_argument("-w", "--workspace", default="workspace.yaml")
-    p.add_argument("--url", default=None, help="a running Dagster webserver of this instance and workspace (e.g. make dev's "
-                                               f"{UI_URL}); default: start dagster dev on 127.0.0.1 for the demo's runs")
+    p.add_argument(
+        "--url",
+        default=None,
+        help="a running Dagster webserver of this instance and workspace (e.g. make dev's "
+        f"{UI_URL}); default: start dagster dev on 127.0.0.1 for the demo's runs",
+    )
     p.add_argument("--log", default=str(root / "demo.log"), help="where everything the runs print goes")
     p.add_argument("--jobs", default="prepare_partitions,lineage", help="comma-separated, in this order")
-    p.add_argument("--partitions", default=None, help="data partitions of prepare_partitions (comma-separated; default all)")
-    p.add_argument("--progress-seconds", type=float, default=10.0, help="training progress line interval without a terminal")
+    p.add_argument(
+        "--partitions", default=None, help="data partitions of prepare_partitions (comma-separated; default all)"
+    )
+    p.add_argument(
+        "--progress-seconds", type=float, default=10.0, help="training progress line interval without a terminal"
+    )
     args = p.parse_args(argv)
 
     from dagster import DagsterInstance
@@ -381,14 +427,20 @@ def main(argv: list[str] | None = None) -> int:
 
     run_config = yaml.safe_load(Path(args.config).read_text()) or {}
     partitions = args.partitions.split(",") if args.partitions else DATA_PARTITIONS.get_partition_keys()
-    plan = [(job, {"dagster/partition": pk}) for job in args.jobs.split(",") if job == "prepare_partitions" for pk in partitions]
+    plan = [
+        (job, {"dagster/partition": pk})
+        for job in args.jobs.split(",")
+        if job == "prepare_partitions"
+        for pk in partitions
+    ]
     plan += [(job, {}) for job in args.jobs.split(",") if job != "prepare_partitions"]
     jobs = list(dict.fromkeys(job for job, _ in plan))
     log = Path(args.log).resolve()
     console = _redirect_output(log)
     start = time.monotonic()
-    console.print(f"largetrain demo: {len(plan)} runs of {', '.join(jobs)}; "
-                  f"the full log goes to {log}", highlight=False)
+    console.print(
+        f"largetrain demo: {len(plan)} runs of {', '.join(jobs)}; the full log goes to {log}", highlight=False
+    )
     try:
         with contextlib.ExitStack() as stack:
             if args.url:
@@ -406,7 +458,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # e.g. the code location does not load: the traceback goes to the log
         traceback.print_exc()
-        console.print(f"[red]demo failed:[/red] {escape(f'{type(e).__name__}: {e}'[:2000])}\nfull log: {log}", highlight=False)
+        console.print(
+            f"[red]demo failed:[/red] {escape(f'{type(e).__name__}: {e}'[:2000])}\nfull log: {log}", highlight=False
+        )
         return 1
     with DagsterInstance.get() as instance:
         text = summary.render(instance)
@@ -415,8 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"\n[bold]== largetrain demo summary ==[/bold]\n{escape(text)}", highlight=False)
     console.print(f"runs: {len(plan)} succeeded; wall time {seconds // 60} min {seconds % 60} s", highlight=False)
     console.print(f"full log: {log}", highlight=False)
-    console.print(f"web UI: `make dev`, then open {UI_URL} (the runs are under the code location {LOCATION}, "
-                  f"jobs {', '.join(jobs)})", highlight=False)
+    console.print(
+        f"web UI: `make dev`, then open {UI_URL} (the runs are under the code location {LOCATION}, "
+        f"jobs {', '.join(jobs)})",
+        highlight=False,
+    )
     return 0
 
 

@@ -41,10 +41,15 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
         two names that disagree, or a LARGETRAIN_SPARK_CONF that is not a JSON object."""
         name, old = os.environ.get("LARGETRAIN_EXECUTOR"), os.environ.get("LARGETRAIN_ENGINE")
         if old is not None:
-            LOG.warning("LARGETRAIN_ENGINE is deprecated: set LARGETRAIN_EXECUTOR=%s instead (the data-prep "
-                        "engine is now the executor; DeepSpeed's engine is another thing)", old)
+            LOG.warning(
+                "LARGETRAIN_ENGINE is deprecated: set LARGETRAIN_EXECUTOR=%s instead (the data-prep "
+                "engine is now the executor; DeepSpeed's engine is another thing)",
+                old,
+            )
             if name is not None and name != old:
-                raise ValueError(f"LARGETRAIN_EXECUTOR={name} and LARGETRAIN_ENGINE={old} disagree: unset LARGETRAIN_ENGINE")
+                raise ValueError(
+                    f"LARGETRAIN_EXECUTOR={name} and LARGETRAIN_ENGINE={old} disagree: unset LARGETRAIN_ENGINE"
+                )
         name = name or old or "local"
         try:
             load(name)
@@ -56,8 +61,11 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
             raise ValueError(f"LARGETRAIN_SPARK_CONF is not JSON: {e}") from e
         if not isinstance(conf, dict):
             raise ValueError("LARGETRAIN_SPARK_CONF must be a JSON object of Spark settings")
-        return cls(name=name, master=os.environ.get("LARGETRAIN_SPARK_MASTER", "local[*]"),
-                   conf={str(k): str(v) for k, v in conf.items()})
+        return cls(
+            name=name,
+            master=os.environ.get("LARGETRAIN_SPARK_MASTER", "local[*]"),
+            conf={str(k): str(v) for k, v in conf.items()},
+        )
 
     def bind(self, context) -> Executor:
         """The executor of one step (largetrain_core.executors.base.Executor), logging to the step's log
@@ -69,7 +77,8 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
             raise Failure(str(e)) from e
 
         def launch(cmd: list[str], env: dict, log_path) -> int:
-            return run_process(context, cmd, log_path, cls.process_name, env=env,
-                               grace_seconds=settings.kill_grace_seconds).returncode
+            return run_process(
+                context, cmd, log_path, cls.process_name, env=env, grace_seconds=settings.kill_grace_seconds
+            ).returncode
 
         return cls(settings, launch=launch, log=context.log)

@@ -30,22 +30,39 @@ class FilteredTextConfig(_FilteredTextSettings):
     """The relevance threshold (or top fraction) and what decontamination does (largetrain_core.stages.filtered_text)."""
 
     warn_removed_fraction: Optional[float] = _warn_removed_field(
-        "the corpus's whole chain (rejected, filtered, duplicate, balanced away, relevance, contaminated)")
+        "the corpus's whole chain (rejected, filtered, duplicate, balanced away, relevance, contaminated)"
+    )
 
     def to_core(self) -> FilteredTextSettings:
         return _FilteredTextSettings(**self.model_dump(exclude={"warn_removed_fraction"})).to_core()
 
 
-@asset(key="relevance_classifier", group_name="pretrain_data", code_version=CODE_VERSIONS["relevance_classifier"],
-       io_manager_key="handles", kinds={"scikitlearn"},
-       ins={"domain": AssetIn(key=["domain", "deduplicated_text"]), "pretrain": AssetIn(key=["pretrain", "deduplicated_text"])},
-       description="A classifier of the wanted text (DCLM / FineWeb-Edu style): hashed word 1-2-grams and a logistic "
-                   "regression, the domain corpus (or a file) against a seeded sample of the pretraining corpus (or a "
-                   "file); held-out precision, recall, AUC and the most informative n-grams.")
-def relevance_classifier(context: AssetExecutionContext, config: RelevanceClassifierConfig, storage: Storage, domain: dict,
-                         pretrain: dict):
-    yield from materialize_stage(context, config, relevance_stage, config.to_core(), Artifact.of(domain), Artifact.of(pretrain),
-                                 stage_run(context, storage))
+@asset(
+    key="relevance_classifier",
+    group_name="pretrain_data",
+    code_version=CODE_VERSIONS["relevance_classifier"],
+    io_manager_key="handles",
+    kinds={"scikitlearn"},
+    ins={
+        "domain": AssetIn(key=["domain", "deduplicated_text"]),
+        "pretrain": AssetIn(key=["pretrain", "deduplicated_text"]),
+    },
+    description="A classifier of the wanted text (DCLM / FineWeb-Edu style): hashed word 1-2-grams and a logistic "
+    "regression, the domain corpus (or a file) against a seeded sample of the pretraining corpus (or a "
+    "file); held-out precision, recall, AUC and the most informative n-grams.",
+)
+def relevance_classifier(
+    context: AssetExecutionContext, config: RelevanceClassifierConfig, storage: Storage, domain: dict, pretrain: dict
+):
+    yield from materialize_stage(
+        context,
+        config,
+        relevance_stage,
+        config.to_core(),
+        Artifact.of(domain),
+        Artifact.of(pretrain),
+        stage_run(context, storage),
+    )
 
 
 def filtered_text_asset(role: str):
@@ -53,23 +70,56 @@ def filtered_text_asset(role: str):
     scored (and filtered) by ``relevance_classifier``; its blocking check ``accounting``."""
     key = [role, "filtered_text"]
 
-    @asset(key=key, group_name=f"{role}_data", code_version=CODE_VERSIONS["filtered_text"], io_manager_key="handles",
-           kinds={"parquet", "scikitlearn"},
-           ins={"text": AssetIn(key=[role, "deduplicated_text"]), "classifier": AssetIn(key="relevance_classifier"),
-                "sets": AssetIn(key="evaluation_sets"), "raw": AssetIn(key=[role, "raw_corpus"]),
-                "cleaned": AssetIn(key=[role, "cleaned_text"])},
-           check_specs=[AssetCheckSpec("accounting", asset=key, blocking=True,
-                                       description="kept + filtered + duplicate + rejected == input over the whole chain "
-                                                   "(relevance and contaminated count as filtered), recounted from the files")],
-           description="The text the model is trained on: documents sharing a 13-word n-gram with a declared evaluation "
-                       "item removed (reason contaminated, reported with the item and the n-gram), every document scored "
-                       "by the relevance classifier (relevance_score) and those under the threshold or outside the top "
-                       "fraction removed (reason relevance).")
-    def filtered_text(context: AssetExecutionContext, config: FilteredTextConfig, storage: Storage, executor: DataExecutor,
-                      text: dict, classifier: dict, sets: dict, raw: dict, cleaned: dict):
+    @asset(
+        key=key,
+        group_name=f"{role}_data",
+        code_version=CODE_VERSIONS["filtered_text"],
+        io_manager_key="handles",
+        kinds={"parquet", "scikitlearn"},
+        ins={
+            "text": AssetIn(key=[role, "deduplicated_text"]),
+            "classifier": AssetIn(key="relevance_classifier"),
+            "sets": AssetIn(key="evaluation_sets"),
+            "raw": AssetIn(key=[role, "raw_corpus"]),
+            "cleaned": AssetIn(key=[role, "cleaned_text"]),
+        },
+        check_specs=[
+            AssetCheckSpec(
+                "accounting",
+                asset=key,
+                blocking=True,
+                description="kept + filtered + duplicate + rejected == input over the whole chain "
+                "(relevance and contaminated count as filtered), recounted from the files",
+            )
+        ],
+        description="The text the model is trained on: documents sharing a 13-word n-gram with a declared evaluation "
+        "item removed (reason contaminated, reported with the item and the n-gram), every document scored "
+        "by the relevance classifier (relevance_score) and those under the threshold or outside the top "
+        "fraction removed (reason relevance).",
+    )
+    def filtered_text(
+        context: AssetExecutionContext,
+        config: FilteredTextConfig,
+        storage: Storage,
+        executor: DataExecutor,
+        text: dict,
+        classifier: dict,
+        sets: dict,
+        raw: dict,
+        cleaned: dict,
+    ):
         yield from materialize_stage(
-            context, config, filtered_stage, config.to_core(), Artifact.of(text), Artifact.of(classifier), Artifact.of(sets),
-            {k: Artifact.of(h) for k, h in raw.items()}, {k: Artifact.of(h) for k, h in cleaned.items()},
-            stage_run(context, storage, executor), config.warn_removed_fraction)
+            context,
+            config,
+            filtered_stage,
+            config.to_core(),
+            Artifact.of(text),
+            Artifact.of(classifier),
+            Artifact.of(sets),
+            {k: Artifact.of(h) for k, h in raw.items()},
+            {k: Artifact.of(h) for k, h in cleaned.items()},
+            stage_run(context, storage, executor),
+            config.warn_removed_fraction,
+        )
 
     return filtered_text

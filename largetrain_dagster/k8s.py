@@ -100,19 +100,39 @@ class K8sTorchrunLauncher(TorchrunLauncher):
         base = PurePosixPath(self.cache_path) if self.object_store else PurePosixPath(config_path).parent
         return str(base / "torchelastic" / _dns(f"{step}-{run_id}"))
 
-    def torchrun_command(self, config_path: str, rdzv_host: str, run_id: str, log_dir: str | None = None,
-                         module: str = ENTRY_MODULE) -> list[str]:
-        return ["python", "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc_per_node}",
-                "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_host}:{self.rdzv_port}", f"--rdzv_id={run_id}",
-                "--max_restarts=0", *([f"--log-dir={log_dir}"] if log_dir else []), "-m", module, config_path]
+    def torchrun_command(
+        self, config_path: str, rdzv_host: str, run_id: str, log_dir: str | None = None, module: str = ENTRY_MODULE
+    ) -> list[str]:
+        return [
+            "python",
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={self.nnodes}",
+            f"--nproc_per_node={self.nproc_per_node}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={rdzv_host}:{self.rdzv_port}",
+            f"--rdzv_id={run_id}",
+            "--max_restarts=0",
+            *([f"--log-dir={log_dir}"] if log_dir else []),
+            "-m",
+            module,
+            config_path,
+        ]
 
     def grace(self, grace_seconds: float | None) -> int:
         """The pods' terminationGracePeriodSeconds (whole seconds, rounded up): ``grace_seconds`` (a training's
         checkpointing.preemption_grace_seconds), else ``kill_grace_seconds`` + 20."""
         return math.ceil(grace_seconds) if grace_seconds is not None else int(self.kill_grace_seconds) + 20
 
-    def pod_manifest(self, config_path: str, run_id: str, step: str, node: int, module: str = ENTRY_MODULE,
-                     grace_seconds: float | None = None) -> dict[str, Any]:
+    def pod_manifest(
+        self,
+        config_path: str,
+        run_id: str,
+        step: str,
+        node: int,
+        module: str = ENTRY_MODULE,
+        grace_seconds: float | None = None,
+    ) -> dict[str, Any]:
         """The pod of node ``node`` (0 .. nnodes-1), running ``module``, as a Kubernetes manifest dict (camelCase);
         ``grace_seconds``: its terminationGracePeriodSeconds and torchrun's shutdown timeout (:meth:`grace`)."""
         prefix, service = self.names(run_id, step)
@@ -125,45 +145,83 @@ class K8sTorchrunLauncher(TorchrunLauncher):
             "subdomain": service,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": self.grace(grace_seconds),
-            "containers": [{
-                "name": "torchrun",
-                "image": self.image,
-                "command": self.torchrun_command(config_path, rdzv_host, run_id, self.log_dir(config_path, run_id, step),
-                                                 module),
-                "env": [*storage_env(self.storage_root if self.object_store else self.mount_path, self.cache_path,
-                                    self.credentials_secret, self.shard_cache_bytes),
+            "containers": [
+                {
+                    "name": "torchrun",
+                    "image": self.image,
+                    "command": self.torchrun_command(
+                        config_path, rdzv_host, run_id, self.log_dir(config_path, run_id, step), module
+                    ),
+                    "env": [
+                        *storage_env(
+                            self.storage_root if self.object_store else self.mount_path,
+                            self.cache_path,
+                            self.credentials_secret,
+                            self.shard_cache_bytes,
+                        ),
                         {"name": "PYTHONUNBUFFERED", "value": "1"},
                         {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(self.grace(grace_seconds))},
-                        {"name": "OMP_NUM_THREADS", "value": str(max(1, int(float(self.cpu_per_node)) // self.nproc_per_node))},
-                        {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": True}}}],
-                "ports": [{"containerPort": self.rdzv_port, "name": "rdzv"}],
-                "resources": {"limits": limits, "requests": dict(limits)},
-                "volumeMounts": [{"name": "storage", "mountPath": self.cache_path if self.object_store else self.mount_path},
-                                 {"name": "shm", "mountPath": "/dev/shm"}],
-            }],
-            "volumes": [{"name": "storage", "emptyDir": {"sizeLimit": self.cache_size}} if self.object_store
-                        else {"name": "storage", "persistentVolumeClaim": {"claimName": self.storage_claim}},
-                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}],
+                        {
+                            "name": "OMP_NUM_THREADS",
+                            "value": str(max(1, int(float(self.cpu_per_node)) // self.nproc_per_node)),
+                        },
+                        {
+                            "name": "WANDB_API_KEY",
+                            "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": True}},
+                        },
+                    ],
+                    "ports": [{"containerPort": self.rdzv_port, "name": "rdzv"}],
+                    "resources": {"limits": limits, "requests": dict(limits)},
+                    "volumeMounts": [
+                        {"name": "storage", "mountPath": self.cache_path if self.object_store else self.mount_path},
+                        {"name": "shm", "mountPath": "/dev/shm"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "storage", "emptyDir": {"sizeLimit": self.cache_size}}
+                if self.object_store
+                else {"name": "storage", "persistentVolumeClaim": {"claimName": self.storage_claim}},
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}},
+            ],
         }
         if self.gpus_per_node:
             spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         if self.service_account:
             spec["serviceAccountName"] = self.service_account
-        meta = {"name": f"{prefix}-{node}", "namespace": self.namespace,
-                "labels": {"app.kubernetes.io/name": "largetrain", "largetrain/training": prefix, "largetrain/node-rank": str(node)}}
+        meta = {
+            "name": f"{prefix}-{node}",
+            "namespace": self.namespace,
+            "labels": {
+                "app.kubernetes.io/name": "largetrain",
+                "largetrain/training": prefix,
+                "largetrain/node-rank": str(node),
+            },
+        }
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
     def service_manifest(self, run_id: str, step: str) -> dict[str, Any]:
         """The headless service that gives node 0 its rendezvous DNS name."""
         prefix, service = self.names(run_id, step)
-        return {"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": service, "namespace": self.namespace, "labels": {"app.kubernetes.io/name": "largetrain"}},
-                "spec": {"clusterIP": "None", "selector": {"largetrain/training": prefix},
-                         "ports": [{"name": "rdzv", "port": self.rdzv_port, "targetPort": self.rdzv_port}],
-                         "publishNotReadyAddresses": True}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": service,
+                "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/name": "largetrain"},
+            },
+            "spec": {
+                "clusterIP": "None",
+                "selector": {"largetrain/training": prefix},
+                "ports": [{"name": "rdzv", "port": self.rdzv_port, "targetPort": self.rdzv_port}],
+                "publishNotReadyAddresses": True,
+            },
+        }
 
-    def render(self, config_path: str, run_id: str, step: str, module: str = ENTRY_MODULE,
-               grace_seconds: float | None = None) -> dict[str, Any]:
+    def render(
+        self, config_path: str, run_id: str, step: str, module: str = ENTRY_MODULE, grace_seconds: float | None = None
+    ) -> dict[str, Any]:
         """Every object a training creates: ``{"service": V1Service, "pods": [V1Pod per node]}``, built with
         the kubernetes client models (unknown or misspelled fields raise); ``grace_seconds`` as in :meth:`pod_manifest`."""
         import kubernetes
@@ -173,14 +231,27 @@ class K8sTorchrunLauncher(TorchrunLauncher):
         pods = []
         for node in range(self.nnodes):
             m = self.pod_manifest(config_path, run_id, step, node, module, grace_seconds)
-            pods.append(build_pod_body(pod_name=m["metadata"]["name"], image=None, command=None, env_vars={},
-                                       base_pod_meta=m["metadata"], base_pod_spec=m["spec"]))
+            pods.append(
+                build_pod_body(
+                    pod_name=m["metadata"]["name"],
+                    image=None,
+                    command=None,
+                    env_vars={},
+                    base_pod_meta=m["metadata"],
+                    base_pod_spec=m["spec"],
+                )
+            )
         svc = self.service_manifest(run_id, step)
 
-        service = k8s_model_from_dict(kubernetes.client.V1Service,
-                                      {"api_version": "v1", "kind": "Service",
-                                       "metadata": k8s_snake_case_dict(kubernetes.client.V1ObjectMeta, svc["metadata"]),
-                                       "spec": k8s_snake_case_dict(kubernetes.client.V1ServiceSpec, svc["spec"])})
+        service = k8s_model_from_dict(
+            kubernetes.client.V1Service,
+            {
+                "api_version": "v1",
+                "kind": "Service",
+                "metadata": k8s_snake_case_dict(kubernetes.client.V1ObjectMeta, svc["metadata"]),
+                "spec": k8s_snake_case_dict(kubernetes.client.V1ServiceSpec, svc["spec"]),
+            },
+        )
         return {"service": service, "pods": pods}
 
     def pod_config_location(self, config_path: str) -> str:
@@ -194,9 +265,14 @@ class K8sTorchrunLauncher(TorchrunLauncher):
             fs, path = filesystem(url)
             fs.put_file(str(config_path), path)
             return url
-        return str(PurePosixPath(self.mount_path) / PurePosixPath(config_path).relative_to(os.environ.get("LARGETRAIN_ROOT", "/data")))
+        return str(
+            PurePosixPath(self.mount_path)
+            / PurePosixPath(config_path).relative_to(os.environ.get("LARGETRAIN_ROOT", "/data"))
+        )
 
-    def run(self, context, config_path, log_path, module: str = ENTRY_MODULE, grace_seconds: float | None = None) -> dict:
+    def run(
+        self, context, config_path, log_path, module: str = ENTRY_MODULE, grace_seconds: float | None = None
+    ) -> dict:
         """Create the service and the pods of nodes 1..N-1, run node 0 through PipesK8sClient, and delete
         everything afterwards. The config path must lie on the shared volume (the storage root).
 
@@ -216,16 +292,27 @@ class K8sTorchrunLauncher(TorchrunLauncher):
                 api.create_namespaced_pod(self.namespace, pod)
             node0 = self.pod_manifest(cfg, context.run_id, step, 0, module, grace_seconds)
             try:
-                done = PipesK8sClient().run(context=context, namespace=self.namespace, base_pod_meta=node0["metadata"],
-                                            base_pod_spec=node0["spec"], pod_wait_timeout=self.pod_wait_timeout_seconds)
+                done = PipesK8sClient().run(
+                    context=context,
+                    namespace=self.namespace,
+                    base_pod_meta=node0["metadata"],
+                    base_pod_spec=node0["spec"],
+                    pod_wait_timeout=self.pod_wait_timeout_seconds,
+                )
             except Exception as e:
-                here = Path(config_path).parent / "torchelastic" / PurePosixPath(self.log_dir(cfg, context.run_id, step)).name
+                here = (
+                    Path(config_path).parent
+                    / "torchelastic"
+                    / PurePosixPath(self.log_dir(cfg, context.run_id, step)).name
+                )
                 raise training_failure(None, here, Path(log_path)) from e
             metadata = reported_metadata(done.get_results())
         finally:
             for pod in objects["pods"]:
                 try:
-                    api.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=self.grace(grace_seconds))
+                    api.delete_namespaced_pod(
+                        pod.metadata.name, self.namespace, grace_period_seconds=self.grace(grace_seconds)
+                    )
                 except Exception as e:  # already gone
                     context.log.info(f"pod {pod.metadata.name}: {e.__class__.__name__}")
             api.delete_namespaced_service(objects["service"].metadata.name, self.namespace)
@@ -235,10 +322,16 @@ class K8sTorchrunLauncher(TorchrunLauncher):
 def data_prep_step_k8s_config(cpu: str = "4", memory: str = "16Gi") -> dict[str, Any]:
     """The per-step pod settings of ``landed_partitions_k8s``: one partition's worker (see
     docs/guides/running-at-scale.md for the memory per worker)."""
-    return {"container_config": {"resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}}}
+    return {
+        "container_config": {
+            "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}
+        }
+    }
 
 
-def storage_env(root: str, cache_path: str, credentials_secret: str, shard_cache_bytes: int | None = None) -> list[dict[str, Any]]:
+def storage_env(
+    root: str, cache_path: str, credentials_secret: str, shard_cache_bytes: int | None = None
+) -> list[dict[str, Any]]:
     """A pod's storage variables: LARGETRAIN_ROOT; with an object-store root also LARGETRAIN_CACHE,
     LARGETRAIN_SHARD_CACHE_BYTES (the training pods' streamed shards: ``shard_cache_bytes``), the
     endpoint and region this process uses (not secret), and the credentials as optional references to
@@ -249,16 +342,27 @@ def storage_env(root: str, cache_path: str, credentials_secret: str, shard_cache
     env.append({"name": "LARGETRAIN_CACHE", "value": cache_path})
     if shard_cache_bytes:
         env.append({"name": "LARGETRAIN_SHARD_CACHE_BYTES", "value": str(shard_cache_bytes)})
-    env += [{"name": k, "value": os.environ[k]} for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION")
-            if os.environ.get(k)]
-    env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": credentials_secret, "key": k, "optional": True}}}
-            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    env += [
+        {"name": k, "value": os.environ[k]}
+        for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION")
+        if os.environ.get(k)
+    ]
+    env += [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": credentials_secret, "key": k, "optional": True}}}
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    ]
     return env
 
 
-def data_prep_executor_config(root: str, namespace: str, storage_claim: str, cache_path: str = "/cache",
-                              cache_size: str = "200Gi", credentials_secret: str = "largetrain-object-store",
-                              service_account: str | None = None) -> dict[str, Any]:
+def data_prep_executor_config(
+    root: str,
+    namespace: str,
+    storage_claim: str,
+    cache_path: str = "/cache",
+    cache_size: str = "200Gi",
+    credentials_secret: str = "largetrain-object-store",
+    service_account: str | None = None,
+) -> dict[str, Any]:
     """Config of dagster-k8s's k8s_job_executor for the data-preparation job: one Kubernetes Job per step,
     at most 64 at a time. With an object-store ``root`` each pod gets an ``emptyDir`` of ``cache_size`` at
     ``cache_path`` for its working copies (no shared volume) and the storage variables of
@@ -272,11 +376,16 @@ def data_prep_executor_config(root: str, namespace: str, storage_claim: str, cac
     if is_url(root):
         step = data_prep_step_k8s_config()
         step["container_config"]["env"] = storage_env(root, cache_path, credentials_secret)
-        return {**base, "step_k8s_config": step, "env_vars": [partitions],
-                "volume_mounts": [{"name": "cache", "mount_path": cache_path}],
-                "volumes": [{"name": "cache", "empty_dir": {"size_limit": cache_size}}]}
+        return {
+            **base,
+            "step_k8s_config": step,
+            "env_vars": [partitions],
+            "volume_mounts": [{"name": "cache", "mount_path": cache_path}],
+            "volumes": [{"name": "cache", "empty_dir": {"size_limit": cache_size}}],
+        }
     return {
-        **base, "step_k8s_config": data_prep_step_k8s_config(),
+        **base,
+        "step_k8s_config": data_prep_step_k8s_config(),
         "volume_mounts": [{"name": "storage", "mount_path": root}],
         "volumes": [{"name": "storage", "persistent_volume_claim": {"claim_name": storage_claim}}],
         "env_vars": [f"LARGETRAIN_ROOT={root}", partitions],
@@ -292,23 +401,47 @@ def build_k8s_definitions(root: str = "/data", image: str | None = None) -> Defi
 
     image = image or os.environ.get("LARGETRAIN_IMAGE", "largetrain:latest")
     base = build_definitions(root=root, wandb_mode=os.environ.get("LARGETRAIN_WANDB_MODE", "online"))
-    launcher = K8sTorchrunLauncher(image=image, namespace=os.environ.get("LARGETRAIN_K8S_NAMESPACE", "largetrain"),
-                                   nnodes=int(os.environ.get("LARGETRAIN_NNODES", "2")),
-                                   gpus_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")),
-                                   nproc_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")),
-                                   mount_path="/data" if is_url(root) else root, storage_root=root,
-                                   service_account=os.environ.get("LARGETRAIN_K8S_SERVICE_ACCOUNT") or None)
-    executor = k8s_job_executor.configured(data_prep_executor_config(
-        root, launcher.namespace, launcher.storage_claim, launcher.cache_path, credentials_secret=launcher.credentials_secret,
-        service_account=launcher.service_account))
-    landed_job = define_asset_job("landed_partitions_k8s", partitions_def=landed_batches, executor_def=executor,
-                                  selection=AssetSelection.assets(["landed", "raw_corpus"], ["landed", "cleaned_text"]),
-                                  description="One landed partition: raw_corpus then cleaned_text, each step in its own pod.")
-    data_job = define_asset_job("data_partitions_k8s", partitions_def=DATA_PARTITIONS, executor_def=executor,
-                                selection=PARTITION_STEPS,
-                                description="One data partition of both corpora: raw_corpus then cleaned_text, each step in its own pod.")
-    return Definitions(assets=base.assets, jobs=[*base.jobs, data_job, landed_job], sensors=base.sensors, schedules=base.schedules,
-                       resources={**base.resources, "launcher": launcher})
+    launcher = K8sTorchrunLauncher(
+        image=image,
+        namespace=os.environ.get("LARGETRAIN_K8S_NAMESPACE", "largetrain"),
+        nnodes=int(os.environ.get("LARGETRAIN_NNODES", "2")),
+        gpus_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")),
+        nproc_per_node=int(os.environ.get("LARGETRAIN_GPUS_PER_NODE", "8")),
+        mount_path="/data" if is_url(root) else root,
+        storage_root=root,
+        service_account=os.environ.get("LARGETRAIN_K8S_SERVICE_ACCOUNT") or None,
+    )
+    executor = k8s_job_executor.configured(
+        data_prep_executor_config(
+            root,
+            launcher.namespace,
+            launcher.storage_claim,
+            launcher.cache_path,
+            credentials_secret=launcher.credentials_secret,
+            service_account=launcher.service_account,
+        )
+    )
+    landed_job = define_asset_job(
+        "landed_partitions_k8s",
+        partitions_def=landed_batches,
+        executor_def=executor,
+        selection=AssetSelection.assets(["landed", "raw_corpus"], ["landed", "cleaned_text"]),
+        description="One landed partition: raw_corpus then cleaned_text, each step in its own pod.",
+    )
+    data_job = define_asset_job(
+        "data_partitions_k8s",
+        partitions_def=DATA_PARTITIONS,
+        executor_def=executor,
+        selection=PARTITION_STEPS,
+        description="One data partition of both corpora: raw_corpus then cleaned_text, each step in its own pod.",
+    )
+    return Definitions(
+        assets=base.assets,
+        jobs=[*base.jobs, data_job, landed_job],
+        sensors=base.sensors,
+        schedules=base.schedules,
+        resources={**base.resources, "launcher": launcher},
+    )
 
 
 defs = build_k8s_definitions(root=os.environ.get("LARGETRAIN_ROOT", "/data"))

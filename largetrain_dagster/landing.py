@@ -29,7 +29,6 @@ Artefacts: ``<root>/landed/<asset>/<partition>/<data version>/``; handles in
 ``<root>/_handles/landed/<asset>/<partition>.json``.
 """
 
-
 import json
 import re
 from pathlib import Path
@@ -104,8 +103,9 @@ def landed_files(landing: Path) -> dict[str, Path]:
                 if f.is_file() and not _PARTIAL.search(f.name):
                     key = partition_key(corpus_dir.name, f.name)
                     if key in out:
-                        raise ValueError(f"landed files {out[key]} and {f} map to one partition key {key!r}: "
-                                         "rename one of them")
+                        raise ValueError(
+                            f"landed files {out[key]} and {f} map to one partition key {key!r}: rename one of them"
+                        )
                     out[key] = f
     return out
 
@@ -118,17 +118,29 @@ def _landed_file(storage: Storage, pk: str, config) -> tuple[str, int, int]:
     return str(source), 0, 1
 
 
-LANDED = Chain("landed", "One landed file (<root>/landing/<corpus>/<file>)", landed_batches, _landed_file,
-               raw_config=dagster_config(ReaderConfig, "LandedRawCorpusConfig", exclude=("path", "partition", "partitions", "id_prefix")),
-               hash_partitioned=False, automation=AutomationCondition.eager())
+LANDED = Chain(
+    "landed",
+    "One landed file (<root>/landing/<corpus>/<file>)",
+    landed_batches,
+    _landed_file,
+    raw_config=dagster_config(
+        ReaderConfig, "LandedRawCorpusConfig", exclude=("path", "partition", "partitions", "id_prefix")
+    ),
+    hash_partitioned=False,
+    automation=AutomationCondition.eager(),
+)
 LANDED_ASSETS = corpus_assets(LANDED)
 # the per-file steps a landed file starts a run of
 LANDED_FILE_STEPS = [AssetKey(["landed", "raw_corpus"]), AssetKey(["landed", "cleaned_text"])]
 
 
-@sensor(name="landing_sensor", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
-        asset_selection=LANDED_FILE_STEPS,
-        description="New files under <storage root>/landing/<corpus>/ -> a dynamic partition each and one run per partition.")
+@sensor(
+    name="landing_sensor",
+    minimum_interval_seconds=30,
+    default_status=DefaultSensorStatus.RUNNING,
+    asset_selection=LANDED_FILE_STEPS,
+    description="New files under <storage root>/landing/<corpus>/ -> a dynamic partition each and one run per partition.",
+)
 def landing_sensor(context: SensorEvaluationContext, storage: Storage):
     """Cursor: JSON ``{partition key: "size:mtime_ns"}`` of the files already requested.
 
@@ -144,15 +156,25 @@ def landing_sensor(context: SensorEvaluationContext, storage: Storage):
     existing = set(context.instance.get_dynamic_partitions(landed_batches.name))
     to_add = sorted(k for k in new if k not in existing)
     return SensorResult(
-        run_requests=[RunRequest(run_key=f"{k}@{v}", partition_key=k, asset_selection=LANDED_FILE_STEPS, tags={"largetrain/landed_file": str(files[k])})
-                      for k, v in sorted(new.items())],
+        run_requests=[
+            RunRequest(
+                run_key=f"{k}@{v}",
+                partition_key=k,
+                asset_selection=LANDED_FILE_STEPS,
+                tags={"largetrain/landed_file": str(files[k])},
+            )
+            for k, v in sorted(new.items())
+        ],
         dynamic_partitions_requests=[landed_batches.build_add_request(to_add)] if to_add else [],
         cursor=json.dumps({**seen, **new}, sort_keys=True),
     )
 
 
 landed_automation = AutomationConditionSensorDefinition(
-    "landed_automation", target=AssetSelection.groups("landed_data"), default_status=DefaultSensorStatus.RUNNING,
+    "landed_automation",
+    target=AssetSelection.groups("landed_data"),
+    default_status=DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=30,
     description="Evaluates the landed chain's automation conditions (eager: a cleaned partition updates the global "
-                "dedup). Running by default, like landing_sensor: it only ever starts data preparation.")
+    "dedup). Running by default, like landing_sensor: it only ever starts data preparation.",
+)

@@ -28,7 +28,6 @@ ROLES = {
 }
 
 
-
 def data_partitions(count: str | int) -> StaticPartitionsDefinition:
     """``count`` partitions keyed ``000``, ``001``, ... (zero-padded to at least 3 digits).
     Raises ValueError naming LARGETRAIN_DATA_PARTITIONS unless count is an integer >= 1."""
@@ -57,8 +56,10 @@ def role_corpora(role: str, environ=os.environ) -> tuple[str, ...]:
     names = tuple(n.strip() for n in environ.get(var, "").split(",") if n.strip())
     bad = [n for n in names if not CORPUS_NAME.fullmatch(n)]
     if bad or len(set(names)) != len(names) or len(names) == 1:
-        raise ValueError(f"{var}={environ.get(var)!r}: name two or more distinct corpora, each lower-case letters, "
-                         f"digits and _ starting with a letter (they become asset keys {role}/<corpus>/raw_corpus)")
+        raise ValueError(
+            f"{var}={environ.get(var)!r}: name two or more distinct corpora, each lower-case letters, "
+            f"digits and _ starting with a letter (they become asset keys {role}/<corpus>/raw_corpus)"
+        )
     return names
 
 

@@ -33,7 +33,9 @@ def latest_report(root) -> tuple[dict | None, str]:
     handle = read_handle(root, AssetKey("optimization_report"))
     if handle is None:
         return None, "optimization_report has not been materialized"
-    return read_json(local_files(handle["path"], ["report.json"]) / "report.json", "optimization report (report.json)"), ""
+    return read_json(
+        local_files(handle["path"], ["report.json"]) / "report.json", "optimization report (report.json)"
+    ), ""
 
 
 def plan_training(context, storage, launcher, cfg, settings: PlanSettings, key: str, out: Path) -> dict:
@@ -48,18 +50,31 @@ def plan_training(context, storage, launcher, cfg, settings: PlanSettings, key: 
 
     report, missing = latest_report(storage.root)
     try:
-        plan = plan_before_launch(cfg, settings, launcher.nproc_per_node * max(1, len(launcher.hosts)),
-                                  launcher.nproc_per_node, torch.cuda.is_available(), storage.root, report=report,
-                                  report_missing=missing, device=device_name(),
-                                  calibrate=lambda scratch: run_calibration(context, launcher, cfg, settings, scratch),
-                                  workdir=out)
+        plan = plan_before_launch(
+            cfg,
+            settings,
+            launcher.nproc_per_node * max(1, len(launcher.hosts)),
+            launcher.nproc_per_node,
+            torch.cuda.is_available(),
+            storage.root,
+            report=report,
+            report_missing=missing,
+            device=device_name(),
+            calibrate=lambda scratch: run_calibration(context, launcher, cfg, settings, scratch),
+            workdir=out,
+        )
     except ValueError as e:
         table = Path(out) / PLAN_TABLE
         why = "it does not fit" if isinstance(e, PlanError) else "the plan settings are invalid"
-        raise Failure(f"{key}: {e}. Nothing was launched; not retried ({why}: change the config).", allow_retries=False,
-                      metadata={"plan": MetadataValue.md(table.read_text() if table.exists() else "")}) from e
-    context.log.info(f"{key}: training plan ({'throughput: ' + plan.throughput.detail if plan.throughput else plan.throughput_note}):\n"
-                     + plan.table())
+        raise Failure(
+            f"{key}: {e}. Nothing was launched; not retried ({why}: change the config).",
+            allow_retries=False,
+            metadata={"plan": MetadataValue.md(table.read_text() if table.exists() else "")},
+        ) from e
+    context.log.info(
+        f"{key}: training plan ({'throughput: ' + plan.throughput.detail if plan.throughput else plan.throughput_note}):\n"
+        + plan.table()
+    )
     return plan.to_dict()
 
 
@@ -71,17 +86,26 @@ def run_calibration(context, launcher, cfg, settings: PlanSettings, scratch: Pat
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     steps = settings.calibration_steps
-    spec = {"train": calibrate.calibration_config(cfg, scratch, steps + calibrate.PROFILED_STEPS).to_dict(),
-            "steps": steps, "profiled_steps": calibrate.PROFILED_STEPS, "measure_checkpoint": True}
+    spec = {
+        "train": calibrate.calibration_config(cfg, scratch, steps + calibrate.PROFILED_STEPS).to_dict(),
+        "steps": steps,
+        "profiled_steps": calibrate.PROFILED_STEPS,
+        "measure_checkpoint": True,
+    }
     spec_path = scratch / "calibration_spec.json"
     write_json_atomic(spec_path, spec)
-    context.log.info(f"calibrating: {calibrate.PROFILED_STEPS} profiled + {steps} timed steps of the real training "
-                     f"on {launcher.nproc_per_node} rank(s) per node")
+    context.log.info(
+        f"calibrating: {calibrate.PROFILED_STEPS} profiled + {steps} timed steps of the real training "
+        f"on {launcher.nproc_per_node} rank(s) per node"
+    )
     try:
         launcher.run(context, spec_path, scratch / "calibration.log", module=calibrate.MODULE)
     except Failure as e:
-        raise Failure(f"the calibration before the training failed, so the training was not launched: {e.description}",
-                      metadata=e.metadata, allow_retries=e.allow_retries) from e
+        raise Failure(
+            f"the calibration before the training failed, so the training was not launched: {e.description}",
+            metadata=e.metadata,
+            allow_retries=e.allow_retries,
+        ) from e
     result = read_json(scratch / calibrate.CALIBRATION, "calibration result (calibration.json)")
     for d in ("checkpoints", "torchelastic"):
         shutil.rmtree(scratch / d, ignore_errors=True)
@@ -99,5 +123,8 @@ def plan_metadata(out: Path, summary: dict, rows: list[dict]) -> dict:
     cal = Path(out) / "calibration" / calibrate.CALIBRATION
     compared = plan_vs_measured(plan, summary, rows, json.loads(cal.read_text()) if cal.exists() else None)
     table = Path(out) / PLAN_TABLE
-    return {"plan": MetadataValue.md(table.read_text() if table.exists() else ""),
-            "plan_vs_measured": MetadataValue.md(compared["table"]), **plan_numbers(plan)}
+    return {
+        "plan": MetadataValue.md(table.read_text() if table.exists() else ""),
+        "plan_vs_measured": MetadataValue.md(compared["table"]),
+        **plan_numbers(plan),
+    }

@@ -141,7 +141,12 @@ class ProgressReporter:
             return
         self.context.log.info(f"training progress: {p.line()}")
         if self.observed is not None:
-            self.context.log_event(AssetObservation(asset_key=self.observed[0], partition=self.observed[1],
-                                                    metadata=p.metadata(),
-                                                    description=f"training progress: {p.line()} (loss in nats per token)"))
+            self.context.log_event(
+                AssetObservation(
+                    asset_key=self.observed[0],
+                    partition=self.observed[1],
+                    metadata=p.metadata(),
+                    description=f"training progress: {p.line()} (loss in nats per token)",
+                )
+            )
         self.shown = p.step

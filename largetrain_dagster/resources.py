@@ -57,9 +57,13 @@ class Storage(ConfigurableResource):
     the step fails with the valid names. ``dagster asset materialize -c`` would otherwise drop such a key
     without a word."""
 
-    root: str = Field(default=".largetrain", description=(
-        "Storage root: every artefact lies under <root>/<asset key path>/<data version>/. LARGETRAIN_ROOT "
-        "(default .largetrain under the working directory)."))
+    root: str = Field(
+        default=".largetrain",
+        description=(
+            "Storage root: every artefact lies under <root>/<asset key path>/<data version>/. LARGETRAIN_ROOT "
+            "(default .largetrain under the working directory)."
+        ),
+    )
 
     @property
     def is_url(self) -> bool:
@@ -85,9 +89,11 @@ class Storage(ConfigurableResource):
             try:
                 fs.check_access(self.root, "write the storage root (LARGETRAIN_ROOT)", write=True)
             except fs.StorageAccessError as e:
-                raise Failure(f"{e}. Nothing was run: check the bucket, the endpoint (AWS_ENDPOINT_URL) and the "
-                              "credentials (the standard chain: environment, profile, instance role).",
-                              allow_retries=False) from None
+                raise Failure(
+                    f"{e}. Nothing was run: check the bucket, the endpoint (AWS_ENDPOINT_URL) and the "
+                    "credentials (the standard chain: environment, profile, instance role).",
+                    allow_retries=False,
+                ) from None
         run, instance = context.dagster_run, context.instance
         if run is None or instance is None:  # built outside a run (a test, a sensor): no run config to check
             return
@@ -100,8 +106,10 @@ class Storage(ConfigurableResource):
             raise Failure(str(e)) from None
         if unused and CONFIG_CHECKED_TAG not in (instance.get_run_by_id(run.run_id) or run).tags:
             instance.add_run_tags(run.run_id, {CONFIG_CHECKED_TAG: "true"})  # one log line per run, not per step
-            context.log.info(f"run config for steps outside this run, not used by it: {', '.join(unused)} "
-                             f"(they apply to the runs that select those steps)")
+            context.log.info(
+                f"run config for steps outside this run, not used by it: {', '.join(unused)} "
+                f"(they apply to the runs that select those steps)"
+            )
 
 
 CONFIG_CHECKED_TAG = "largetrain/run_config_checked"
@@ -111,9 +119,12 @@ def run_steps(instance, run) -> tuple[set[str], set[str]]:
     """(the steps of ``run``, every step of the job it was selected from): node names from the run's job
     snapshot and its parent's (an asset selection of the CLI or the UI runs a subset of the code
     location's implicit asset job). Empty sets when the instance holds no snapshot."""
+
     def nodes(snapshot_id):
         snap = instance.get_job_snapshot(snapshot_id) if snapshot_id else None
-        return (snap, {n.node_name for n in snap.dep_structure_snapshot.node_invocation_snaps}) if snap else (None, set())
+        return (
+            (snap, {n.node_name for n in snap.dep_structure_snapshot.node_invocation_snaps}) if snap else (None, set())
+        )
 
     snap, selected = nodes(run.job_snapshot_id)
     lineage = snap.lineage_snapshot if snap else None
@@ -139,7 +150,9 @@ def read_handle(root: str | Path, key: AssetKey, partition: str | None = None) -
     None when it has not been materialized."""
     f = handle_file(root, key, partition)
     try:
-        return resolve_under(read_json(f, f"handle of {key.to_user_string()} (JSON: path, data_version, stats)"), _root(root))
+        return resolve_under(
+            read_json(f, f"handle of {key.to_user_string()} (JSON: path, data_version, stats)"), _root(root)
+        )
     except MissingArtefactError:
         return None
 
@@ -147,9 +160,14 @@ def read_handle(root: str | Path, key: AssetKey, partition: str | None = None) -
 # Which of `make demo` and the recipes (configs/*.yaml, docs/guides/your-data.md)
 # materialize an artefact that later runs build on; the other assets come from every recipe that needs them.
 MADE_BY = {
-    "tokenizer": ("demo", 2, 3), "base_checkpoint": ("demo", 2, 3),
-    "pretrain/raw_corpus": ("demo", 2), "pretrain/cleaned_text": ("demo", 2), "pretrain/deduplicated_text": ("demo", 2),
-    "pretrain/token_shards": ("demo", 2, 3), "pretrain/filtered_text": ("demo", 2), "relevance_classifier": ("demo", 2),
+    "tokenizer": ("demo", 2, 3),
+    "base_checkpoint": ("demo", 2, 3),
+    "pretrain/raw_corpus": ("demo", 2),
+    "pretrain/cleaned_text": ("demo", 2),
+    "pretrain/deduplicated_text": ("demo", 2),
+    "pretrain/token_shards": ("demo", 2, 3),
+    "pretrain/filtered_text": ("demo", 2),
+    "relevance_classifier": ("demo", 2),
     "evaluation_sets": ("demo", 2),
 }
 RECIPES = {2: "configs/pretrain_on_my_corpus.yaml", 3: "configs/import_hf_model.yaml"}
@@ -163,20 +181,27 @@ def not_materialized(key: AssetKey, root: str | Path, partition: str | None = No
     f = handle_file(root, key, partition)
     env, root = os.environ.get("LARGETRAIN_ROOT"), _root(root)
     if env is None:
-        origin = "LARGETRAIN_ROOT is unset" + (": the default, .largetrain in the working directory"
-                                               if root == Path(".largetrain").resolve() else "")
+        origin = "LARGETRAIN_ROOT is unset" + (
+            ": the default, .largetrain in the working directory" if root == Path(".largetrain").resolve() else ""
+        )
     else:
         origin = "LARGETRAIN_ROOT" if _root(env) == root else f"not LARGETRAIN_ROOT={fs.redact(env)}: set by the caller"
     where = f"under the storage root {fs.redact(str(root))} ({origin}; no {fs.redact(str(f))})"
     what = f"partition {partition} of {name}" if partition is not None else name
     select = (f"--partition {partition} " if partition is not None else "") + f"--select '{name}'"
-    msg = (f"{what} has not been materialized {where}. Materialize it first (`dagster asset materialize -m "
-           f"largetrain_dagster.definitions -c <your config> {select}`, or select it in the same run), or set "
-           "LARGETRAIN_ROOT to the storage root that holds it.")
+    msg = (
+        f"{what} has not been materialized {where}. Materialize it first (`dagster asset materialize -m "
+        f"largetrain_dagster.definitions -c <your config> {select}`, or select it in the same run), or set "
+        "LARGETRAIN_ROOT to the storage root that holds it."
+    )
     makers = MADE_BY.get(name)
     if makers:
         said = ["`make demo`" if m == "demo" else f"recipe {m} ({RECIPES[m]})" for m in makers]
-        msg += f" {said[0]} builds it" + (f", as {'does' if len(said) == 2 else 'do'} {' and '.join(said[1:])}" if len(said) > 1 else "") + "."
+        msg += (
+            f" {said[0]} builds it"
+            + (f", as {'does' if len(said) == 2 else 'do'} {' and '.join(said[1:])}" if len(said) > 1 else "")
+            + "."
+        )
     return msg
 
 
@@ -197,8 +222,10 @@ class HandleIOManager(ConfigurableIOManager):
     been materialized, the handle when it is damaged, and the files when the directory it points to
     no longer matches its manifest (largetrain_core.storage.verify_manifest)."""
 
-    root: str = Field(default=".largetrain", description=(
-        "Storage root the assets' handles live under (<root>/_handles/); the storage resource's root."))
+    root: str = Field(
+        default=".largetrain",
+        description=("Storage root the assets' handles live under (<root>/_handles/); the storage resource's root."),
+    )
 
     def _file(self, key: AssetKey, partition: str | None) -> str | Path:
         return handle_file(self.root, key, partition)
@@ -208,15 +235,20 @@ class HandleIOManager(ConfigurableIOManager):
         (largetrain_core.storage.verify_manifest; one listing on an object store): a damaged input fails
         here, naming the files; a missing one names what makes it."""
         try:
-            handle = resolve_under(read_json(f, f"handle of {what} (JSON: path, data_version, stats)"), _root(self.root))
+            handle = resolve_under(
+                read_json(f, f"handle of {what} (JSON: path, data_version, stats)"), _root(self.root)
+            )
         except MissingArtefactError:
             raise Failure(not_materialized(key, self.root, partition)) from None
         except ArtefactError as e:
             raise Failure(f"{e}; re-materialize {what}") from e
         problems = verify_manifest(handle["path"])
         if problems:
-            raise Failure(f"{what} at {fs.redact(handle['path'])} was damaged after it was written: " + "; ".join(problems)
-                          + f". Re-materialize {what}: it is rebuilt.")
+            raise Failure(
+                f"{what} at {fs.redact(handle['path'])} was damaged after it was written: "
+                + "; ".join(problems)
+                + f". Re-materialize {what}: it is rebuilt."
+            )
         return handle
 
     def _step_file(self, identifier: list[str]) -> str | Path:
@@ -226,14 +258,20 @@ class HandleIOManager(ConfigurableIOManager):
         run_id, *rest = identifier
         root = _root(self.root)
         name = "-".join(rest) + ".json"
-        return fs.join(root, "_handles", "_steps", run_id, name) if fs.is_url(root) else root / "_handles" / "_steps" / run_id / name
+        return (
+            fs.join(root, "_handles", "_steps", run_id, name)
+            if fs.is_url(root)
+            else root / "_handles" / "_steps" / run_id / name
+        )
 
     def handle_output(self, context: OutputContext, obj: dict) -> None:
         if not context.has_asset_key:  # a step of a graph-backed asset (largetrain_dagster.shards)
             write_json_atomic(self._step_file(context.get_identifier()), relative_to_root(obj, _root(self.root)))
             return
-        write_json_atomic(self._file(context.asset_key, context.partition_key if context.has_partition_key else None),
-                          relative_to_root(obj, _root(self.root)))
+        write_json_atomic(
+            self._file(context.asset_key, context.partition_key if context.has_partition_key else None),
+            relative_to_root(obj, _root(self.root)),
+        )
 
     def load_input(self, context: InputContext):
         upstream = context.upstream_output
@@ -243,16 +281,24 @@ class HandleIOManager(ConfigurableIOManager):
         key = context.asset_key
         if not context.has_asset_partitions:
             return self._read(self._file(key, None), key, None, key.to_user_string())
-        out = {pk: self._read(self._file(key, pk), key, pk, f"partition {pk} of {key.to_user_string()}")
-               for pk in context.asset_partition_keys}
+        out = {
+            pk: self._read(self._file(key, pk), key, pk, f"partition {pk} of {key.to_user_string()}")
+            for pk in context.asset_partition_keys
+        }
         if context.has_partition_key:  # partition -> the same partition: its one handle
             (handle,) = out.values()
             return handle
         return out
 
 
-class TrackerSettings(dagster_config(TrackingSettings, "TrackerSettingsFields", base=ConfigurableResource,
-                                    exclude=("run_name", "logging_steps", "peak_flops"))):
+class TrackerSettings(
+    dagster_config(
+        TrackingSettings,
+        "TrackerSettingsFields",
+        base=ConfigurableResource,
+        exclude=("run_name", "logging_steps", "peak_flops"),
+    )
+):
     """Where the training assets report their runs: TrainConfig's ``tracking`` section, its ``report_to``
     list and each tracker's settings, for the whole deployment (the asset names each run
     ``<asset>-<data version>`` and adds ``dagster_pipes``). The code location sets them from
@@ -273,28 +319,48 @@ class TorchrunLauncher(ConfigurableResource):
     """
 
     nproc_per_node: int = Field(default=2, description="Training ranks on each node. LARGETRAIN_NPROC.")
-    threads_per_rank: int = Field(default=0, description=(
-        "OMP_NUM_THREADS of each rank; 0 = the node's cores / nproc_per_node."))
-    kill_grace_seconds: float = Field(default=10.0, description=(
-        "Seconds between SIGTERM and SIGKILL to the process group of an ablation or a calibration when the run is "
-        "cancelled or fails; a training's is its checkpointing.preemption_grace_seconds."))
-    hosts: list[str] = Field(default=[], description=(
-        "Several nodes: every node's address, the first holds the rendezvous; [] = this host alone."))
-    node_rank: int = Field(default=0, description=(
-        "This node's position in hosts (one Dagster run per node starts its torchrun agent)."))
+    threads_per_rank: int = Field(
+        default=0, description=("OMP_NUM_THREADS of each rank; 0 = the node's cores / nproc_per_node.")
+    )
+    kill_grace_seconds: float = Field(
+        default=10.0,
+        description=(
+            "Seconds between SIGTERM and SIGKILL to the process group of an ablation or a calibration when the run is "
+            "cancelled or fails; a training's is its checkpointing.preemption_grace_seconds."
+        ),
+    )
+    hosts: list[str] = Field(
+        default=[],
+        description=("Several nodes: every node's address, the first holds the rendezvous; [] = this host alone."),
+    )
+    node_rank: int = Field(
+        default=0, description=("This node's position in hosts (one Dagster run per node starts its torchrun agent).")
+    )
     master_port: int = Field(default=29500, description="Port of the rendezvous on the first host.")
-    progress_seconds: float = Field(default=10.0, description=(
-        "Seconds between the progress lines (step/total, loss, tokens/s, ETA) in the run log while training runs."))
+    progress_seconds: float = Field(
+        default=10.0,
+        description=(
+            "Seconds between the progress lines (step/total, loss, tokens/s, ETA) in the run log while training runs."
+        ),
+    )
 
     def command(self, config_path: Path, log_dir: Path | None = None, module: str = ENTRY_MODULE) -> list[str]:
         """This node's torchrun command of ``module`` (largetrain_core.launch.launch_commands, static
         rendezvous); ``log_dir``: torchrun's --log-dir, where every rank's error file is written."""
-        cmds = launch_commands(str(config_path), self.hosts or ["localhost"], self.nproc_per_node, self.master_port,
-                               python=sys.executable, log_dir=str(log_dir) if log_dir else None, module=module)["torchrun"]
+        cmds = launch_commands(
+            str(config_path),
+            self.hosts or ["localhost"],
+            self.nproc_per_node,
+            self.master_port,
+            python=sys.executable,
+            log_dir=str(log_dir) if log_dir else None,
+            module=module,
+        )["torchrun"]
         return shlex.split(cmds[self.node_rank])
 
-    def run(self, context, config_path: Path, log_path: Path, module: str = ENTRY_MODULE,
-            grace_seconds: float | None = None) -> dict:
+    def run(
+        self, context, config_path: Path, log_path: Path, module: str = ENTRY_MODULE, grace_seconds: float | None = None
+    ) -> dict:
         """Run the training (or another entry point ``module``, such as the ablation) to completion
         (largetrain_dagster.runner.run_process); return the metadata rank 0 reported through Pipes.
 
@@ -312,14 +378,17 @@ class TorchrunLauncher(ConfigurableResource):
         logs.mkdir(parents=True, exist_ok=True)
         log_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%S-"), dir=logs))
         grace = self.kill_grace_seconds if grace_seconds is None else grace_seconds
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-               "TORCHELASTIC_ERROR_FILE": str(log_dir / AGENT_ERROR_FILE),
-               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace))}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONUNBUFFERED": "1",
+            "TORCHELASTIC_ERROR_FILE": str(log_dir / AGENT_ERROR_FILE),
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace)),
+        }
         cmd = self.command(config_path, log_dir, module)
         context.log.info(f"launching: {' '.join(cmd)} (OMP_NUM_THREADS={threads}); log: {log_path}")
         progress = ProgressReporter(context, Path(config_path).parent, self.progress_seconds)
-        done = run_process(context, cmd, log_path, "the training", env=env, grace_seconds=grace,
-                           on_tick=progress.tick)
+        done = run_process(context, cmd, log_path, "the training", env=env, grace_seconds=grace, on_tick=progress.tick)
         if done.returncode != 0:
             raise training_failure(done.returncode, log_dir, log_path)
         if not any(p.is_file() for p in log_dir.rglob("*")):
@@ -336,8 +405,14 @@ def training_failure(returncode: int | None, log_dir: Path, log_path: Path) -> F
     errors = rank_errors(log_dir)
     text, retryable = describe_failure(returncode, errors)
     shown = [{k: v for k, v in e.items() if k != "traceback"} for e in errors]
-    return Failure(f"{text}\nTraining log: {log_path}; error files under {log_dir}",
-                   metadata={"rank_errors": MetadataValue.json(shown), "train_log": MetadataValue.path(str(log_path)),
-                             "error_files": MetadataValue.path(str(log_dir)),
-                             "torchrun_exit": exit_status(returncode), "retryable": retryable},
-                   allow_retries=retryable)
+    return Failure(
+        f"{text}\nTraining log: {log_path}; error files under {log_dir}",
+        metadata={
+            "rank_errors": MetadataValue.json(shown),
+            "train_log": MetadataValue.path(str(log_path)),
+            "error_files": MetadataValue.path(str(log_dir)),
+            "torchrun_exit": exit_status(returncode),
+            "retryable": retryable,
+        },
+        allow_retries=retryable,
+    )

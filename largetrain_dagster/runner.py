@@ -42,9 +42,16 @@ def reported_metadata(results) -> dict:
     return out
 
 
-def run_process(context, cmd: list[str], log_path: Path, what: str, env: dict[str, str] | None = None,
-                grace_seconds: float = 10.0, on_tick: Callable[[], None] | None = None,
-                tick_seconds: float = 0.5) -> ProcessResult:
+def run_process(
+    context,
+    cmd: list[str],
+    log_path: Path,
+    what: str,
+    env: dict[str, str] | None = None,
+    grace_seconds: float = 10.0,
+    on_tick: Callable[[], None] | None = None,
+    tick_seconds: float = 0.5,
+) -> ProcessResult:
     """Run ``cmd`` as a child of the step ``context`` (module docstring) and wait for its end.
 
     ``env``: its environment (default this process's), to which the Pipes bootstrap variables are
@@ -53,9 +60,17 @@ def run_process(context, cmd: list[str], log_path: Path, what: str, env: dict[st
     ``tick_seconds`` while it runs, in the step's thread (progress reports). Returns its exit code
     and reported metadata whatever the code; raises only what interrupted the wait, after the tree
     was stopped."""
-    with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
-                            message_reader=PipesTempFileMessageReader()) as session:
+    with open_pipes_session(
+        context=context, context_injector=PipesTempFileContextInjector(), message_reader=PipesTempFileMessageReader()
+    ) as session:
         full_env = {**(os.environ if env is None else env), **session.get_bootstrap_env_vars()}
-        code = run_in_group(cmd, full_env, Path(log_path), grace_seconds, on_tick=on_tick, tick_seconds=tick_seconds,
-                            on_stop=lambda pid: context.log.warning(f"stopping {what} (process group {pid})"))
+        code = run_in_group(
+            cmd,
+            full_env,
+            Path(log_path),
+            grace_seconds,
+            on_tick=on_tick,
+            tick_seconds=tick_seconds,
+            on_stop=lambda pid: context.log.warning(f"stopping {what} (process group {pid})"),
+        )
     return ProcessResult(code, reported_metadata(session.get_results()))

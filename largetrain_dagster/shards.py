@@ -56,53 +56,110 @@ def token_shards_asset(role: str) -> list:
     and its blocking check ``token_ids_below_vocab``."""
     key = [role, "token_shards"]
 
-    @op(name=f"{role}__token_shards_plan", out=DynamicOut(io_manager_key="handles"),
-        description="How many partitions tokenize the corpus (none when the shards are complete already).")
+    @op(
+        name=f"{role}__token_shards_plan",
+        out=DynamicOut(io_manager_key="handles"),
+        description="How many partitions tokenize the corpus (none when the shards are complete already).",
+    )
     def plan(context: OpExecutionContext, config: TokenShardsConfig, storage: Storage, text: dict, tokenizer: dict):
-        n = _stage(token_shard_partitions, config.to_core(), Artifact.of(text), Artifact.of(tokenizer),
-                   _run(context, storage, role), len(data_partitions.DATA_PARTITIONS.get_partition_keys()))
-        context.log.info(f"{role}/token_shards: {n} partitions to tokenize" if n else
-                         f"{role}/token_shards: complete already, nothing to tokenize")
+        n = _stage(
+            token_shard_partitions,
+            config.to_core(),
+            Artifact.of(text),
+            Artifact.of(tokenizer),
+            _run(context, storage, role),
+            len(data_partitions.DATA_PARTITIONS.get_partition_keys()),
+        )
+        context.log.info(
+            f"{role}/token_shards: {n} partitions to tokenize"
+            if n
+            else f"{role}/token_shards: complete already, nothing to tokenize"
+        )
         for i in range(n):
-            yield DynamicOutput({"partition": i, "partitions": n, "settings": config.model_dump(), "text": text,
-                                "tokenizer": tokenizer}, mapping_key=f"p{i:03d}")
+            yield DynamicOutput(
+                {
+                    "partition": i,
+                    "partitions": n,
+                    "settings": config.model_dump(),
+                    "text": text,
+                    "tokenizer": tokenizer,
+                },
+                mapping_key=f"p{i:03d}",
+            )
 
-    @op(name=f"{role}__token_shards_tokenize", out=Out(io_manager_key="handles"),
-        description="One partition of the corpus's part files tokenized and packed into its own shard files.")
+    @op(
+        name=f"{role}__token_shards_tokenize",
+        out=Out(io_manager_key="handles"),
+        description="One partition of the corpus's part files tokenized and packed into its own shard files.",
+    )
     def tokenize(context: OpExecutionContext, storage: Storage, part: dict) -> dict:
-        result = _stage(token_shard_partition, TokenShardsConfig(**part["settings"]).to_core(), Artifact.of(part["text"]),
-                        Artifact.of(part["tokenizer"]), _run(context, storage, role), part["partition"], part["partitions"])
-        context.log.info(f"{role}/token_shards partition {part['partition']} of {part['partitions']}: "
-                         f"{result.stats['sequences']:,} sequences of {result.stats['parts']} parts at {result.path}"
-                         + (" (reused)" if result.reused else ""))
+        result = _stage(
+            token_shard_partition,
+            TokenShardsConfig(**part["settings"]).to_core(),
+            Artifact.of(part["text"]),
+            Artifact.of(part["tokenizer"]),
+            _run(context, storage, role),
+            part["partition"],
+            part["partitions"],
+        )
+        context.log.info(
+            f"{role}/token_shards partition {part['partition']} of {part['partitions']}: "
+            f"{result.stats['sequences']:,} sequences of {result.stats['parts']} parts at {result.path}"
+            + (" (reused)" if result.reused else "")
+        )
         return result.handle()
 
-    @op(name=f"{role}__token_shards_assemble", ins={"parts": In(list)}, out=Out(io_manager_key="handles"),
-        description="The global step: the tails' windows and manifest.json over every partition's shards.")
-    def assemble(context: OpExecutionContext, config: TokenShardsConfig, storage: Storage, text: dict, tokenizer: dict,
-                 parts: list):
-        done = sorted(parts, key=lambda h: (h["stats"]["partition"]))
-        result = _stage(shards_stage, config.to_core(), Artifact.of(text), Artifact.of(tokenizer),
-                        _run(context, storage, role), [Artifact.of(h) for h in done])
+    @op(
+        name=f"{role}__token_shards_assemble",
+        ins={"parts": In(list)},
+        out=Out(io_manager_key="handles"),
+        description="The global step: the tails' windows and manifest.json over every partition's shards.",
+    )
+    def assemble(
+        context: OpExecutionContext,
+        config: TokenShardsConfig,
+        storage: Storage,
+        text: dict,
+        tokenizer: dict,
+        parts: list,
+    ):
+        done = sorted(parts, key=lambda h: h["stats"]["partition"])
+        result = _stage(
+            shards_stage,
+            config.to_core(),
+            Artifact.of(text),
+            Artifact.of(tokenizer),
+            _run(context, storage, role),
+            [Artifact.of(h) for h in done],
+        )
         for warning in result.warnings:
             context.log.warning(warning)
-        return asset_output(result.path, result.data_version, result.stats, config, result.reused,
-                            metadata_values(result.metadata))
+        return asset_output(
+            result.path, result.data_version, result.stats, config, result.reused, metadata_values(result.metadata)
+        )
 
     def mapping(cfg: dict) -> dict:
         return {plan.name: {"config": cfg}, assemble.name: {"config": cfg}}
 
-    @graph_asset(key=key, group_name=f"{role}_data", code_version=CODE_VERSIONS["token_shards"],
-                 ins={"text": AssetIn(key=[role, data_partitions.shards_text(role)]), "tokenizer": AssetIn(key="tokenizer")},
-                 config=ConfigMapping(config_fn=mapping, config_schema=TokenShardsConfig.to_config_schema()),
-                 kinds={"arrow"},
-                 description="EOS after every document, packed into seq_len+1 windows, Arrow IPC shards + manifest.json, "
-                             "train/validation split by document; tokenized per partition, in parallel.")
+    @graph_asset(
+        key=key,
+        group_name=f"{role}_data",
+        code_version=CODE_VERSIONS["token_shards"],
+        ins={"text": AssetIn(key=[role, data_partitions.shards_text(role)]), "tokenizer": AssetIn(key="tokenizer")},
+        config=ConfigMapping(config_fn=mapping, config_schema=TokenShardsConfig.to_config_schema()),
+        kinds={"arrow"},
+        description="EOS after every document, packed into seq_len+1 windows, Arrow IPC shards + manifest.json, "
+        "train/validation split by document; tokenized per partition, in parallel.",
+    )
     def token_shards(text, tokenizer):
         return assemble(text, tokenizer, plan(text, tokenizer).map(tokenize).collect())
 
-    @asset_check(asset=key, name="token_ids_below_vocab", blocking=True,
-                 description="every id < vocab size; shard sizes and checksums match manifest.json")
+    @asset_check(
+        asset=key,
+        name="token_ids_below_vocab",
+        blocking=True,
+        description="every id < vocab size; shard sizes and checksums match manifest.json",
+    )
     def ids_check(shards: dict) -> AssetCheckResult:
         check = ids_below_vocab(Artifact.of(shards).path, shards["stats"]["vocab_size"])
         return AssetCheckResult(passed=bool(check.passed), metadata=metadata_values(check.metadata))

@@ -44,7 +44,9 @@ def corpus_version(corpus: dict | None) -> str:
     digests = corpus.get("content_digests") or {}
     if len(set(digests.values())) == 1 and len(digests) > 1:  # one file split across partitions
         return f"no provenance file; content digest {(next(iter(digests.values())) or 'n/a')[:16]} (every partition)"
-    return "no provenance file; content digests " + ", ".join(f"{k} {(d or 'n/a')[:16]}" for k, d in sorted(digests.items()))
+    return "no provenance file; content digests " + ", ".join(
+        f"{k} {(d or 'n/a')[:16]}" for k, d in sorted(digests.items())
+    )
 
 
 def _balancing(dedup: dict) -> list[str]:
@@ -52,8 +54,10 @@ def _balancing(dedup: dict) -> list[str]:
     b = dedup.get("balance")
     if not b and dedup.get("labels_not_balanced"):
         classes = dedup["labels_not_balanced"]
-        return ["  labels read, not balanced (balance_target null): documents per class "
-                + ", ".join(f"{c} {n:,}" for c, n in sorted(classes.items(), key=lambda e: (-e[1], e[0])))]
+        return [
+            "  labels read, not balanced (balance_target null): documents per class "
+            + ", ".join(f"{c} {n:,}" for c, n in sorted(classes.items(), key=lambda e: (-e[1], e[0])))
+        ]
     if not b:
         return []
     mode = {"down": "down-sampled", "up": "up-sampled"}.get(b.get("mode"), b.get("mode"))
@@ -61,8 +65,10 @@ def _balancing(dedup: dict) -> list[str]:
     classes = ", ".join(f"{c} {before.get(c, 0):,} -> {after.get(c, 0):,}" for c in sorted(set(before) | set(after)))
     line = f"  balancing ({mode}, seed {b.get('seed')}): per class before -> after: {classes}"
     if b.get("mode") == "up":
-        line += (f"; {b.get('balance_repeats', 0):,} extra copies of {b.get('repeated_documents', 0):,} documents, "
-                 f"trained on in the train split (intended repeats, not duplicates)")
+        line += (
+            f"; {b.get('balance_repeats', 0):,} extra copies of {b.get('repeated_documents', 0):,} documents, "
+            f"trained on in the train split (intended repeats, not duplicates)"
+        )
     else:
         line += f"; {b.get('balance_dropped', 0):,} documents left out (counted as filtered, reason balance_downsample)"
     return [line]
@@ -75,38 +81,53 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
     shards = _metadata(instance, role, "token_shards")
     chain = filt or dedup  # the accounting of the whole chain, to the text the shards are made of
     corpus = dedup.get("corpus") or {}
-    lines = [f"{label} ({role}): {corpus.get('source') or raw.get('source', 'n/a')}",
-             f"  corpus version: {corpus_version(corpus)}"]
+    lines = [
+        f"{label} ({role}): {corpus.get('source') or raw.get('source', 'n/a')}",
+        f"  corpus version: {corpus_version(corpus)}",
+    ]
     balanced = (dedup.get("balance") or {}).get("balance_dropped", 0)
     relevance, contaminated = filt.get("removed_relevance", 0), filt.get("removed_contaminated", 0)
     filtered = chain.get("documents_filtered")
     rules = None if filtered is None else filtered - balanced - relevance - contaminated
     exact, near = dedup.get("duplicate_exact"), dedup.get("duplicate_near")
-    lines.append(f"  documents read {_fmt(chain.get('documents_input'))} / kept {_fmt(chain.get('documents_kept'))} / "
-                 f"filtered by the quality rules {_fmt(rules)}"
-                 + (f" + by balancing {balanced:,}" if balanced else "")
-                 + (f" + by relevance {relevance:,} + contaminated {contaminated:,}" if filt else "")
-                 + f" / duplicates {_fmt(chain.get('documents_duplicate'))}"
-                 + (f" (exact {exact:,}, near {near:,})" if exact is not None and near is not None else "")
-                 + f" / rejected {_fmt(chain.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)")
+    lines.append(
+        f"  documents read {_fmt(chain.get('documents_input'))} / kept {_fmt(chain.get('documents_kept'))} / "
+        f"filtered by the quality rules {_fmt(rules)}"
+        + (f" + by balancing {balanced:,}" if balanced else "")
+        + (f" + by relevance {relevance:,} + contaminated {contaminated:,}" if filt else "")
+        + f" / duplicates {_fmt(chain.get('documents_duplicate'))}"
+        + (f" (exact {exact:,}, near {near:,})" if exact is not None and near is not None else "")
+        + f" / rejected {_fmt(chain.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)"
+    )
     lines += _filtering(filt)
     if dedup.get("pii_redacted") is not None:
         pii = dedup["pii_redacted"]
-        lines.append(f"  PII replaced by placeholders in {_fmt(dedup.get('pii_documents'))} documents: "
-                     + (", ".join(f"{k} {v:,}" for k, v in pii.items() if v) or "none found"))
+        lines.append(
+            f"  PII replaced by placeholders in {_fmt(dedup.get('pii_documents'))} documents: "
+            + (", ".join(f"{k} {v:,}" for k, v in pii.items() if v) or "none found")
+        )
     if dedup.get("rejected_files"):
         lines.append(f"  rejected records (file, position, reason): {', '.join(dedup['rejected_files'])}")
     if chain.get("removal_warning"):
         lines.append(f"  WARNING: {chain['removal_warning']}")
     lines += _balancing(dedup)
     repeats = shards.get("train_repeat_copies")
-    lines.append(f"  token shards: {_fmt(shards.get('total_tokens'))} tokens; sequences train {_fmt(shards.get('train_sequences'))}, "
-                 f"validation {_fmt(shards.get('validation_sequences'))}"
-                 + (f"; the train split repeats {shards.get('train_repeated_documents', 0):,} documents "
-                    f"({repeats:,} extra copies, {shards.get('train_repeat_tokens', 0):,} tokens)" if repeats else "")
-                 + (f"; relevance_score of its documents p10 {rel['p10']}, median {rel['p50']}, p90 {rel['p90']}"
-                    if (rel := shards.get("relevance_score")) and rel.get("count") else "")
-                 + f"; {shards.get('path', 'n/a')}")
+    lines.append(
+        f"  token shards: {_fmt(shards.get('total_tokens'))} tokens; sequences train {_fmt(shards.get('train_sequences'))}, "
+        f"validation {_fmt(shards.get('validation_sequences'))}"
+        + (
+            f"; the train split repeats {shards.get('train_repeated_documents', 0):,} documents "
+            f"({repeats:,} extra copies, {shards.get('train_repeat_tokens', 0):,} tokens)"
+            if repeats
+            else ""
+        )
+        + (
+            f"; relevance_score of its documents p10 {rel['p10']}, median {rel['p50']}, p90 {rel['p90']}"
+            if (rel := shards.get("relevance_score")) and rel.get("count")
+            else ""
+        )
+        + f"; {shards.get('path', 'n/a')}"
+    )
     lines += _mixture(shards.get("mixture"))
     tiny = tiny_validation_warning(role, shards, shards.get("config") or {}) if shards else None
     if tiny:
@@ -120,8 +141,9 @@ def _mixture(mix: dict | None) -> list[str]:
         return []
     parts = []
     for c, r in mix["corpora"].items():
-        how = (f"target {100 * r['target_share']:.1f} %" if r.get("target_share") is not None else "no weight") + \
-              f", natural {100 * r['natural_share']:.1f} %"
+        how = (
+            f"target {100 * r['target_share']:.1f} %" if r.get("target_share") is not None else "no weight"
+        ) + f", natural {100 * r['natural_share']:.1f} %"
         if r["repeat_sequences"]:
             how += f", {r['repeat_sequences']:,} sequences repeated"
         if r["downsampled_sequences"]:
@@ -137,25 +159,40 @@ def _filtering(filt: dict) -> list[str]:
         return []
     cfg, ex = filt.get("config") or {}, filt.get("examples") or {}
     shown = lambda rows: "; ".join(f"{e['title'] or e['doc_id']!r} {e['relevance_score']:.3f}" for e in rows) or "none"  # noqa: E731
-    how = (f"top fraction {cfg['relevance_top_fraction']:g}" if cfg.get("relevance_top_fraction") is not None else
-           f"threshold {cfg['relevance_threshold']:g}" if cfg.get("relevance_threshold") is not None else "no cut: scored only")
+    how = (
+        f"top fraction {cfg['relevance_top_fraction']:g}"
+        if cfg.get("relevance_top_fraction") is not None
+        else f"threshold {cfg['relevance_threshold']:g}"
+        if cfg.get("relevance_threshold") is not None
+        else "no cut: scored only"
+    )
     cut = filt.get("relevance_threshold")
-    lines = [f"  relevance (relevance_classifier, {how}" + (f", score >= {cut:.4f}" if isinstance(cut, float) else "")
-             + f"): {filt.get('removed_relevance', 0):,} removed; kept e.g. {shown(ex.get('kept') or [])}; "
-             f"removed e.g. {shown(ex.get('removed') or [])}"]
+    lines = [
+        f"  relevance (relevance_classifier, {how}"
+        + (f", score >= {cut:.4f}" if isinstance(cut, float) else "")
+        + f"): {filt.get('removed_relevance', 0):,} removed; kept e.g. {shown(ex.get('kept') or [])}; "
+        f"removed e.g. {shown(ex.get('removed') or [])}"
+    ]
     found, mode = filt.get("contaminated", 0), cfg.get("decontamination", "remove")
     sets = ", ".join(f"{k} {v:,}" for k, v in (filt.get("contaminated_by_set") or {}).items())
-    line = (f"  decontamination ({mode}): {found:,} documents share a 13-word n-gram with an evaluation item"
-            + (f" ({sets}), {'removed (reason contaminated)' if mode == 'remove' else 'KEPT and reported'}" if found else ""))
-    hits = [f"{e['doc_id']} holds {e['eval_set']}/{e['item_id']} ({e['ngram']!r})" for e in ex.get("contaminated") or []]
+    line = f"  decontamination ({mode}): {found:,} documents share a 13-word n-gram with an evaluation item" + (
+        f" ({sets}), {'removed (reason contaminated)' if mode == 'remove' else 'KEPT and reported'}" if found else ""
+    )
+    hits = [
+        f"{e['doc_id']} holds {e['eval_set']}/{e['item_id']} ({e['ngram']!r})" for e in ex.get("contaminated") or []
+    ]
     return lines + [line + (": " + "; ".join(hits) if hits else "")]
 
 
 def _training(m: dict) -> str:
     """Loss, steps, speed and precision of a training materialization, as far as it recorded them."""
-    parts = [f"loss {_fmt(m.get('first_loss'), '.3f')} -> {_fmt(m.get('last_loss'), '.3f')} in {_fmt(m.get('steps'))} steps"]
+    parts = [
+        f"loss {_fmt(m.get('first_loss'), '.3f')} -> {_fmt(m.get('last_loss'), '.3f')} in {_fmt(m.get('steps'))} steps"
+    ]
     if m.get("eval_loss") is not None:
-        parts.append(f"validation loss {_fmt(m.get('eval_loss'), '.3f')} (perplexity {_fmt(m.get('eval_perplexity'), '.1f')})")
+        parts.append(
+            f"validation loss {_fmt(m.get('eval_loss'), '.3f')} (perplexity {_fmt(m.get('eval_perplexity'), '.1f')})"
+        )
     parts.append(f"{_fmt(m.get('tokens_per_s'), ',.0f')} tokens/s")
     if m.get("mfu_percent") is not None:
         parts.append(f"MFU {_fmt(m.get('mfu_percent'), '.1f')} %")
@@ -168,18 +205,25 @@ def _models(instance: DagsterInstance) -> list[str]:
     lines = []
     if base.get("imported_from"):
         digest = base.get("imported_content_digest")
-        lines.append(f"base model: imported from {base['imported_from']}" + (f" (content {digest[:16]})" if digest else "")
-                     + f", not trained here; {base.get('output', 'n/a')}")
+        lines.append(
+            f"base model: imported from {base['imported_from']}"
+            + (f" (content {digest[:16]})" if digest else "")
+            + f", not trained here; {base.get('output', 'n/a')}"
+        )
     elif base:
         preset = ((base.get("config") or {}).get("model") or {}).get("preset", "n/a")
-        lines.append(f"base model: pretrained here from preset {preset}: {_training(base)}; {base.get('output', 'n/a')}")
+        lines.append(
+            f"base model: pretrained here from preset {preset}: {_training(base)}; {base.get('output', 'n/a')}"
+        )
     else:
         lines.append("base model: not materialized")
     lora = _metadata(instance, "lora_adapter")
     if lora:
         targets = lora.get("lora_target_modules") or "n/a"
-        lines.append(f"LoRA adapter: r={_fmt(lora.get('lora_r'))}, lora_alpha={_fmt(lora.get('lora_alpha'), 'g')} on {targets}: "
-                     f"{_training(lora)}; {lora.get('output', 'n/a')}")
+        lines.append(
+            f"LoRA adapter: r={_fmt(lora.get('lora_r'))}, lora_alpha={_fmt(lora.get('lora_alpha'), 'g')} on {targets}: "
+            f"{_training(lora)}; {lora.get('output', 'n/a')}"
+        )
     else:
         lines.append("LoRA adapter: not materialized")
     return lines
@@ -191,16 +235,22 @@ def _filters(instance: DagsterInstance) -> list[str]:
     rel = _metadata(instance, "relevance_classifier")
     if rel:
         m = rel.get("metrics") or {}
-        lines.append(f"relevance classifier: held-out AUC {_fmt(m.get('auc'), '.3f')}, precision {_fmt(m.get('precision'), '.3f')}, "
-                     f"recall {_fmt(m.get('recall'), '.3f')} ({(m.get('held_out') or {}).get('positive', 'n/a')} positive, "
-                     f"{(m.get('held_out') or {}).get('negative', 'n/a')} negative held out); trained in "
-                     f"{_fmt(m.get('train_seconds'), '.1f')} s; {rel.get('path', 'n/a')}")
+        lines.append(
+            f"relevance classifier: held-out AUC {_fmt(m.get('auc'), '.3f')}, precision {_fmt(m.get('precision'), '.3f')}, "
+            f"recall {_fmt(m.get('recall'), '.3f')} ({(m.get('held_out') or {}).get('positive', 'n/a')} positive, "
+            f"{(m.get('held_out') or {}).get('negative', 'n/a')} negative held out); trained in "
+            f"{_fmt(m.get('train_seconds'), '.1f')} s; {rel.get('path', 'n/a')}"
+        )
     sets = _metadata(instance, "evaluation_sets")
     if sets:
         declared = sets.get("sets") or {}
-        lines.append("evaluation sets checked against the training corpora: "
-                     + (", ".join(f"{k} ({v:,} items)" for k, v in declared.items()) or "none declared (evaluation_sets "
-                        "benchmark_files); the validation splits are held out by construction"))
+        lines.append(
+            "evaluation sets checked against the training corpora: "
+            + (
+                ", ".join(f"{k} ({v:,} items)" for k, v in declared.items())
+                or "none declared (evaluation_sets benchmark_files); the validation splits are held out by construction"
+            )
+        )
     return lines
 
 
@@ -209,16 +259,25 @@ def render(instance: DagsterInstance) -> str:
     balancing, shards), the base model's origin (pretrained preset or imported directory) and training,
     the adapter's r, alpha and target modules, the held-out perplexities and a few sample generations.
     Warnings: a corpus's removal warning and a tiny validation split; rejected records: where they are."""
-    lines = [*_corpus(instance, "pretrain", "pretraining corpus"), *_corpus(instance, "domain", "domain corpus"),
-             *_filters(instance), *_models(instance)]
+    lines = [
+        *_corpus(instance, "pretrain", "pretraining corpus"),
+        *_corpus(instance, "domain", "domain corpus"),
+        *_filters(instance),
+        *_models(instance),
+    ]
     ev = _metadata(instance, "evaluation")
     cut = ev.get("adapter_domain_perplexity_reduction_percent")
     if cut is None and ev.get("adapter_domain_perplexity_reduction") is not None:
         cut = 100 * ev["adapter_domain_perplexity_reduction"]
-    lines.append("held-out perplexity: base on the pretraining corpus {}, base on the domain corpus {}, "
-                 "base + adapter on the domain corpus {} ({} lower)".format(
-                     _fmt(ev.get("base_pretrain_perplexity"), ".1f"), _fmt(ev.get("base_domain_perplexity"), ".1f"),
-                     _fmt(ev.get("adapter_domain_perplexity"), ".1f"), "n/a" if cut is None else f"{cut:.1f} %"))
+    lines.append(
+        "held-out perplexity: base on the pretraining corpus {}, base on the domain corpus {}, "
+        "base + adapter on the domain corpus {} ({} lower)".format(
+            _fmt(ev.get("base_pretrain_perplexity"), ".1f"),
+            _fmt(ev.get("base_domain_perplexity"), ".1f"),
+            _fmt(ev.get("adapter_domain_perplexity"), ".1f"),
+            "n/a" if cut is None else f"{cut:.1f} %",
+        )
+    )
     lines += _benchmarks(ev)
     lines.append(f"evaluation: {ev.get('path', 'n/a')}")
     lines += _samples(ev)
@@ -242,8 +301,10 @@ def _benchmarks(ev: dict) -> list[str]:
     lines = ["benchmarks (lm-evaluation-harness, local tasks):"]
     for (task, metric), by in sorted(scores.items()):
         items = ev.get("lm_eval_cloze_items") if task == "domain_cloze" else None
-        lines.append(f"  {task} {metric}{f' ({items} items)' if items else ''}: base {show(by.get('base'))}, "
-                     f"base + adapter {show(by.get('adapter'))}")
+        lines.append(
+            f"  {task} {metric}{f' ({items} items)' if items else ''}: base {show(by.get('base'))}, "
+            f"base + adapter {show(by.get('adapter'))}"
+        )
     return lines
 
 
@@ -251,7 +312,7 @@ def one_line(text: str, width: int = 72) -> str:
     """``text`` as one line: repr-escaped (newlines, tabs and other control characters as escapes,
     quoted), cut to ``width`` characters with ``...`` when longer."""
     shown = repr(text)
-    return shown if len(shown) <= width else shown[:width - 3] + "..."
+    return shown if len(shown) <= width else shown[: width - 3] + "..."
 
 
 def _samples(ev: dict, prompts: int = 3) -> list[str]:
@@ -265,8 +326,11 @@ def _samples(ev: dict, prompts: int = 3) -> list[str]:
     config = ev.get("config") or {}
     lines = [f"sample generations (greedy, at most {config.get('max_new_tokens', 'n/a')} new tokens):"]
     for b, a in pairs[:prompts]:
-        lines += [f"  prompt {one_line(b['prompt'])}", f"    base:           {one_line(b['completion'])}",
-                  f"    base + adapter: {one_line(a['completion'])}"]
+        lines += [
+            f"  prompt {one_line(b['prompt'])}",
+            f"    base:           {one_line(b['completion'])}",
+            f"    base + adapter: {one_line(a['completion'])}",
+        ]
     if len(pairs) > prompts:
         lines.append(f"  ... {len(pairs) - prompts} more prompts in {f}")
     return lines if pairs else []

@@ -13,8 +13,16 @@ from largetrain_dagster.resources import Storage
 TokenizerConfig = dagster_config(TokenizerSettings, "TokenizerConfig")
 
 
-@asset(key="tokenizer", group_name="tokenizer", code_version=CODE_VERSIONS["tokenizer"],
-       ins={"text": AssetIn(key=["pretrain", "deduplicated_text"])}, io_manager_key="handles", kinds={"huggingface"},
-       description="Byte-level BPE trained with Hugging Face tokenizers on the cleaned pretraining corpus; EOS <|endoftext|>.")
+@asset(
+    key="tokenizer",
+    group_name="tokenizer",
+    code_version=CODE_VERSIONS["tokenizer"],
+    ins={"text": AssetIn(key=["pretrain", "deduplicated_text"])},
+    io_manager_key="handles",
+    kinds={"huggingface"},
+    description="Byte-level BPE trained with Hugging Face tokenizers on the cleaned pretraining corpus; EOS <|endoftext|>.",
+)
 def tokenizer(context: AssetExecutionContext, config: TokenizerConfig, storage: Storage, text: dict):
-    yield from materialize_stage(context, config, tokenizer_stage, config.to_core(), Artifact.of(text), stage_run(context, storage))
+    yield from materialize_stage(
+        context, config, tokenizer_stage, config.to_core(), Artifact.of(text), stage_run(context, storage)
+    )

@@ -56,39 +56,78 @@ from largetrain_dagster.model_cards import write_card
 from largetrain_dagster.planning import plan_metadata, plan_training
 from largetrain_dagster.resources import Storage, TorchrunLauncher, TrackerSettings
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what the shards and a model directory carry of their tokenizer
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+)  # what the shards and a model directory carry of their tokenizer
 # Filled in by the asset (paths, mode) or by the TrackerSettings resource, not by the run config.
-SET_BY_ASSET = ("output_dir", "train_shards", "mode", "model.base_model", "model.tokenizer",
-                *(f"tracking.{k}" for k in TRACKING))
+SET_BY_ASSET = (
+    "output_dir",
+    "train_shards",
+    "mode",
+    "model.base_model",
+    "model.tokenizer",
+    *(f"tracking.{k}" for k in TRACKING),
+)
 # Production defaults where they differ from TrainConfig's (whose defaults suit a short test run).
-TRAINING_DEFAULTS = {"schedule.micro_batch_size": 8, "schedule.max_steps": 1000, "schedule.warmup_steps": 50,
-                     "checkpointing.save_steps": 200, "evaluation.eval_steps": 100}
+TRAINING_DEFAULTS = {
+    "schedule.micro_batch_size": 8,
+    "schedule.max_steps": 1000,
+    "schedule.warmup_steps": 50,
+    "checkpointing.save_steps": 200,
+    "evaluation.eval_steps": 100,
+}
 
 
 TrainingPlanConfig = dagster_config(PlanSettings, "TrainingPlanConfig")
-PLAN_FIELD = ("The training plan computed before the launch (largetrain_core.training.plan): memory, disk, time and "
-              "cost, and what it is checked against. Not part of the data version.")
-NOT_TRAIN_CONFIG = {"pretrained_model", "plan"}  # run config fields of the training assets that are no TrainConfig setting
+PLAN_FIELD = (
+    "The training plan computed before the launch (largetrain_core.training.plan): memory, disk, time and "
+    "cost, and what it is checked against. Not part of the data version."
+)
+NOT_TRAIN_CONFIG = {
+    "pretrained_model",
+    "plan",
+}  # run config fields of the training assets that are no TrainConfig setting
 
 
-class BaseCheckpointConfig(dagster_config(TrainConfig, "BaseCheckpointTrainConfig", exclude=(*SET_BY_ASSET, "lora"),
-                                          defaults={**TRAINING_DEFAULTS, "model.preset": "llama-20m"},
-                                          base=PermissiveConfig)):
+class BaseCheckpointConfig(
+    dagster_config(
+        TrainConfig,
+        "BaseCheckpointTrainConfig",
+        exclude=(*SET_BY_ASSET, "lora"),
+        defaults={**TRAINING_DEFAULTS, "model.preset": "llama-20m"},
+        base=PermissiveConfig,
+    )
+):
     """Pretraining of ``base_checkpoint`` (largetrain_core.training.config.TrainConfig), or an import. A
     setting at the top level, as configs before the sections wrote them (``max_steps: 500``), is moved
     into its section with a warning."""
 
-    pretrained_model: Optional[str] = Field(default=None, description=(
-        "A local Hugging Face causal-LM directory (config.json, safetensors, tokenizer) to import instead of "
-        "pretraining; the tokenizer asset must then take the same directory's tokenizer."))
+    pretrained_model: Optional[str] = Field(
+        default=None,
+        description=(
+            "A local Hugging Face causal-LM directory (config.json, safetensors, tokenizer) to import instead of "
+            "pretraining; the tokenizer asset must then take the same directory's tokenizer."
+        ),
+    )
     plan: TrainingPlanConfig = Field(default_factory=TrainingPlanConfig, description=PLAN_FIELD)
 
 
-class LoraAdapterConfig(dagster_config(TrainConfig, "LoraAdapterTrainConfig", exclude=(*SET_BY_ASSET, "model"),
-                                       defaults={**TRAINING_DEFAULTS, "schedule.max_steps": 300,
-                                                 "optimizer.learning_rate": 2e-3, "optimizer.weight_decay": 0.0,
-                                                 "schedule.warmup_steps": 10},
-                                       base=PermissiveConfig)):
+class LoraAdapterConfig(
+    dagster_config(
+        TrainConfig,
+        "LoraAdapterTrainConfig",
+        exclude=(*SET_BY_ASSET, "model"),
+        defaults={
+            **TRAINING_DEFAULTS,
+            "schedule.max_steps": 300,
+            "optimizer.learning_rate": 2e-3,
+            "optimizer.weight_decay": 0.0,
+            "schedule.warmup_steps": 10,
+        },
+        base=PermissiveConfig,
+    )
+):
     """Training of ``lora_adapter`` (largetrain_core.training.config.TrainConfig) on the base checkpoint. A
     setting at the top level, as configs before the sections wrote them (``max_steps: 300``), is moved
     into its section with a warning."""
@@ -103,8 +142,10 @@ def train_config(context, config: Config, **set_by_asset) -> TrainConfig:
     ValueError for an unknown or invalid setting (nothing has been launched)."""
     d, moved = sectioned(config.model_dump(exclude=NOT_TRAIN_CONFIG))
     if moved:
-        context.log.warning(f"run config of {context.op.name}: settings written without their sections, read as "
-                            f"{', '.join(moved)}; write them there (docs/CONFIG.md) to silence this")
+        context.log.warning(
+            f"run config of {context.op.name}: settings written without their sections, read as "
+            f"{', '.join(moved)}; write them there (docs/CONFIG.md) to silence this"
+        )
     return TrainConfig.from_dict(deep_merge(d, set_by_asset))
 
 
@@ -113,7 +154,9 @@ def versioned(cfg: TrainConfig, leave_out: tuple[str, ...]) -> dict:
     (TrainConfig.settings), less those set by the asset, ``leave_out`` and NOT_VERSIONED, and
     shuffle_window_shards only when set."""
     skip = {k.rpartition(".")[2] for k in SET_BY_ASSET} | set(leave_out) | NOT_VERSIONED
-    if not cfg.schedule.shuffle_window_shards:  # the default order keeps the versions trained before the setting existed
+    if (
+        not cfg.schedule.shuffle_window_shards
+    ):  # the default order keeps the versions trained before the setting existed
         skip.add("shuffle_window_shards")
     return {k: v for k, v in cfg.settings().items() if k not in skip}
 
@@ -124,21 +167,34 @@ def _loss_check(context: AssetExecutionContext, out: Path, summary: dict, cfg: T
     a reused training); its counts and causes in the run log too."""
     verdict = health.judge_metrics(out / METRICS, summary.get("vocab_size"), cfg.health)
     n = verdict.numbers
-    counts = (f"{n.get('skipped_steps', 0)} of {n['steps_logged']} steps skipped (gradient overflow), "
-              f"{n.get('nonfinite_grad_norm_steps', 0)} with a non-finite gradient norm, "
-              f"{n.get('nonfinite_loss_steps', 0)} with a non-finite loss")
+    counts = (
+        f"{n.get('skipped_steps', 0)} of {n['steps_logged']} steps skipped (gradient overflow), "
+        f"{n.get('nonfinite_grad_norm_steps', 0)} with a non-finite gradient norm, "
+        f"{n.get('nonfinite_loss_steps', 0)} with a non-finite loss"
+    )
     if verdict.passed:
         context.log.info(f"training health of {context.op.name}: {counts}; passed")
     else:
         context.log.error(f"training health of {context.op.name}: {counts}; failed: " + "; ".join(verdict.problems))
-    return AssetCheckResult(check_name="loss_finite_and_decreasing", passed=verdict.passed, severity=AssetCheckSeverity.ERROR,
-                            description="; ".join(verdict.problems) or None,
-                            metadata={**{k: v for k, v in n.items() if v is not None},
-                                      "problems": MetadataValue.json(verdict.problems)})
+    return AssetCheckResult(
+        check_name="loss_finite_and_decreasing",
+        passed=verdict.passed,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(verdict.problems) or None,
+        metadata={**{k: v for k, v in n.items() if v is not None}, "problems": MetadataValue.json(verdict.problems)},
+    )
 
 
-def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunLauncher, trackers: TrackerSettings,
-           key: str, version: str, settled: TrainConfig, plan: PlanSettings) -> tuple[Path, dict, bool]:
+def _train(
+    context: AssetExecutionContext,
+    storage: Storage,
+    launcher: TorchrunLauncher,
+    trackers: TrackerSettings,
+    key: str,
+    version: str,
+    settled: TrainConfig,
+    plan: PlanSettings,
+) -> tuple[Path, dict, bool]:
     """Run (or resume, or reuse) one training under ``<root>/<key>/<version>/``. Its TrainConfig is
     ``settled`` (the run config with the asset's paths and mode, :func:`_settled`) with the output
     directory and the trackers' settings (MLflow's store defaults to ``sqlite:///<root>/mlruns.db``;
@@ -158,17 +214,27 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
     if trained:
         problems = verify_manifest(where)
         if not problems:
-            context.log.info(f"{key} {version} already trained at {fs.redact(str(where))} and matches its manifest: reusing it")
+            context.log.info(
+                f"{key} {version} already trained at {fs.redact(str(where))} and matches its manifest: reusing it"
+            )
             return local_copy(where), moved_summary(local_copy(where), where), True
         rebuilt_because = "; ".join(problems)
-        context.log.warning(f"{key} {version} at {fs.redact(str(where))} does not match its manifest; running the training "
-                            f"again (it resumes from its newest complete checkpoint): {rebuilt_because}")
+        context.log.warning(
+            f"{key} {version} at {fs.redact(str(where))} does not match its manifest; running the training "
+            f"again (it resumes from its newest complete checkpoint): {rebuilt_because}"
+        )
     tracking = trackers.model_dump()
     tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
-    tracking["report_to"] = [*tracking["report_to"], *(["dagster_pipes"] if "dagster_pipes" not in tracking["report_to"] else [])]
+    tracking["report_to"] = [
+        *tracking["report_to"],
+        *(["dagster_pipes"] if "dagster_pipes" not in tracking["report_to"] else []),
+    ]
     try:  # fail here, before any process starts, and never retry: a config error fails the same way again
-        cfg = TrainConfig.from_dict(deep_merge(settled.to_dict(), {
-            "output_dir": str(where), "tracking": {**tracking, "run_name": f"{key}-{version}"}}))
+        cfg = TrainConfig.from_dict(
+            deep_merge(
+                settled.to_dict(), {"output_dir": str(where), "tracking": {**tracking, "run_name": f"{key}-{version}"}}
+            )
+        )
         preflight.check(cfg)
     except ValueError as e:
         raise Failure(f"{key}: {e}. Nothing was launched; not retried (change the config).", allow_retries=False) from e
@@ -179,7 +245,9 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
         write_json_atomic(fs.join(where, "train_config.json"), cfg.to_dict())
     plan_training(context, storage, launcher, cfg, plan, key, out)
     try:
-        reported = launcher.run(context, cfg_path, out / "train.log", grace_seconds=cfg.checkpointing.preemption_grace_seconds)
+        reported = launcher.run(
+            context, cfg_path, out / "train.log", grace_seconds=cfg.checkpointing.preemption_grace_seconds
+        )
     finally:
         if storage.is_url and (out / "train.log").exists():
             fs.filesystem(where)[0].put_file(str(out / "train.log"), fs.filesystem(fs.join(where, "train.log"))[1])
@@ -189,8 +257,16 @@ def _train(context: AssetExecutionContext, storage: Storage, launcher: TorchrunL
 
 
 # What a finished training leaves in its output directory, recorded in its _manifest.json and verified before reuse.
-TRAINED_OUTPUTS = ("summary.json", METRICS, "model", "adapter", "merged", "loss_curve.png", "train_config.json",
-                   "trackers.json")
+TRAINED_OUTPUTS = (
+    "summary.json",
+    METRICS,
+    "model",
+    "adapter",
+    "merged",
+    "loss_curve.png",
+    "train_config.json",
+    "trackers.json",
+)
 
 
 def seal_training(out: Path, where: str | Path | None = None, changed: list[Path] = ()) -> None:
@@ -241,16 +317,28 @@ def _train_output(out: Path, version: str, summary: dict, cfg: TrainConfig, reus
     png = local_dir(summary.get("loss_curve") or out / "loss_curve.png")
     if png.suffix == ".png" and png.exists():
         b64 = base64.b64encode(png.read_bytes()).decode()
-        extra["training_curves"] = MetadataValue.md(f"![training and validation loss, learning rate](data:image/png;base64,{b64})")
+        extra["training_curves"] = MetadataValue.md(
+            f"![training and validation loss, learning rate](data:image/png;base64,{b64})"
+        )
         extra["training_curves_png"] = MetadataValue.path(str(png))
     extra.update(training_numbers(summary, rows))
     extra.update(plan_metadata(out, summary, rows))
-    extra.update({"loss_table": MetadataValue.md(loss_table(rows)), "mfu_formula": MetadataValue.text(summary["mfu_formula"]),
-                  "precision": summary["precision"], "precision_reason": summary["precision_reason"],
-                  "peak_flops_source": str(summary.get("peak_flops_source")), "output": MetadataValue.path(summary["output"]),
-                  "resumed_from": (MetadataValue.path(summary["resumed_from"]) if summary.get("resumed_from")
-                                   else "none: started from step 0"),
-                  **_tracker_metadata(out / RECORDS)})
+    extra.update(
+        {
+            "loss_table": MetadataValue.md(loss_table(rows)),
+            "mfu_formula": MetadataValue.text(summary["mfu_formula"]),
+            "precision": summary["precision"],
+            "precision_reason": summary["precision_reason"],
+            "peak_flops_source": str(summary.get("peak_flops_source")),
+            "output": MetadataValue.path(summary["output"]),
+            "resumed_from": (
+                MetadataValue.path(summary["resumed_from"])
+                if summary.get("resumed_from")
+                else "none: started from step 0"
+            ),
+            **_tracker_metadata(out / RECORDS),
+        }
+    )
     settings = {k: v for k, v in cfg.to_dict().items() if k not in ("output_dir", "train_shards")}
     return asset_output(out, version, {**summary}, settings, reused, extra, stats_metadata=False)
 
@@ -269,18 +357,26 @@ def training_numbers(summary: dict, rows: list[dict]) -> dict:
         return None if value is None else round(100 * value, 1)
 
     numbers = {k: v for k, v in summary.items() if isinstance(v, int) and not isinstance(v, bool)}
-    numbers.update({
-        "stopped_early": summary.get("stopped_early"),
-        "first_loss": r(summary["first_loss"], 3), "last_loss": r(summary["last_loss"], 3),
-        "eval_loss": r(summary.get("eval_loss"), 3), "eval_perplexity": r(summary.get("eval_perplexity"), 2),
-        "best_eval_loss": r(summary.get("best_eval_loss"), 3), "best_eval_step": summary.get("best_eval_step"),
-        "tokens_per_s": r(summary["tokens_per_s"], 0), "mfu_percent": pct(summary["mfu"]),
-        "mean_mfu_percent": pct(summary.get("mean_mfu")),
-        "peak_tflops": r(summary["peak_flops"] / 1e12 if summary["peak_flops"] else None, 3),
-        "mflops_per_token": r(summary["flops_per_token"] / 1e6, 2), "peak_memory_gib": r(peak_mem, 3),
-        "train_seconds": r(summary["train_seconds"], 1), "eval_seconds": r(summary.get("eval_seconds"), 1),
-        "trainable_percent": round(100 * summary["trainable_parameters"] / summary["parameters"], 2),
-    })
+    numbers.update(
+        {
+            "stopped_early": summary.get("stopped_early"),
+            "first_loss": r(summary["first_loss"], 3),
+            "last_loss": r(summary["last_loss"], 3),
+            "eval_loss": r(summary.get("eval_loss"), 3),
+            "eval_perplexity": r(summary.get("eval_perplexity"), 2),
+            "best_eval_loss": r(summary.get("best_eval_loss"), 3),
+            "best_eval_step": summary.get("best_eval_step"),
+            "tokens_per_s": r(summary["tokens_per_s"], 0),
+            "mfu_percent": pct(summary["mfu"]),
+            "mean_mfu_percent": pct(summary.get("mean_mfu")),
+            "peak_tflops": r(summary["peak_flops"] / 1e12 if summary["peak_flops"] else None, 3),
+            "mflops_per_token": r(summary["flops_per_token"] / 1e6, 2),
+            "peak_memory_gib": r(peak_mem, 3),
+            "train_seconds": r(summary["train_seconds"], 1),
+            "eval_seconds": r(summary.get("eval_seconds"), 1),
+            "trainable_percent": round(100 * summary["trainable_parameters"] / summary["parameters"], 2),
+        }
+    )
     return {k: v for k, v in numbers.items() if v is not None}
 
 
@@ -294,10 +390,16 @@ def loss_table(rows: list[dict], about: int = 20) -> str:
     def num(value, fmt):
         return "" if value is None else format(value, fmt)
 
-    lines = [f"| {r['step']} | {num(r['loss'], '.4f')} | {num(r.get('eval_loss'), '.4f')} | {num(r.get('lr'), '.2e')} | "
-             f"{num(100 * r['mfu'] if r.get('mfu') is not None else None, '.1f')} |" for r in rows if r["step"] in keep]
-    return "| step | training loss (nats) | validation loss (nats) | learning rate | MFU (%) |\n|---|---|---|---|---|\n" + \
-        "\n".join(lines)
+    lines = [
+        f"| {r['step']} | {num(r['loss'], '.4f')} | {num(r.get('eval_loss'), '.4f')} | {num(r.get('lr'), '.2e')} | "
+        f"{num(100 * r['mfu'] if r.get('mfu') is not None else None, '.1f')} |"
+        for r in rows
+        if r["step"] in keep
+    ]
+    return (
+        "| step | training loss (nats) | validation loss (nats) | learning rate | MFU (%) |\n|---|---|---|---|---|\n"
+        + "\n".join(lines)
+    )
 
 
 def adapter_metadata(adapter_dir: Path) -> dict:
@@ -307,8 +409,11 @@ def adapter_metadata(adapter_dir: Path) -> dict:
     if not f.exists():
         return {}
     a = json.loads(f.read_text())
-    return {"lora_r": a.get("r"), "lora_alpha": a.get("lora_alpha"),
-            "lora_target_modules": ", ".join(sorted(a.get("target_modules") or []))}
+    return {
+        "lora_r": a.get("r"),
+        "lora_alpha": a.get("lora_alpha"),
+        "lora_target_modules": ", ".join(sorted(a.get("target_modules") or [])),
+    }
 
 
 def _tracker_metadata(records_file: Path) -> dict:
@@ -318,16 +423,25 @@ def _tracker_metadata(records_file: Path) -> dict:
     md = {}
     for name, record in sorted(records.items()):
         for k, v in record.items():
-            md[f"{name}_{k}"] = (MetadataValue.path(v) if k == "dir" else MetadataValue.url(v) if k == "url"
-                                 else MetadataValue.md(f"`{v}`") if k.endswith("_command") else str(v))
+            md[f"{name}_{k}"] = (
+                MetadataValue.path(v)
+                if k == "dir"
+                else MetadataValue.url(v)
+                if k == "url"
+                else MetadataValue.md(f"`{v}`")
+                if k.endswith("_command")
+                else str(v)
+            )
     return md
 
 
-LOSS_CHECK = ("training health (largetrain_core.training.health; thresholds in the run config's health section): every "
-              "training loss finite; at most health.max_skipped_fraction of the steps skipped (gradient overflow) or with a "
-              "non-finite gradient norm; the mean loss of the last 10% of steps below that of the first 10% by "
-              "health.min_loss_decrease and below ln(vocabulary size), a uniform prediction's loss, by "
-              "health.min_nats_below_uniform nats (blocking)")
+LOSS_CHECK = (
+    "training health (largetrain_core.training.health; thresholds in the run config's health section): every "
+    "training loss finite; at most health.max_skipped_fraction of the steps skipped (gradient overflow) or with a "
+    "non-finite gradient norm; the mean loss of the last 10% of steps below that of the first 10% by "
+    "health.min_loss_decrease and below ln(vocabulary size), a uniform prediction's loss, by "
+    "health.min_nats_below_uniform nats (blocking)"
+)
 
 # Settings that do not change the trained weights stay out of the data version, so that changing them
 # (e.g. resume_from_checkpoint: never after a bad checkpoint) reuses the same output directory and its checkpoints.
@@ -345,27 +459,48 @@ def not_retried_when_deterministic(fn):
     the interrupt of a cancelled run (DagsterExecutionInterruptedError, KeyboardInterrupt), which Dagster
     would otherwise answer with a retry under the step's RetryPolicy before the run ends CANCELED: a
     cancel is not a failure to retry. (The training's processes are stopped by then: runner.run_process.)"""
+
     @functools.wraps(fn)
     def compute(*args, **kwargs):
         try:
             yield from fn(*args, **kwargs)
         except DETERMINISTIC as e:
-            raise Failure(f"{fn.__name__}: {type(e).__name__}: {e}. Not retried: it would fail the same way again.",
-                          allow_retries=False) from e
+            raise Failure(
+                f"{fn.__name__}: {type(e).__name__}: {e}. Not retried: it would fail the same way again.",
+                allow_retries=False,
+            ) from e
         except (DagsterExecutionInterruptedError, KeyboardInterrupt) as e:
-            raise Failure(f"{fn.__name__}: the run was cancelled ({type(e).__name__}) while it ran; a cancel is not "
-                          "retried", allow_retries=False) from e
+            raise Failure(
+                f"{fn.__name__}: the run was cancelled ({type(e).__name__}) while it ran; a cancel is not retried",
+                allow_retries=False,
+            ) from e
+
     return compute
 
 
-@asset(key="base_checkpoint", group_name="training", code_version=CODE_VERSIONS["base_checkpoint"],
-       ins={"shards": AssetIn(key=["pretrain", "token_shards"])}, io_manager_key="handles", pool="accelerators",
-       retry_policy=TRAIN_RETRY, kinds={"deepspeed", "pytorch"},
-       check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="base_checkpoint", blocking=True, description=LOSS_CHECK)],
-       description="A causal LM pretrained from a preset with DeepSpeed (torchrun, ZeRO, activation checkpointing); a Hugging Face directory.")
+@asset(
+    key="base_checkpoint",
+    group_name="training",
+    code_version=CODE_VERSIONS["base_checkpoint"],
+    ins={"shards": AssetIn(key=["pretrain", "token_shards"])},
+    io_manager_key="handles",
+    pool="accelerators",
+    retry_policy=TRAIN_RETRY,
+    kinds={"deepspeed", "pytorch"},
+    check_specs=[
+        AssetCheckSpec("loss_finite_and_decreasing", asset="base_checkpoint", blocking=True, description=LOSS_CHECK)
+    ],
+    description="A causal LM pretrained from a preset with DeepSpeed (torchrun, ZeRO, activation checkpointing); a Hugging Face directory.",
+)
 @not_retried_when_deterministic
-def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage,
-                    launcher: TorchrunLauncher, trackers: TrackerSettings, shards: dict):
+def base_checkpoint(
+    context: AssetExecutionContext,
+    config: BaseCheckpointConfig,
+    storage: Storage,
+    launcher: TorchrunLauncher,
+    trackers: TrackerSettings,
+    shards: dict,
+):
     if config.pretrained_model:
         yield from _import_base(context, config, storage, shards)
         return
@@ -373,8 +508,9 @@ def base_checkpoint(context: AssetExecutionContext, config: BaseCheckpointConfig
     settled = _settled(context, config, set_by_asset)
     settings = {**versioned(settled, ("lora",)), "pretrained_model": None}
     version = data_version(CODE_VERSIONS["base_checkpoint"], settings, shards["data_version"], launcher.nproc_per_node)
-    out, summary, reused = _train(context, storage, launcher, trackers, "base_checkpoint", version, settled,
-                                  config.plan.to_core())
+    out, summary, reused = _train(
+        context, storage, launcher, trackers, "base_checkpoint", version, settled, config.plan.to_core()
+    )
     card = write_card(context, storage, "base_model", local_dir(summary["output"]), version, shards, train_dir=out)
     if not reused:
         log_trained_outputs(context, out, summary)
@@ -389,8 +525,9 @@ def _settled(context, config: Config, set_by_asset: dict) -> TrainConfig:
     try:
         return train_config(context, config, **deep_merge(set_by_asset, {"output_dir": "-"}))
     except ValueError as e:
-        raise Failure(f"{context.op.name}: {e}. Nothing was launched; not retried (change the config).",
-                      allow_retries=False) from e
+        raise Failure(
+            f"{context.op.name}: {e}. Nothing was launched; not retried (change the config).", allow_retries=False
+        ) from e
 
 
 def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, storage: Storage, shards: dict):
@@ -405,62 +542,121 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
     manifest = TokenShards(shards["path"], "train").manifest
     overflow = embedding_overflow(src)  # the directory itself is unusable: no tokenizer setting helps
     if overflow:
-        raise Failure(f"base_checkpoint cannot import {overflow}; then materialize base_checkpoint again. Not retried.",
-                      allow_retries=False)
+        raise Failure(
+            f"base_checkpoint cannot import {overflow}; then materialize base_checkpoint again. Not retried.",
+            allow_retries=False,
+        )
     problem = tokenizer_mismatch(src, manifest, local_files(shards["path"], TOKENIZER_FILES))
     if problem:
-        raise Failure(f"base_checkpoint imports {src}, but pretrain/token_shards do not use its tokenizer: {problem}. "
-                      f"Set the tokenizer asset's pretrained_model to {src} and re-materialize the shards.",
-                      allow_retries=False)
+        raise Failure(
+            f"base_checkpoint imports {src}, but pretrain/token_shards do not use its tokenizer: {problem}. "
+            f"Set the tokenizer asset's pretrained_model to {src} and re-materialize the shards.",
+            allow_retries=False,
+        )
     positions = max_positions(src)
     if positions is not None and positions < manifest["seq_len"]:
-        raise Failure(f"base_checkpoint imports {src}, whose max_position_embeddings is {positions}, but "
-                      f"pretrain/token_shards hold sequences of seq_len={manifest['seq_len']} tokens: set the token_shards' "
-                      f"seq_len to at most {positions} (both corpora) and re-materialize them. Not retried.",
-                      allow_retries=False)
+        raise Failure(
+            f"base_checkpoint imports {src}, whose max_position_embeddings is {positions}, but "
+            f"pretrain/token_shards hold sequences of seq_len={manifest['seq_len']} tokens: set the token_shards' "
+            f"seq_len to at most {positions} (both corpora) and re-materialize them. Not retried.",
+            allow_retries=False,
+        )
 
     def build(out: Path) -> dict:
         info = import_pretrained(src, out / "model")
-        write_card(context, storage, "base_model", out / "model", version, shards,
-                   imported={"from": str(src), "content_digest": content})
+        write_card(
+            context,
+            storage,
+            "base_model",
+            out / "model",
+            version,
+            shards,
+            imported={"from": str(src), "content_digest": content},
+        )
         return {**info, "imported_from": str(src), "imported_content_digest": content}
 
     path, stats, reused = build_or_reuse(context, storage, ["base_checkpoint"], version, build)
     stats["output"] = stored_location(path / "model")
-    yield asset_output(path, version, stats, config, reused, {"output": MetadataValue.path(stats["output"]),
-                                                         "imported_from": MetadataValue.path(str(src)),
-                                                         "imported_content_digest": content})
-    yield AssetCheckResult(check_name="loss_finite_and_decreasing", passed=True,
-                           metadata={"note": "imported pretrained model: no training run to check"})
+    yield asset_output(
+        path,
+        version,
+        stats,
+        config,
+        reused,
+        {
+            "output": MetadataValue.path(stats["output"]),
+            "imported_from": MetadataValue.path(str(src)),
+            "imported_content_digest": content,
+        },
+    )
+    yield AssetCheckResult(
+        check_name="loss_finite_and_decreasing",
+        passed=True,
+        metadata={"note": "imported pretrained model: no training run to check"},
+    )
 
 
-@asset(key="lora_adapter", group_name="training", code_version=CODE_VERSIONS["lora_adapter"],
-       ins={"base": AssetIn(key="base_checkpoint"), "shards": AssetIn(key=["domain", "token_shards"])},
-       io_manager_key="handles", pool="accelerators", retry_policy=TRAIN_RETRY, kinds={"peft", "deepspeed"},
-       check_specs=[AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True, description=LOSS_CHECK)],
-       description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.")
+@asset(
+    key="lora_adapter",
+    group_name="training",
+    code_version=CODE_VERSIONS["lora_adapter"],
+    ins={"base": AssetIn(key="base_checkpoint"), "shards": AssetIn(key=["domain", "token_shards"])},
+    io_manager_key="handles",
+    pool="accelerators",
+    retry_policy=TRAIN_RETRY,
+    kinds={"peft", "deepspeed"},
+    check_specs=[
+        AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True, description=LOSS_CHECK)
+    ],
+    description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.",
+)
 @not_retried_when_deterministic
-def lora_adapter(context: AssetExecutionContext, config: LoraAdapterConfig, storage: Storage,
-                 launcher: TorchrunLauncher, trackers: TrackerSettings, base: dict, shards: dict):
-    problem = tokenizer_mismatch(local_files(base["stats"]["output"], (*TOKENIZER_FILES, "config.json")),
-                                 TokenShards(shards["path"], "train").manifest, local_files(shards["path"], TOKENIZER_FILES))
+def lora_adapter(
+    context: AssetExecutionContext,
+    config: LoraAdapterConfig,
+    storage: Storage,
+    launcher: TorchrunLauncher,
+    trackers: TrackerSettings,
+    base: dict,
+    shards: dict,
+):
+    problem = tokenizer_mismatch(
+        local_files(base["stats"]["output"], (*TOKENIZER_FILES, "config.json")),
+        TokenShards(shards["path"], "train").manifest,
+        local_files(shards["path"], TOKENIZER_FILES),
+    )
     if problem:
-        raise Failure(f"domain shards {shards['path']} do not fit the base model {base['stats']['output']}: {problem}. "
-                      f"Tokenize the domain corpus with the base model's tokenizer: materialize tokenizer with "
-                      f"pretrained_model {base['stats']['output']}, then domain/token_shards. Not retried.",
-                      allow_retries=False)
+        raise Failure(
+            f"domain shards {shards['path']} do not fit the base model {base['stats']['output']}: {problem}. "
+            f"Tokenize the domain corpus with the base model's tokenizer: materialize tokenizer with "
+            f"pretrained_model {base['stats']['output']}, then domain/token_shards. Not retried.",
+            allow_retries=False,
+        )
     set_by_asset = {"mode": "lora", "train_shards": shards["path"], "model": {"base_model": base["stats"]["output"]}}
     settled = _settled(context, config, set_by_asset)
-    version = data_version(CODE_VERSIONS["lora_adapter"], versioned(settled, ("preset",)), base["data_version"],
-                           shards["data_version"], launcher.nproc_per_node)
-    out, summary, reused = _train(context, storage, launcher, trackers, "lora_adapter", version, settled,
-                                  config.plan.to_core())
-    card = write_card(context, storage, "lora_adapter", local_dir(summary["output"]), version, shards, train_dir=out,
-                      base_model=local_copy(base["stats"]["output"]))
+    version = data_version(
+        CODE_VERSIONS["lora_adapter"],
+        versioned(settled, ("preset",)),
+        base["data_version"],
+        shards["data_version"],
+        launcher.nproc_per_node,
+    )
+    out, summary, reused = _train(
+        context, storage, launcher, trackers, "lora_adapter", version, settled, config.plan.to_core()
+    )
+    card = write_card(
+        context,
+        storage,
+        "lora_adapter",
+        local_dir(summary["output"]),
+        version,
+        shards,
+        train_dir=out,
+        base_model=local_copy(base["stats"]["output"]),
+    )
     if not reused:
         log_trained_outputs(context, out, summary)
         seal_training(out, storage.location("lora_adapter", version), card)
     output = _train_output(out, version, summary, settled, reused)
     yield output.with_metadata({**output.metadata, **adapter_metadata(local_dir(summary["output"]))})
     yield _loss_check(context, out, summary, settled)
-

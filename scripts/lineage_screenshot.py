@@ -33,8 +33,16 @@ REPO = Path(__file__).resolve().parents[1]
 # "tokenizer" names a group and its asset)
 GROUPS = ("pretrain_data", "domain_data", "tokenizer", "training")
 SELECTION = "not group:landed_data and not group:optimization"
-STAGES = {"raw_corpus": 2, "cleaned_text": 2, "deduplicated_text": 2, "token_shards": 2, "tokenizer": 2,
-          "base_checkpoint": 1, "lora_adapter": 1, "evaluation": 1}
+STAGES = {
+    "raw_corpus": 2,
+    "cleaned_text": 2,
+    "deduplicated_text": 2,
+    "token_shards": 2,
+    "tokenizer": 2,
+    "base_checkpoint": 1,
+    "lora_adapter": 1,
+    "evaluation": 1,
+}
 
 
 def _free_port() -> int:
@@ -79,14 +87,25 @@ def _chrome(profile: Path, size: tuple[int, int]):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
-                 f"--window-size={size[0]},{size[1]}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        f"--window-size={size[0]},{size[1]}",
+    ):
         opts.add_argument(flag)
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
 
 
-def screenshot(out: Path, url: str | None = None, width: int = 1100, window: tuple[int, int] = (1400, 960)) -> tuple[int, int]:
+def screenshot(
+    out: Path, url: str | None = None, width: int = 1100, window: tuple[int, int] = (1400, 960)
+) -> tuple[int, int]:
     """Take the screenshot into ``out`` from the webserver at ``url`` (None: start ``dagster dev``);
     returns the saved image's (width, height) in pixels."""
     from PIL import Image
@@ -116,8 +135,14 @@ def dagster_dev(tmp: Path):
     env = {**os.environ, "DAGSTER_HOME": str(home), "LARGETRAIN_ROOT": str(root), "LARGETRAIN_WANDB_MODE": "disabled"}
     dagster = str(Path(sys.executable).with_name("dagster"))
     with open(log, "wb") as logf:
-        proc = subprocess.Popen([dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)], cwd=REPO,
-                                env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait(lambda: urllib.request.urlopen(f"{url}/server_info", timeout=5).status == 200, "the webserver", 240, log)
@@ -137,11 +162,17 @@ def _shoot(url: str, profile: Path, window: tuple[int, int], log: Path | None) -
         # room for the graph: the navigation collapsed (the browser profile keeps it so)
         _wait(lambda: _click(driver, "//button[normalize-space(.)='Hide navigation']"), "'Hide navigation'", 30, log)
         # the lineage's groups (the landed chain and the ablation left out), expanded, fitted on load
-        driver.get(f"{url}/asset-groups~{quote(SELECTION)}/?expanded={quote(','.join(f'global@global:{g}' for g in GROUPS))}")
-        _wait(lambda: all(_body(driver).count(s) >= n for s, n in STAGES.items()), "every stage of the lineage", 120, log)
+        driver.get(
+            f"{url}/asset-groups~{quote(SELECTION)}/?expanded={quote(','.join(f'global@global:{g}' for g in GROUPS))}"
+        )
+        _wait(
+            lambda: all(_body(driver).count(s) >= n for s, n in STAGES.items()), "every stage of the lineage", 120, log
+        )
         time.sleep(3)  # the graph's zoom-to-fit animation
         # the graph was fitted beside the asset list: hide the list, zoom in one step, centre the graph
-        _wait(lambda: _click(driver, "//button[.//*[@aria-label='panel_show_right']]"), "the asset list's toggle", 30, log)
+        _wait(
+            lambda: _click(driver, "//button[.//*[@aria-label='panel_show_right']]"), "the asset list's toggle", 30, log
+        )
         _wait(lambda: _click(driver, "//button[.//*[@aria-label='zoom_in']]"), "the zoom-in button", 30, log)
         time.sleep(2)
         _centre(driver)
@@ -171,7 +202,8 @@ def _centre(driver) -> None:
     """Drag the graph's background so that the box around the asset groups is centred in the viewport."""
     from selenium.webdriver.common.actions.action_builder import ActionBuilder
 
-    box = driver.execute_script("""
+    box = driver.execute_script(
+        """
         const names = new Set(arguments[0]);
         const rects = [...document.querySelectorAll('foreignObject div, foreignObject span')]
           .filter(e => names.has(e.textContent.trim()) && e.children.length === 0)
@@ -181,15 +213,17 @@ def _centre(driver) -> None:
         return {x0: Math.min(...rects.map(r => r.left)), x1: Math.max(...rects.map(r => r.right)),
                 y0: Math.min(...rects.map(r => r.top)), y1: Math.max(...rects.map(r => r.bottom)) + 40,
                 vx0: search.left, vx1: window.innerWidth, vy0: search.bottom + 8, vy1: window.innerHeight};""",
-                                 [*GROUPS, *STAGES])
+        [*GROUPS, *STAGES],
+    )
     dx = round((box["vx0"] + box["vx1"]) / 2 - (box["x0"] + box["x1"]) / 2)
     dy = round((box["vy0"] + box["vy1"]) / 2 - (box["y0"] + box["y1"]) / 2)
     # grab the viewport near the corner the drag moves away from, so that the pointer stays inside
     x = round(box["vx0"]) + 12 if dx > 0 else round(box["vx1"]) - 60
     y = round(box["vy0"]) + 12 if dy > 0 else round(box["vy1"]) - 12
     drag = ActionBuilder(driver)
-    drag.pointer_action.move_to_location(x, y).pointer_down().move_to_location(x + dx // 2, y + dy // 2) \
-        .move_to_location(x + dx, y + dy).pointer_up()
+    drag.pointer_action.move_to_location(x, y).pointer_down().move_to_location(
+        x + dx // 2, y + dy // 2
+    ).move_to_location(x + dx, y + dy).pointer_up()
     drag.perform()
 
 

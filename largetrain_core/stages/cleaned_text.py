@@ -18,8 +18,13 @@ from largetrain_core.stages.base import Artifact, StageResult, StageRun, count_t
 from largetrain_core.storage import data_version
 
 
-def cleaned_text(quality: QualityConfig, raw: Artifact, run: StageRun,
-                 warn_removed_fraction: float | None = WARN_REMOVED, dedup: DedupConfig = DedupConfig()) -> StageResult:
+def cleaned_text(
+    quality: QualityConfig,
+    raw: Artifact,
+    run: StageRun,
+    warn_removed_fraction: float | None = WARN_REMOVED,
+    dedup: DedupConfig = DedupConfig(),
+) -> StageResult:
     """Clean the raw_corpus partition ``raw`` into ``<root>/<asset>/<partition>/<version>/``.
 
     Stats: the step's counts (input, kept, filtered, filtered_by_reason, nul_removed,
@@ -30,14 +35,29 @@ def cleaned_text(quality: QualityConfig, raw: Artifact, run: StageRun,
     version = data_version(CODE_VERSIONS["cleaned_text"], quality.to_dict(), raw.data_version, dedup.to_dict())
     part = {k: raw.stats[k] for k in ("partition", "partitions")}
     step = WithSignatures(Cleaning(quality), dedup)
-    built = run.build_or_reuse(version, lambda out: {**run.executor.map_parts(step, raw.path, out), **part,
-                                                     "dedup": dedup.to_dict()})
+    built = run.build_or_reuse(
+        version, lambda out: {**run.executor.map_parts(step, raw.path, out), **part, "dedup": dedup.to_dict()}
+    )
     stats = built.stats
-    result = StageResult.built(built, version, metadata={
-        "filtered_by_reason": count_table(stats["filtered_by_reason"]), "kept_percent": percent(stats["kept"], stats["input"]),
-        "kept_mib": mib(stats["bytes_kept"]), **executor_metadata(stats)})
+    result = StageResult.built(
+        built,
+        version,
+        metadata={
+            "filtered_by_reason": count_table(stats["filtered_by_reason"]),
+            "kept_percent": percent(stats["kept"], stats["input"]),
+            "kept_mib": mib(stats["bytes_kept"]),
+            **executor_metadata(stats),
+        },
+    )
     if quality.redact_pii:  # replacements in the kept text, beside the accounting (they remove no document)
         result.metadata["pii_redacted"] = count_table(pii_redactions([stats]), ("kind", "replacements"))
-    result.warn(removal_warning(run.name, stats["input"], [("filtered", r, n) for r, n in stats["filtered_by_reason"].items()],
-                                warn_removed_fraction), key="removal_warning")
+    result.warn(
+        removal_warning(
+            run.name,
+            stats["input"],
+            [("filtered", r, n) for r, n in stats["filtered_by_reason"].items()],
+            warn_removed_fraction,
+        ),
+        key="removal_warning",
+    )
     return result

@@ -21,14 +21,31 @@ from pathlib import Path
 
 import polars as pl
 
-from largetrain_core.accounting import WARN_REMOVED, corpus_accounting, markdown_table, outcome_table, reason_setting, removal_warning
+from largetrain_core.accounting import (
+    WARN_REMOVED,
+    corpus_accounting,
+    markdown_table,
+    outcome_table,
+    reason_setting,
+    removal_warning,
+)
 from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.balance import NULL_LABEL, balance_parts, histogram_markdown, label_histogram, repeat_counts
 from largetrain_core.clean import pii_redactions
 from largetrain_core.corpus import describe_rejections, duplicate_ids
 from largetrain_core.dedup import SIGNATURE_FIELDS, DedupConfig, count_exact_duplicates
-from largetrain_core.stages.base import (Artifact, Check, Json, Markdown, StageError, StageResult, StageRun, count_table,
-                                         executor_metadata, percent)
+from largetrain_core.stages.base import (
+    Artifact,
+    Check,
+    Json,
+    Markdown,
+    StageError,
+    StageResult,
+    StageRun,
+    count_table,
+    executor_metadata,
+    percent,
+)
 from largetrain_core.storage import data_version, stored_location
 
 BALANCE_MODES = {"downsample": "down", "upsample": "up"}
@@ -44,9 +61,16 @@ def balance_settings(target: dict[str, float] | None, mode: str = "downsample", 
     return {"target": dict(sorted(target.items())) or None, "mode": BALANCE_MODES[mode], "seed": seed}
 
 
-def deduplicated_text(near: bool, raw: dict[str, Artifact], cleaned: dict[str, Artifact], run: StageRun,
-                      balance: dict | None = None, warn_removed_fraction: float | None = WARN_REMOVED,
-                      hash_partitioned: bool = True, corpora: list[str] | None = None) -> StageResult:
+def deduplicated_text(
+    near: bool,
+    raw: dict[str, Artifact],
+    cleaned: dict[str, Artifact],
+    run: StageRun,
+    balance: dict | None = None,
+    warn_removed_fraction: float | None = WARN_REMOVED,
+    hash_partitioned: bool = True,
+    corpora: list[str] | None = None,
+) -> StageResult:
     """Deduplicate (and balance) the cleaned_text partitions ``cleaned`` (with their raw_corpus
     partitions ``raw``, keyed alike) into ``<root>/<asset>/<version>/``.
 
@@ -66,8 +90,11 @@ def deduplicated_text(near: bool, raw: dict[str, Artifact], cleaned: dict[str, A
     ``corpus`` (:func:`corpus_lineage`). Check ``accounting``: kept + filtered + duplicate + rejected ==
     input, recounted from the files."""
     role = run.asset[0]
-    groups = ({c: sorted(k for k in cleaned if k.split("/", 1)[0] == c) for c in corpora} if corpora
-              else {None: sorted(cleaned)})
+    groups = (
+        {c: sorted(k for k in cleaned if k.split("/", 1)[0] == c) for c in corpora}
+        if corpora
+        else {None: sorted(cleaned)}
+    )
     keys = [k for g in groups.values() for k in g]
     for name, group in groups.items():
         where = f"{role}/{name}" if name else role
@@ -78,15 +105,21 @@ def deduplicated_text(near: bool, raw: dict[str, Artifact], cleaned: dict[str, A
     if balance:
         _check_labels(role, raw_dirs)
     # the balance settings enter the version only when set, so unbalanced versions stay as they were
-    version = data_version(CODE_VERSIONS["deduplicated_text"], {**dedup.to_dict(), **({"balance": balance} if balance else {})},
-                           [(k, cleaned[k].data_version) for k in keys])
+    version = data_version(
+        CODE_VERSIONS["deduplicated_text"],
+        {**dedup.to_dict(), **({"balance": balance} if balance else {})},
+        [(k, cleaned[k].data_version) for k in keys],
+    )
 
     def build(out: Path) -> dict:
         _check_ids(role, raw_dirs, keys, out)
         stats = {**run.executor.deduplicate(cleaned_dirs, out, dedup), "partitions": len(keys)}
         if corpora:
-            stats["corpora"] = name_corpora(out, {c: [cleaned[k].path for k in g] for c, g in groups.items()},
-                                            {c: sum(raw[k].stats["documents"] for k in g) for c, g in groups.items()})
+            stats["corpora"] = name_corpora(
+                out,
+                {c: [cleaned[k].path for k in g] for c, g in groups.items()},
+                {c: sum(raw[k].stats["documents"] for k in g) for c, g in groups.items()},
+            )
         if balance:
             try:
                 stats["balance"] = balance_parts(out, balance["target"], balance["mode"], balance["seed"])
@@ -104,32 +137,50 @@ def deduplicated_text(near: bool, raw: dict[str, Artifact], cleaned: dict[str, A
     _report_balance(result, role)
     pii = pii_redactions([cleaned[k].stats for k in keys])
     if pii:  # replacements in the kept text, beside the accounting (they remove no document)
-        result.metadata |= {"pii_redacted": Json(pii), "pii_documents": sum(cleaned[k].stats.get("pii_documents", 0) for k in keys)}
+        result.metadata |= {
+            "pii_redacted": Json(pii),
+            "pii_documents": sum(cleaned[k].stats.get("pii_documents", 0) for k in keys),
+        }
     acc = corpus_accounting(raw_dirs, cleaned_dirs, built.path)
     summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
     outcomes = pl.read_parquet(built.path / "outcomes.parquet")
-    result.warn(removal_warning(f"{role} corpus (raw_corpus -> cleaned_text -> deduplicated_text)", summary["input"],
-                                [r for r in outcomes.iter_rows() if r[0] != "kept"], warn_removed_fraction),
-                key="removal_warning")
+    result.warn(
+        removal_warning(
+            f"{role} corpus (raw_corpus -> cleaned_text -> deduplicated_text)",
+            summary["input"],
+            [r for r in outcomes.iter_rows() if r[0] != "kept"],
+            warn_removed_fraction,
+        ),
+        key="removal_warning",
+    )
     corpus = corpus_lineage(raw, cleaned)
     if corpora:
-        sources = {c: next((raw[k].stats.get("source") for k in g if raw[k].stats.get("source")), None)
-                   for c, g in groups.items()}
+        sources = {
+            c: next((raw[k].stats.get("source") for k in g if raw[k].stats.get("source")), None)
+            for c, g in groups.items()
+        }
         corpus["source"] = "mixture of " + ", ".join(f"{c} ({sources[c]})" for c in corpora)
         corpus["mixture"] = sources
         counts = built.stats["corpora"]
         result.metadata["documents_by_corpus"] = Markdown(
-            "| corpus | documents read | kept after dedup |\n|---|---|---|\n" + "\n".join(
-                f"| {c} | {counts[c]['documents_read']:,} | {counts[c]['kept']:,} |" for c in corpora))
+            "| corpus | documents read | kept after dedup |\n|---|---|---|\n"
+            + "\n".join(f"| {c} | {counts[c]['documents_read']:,} | {counts[c]['kept']:,} |" for c in corpora)
+        )
     result.stats = {**built.stats, "documents": summary, "corpus": corpus}  # for the model cards
     result.metadata = {
-        "corpus": Json(corpus), "accounting": count_table(summary, ("outcome", "documents")),
-        "outcomes_by_reason": Markdown(markdown_table(outcomes)), "outcomes_table": built.path / "outcomes.parquet",
+        "corpus": Json(corpus),
+        "accounting": count_table(summary, ("outcome", "documents")),
+        "outcomes_by_reason": Markdown(markdown_table(outcomes)),
+        "outcomes_table": built.path / "outcomes.parquet",
         **{f"documents_{k}": v for k, v in summary.items()},
-        **{f"{k}_percent": percent(summary[k], summary["input"]) for k in ("kept", "filtered", "duplicate", "rejected")},
-        **result.metadata}
-    result.checks["accounting"] = Check(acc["balanced"], {**summary, "intended_repeats": acc["repeats"],
-                                                          "problems": Json(acc["problems"])})
+        **{
+            f"{k}_percent": percent(summary[k], summary["input"]) for k in ("kept", "filtered", "duplicate", "rejected")
+        },
+        **result.metadata,
+    }
+    result.checks["accounting"] = Check(
+        acc["balanced"], {**summary, "intended_repeats": acc["repeats"], "problems": Json(acc["problems"])}
+    )
     return result
 
 
@@ -145,15 +196,17 @@ def name_corpora(out: Path, dirs: dict[str, list[Path]], read: dict[str, int]) -
     for name, in_dirs in dirs.items():
         n = len(part_files(in_dirs))
         kept = 0
-        for part in written[i:i + n]:
+        for part in written[i : i + n]:
             df = pl.read_parquet(part)
             df.with_columns(pl.lit(name, dtype=pl.Utf8).alias(CORPUS)).write_parquet(part)
             kept += df.height
         counts[name] = {"documents_read": read[name], "kept": kept, "parts": n}
         i += n
     if i != len(written):
-        raise StageError(f"{out}: {len(written)} kept part files for {i} input part files: the executor broke the "
-                         "one-output-per-input layout, so the documents' corpora are unknown")
+        raise StageError(
+            f"{out}: {len(written)} kept part files for {i} input part files: the executor broke the "
+            "one-output-per-input layout, so the documents' corpora are unknown"
+        )
     return counts
 
 
@@ -164,18 +217,23 @@ def minhash_settings(role: str, cleaned: dict[str, Artifact]) -> DedupConfig:
     made = {k: cleaned[k].stats.get("dedup") for k in sorted(cleaned)}
     missing = [k for k, v in made.items() if v is None]
     if missing:
-        raise StageError(f"{role}/cleaned_text partitions {', '.join(missing)} carry no MinHash signatures (made by "
-                         f"an older cleaned_text): re-materialize {role}/cleaned_text for them")
+        raise StageError(
+            f"{role}/cleaned_text partitions {', '.join(missing)} carry no MinHash signatures (made by "
+            f"an older cleaned_text): re-materialize {role}/cleaned_text for them"
+        )
     distinct = {json.dumps({f: v.get(f) for f in SIGNATURE_FIELDS}, sort_keys=True) for v in made.values()}
     if len(distinct) > 1:
         shown = "; ".join(f"{k}: " + ", ".join(f"{f}={v.get(f)}" for f in SIGNATURE_FIELDS) for k, v in made.items())
-        raise StageError(f"{role}/cleaned_text partitions were made with different MinHash settings ({shown}): "
-                         f"re-materialize {role}/cleaned_text for every partition with the same settings")
+        raise StageError(
+            f"{role}/cleaned_text partitions were made with different MinHash settings ({shown}): "
+            f"re-materialize {role}/cleaned_text for every partition with the same settings"
+        )
     return DedupConfig(**next(iter(made.values())))
 
 
-def _check_partitioning(role: str, keys: list[str], raw: dict, cleaned: dict, hash_partitioned: bool,
-                        strip: bool = False) -> None:
+def _check_partitioning(
+    role: str, keys: list[str], raw: dict, cleaned: dict, hash_partitioned: bool, strip: bool = False
+) -> None:
     """Every partition made as partition i of len(keys) (hash partitions), or as a whole (0 of 1);
     ``strip``: the keys are ``<corpus>/<partition>`` (a mixture), named by their partition."""
     for name, artifacts in (("raw_corpus", raw), ("cleaned_text", cleaned)):
@@ -186,7 +244,8 @@ def _check_partitioning(role: str, keys: list[str], raw: dict, cleaned: dict, ha
                 raise StageError(
                     f"partition {k} of {role}/{name} was made as partition {made[0]} of {made[1]}, but "
                     f"LARGETRAIN_DATA_PARTITIONS is now {len(keys)}: its files belong to other partitions. "
-                    f"Re-materialize {role}/raw_corpus and {role}/cleaned_text for every partition.")
+                    f"Re-materialize {role}/raw_corpus and {role}/cleaned_text for every partition."
+                )
 
 
 def _check_not_empty(role: str, keys: list[str], raw: dict, cleaned: dict) -> None:
@@ -200,7 +259,8 @@ def _check_not_empty(role: str, keys: list[str], raw: dict, cleaned: dict) -> No
         also = f", and {skipped:,} files with a suffix no reader knows were not read" if skipped else ""
         raise StageError(
             f"{role} corpus at {source} holds no document: its {files:,} corpus files in {len(keys)} partitions "
-            f"gave 0 records (empty, or blank lines only){also}. Point raw_corpus `path` at a corpus with text.")
+            f"gave 0 records (empty, or blank lines only){also}. Point raw_corpus `path` at a corpus with text."
+        )
     kept = sum(cleaned[k].stats["kept"] for k in keys)
     if kept:
         return
@@ -211,13 +271,17 @@ def _check_not_empty(role: str, keys: list[str], raw: dict, cleaned: dict) -> No
             by_reason[reason] = by_reason.get(reason, 0) + n
     top = sorted(by_reason.items(), key=lambda e: (-e[1], e[0]))[:5]
     reasons = "; ".join(f"{n:,} filtered {r} -> {reason_setting('filtered', r)}" for r, n in top)
-    rejections = " ".join(describe_rejections(raw[k].path / "rejected.parquet") for k in keys if raw[k].stats["rejected"])
+    rejections = " ".join(
+        describe_rejections(raw[k].path / "rejected.parquet") for k in keys if raw[k].stats["rejected"]
+    )
     raise StageError(
         f"{role} corpus at {source}: no document is left of its {read:,} records after raw_corpus and cleaned_text "
         f"({sum(by_reason.values()):,} filtered by the quality rules, {rejected:,} rejected, {sampled_out:,} left out "
-        f"by sample_fraction/max_documents)." + (f" Top reasons: {reasons}." if reasons else "")
+        f"by sample_fraction/max_documents)."
+        + (f" Top reasons: {reasons}." if reasons else "")
         + (f" Rejected: {rejections}" if rejections else "")
-        + " README, \"Which rules suit your text\".")
+        + ' README, "Which rules suit your text".'
+    )
 
 
 def _check_labels(role: str, raw_dirs: list[Path]) -> None:
@@ -226,9 +290,13 @@ def _check_labels(role: str, raw_dirs: list[Path]) -> None:
     if read is None or set(read) <= {NULL_LABEL}:
         raise StageError(
             f"{role}/deduplicated_text: balance_target is set but no labels were read: "
-            + ("raw_corpus label_field is null (set it to the field holding the class)" if read is None else
-               f"none of the {read.get(NULL_LABEL, 0):,} documents has the field raw_corpus label_field names")
-            + f". Set label_field and re-materialize {role}/raw_corpus for every partition, or set balance_target: null.")
+            + (
+                "raw_corpus label_field is null (set it to the field holding the class)"
+                if read is None
+                else f"none of the {read.get(NULL_LABEL, 0):,} documents has the field raw_corpus label_field names"
+            )
+            + f". Set label_field and re-materialize {role}/raw_corpus for every partition, or set balance_target: null."
+        )
 
 
 def _check_ids(role: str, raw_dirs: list[Path], keys: list[str], spill_dir: Path) -> None:
@@ -236,25 +304,32 @@ def _check_ids(role: str, raw_dirs: list[Path], keys: list[str], spill_dir: Path
     repeated, clash = duplicate_ids(raw_dirs, keys, spill_dir=spill_dir)
     if repeated:
         shown = "; ".join(f"{i!r} in {', '.join(where)}" for i, where in clash.iter_rows())
-        raise StageError(f"{role}: {repeated} document ids occur in more than one partition (ids repeat across "
-                         f"files), e.g. {shown}. Make the ids unique, or set raw_corpus id_field: null to name "
-                         f"documents by file and line, and re-materialize {role}/raw_corpus.")
+        raise StageError(
+            f"{role}: {repeated} document ids occur in more than one partition (ids repeat across "
+            f"files), e.g. {shown}. Make the ids unique, or set raw_corpus id_field: null to name "
+            f"documents by file and line, and re-materialize {role}/raw_corpus."
+        )
 
 
 def _report_balance(result: StageResult, role: str) -> None:
     """The balancing's metadata, or, when labels were read but not balanced, a warning with the classes."""
     if "balance" in result.stats:
         b = result.stats["balance"]
-        result.metadata |= {"class_histogram": Markdown(histogram_markdown(b["before"], b["after"])),
-                            "balance": Json(b), "balance_dropped": b["balance_dropped"],
-                            "balance_repeats": b["balance_repeats"], "repeated_documents": b["repeated_documents"]}
+        result.metadata |= {
+            "class_histogram": Markdown(histogram_markdown(b["before"], b["after"])),
+            "balance": Json(b),
+            "balance_dropped": b["balance_dropped"],
+            "balance_repeats": b["balance_repeats"],
+            "repeated_documents": b["repeated_documents"],
+        }
     elif (classes := label_histogram([result.path])) is not None:
         shown = ", ".join(f"{c} {n:,}" for c, n in sorted(classes.items(), key=lambda e: (-e[1], e[0])))
         result.warn(
             f"{role} corpus: labels were read (raw_corpus label_field) but not balanced: balance_target is null. "
             f"Documents per class: {shown}. deduplicated_text `balance_target: {{}}` gives every class an equal "
             "share ({a: 2, b: 1}: those shares), with balance_mode downsample or upsample."
-            + (" No document has the label field: check label_field." if set(classes) == {NULL_LABEL} else ""))
+            + (" No document has the label field: check label_field." if set(classes) == {NULL_LABEL} else "")
+        )
         result.metadata["labels_not_balanced"] = Json(classes)
 
 
@@ -263,11 +338,15 @@ def corpus_lineage(raw: dict[str, Artifact], cleaned: dict[str, Artifact]) -> di
     provenance (the provenance file beside it, or None), the content digest of each partition's files
     and the data versions of raw_corpus and cleaned_text per partition."""
     stats = [raw[k].stats for k in sorted(raw)]
-    return {"source": next((s["source"] for s in stats if s.get("source")), None),
-            "provenance": next((s["provenance"] for s in stats if s.get("provenance")), None),
-            "content_digests": {k: raw[k].stats.get("content_digest") for k in sorted(raw)},
-            "data_versions": {"raw_corpus": {k: raw[k].data_version for k in sorted(raw)},
-                              "cleaned_text": {k: cleaned[k].data_version for k in sorted(cleaned)}}}
+    return {
+        "source": next((s["source"] for s in stats if s.get("source")), None),
+        "provenance": next((s["provenance"] for s in stats if s.get("provenance")), None),
+        "content_digests": {k: raw[k].stats.get("content_digest") for k in sorted(raw)},
+        "data_versions": {
+            "raw_corpus": {k: raw[k].data_version for k in sorted(raw)},
+            "cleaned_text": {k: cleaned[k].data_version for k in sorted(cleaned)},
+        },
+    }
 
 
 def exact_duplicates_check(deduplicated: Artifact) -> Check:
@@ -275,5 +354,13 @@ def exact_duplicates_check(deduplicated: Artifact) -> Check:
     (balancing's ``copies`` weight) is counted apart."""
     docs, dups, examples = count_exact_duplicates(deduplicated.path)
     repeated, repeats = repeat_counts(deduplicated.path)
-    return Check(dups == 0, {"documents": docs, "duplicates": dups, "examples": Json(examples),
-                             "intended_repeats": repeats, "repeated_documents": repeated})
+    return Check(
+        dups == 0,
+        {
+            "documents": docs,
+            "duplicates": dups,
+            "examples": Json(examples),
+            "intended_repeats": repeats,
+            "repeated_documents": repeated,
+        },
+    )

@@ -15,8 +15,17 @@ from pathlib import Path
 
 from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.harness import BenchmarkSettings, TaskFileError, flat_metrics, results_table
-from largetrain_core.stages.base import (Artifact, Check, Markdown, StageError, StageResult, StageRun, percent, rounded,
-                                         text_block)
+from largetrain_core.stages.base import (
+    Artifact,
+    Check,
+    Markdown,
+    StageError,
+    StageResult,
+    StageRun,
+    percent,
+    rounded,
+    text_block,
+)
 from largetrain_core.storage import data_version, local_copy, read_json, write_json_atomic
 
 
@@ -25,15 +34,30 @@ class EvaluationSettings:
     """What the evaluation measures and generates."""
 
     max_sequences: int = field(default=64, metadata={"description": "Validation sequences evaluated per corpus."})
-    prompts: tuple[str, ...] = field(default=("To be, or not to be,", "My lord, the king", "The kernel"), metadata={
-        "description": "Prompts continued greedily by the base and by base + adapter."})
+    prompts: tuple[str, ...] = field(
+        default=("To be, or not to be,", "My lord, the king", "The kernel"),
+        metadata={"description": "Prompts continued greedily by the base and by base + adapter."},
+    )
     max_new_tokens: int = field(default=24, metadata={"description": "Tokens generated per prompt (greedy)."})
-    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings, metadata={"description": (
-        "Benchmarks through lm-evaluation-harness (largetrain_core.harness), on the base and on base + adapter.")})
+    benchmark: BenchmarkSettings = field(
+        default_factory=BenchmarkSettings,
+        metadata={
+            "description": (
+                "Benchmarks through lm-evaluation-harness (largetrain_core.harness), on the base and on base + adapter."
+            )
+        },
+    )
 
 
-def evaluation(settings: EvaluationSettings, base: Artifact, adapter: Artifact, pretrain_shards: Artifact,
-               domain_shards: Artifact, run: StageRun, domain_text: Artifact | None = None) -> StageResult:
+def evaluation(
+    settings: EvaluationSettings,
+    base: Artifact,
+    adapter: Artifact,
+    pretrain_shards: Artifact,
+    domain_shards: Artifact,
+    run: StageRun,
+    domain_text: Artifact | None = None,
+) -> StageResult:
     """Evaluate into ``<root>/evaluation/<version>/`` (perplexity.json, samples.json; benchmark/ with
     benchmark.json, the task files, per-item samples and the model cards with the results, base_card/
     and adapter_card/). Stats: ``<model>_<corpus>_perplexity`` for base_pretrain, base_domain and
@@ -51,21 +75,36 @@ def evaluation(settings: EvaluationSettings, base: Artifact, adapter: Artifact, 
         tasks = _task_digests(settings.benchmark.tasks)
     except TaskFileError as e:
         raise StageError(f"evaluation: benchmark task file: {e}") from e
-    version = data_version(CODE_VERSIONS["evaluation"], dataclasses.asdict(settings), base.data_version,
-                           adapter.data_version, pretrain_shards.data_version, domain_shards.data_version,
-                           domain_text.data_version if domain_text and settings.benchmark.cloze_items else None, *tasks)
-    model_dir, adapter_dir, n = local_copy(base.stats["output"]), local_copy(adapter.stats["output"]), settings.max_sequences
+    version = data_version(
+        CODE_VERSIONS["evaluation"],
+        dataclasses.asdict(settings),
+        base.data_version,
+        adapter.data_version,
+        pretrain_shards.data_version,
+        domain_shards.data_version,
+        domain_text.data_version if domain_text and settings.benchmark.cloze_items else None,
+        *tasks,
+    )
+    model_dir, adapter_dir, n = (
+        local_copy(base.stats["output"]),
+        local_copy(adapter.stats["output"]),
+        settings.max_sequences,
+    )
 
     def build(out: Path) -> dict:
         model = load_for_eval(model_dir)
-        res = {"base_pretrain": perplexity(model, pretrain_shards.path, max_sequences=n),
-               "base_domain": perplexity(model, domain_shards.path, max_sequences=n)}
+        res = {
+            "base_pretrain": perplexity(model, pretrain_shards.path, max_sequences=n),
+            "base_domain": perplexity(model, domain_shards.path, max_sequences=n),
+        }
         tuned = load_for_eval(model_dir, adapter_dir)
         res["adapter_domain"] = perplexity(tuned, domain_shards.path, max_sequences=n)
         write_json_atomic(out / "perplexity.json", res)
         prompts = list(settings.prompts)
-        samples = {"base": sample_generations(model, model_dir, prompts, settings.max_new_tokens),
-                   "adapter": sample_generations(tuned, model_dir, prompts, settings.max_new_tokens)}
+        samples = {
+            "base": sample_generations(model, model_dir, prompts, settings.max_new_tokens),
+            "adapter": sample_generations(tuned, model_dir, prompts, settings.max_new_tokens),
+        }
         write_json_atomic(out / "samples.json", samples)
         stats = {f"{k}_perplexity": v["perplexity"] for k, v in res.items()}
         if settings.benchmark.cloze_items or settings.benchmark.tasks:
@@ -79,24 +118,39 @@ def evaluation(settings: EvaluationSettings, base: Artifact, adapter: Artifact, 
     base_ppl, adapter_ppl = result.stats["base_domain_perplexity"], result.stats["adapter_domain_perplexity"]
     reduction = percent(base_ppl - adapter_ppl, base_ppl)
     samples = read_json(result.path / "samples.json", "sample generations (samples.json)")
-    result.metadata = {"adapter_domain_perplexity_reduction_percent": reduction,
-                       "sample_generations": Markdown(generations_markdown(samples["base"], samples["adapter"]))}
+    result.metadata = {
+        "adapter_domain_perplexity_reduction_percent": reduction,
+        "sample_generations": Markdown(generations_markdown(samples["base"], samples["adapter"])),
+    }
     bench = result.path / "benchmark" / "benchmark.json"
     record = read_json(bench, "benchmark results (benchmark.json)") if bench.exists() else {}
     if record.get("skipped"):
         result.warn(f"evaluation: {record['skipped']}", key="benchmark_warning")
     if record.get("results"):
-        result.metadata["benchmark_results"] = Markdown(results_table(
-            {"base": record["results"]["base"], "base + adapter": record["results"]["adapter"]}))
+        result.metadata["benchmark_results"] = Markdown(
+            results_table({"base": record["results"]["base"], "base + adapter": record["results"]["adapter"]})
+        )
         result.metadata["benchmark_cards"] = result.path / "benchmark"
-    result.checks["adapter_beats_base_on_domain"] = Check(adapter_ppl < base_ppl, {
-        "reduction_percent": reduction, "base_domain_perplexity": rounded(base_ppl),
-        "adapter_domain_perplexity": rounded(adapter_ppl)})
+    result.checks["adapter_beats_base_on_domain"] = Check(
+        adapter_ppl < base_ppl,
+        {
+            "reduction_percent": reduction,
+            "base_domain_perplexity": rounded(base_ppl),
+            "adapter_domain_perplexity": rounded(adapter_ppl),
+        },
+    )
     return result
 
 
-def benchmarks(settings: BenchmarkSettings, model_dir: Path, adapter_dir: Path, domain_shards: Artifact,
-               domain_text: Artifact | None, out: Path, run: StageRun) -> dict:
+def benchmarks(
+    settings: BenchmarkSettings,
+    model_dir: Path,
+    adapter_dir: Path,
+    domain_shards: Artifact,
+    domain_text: Artifact | None,
+    out: Path,
+    run: StageRun,
+) -> dict:
     """lm-eval on the base and on base + adapter into ``out/benchmark/`` (largetrain_core.harness.run_benchmarks),
     the cloze from the domain documents the shards hold out, and each model's card with the results;
     returns the flat metrics (``lm_eval/<model>/<task>/<metric>``)."""
@@ -106,22 +160,28 @@ def benchmarks(settings: BenchmarkSettings, model_dir: Path, adapter_dir: Path, 
     if settings.cloze_items and domain_text is not None:
         manifest = read_json(domain_shards.path / "manifest.json", "token shard manifest (manifest.json)")
         if manifest.get("source_data_version") != domain_text.data_version:
-            run.log.warning(f"evaluation: the domain shards were made from deduplicated_text "
-                            f"{manifest.get('source_data_version')}, the latest is {domain_text.data_version}: the cloze "
-                            "takes the latest's documents that the shards' split holds out (none of them is in the "
-                            "shards' train split: the split is a hash of the document id)")
+            run.log.warning(
+                f"evaluation: the domain shards were made from deduplicated_text "
+                f"{manifest.get('source_data_version')}, the latest is {domain_text.data_version}: the cloze "
+                "takes the latest's documents that the shards' split holds out (none of them is in the "
+                "shards' train split: the split is a hash of the document id)"
+            )
         held_out = held_out_documents(domain_text.path, manifest)
-    record = run_benchmarks(settings, {"base": (model_dir, None), "adapter": (model_dir, adapter_dir)}, out / "benchmark",
-                            held_out=held_out)
+    record = run_benchmarks(
+        settings, {"base": (model_dir, None), "adapter": (model_dir, adapter_dir)}, out / "benchmark", held_out=held_out
+    )
     if record.get("skipped"):
         run.log.warning(f"evaluation: {record['skipped']}")
     if not record["results"]:
         return {"lm_eval_cloze_items": 0}
     write_benchmark_card(model_dir, record["results"]["base"], out / "benchmark" / "base_card", "base model")
-    write_benchmark_card(adapter_dir, record["results"]["adapter"], out / "benchmark" / "adapter_card",
-                         "base model + LoRA adapter")
-    run.log.info("benchmarks (lm-evaluation-harness):\n" + results_table(
-        {"base": record["results"]["base"], "base + adapter": record["results"]["adapter"]}))
+    write_benchmark_card(
+        adapter_dir, record["results"]["adapter"], out / "benchmark" / "adapter_card", "base model + LoRA adapter"
+    )
+    run.log.info(
+        "benchmarks (lm-evaluation-harness):\n"
+        + results_table({"base": record["results"]["base"], "base + adapter": record["results"]["adapter"]})
+    )
     scores = {label: flat_metrics(record["results"][label], f"lm_eval/{label}") for label in ("base", "adapter")}
     for label, model in (("base", model_dir), ("adapter", adapter_dir)):
         logged = report_to_trackers(model.parent, scores[label])
@@ -151,6 +211,8 @@ def generations_markdown(base: list[dict], adapter: list[dict]) -> str:
     """Each prompt and its greedy continuations by the base and by base + adapter, as verbatim text blocks."""
     parts = []
     for i, (b, a) in enumerate(zip(base, adapter), 1):
-        parts.append(f"**Prompt {i}**\n\n{text_block(b['prompt'])}\n\n*base* continues:\n\n{text_block(b['completion'])}"
-                     f"\n\n*base + adapter* continues:\n\n{text_block(a['completion'])}")
+        parts.append(
+            f"**Prompt {i}**\n\n{text_block(b['prompt'])}\n\n*base* continues:\n\n{text_block(b['completion'])}"
+            f"\n\n*base + adapter* continues:\n\n{text_block(a['completion'])}"
+        )
     return "\n\n".join(parts)

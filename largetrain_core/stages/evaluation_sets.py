@@ -26,12 +26,24 @@ from largetrain_core.storage import data_version
 class EvaluationSetsSettings:
     """The evaluation sets declared for the lineage's contamination check."""
 
-    benchmark_files: tuple[str, ...] = field(default=(), metadata={"description": (
-        "JSONL files of evaluation items, one {\"prompt\": ..., \"answer\": ..., \"id\": ...} per line (id optional); "
-        "each is one set, named by its file's stem. The validation splits are held out by construction.")})
-    n: int = field(default=N, metadata={"description": (
-        "Words per n-gram (13, as GPT-3's decontamination, Brown et al. 2020); items with fewer words are listed "
-        "as too short to check.")})
+    benchmark_files: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "description": (
+                'JSONL files of evaluation items, one {"prompt": ..., "answer": ..., "id": ...} per line (id optional); '
+                "each is one set, named by its file's stem. The validation splits are held out by construction."
+            )
+        },
+    )
+    n: int = field(
+        default=N,
+        metadata={
+            "description": (
+                "Words per n-gram (13, as GPT-3's decontamination, Brown et al. 2020); items with fewer words are listed "
+                "as too short to check."
+            )
+        },
+    )
 
 
 def evaluation_sets(settings: EvaluationSetsSettings, run: StageRun) -> StageResult:
@@ -42,12 +54,16 @@ def evaluation_sets(settings: EvaluationSetsSettings, run: StageRun) -> StageRes
     files = [Path(f) for f in settings.benchmark_files]
     for f in files:
         if not f.is_file():
-            raise StageError(f"evaluation_sets: benchmark file {f} does not exist (benchmark_files lists JSONL files "
-                             "of prompt and answer)")
+            raise StageError(
+                f"evaluation_sets: benchmark file {f} does not exist (benchmark_files lists JSONL files "
+                "of prompt and answer)"
+            )
     names = [f.stem for f in files]
     if len(set(names)) < len(names):
-        raise StageError(f"evaluation_sets: two benchmark files have the same name {sorted(n for n in names if names.count(n) > 1)}: "
-                         "a set is named by its file's stem")
+        raise StageError(
+            f"evaluation_sets: two benchmark files have the same name {sorted(n for n in names if names.count(n) > 1)}: "
+            "a set is named by its file's stem"
+        )
     digests = {f.stem: xxhash.xxh3_128_hexdigest(f.read_bytes()) for f in files}
     version = data_version(CODE_VERSIONS["evaluation_sets"], {**asdict(settings), "benchmark_files": None}, digests)
 
@@ -58,15 +74,23 @@ def evaluation_sets(settings: EvaluationSetsSettings, run: StageRun) -> StageRes
             raise StageError(f"evaluation_sets: {e}") from e
         index = build_index(items, settings.n)
         index.save(out)
-        return {"sets": dict(items.group_by("eval_set").len().sort("eval_set").iter_rows()), "items": items.height,
-                "ngrams": int(len(index.hashes)), "too_short_items": index.too_short.height,
-                "files": {f.stem: str(f.resolve()) for f in files}, "validation_splits": "held out by construction"}
+        return {
+            "sets": dict(items.group_by("eval_set").len().sort("eval_set").iter_rows()),
+            "items": items.height,
+            "ngrams": int(len(index.hashes)),
+            "too_short_items": index.too_short.height,
+            "files": {f.stem: str(f.resolve()) for f in files},
+            "validation_splits": "held out by construction",
+        }
 
     result = StageResult.built(run.build_or_reuse(version, build), version)
     result.metadata["sets"] = Json(result.stats["sets"])
     if result.stats["too_short_items"]:
-        result.warn(f"evaluation_sets: {result.stats['too_short_items']} items have fewer than {settings.n} words and cannot be "
-                    f"checked for contamination (listed in {result.path / 'too_short.parquet'})", key="too_short_warning")
+        result.warn(
+            f"evaluation_sets: {result.stats['too_short_items']} items have fewer than {settings.n} words and cannot be "
+            f"checked for contamination (listed in {result.path / 'too_short.parquet'})",
+            key="too_short_warning",
+        )
     return result
 
 
@@ -79,16 +103,26 @@ def contamination_check(sets: Artifact, models: list[Artifact], root: Path) -> C
 
     index = load_index(sets.path)
     if not len(index.hashes):  # no set declared (or only items too short to check): nothing to look for
-        return Check(True, {"sets": Json(sets.stats.get("sets", {})), "too_short_items": index.too_short.height,
-                            "overlapping_documents": 0})
+        return Check(
+            True,
+            {
+                "sets": Json(sets.stats.get("sets", {})),
+                "too_short_items": index.too_short.height,
+                "overlapping_documents": 0,
+            },
+        )
     dirs = [Path(m.stats["output"]) for m in models if m.stats.get("output")]
     try:
         corpora = trained_corpora(dirs, root)
     except ValueError as e:
         return Check(False, {"problem": Text(str(e))})
     found = overlaps(corpora, index)
-    meta = {"corpora_checked": Json(sorted(corpora)), "sets": Json(sets.stats.get("sets", {})),
-            "too_short_items": index.too_short.height, "overlapping_documents": found.height}
+    meta = {
+        "corpora_checked": Json(sorted(corpora)),
+        "sets": Json(sets.stats.get("sets", {})),
+        "too_short_items": index.too_short.height,
+        "overlapping_documents": found.height,
+    }
     if found.height:
         meta |= {"overlaps": Json(found.head(50).to_dicts()), "description": Text(describe_overlaps(found))}
     return Check(found.height == 0, meta)

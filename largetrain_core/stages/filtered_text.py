@@ -33,8 +33,18 @@ import polars as pl
 from largetrain_core.accounting import WARN_REMOVED, corpus_accounting, markdown_table, outcome_table, removal_warning
 from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.relevance import SCORE, Model, histogram_quantiles, load, score_histogram, threshold_for_top
-from largetrain_core.stages.base import (Artifact, Check, Json, Markdown, StageError, StageResult, StageRun, count_table,
-                                        executor_metadata, percent)
+from largetrain_core.stages.base import (
+    Artifact,
+    Check,
+    Json,
+    Markdown,
+    StageError,
+    StageResult,
+    StageRun,
+    count_table,
+    executor_metadata,
+    percent,
+)
 from largetrain_core.storage import data_version, part_files
 
 CONTAMINATED = "contaminated.parquet"
@@ -47,17 +57,35 @@ EXAMPLES = 3  # kept and removed documents shown in the metadata and the demo su
 class FilteredTextSettings:
     """What the training text keeps: a relevance threshold or top fraction, and what decontamination does."""
 
-    relevance_threshold: float | None = field(default=None, metadata={"description": (
-        "Keep the documents whose relevance_score (the relevance_classifier's P(relevant), 0 to 1) is at least this; "
-        "the others are removed with reason relevance. null (and relevance_top_fraction null): keep every document, "
-        "scored.")})
-    relevance_top_fraction: float | None = field(default=None, metadata={"description": (
-        "Instead of a threshold: keep this share of the documents (0 to 1) with the highest relevance_score (the "
-        "threshold read from a histogram of every score, 65,536 bins; ties at the threshold are kept).")})
-    decontamination: str = field(default="remove", metadata={"description": (
-        "remove: a document sharing a 13-word n-gram with an item of evaluation_sets is removed (reason "
-        "contaminated); report: kept and listed only (the check no_evaluation_item_in_training_data on evaluation "
-        "then fails). Either way contaminated.parquet lists each with the item and the n-gram.")})
+    relevance_threshold: float | None = field(
+        default=None,
+        metadata={
+            "description": (
+                "Keep the documents whose relevance_score (the relevance_classifier's P(relevant), 0 to 1) is at least this; "
+                "the others are removed with reason relevance. null (and relevance_top_fraction null): keep every document, "
+                "scored."
+            )
+        },
+    )
+    relevance_top_fraction: float | None = field(
+        default=None,
+        metadata={
+            "description": (
+                "Instead of a threshold: keep this share of the documents (0 to 1) with the highest relevance_score (the "
+                "threshold read from a histogram of every score, 65,536 bins; ties at the threshold are kept)."
+            )
+        },
+    )
+    decontamination: str = field(
+        default="remove",
+        metadata={
+            "description": (
+                "remove: a document sharing a 13-word n-gram with an item of evaluation_sets is removed (reason "
+                "contaminated); report: kept and listed only (the check no_evaluation_item_in_training_data on evaluation "
+                "then fails). Either way contaminated.parquet lists each with the item and the n-gram."
+            )
+        },
+    )
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, in words (empty when nothing)."""
@@ -91,29 +119,46 @@ class Filtering:
     def __call__(self, df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, int]]:
         if self.model is not None:
             texts = df["text"]
-            scores = np.concatenate([self.model.score(texts.slice(i, self.batch).to_list())
-                                     for i in range(0, df.height, self.batch)]) if df.height else np.zeros(0, np.float32)
+            scores = (
+                np.concatenate(
+                    [self.model.score(texts.slice(i, self.batch).to_list()) for i in range(0, df.height, self.batch)]
+                )
+                if df.height
+                else np.zeros(0, np.float32)
+            )
             df = df.with_columns(pl.Series(SCORE, scores, dtype=pl.Float32))
         reason = pl.when(pl.col("doc_id").is_in(pl.Series(sorted(self.contaminated), dtype=pl.Utf8).implode())).then(
-            pl.lit("contaminated"))
+            pl.lit("contaminated")
+        )
         if self.threshold is not None:
             reason = reason.when(pl.col(SCORE) < self.threshold).then(pl.lit("relevance"))
         df = df.with_columns(reason.otherwise(pl.lit(None, pl.Utf8)).alias("_reason"))
         kept = df.filter(pl.col("_reason").is_null()).drop("_reason")
         removed = df.filter(pl.col("_reason").is_not_null()).select(
-            "doc_id", pl.col("source") if "source" in df.columns else pl.lit(None, pl.Utf8).alias("source"),
-            reason="_reason", **{SCORE: pl.col(SCORE)})
+            "doc_id",
+            pl.col("source") if "source" in df.columns else pl.lit(None, pl.Utf8).alias("source"),
+            reason="_reason",
+            **{SCORE: pl.col(SCORE)},
+        )
         return kept, removed.cast(REMOVED_SCHEMA), {}
 
 
 def _version(settings: FilteredTextSettings, text: Artifact, classifier: Artifact, sets: Artifact) -> str:
-    return data_version(CODE_VERSIONS["filtered_text"], asdict(settings), text.data_version, classifier.data_version,
-                        sets.data_version)
+    return data_version(
+        CODE_VERSIONS["filtered_text"], asdict(settings), text.data_version, classifier.data_version, sets.data_version
+    )
 
 
-def filtered_text(settings: FilteredTextSettings, text: Artifact, classifier: Artifact, sets: Artifact,
-                  raw: dict[str, Artifact], cleaned: dict[str, Artifact], run: StageRun,
-                  warn_removed_fraction: float | None = WARN_REMOVED) -> StageResult:
+def filtered_text(
+    settings: FilteredTextSettings,
+    text: Artifact,
+    classifier: Artifact,
+    sets: Artifact,
+    raw: dict[str, Artifact],
+    cleaned: dict[str, Artifact],
+    run: StageRun,
+    warn_removed_fraction: float | None = WARN_REMOVED,
+) -> StageResult:
     """Filter the deduplicated text ``text`` with the relevance classifier ``classifier`` and the
     evaluation sets ``sets`` into ``<root>/<asset>/<version>/`` (part files with ``relevance_score``,
     filtered.parquet, contaminated.parquet); ``raw`` and ``cleaned``: the corpus's partitions, for
@@ -138,8 +183,11 @@ def filtered_text(settings: FilteredTextSettings, text: Artifact, classifier: Ar
 
     def build(out: Path) -> dict:
         found = run.executor.find_contamination([text.path], sets.path, out / CONTAMINATED)
-        remove = frozenset(pl.read_parquet(out / CONTAMINATED, columns=["doc_id"])["doc_id"].to_list()) \
-            if settings.decontamination == "remove" else frozenset()
+        remove = (
+            frozenset(pl.read_parquet(out / CONTAMINATED, columns=["doc_id"])["doc_id"].to_list())
+            if settings.decontamination == "remove"
+            else frozenset()
+        )
         model = load(classifier.path)
         cut = settings.relevance_threshold
         if settings.relevance_top_fraction is None:
@@ -154,12 +202,17 @@ def filtered_text(settings: FilteredTextSettings, text: Artifact, classifier: Ar
             shutil.rmtree(scored)
         removed = pl.read_parquet(out / "filtered.parquet")
         kept_hist = score_histogram(part_files(out))
-        stats |= {"threshold": cut, "scored": histogram_quantiles(kept_hist + score_histogram([out / "filtered.parquet"])),
-                  "kept_scores": histogram_quantiles(kept_hist),
-                  **{f"removed_{r}": stats["filtered_by_reason"].get(r, 0) for r in ("relevance", "contaminated")},
-                  "contaminated": found["contaminated"], "contaminated_by_set": found["contaminated_by_set"],
-                  "too_short_items": found["too_short_items"], "decontamination": settings.decontamination,
-                  "examples": examples(text.path, out, removed)}
+        stats |= {
+            "threshold": cut,
+            "scored": histogram_quantiles(kept_hist + score_histogram([out / "filtered.parquet"])),
+            "kept_scores": histogram_quantiles(kept_hist),
+            **{f"removed_{r}": stats["filtered_by_reason"].get(r, 0) for r in ("relevance", "contaminated")},
+            "contaminated": found["contaminated"],
+            "contaminated_by_set": found["contaminated_by_set"],
+            "too_short_items": found["too_short_items"],
+            "decontamination": settings.decontamination,
+            "examples": examples(text.path, out, removed),
+        }
         stats["kept_percent"] = percent(stats["kept"], stats["input"])
         outcome_table(raw_dirs, cleaned_dirs, text.path, out).write_parquet(out / "outcomes.parquet")
         return stats
@@ -171,27 +224,45 @@ def filtered_text(settings: FilteredTextSettings, text: Artifact, classifier: Ar
     summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
     outcomes = pl.read_parquet(built.path / "outcomes.parquet")
     role = run.asset[0]
-    result.warn(removal_warning(f"{role} corpus (raw_corpus -> ... -> filtered_text)", summary["input"],
-                                [r for r in outcomes.iter_rows() if r[0] != "kept"], warn_removed_fraction),
-                key="removal_warning")
+    result.warn(
+        removal_warning(
+            f"{role} corpus (raw_corpus -> ... -> filtered_text)",
+            summary["input"],
+            [r for r in outcomes.iter_rows() if r[0] != "kept"],
+            warn_removed_fraction,
+        ),
+        key="removal_warning",
+    )
     if stats["contaminated"] and settings.decontamination == "report":
-        result.warn(f"{run.name}: {stats['contaminated']:,} documents share a 13-word n-gram with an evaluation item and "
-                    f"are kept (decontamination: report); listed in {built.path / CONTAMINATED}. The check "
-                    "no_evaluation_item_in_training_data on evaluation fails for a model trained on them.",
-                    key="contamination_warning")
-    result.stats = {**stats, "documents": summary, "corpus": text.stats.get("corpus"),
-                    "deduplicated_text": text.data_version}
+        result.warn(
+            f"{run.name}: {stats['contaminated']:,} documents share a 13-word n-gram with an evaluation item and "
+            f"are kept (decontamination: report); listed in {built.path / CONTAMINATED}. The check "
+            "no_evaluation_item_in_training_data on evaluation fails for a model trained on them.",
+            key="contamination_warning",
+        )
+    result.stats = {
+        **stats,
+        "documents": summary,
+        "corpus": text.stats.get("corpus"),
+        "deduplicated_text": text.data_version,
+    }
     result.metadata |= {
         "accounting": count_table(summary, ("outcome", "documents")),
-        "outcomes_by_reason": Markdown(markdown_table(outcomes)), "outcomes_table": built.path / "outcomes.parquet",
+        "outcomes_by_reason": Markdown(markdown_table(outcomes)),
+        "outcomes_table": built.path / "outcomes.parquet",
         **{f"documents_{k}": v for k, v in summary.items()},
         "filtered_by_reason": count_table(stats["filtered_by_reason"]),
         "relevance_threshold": stats["threshold"] if stats["threshold"] is not None else "none",
-        "relevance_scores": Json(stats["scored"]), "kept_relevance_scores": Json(stats["kept_scores"]),
-        "contaminated_by_set": Json(stats["contaminated_by_set"]), "contaminated_report": built.path / CONTAMINATED,
-        "examples": Json(stats["examples"]), "examples_table": Markdown(examples_markdown(stats["examples"]))}
-    result.checks["accounting"] = Check(acc["balanced"], {**summary, "intended_repeats": acc["repeats"],
-                                                          "problems": Json(acc["problems"])})
+        "relevance_scores": Json(stats["scored"]),
+        "kept_relevance_scores": Json(stats["kept_scores"]),
+        "contaminated_by_set": Json(stats["contaminated_by_set"]),
+        "contaminated_report": built.path / CONTAMINATED,
+        "examples": Json(stats["examples"]),
+        "examples_table": Markdown(examples_markdown(stats["examples"])),
+    }
+    result.checks["accounting"] = Check(
+        acc["balanced"], {**summary, "intended_repeats": acc["repeats"], "problems": Json(acc["problems"])}
+    )
     return result
 
 
@@ -201,7 +272,7 @@ def title(text: str, width: int = 72) -> str:
     for line in text.splitlines():
         line = line.strip().lstrip("#").strip()
         if line and not line.startswith("..") and any(c.isalnum() for c in line):
-            return line if len(line) <= width else line[:width - 3] + "..."
+            return line if len(line) <= width else line[: width - 3] + "..."
     return ""
 
 
@@ -209,29 +280,73 @@ def examples(in_dir: Path, out_dir: Path, removed: pl.DataFrame, n: int = EXAMPL
     """The ``n`` kept documents with the highest scores, the ``n`` relevance-removed ones with the
     lowest, and the first ``n`` contaminated ones (with their item and n-gram), each ``{doc_id, title,
     relevance_score}``; the titles read from ``in_dir`` (the deduplicated text) for these documents only."""
-    kept = pl.scan_parquet(part_files(out_dir)).select("doc_id", SCORE).sort(SCORE, "doc_id", descending=[True, False]) \
-        .head(n).collect() if part_files(out_dir) else pl.DataFrame(schema={"doc_id": pl.Utf8, SCORE: pl.Float32})
+    kept = (
+        pl.scan_parquet(part_files(out_dir))
+        .select("doc_id", SCORE)
+        .sort(SCORE, "doc_id", descending=[True, False])
+        .head(n)
+        .collect()
+        if part_files(out_dir)
+        else pl.DataFrame(schema={"doc_id": pl.Utf8, SCORE: pl.Float32})
+    )
     low = removed.filter(pl.col("reason") == "relevance").sort(SCORE, "doc_id").head(n).select("doc_id", SCORE)
     report = pl.read_parquet(Path(out_dir) / CONTAMINATED).head(n)
     wanted = kept["doc_id"].to_list() + low["doc_id"].to_list() + report["doc_id"].to_list()
-    titles = dict(pl.scan_parquet(part_files(in_dir)).select("doc_id", "text").filter(pl.col("doc_id").is_in(wanted))
-                  .collect().select("doc_id", pl.col("text").map_elements(title, return_dtype=pl.Utf8)).iter_rows()) \
-        if wanted else {}
-    scores = dict(pl.concat([pl.scan_parquet(part_files(out_dir)).select("doc_id", SCORE).collect(), removed.select("doc_id", SCORE)])
-                  .filter(pl.col("doc_id").is_in(report["doc_id"].implode())).iter_rows()) if report.height else {}
+    titles = (
+        dict(
+            pl.scan_parquet(part_files(in_dir))
+            .select("doc_id", "text")
+            .filter(pl.col("doc_id").is_in(wanted))
+            .collect()
+            .select("doc_id", pl.col("text").map_elements(title, return_dtype=pl.Utf8))
+            .iter_rows()
+        )
+        if wanted
+        else {}
+    )
+    scores = (
+        dict(
+            pl.concat(
+                [
+                    pl.scan_parquet(part_files(out_dir)).select("doc_id", SCORE).collect(),
+                    removed.select("doc_id", SCORE),
+                ]
+            )
+            .filter(pl.col("doc_id").is_in(report["doc_id"].implode()))
+            .iter_rows()
+        )
+        if report.height
+        else {}
+    )
 
     def rows(df: pl.DataFrame) -> list[dict]:
         return [{"doc_id": d, "title": titles.get(d, ""), SCORE: round(float(s), 4)} for d, s in df.iter_rows()]
 
-    return {"kept": rows(kept), "removed": rows(low),
-            "contaminated": [{"doc_id": d, "title": titles.get(d, ""), "eval_set": s, "item_id": i, "ngram": g,
-                              SCORE: round(float(scores[d]), 4) if d in scores else None}
-                             for d, s, i, g in report.select("doc_id", "eval_set", "item_id", "ngram").iter_rows()]}
+    return {
+        "kept": rows(kept),
+        "removed": rows(low),
+        "contaminated": [
+            {
+                "doc_id": d,
+                "title": titles.get(d, ""),
+                "eval_set": s,
+                "item_id": i,
+                "ngram": g,
+                SCORE: round(float(scores[d]), 4) if d in scores else None,
+            }
+            for d, s, i, g in report.select("doc_id", "eval_set", "item_id", "ngram").iter_rows()
+        ],
+    }
 
 
 def examples_markdown(ex: dict) -> str:
     """The :func:`examples` as a markdown table: what, document, title, score (and item)."""
-    rows = [f"| {what} | `{e['doc_id']}` | {e['title']} | {e[SCORE]} |" for what in ("kept", "removed") for e in ex[what]]
-    rows += [f"| contaminated ({e['eval_set']}/{e['item_id']}: \"{e['ngram']}\") | `{e['doc_id']}` | {e['title']} | "
-             f"{e[SCORE]} |" for e in ex["contaminated"]]
+    rows = [
+        f"| {what} | `{e['doc_id']}` | {e['title']} | {e[SCORE]} |" for what in ("kept", "removed") for e in ex[what]
+    ]
+    rows += [
+        f'| contaminated ({e["eval_set"]}/{e["item_id"]}: "{e["ngram"]}") | `{e["doc_id"]}` | {e["title"]} | '
+        f"{e[SCORE]} |"
+        for e in ex["contaminated"]
+    ]
     return "| | document | title | relevance_score |\n|---|---|---|---|\n" + "\n".join(rows) if rows else "none"

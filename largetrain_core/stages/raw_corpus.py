@@ -47,8 +47,10 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
         try:
             fs.check_access(source, f"read the {run.asset[0]} corpus")
         except fs.StorageAccessError as e:
-            raise StageError(f"{e}. Nothing was read: check the corpus path, the endpoint (AWS_ENDPOINT_URL) and the "
-                             "credentials (the standard chain: environment, profile, instance role).") from None
+            raise StageError(
+                f"{e}. Nothing was read: check the corpus path, the endpoint (AWS_ENDPOINT_URL) and the "
+                "credentials (the standard chain: environment, profile, instance role)."
+            ) from None
     elif not Path(source).exists():
         raise StageError(f"{run.asset[0]} corpus not found at {source}: run `make corpora` or set config path")
     try:
@@ -64,27 +66,48 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
     if error:
         raise StageError(f"{where}: {error.removesuffix('.')}. Every rejected record: {stored_location(rejected)}")
     read = stats["documents"] + stats["not_sampled"] + stats["rejected"]  # every record read, before subsetting
-    result = StageResult.built(built, version, metadata={
-        "source": shown if fs.is_url(source) else Path(source), "content_digest": digest, "size_mib": mib(stats["bytes"]),
-        "rejected_percent": percent(stats["rejected"], read), **executor_metadata(stats)})
+    result = StageResult.built(
+        built,
+        version,
+        metadata={
+            "source": shown if fs.is_url(source) else Path(source),
+            "content_digest": digest,
+            "size_mib": mib(stats["bytes"]),
+            "rejected_percent": percent(stats["rejected"], read),
+            **executor_metadata(stats),
+        },
+    )
     if stats["rejected"]:
         reasons = describe_rejections(rejected)
-        result.warn(f"{where}: {stats['rejected']:,} of {read:,} records rejected (left out of the corpus; more than "
-                    f"max_rejected_fraction={reader.max_rejected_fraction} would fail the run). {reasons} "
-                    f"Every rejected record: {stored_location(rejected)}")
+        result.warn(
+            f"{where}: {stats['rejected']:,} of {read:,} records rejected (left out of the corpus; more than "
+            f"max_rejected_fraction={reader.max_rejected_fraction} would fail the run). {reasons} "
+            f"Every rejected record: {stored_location(rejected)}"
+        )
         result.metadata |= {"rejected_reasons": Text(reasons), "rejected_file": rejected}
     if provenance:
         mismatch = check_provenance(source, provenance)
         result.warn(f"{shown} no longer matches its provenance file: {'; '.join(mismatch)}" if mismatch else None)
-        result.metadata |= {"provenance": Json(provenance), "corpus_version": describe(provenance),
-                            "provenance_matches": not mismatch}
+        result.metadata |= {
+            "provenance": Json(provenance),
+            "corpus_version": describe(provenance),
+            "provenance_matches": not mismatch,
+        }
     if stats["skipped_files"]:
-        result.warn(f"{where}: {stats['skipped_files']} files with a suffix no reader knows were not read; listed in "
-                    f"{stored_location(built.path / 'skipped_files.txt')}")
+        result.warn(
+            f"{where}: {stats['skipped_files']} files with a suffix no reader knows were not read; listed in "
+            f"{stored_location(built.path / 'skipped_files.txt')}"
+        )
         result.metadata["skipped_files_list"] = built.path / "skipped_files.txt"
     if stats["renamed_ids"]:
-        result.warn(f"{where}: {stats['renamed_ids']} documents repeat an earlier document's id and were renamed "
-                    f"<id>@<file>:<line or row>; listed in {stored_location(built.path / 'renamed_ids.parquet')}")
-    result.stats = {**stats, "source": shown if fs.is_url(source) else str(Path(source).resolve()), "content_digest": digest,
-                    "provenance": provenance}
+        result.warn(
+            f"{where}: {stats['renamed_ids']} documents repeat an earlier document's id and were renamed "
+            f"<id>@<file>:<line or row>; listed in {stored_location(built.path / 'renamed_ids.parquet')}"
+        )
+    result.stats = {
+        **stats,
+        "source": shown if fs.is_url(source) else str(Path(source).resolve()),
+        "content_digest": digest,
+        "provenance": provenance,
+    }
     return result

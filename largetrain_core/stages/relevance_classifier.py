@@ -40,22 +40,39 @@ def relevance_classifier(cfg: RelevanceConfig, domain: Artifact, pretrain: Artif
 
     def build(out: Path) -> dict:
         try:
-            pos = read_examples(cfg.positives_file) if cfg.positives_file else sample_texts([domain.path], cfg.max_examples, cfg.seed)
+            pos = (
+                read_examples(cfg.positives_file)
+                if cfg.positives_file
+                else sample_texts([domain.path], cfg.max_examples, cfg.seed)
+            )
             n_neg = min(cfg.max_examples, max(2, int(len(pos) * cfg.negatives_per_positive)))
-            neg = read_examples(cfg.negatives_file) if cfg.negatives_file else sample_texts([pretrain.path], n_neg, cfg.seed, set(pos))
+            neg = (
+                read_examples(cfg.negatives_file)
+                if cfg.negatives_file
+                else sample_texts([pretrain.path], n_neg, cfg.seed, set(pos))
+            )
             model = train(pos, neg, cfg)
         except ValueError as e:
             raise StageError(f"relevance_classifier: {e}") from e
         model.save(out)
-        return {"metrics": model.meta["metrics"], "features": model.meta["features"], "positives": pos_src, "negatives": neg_src,
-                **{f"heldout_{k}": model.meta["metrics"][k] for k in ("precision", "recall", "auc")},
-                "train_seconds": model.meta["metrics"]["train_seconds"]}
+        return {
+            "metrics": model.meta["metrics"],
+            "features": model.meta["features"],
+            "positives": pos_src,
+            "negatives": neg_src,
+            **{f"heldout_{k}": model.meta["metrics"][k] for k in ("precision", "recall", "auc")},
+            "train_seconds": model.meta["metrics"]["train_seconds"],
+        }
 
     result = StageResult.built(run.build_or_reuse(version, build), version)
     feats = result.stats["features"]
-    rows = [f"| {', '.join(f['ngrams']) or '?'} | {f['weight']} | {side} |" for side in ("relevant", "irrelevant")
-            for f in feats[side][:10]]
-    result.metadata |= {"metrics": Json(result.stats["metrics"]),
-                        "informative_features": Markdown("| n-grams | weight | for |\n|---|---|---|\n" + "\n".join(rows))}
+    rows = [
+        f"| {', '.join(f['ngrams']) or '?'} | {f['weight']} | {side} |"
+        for side in ("relevant", "irrelevant")
+        for f in feats[side][:10]
+    ]
+    result.metadata |= {
+        "metrics": Json(result.stats["metrics"]),
+        "informative_features": Markdown("| n-grams | weight | for |\n|---|---|---|\n" + "\n".join(rows)),
+    }
     return result
-

@@ -41,19 +41,34 @@ class TokenShardsSettings:
     """Packing of the tokenized documents into fixed-length training sequences."""
 
     seq_len: int = field(default=1024, metadata={"description": "Sequence length in tokens; windows hold seq_len + 1."})
-    validation_fraction: float = field(default=0.05, metadata={"description": (
-        "Share of documents held out for validation (the validation loss, the evaluation's perplexities); a split "
-        "under 16 sequences is warned about: perplexity on it is noisy.")})
-    seed: int = field(default=0, metadata={"description": "Seed of the document-id hash that picks the validation documents."})
-    sequences_per_shard: int = field(default=8192, metadata={"description": (
-        "Sequences per Arrow IPC shard file (the last one holds the rest).")})
-    mixture: Optional[dict[str, float]] = field(default=None, metadata={"description": (
-        "A mixture's weight per corpus (its corpora: LARGETRAIN_<ROLE>_CORPORA), e.g. {kernel_docs: 0.7, plays: 0.3}; "
-        "normalized to sum 1. It applies in tokens, after dedup and balancing: the train split keeps its size in "
-        "sequences and each corpus gets weight x that many (up-sampled by repeating its sequences, down-sampled to "
-        "an evenly spread subset; counted apart as mixture_repeat_sequences / mixture_downsampled_sequences). The "
-        "validation split is unweighted. null = the corpora in their natural proportions (a mixture's shares are "
-        "reported either way).")})
+    validation_fraction: float = field(
+        default=0.05,
+        metadata={
+            "description": (
+                "Share of documents held out for validation (the validation loss, the evaluation's perplexities); a split "
+                "under 16 sequences is warned about: perplexity on it is noisy."
+            )
+        },
+    )
+    seed: int = field(
+        default=0, metadata={"description": "Seed of the document-id hash that picks the validation documents."}
+    )
+    sequences_per_shard: int = field(
+        default=8192, metadata={"description": ("Sequences per Arrow IPC shard file (the last one holds the rest).")}
+    )
+    mixture: Optional[dict[str, float]] = field(
+        default=None,
+        metadata={
+            "description": (
+                "A mixture's weight per corpus (its corpora: LARGETRAIN_<ROLE>_CORPORA), e.g. {kernel_docs: 0.7, plays: 0.3}; "
+                "normalized to sum 1. It applies in tokens, after dedup and balancing: the train split keeps its size in "
+                "sequences and each corpus gets weight x that many (up-sampled by repeating its sequences, down-sampled to "
+                "an evenly spread subset; counted apart as mixture_repeat_sequences / mixture_downsampled_sequences). The "
+                "validation split is unweighted. null = the corpora in their natural proportions (a mixture's shares are "
+                "reported either way)."
+            )
+        },
+    )
 
 
 def mixture_of(settings: TokenShardsSettings, text: Artifact, where: str) -> tuple[dict | None, bool]:
@@ -65,22 +80,35 @@ def mixture_of(settings: TokenShardsSettings, text: Artifact, where: str) -> tup
         return ({c: 1.0 for c in corpora}, True) if corpora else (None, False)
     unknown = sorted(set(settings.mixture) - set(corpora))
     if unknown or not corpora:
-        have = ("the corpora of this role are " + ", ".join(map(repr, corpora))) if corpora else \
-            "this role reads one corpus, not a mixture"
-        raise StageError(f"{where}: mixture names {', '.join(map(repr, unknown or sorted(settings.mixture)))}, but {have} "
-                         f"(LARGETRAIN_{where.split('/')[0].upper()}_CORPORA names them)")
+        have = (
+            ("the corpora of this role are " + ", ".join(map(repr, corpora)))
+            if corpora
+            else "this role reads one corpus, not a mixture"
+        )
+        raise StageError(
+            f"{where}: mixture names {', '.join(map(repr, unknown or sorted(settings.mixture)))}, but {have} "
+            f"(LARGETRAIN_{where.split('/')[0].upper()}_CORPORA names them)"
+        )
     missing = sorted(set(corpora) - set(settings.mixture))
     if missing:
-        raise StageError(f"{where}: mixture gives no weight to {', '.join(map(repr, missing))}; give every corpus of "
-                         "the role a weight (0 leaves one out)")
+        raise StageError(
+            f"{where}: mixture gives no weight to {', '.join(map(repr, missing))}; give every corpus of "
+            "the role a weight (0 leaves one out)"
+        )
     return dict(settings.mixture), False
 
 
 def _packing(settings: TokenShardsSettings, text: Artifact | None = None, where: str = "token_shards") -> Packing:
     mixture, natural = mixture_of(settings, text, where) if text is not None else (None, False)
     try:
-        return Packing(settings.seq_len, settings.validation_fraction, settings.seed, settings.sequences_per_shard,
-                       mixture=mixture, natural=natural)
+        return Packing(
+            settings.seq_len,
+            settings.validation_fraction,
+            settings.seed,
+            settings.sequences_per_shard,
+            mixture=mixture,
+            natural=natural,
+        )
     except ValueError as e:
         raise StageError(f"{where}: {e}") from e
 
@@ -94,12 +122,18 @@ def _settings_version(settings: TokenShardsSettings) -> dict:
 
 
 def _version(settings: TokenShardsSettings, text: Artifact, tokenizer: Artifact) -> str:
-    return data_version(CODE_VERSIONS["token_shards"], _settings_version(settings), text.data_version, tokenizer.data_version)
+    return data_version(
+        CODE_VERSIONS["token_shards"], _settings_version(settings), text.data_version, tokenizer.data_version
+    )
 
 
 def _stats(m: dict) -> dict:
-    out = {"total_tokens": m["total_tokens"], "dtype": m["dtype"], "vocab_size": m["vocab_size"],
-           **{f"{s}_{k}": v for s, d in m["splits"].items() for k, v in d.items() if k not in ("shards", "units")}}
+    out = {
+        "total_tokens": m["total_tokens"],
+        "dtype": m["dtype"],
+        "vocab_size": m["vocab_size"],
+        **{f"{s}_{k}": v for s, d in m["splits"].items() for k, v in d.items() if k not in ("shards", "units")},
+    }
     if m.get("mixture"):
         out["mixture"] = m["mixture"]
     return out
@@ -120,8 +154,9 @@ def intact(path: Path | str) -> bool:
     return True
 
 
-def token_shard_partitions(settings: TokenShardsSettings, text: Artifact, tokenizer: Artifact, run: StageRun,
-                           partitions: int) -> int:
+def token_shard_partitions(
+    settings: TokenShardsSettings, text: Artifact, tokenizer: Artifact, run: StageRun, partitions: int
+) -> int:
     """How many partitions tokenize ``text``: ``partitions`` (the data partitions), at most one per part
     file, at least one; 0 when the token shards of this version are complete already (nothing to do).
     Shards whose partition lost a file are not complete: the partitions run again, rebuild what is
@@ -131,25 +166,41 @@ def token_shard_partitions(settings: TokenShardsSettings, text: Artifact, tokeni
     return max(1, min(partitions, len(part_files(text.path))))
 
 
-def token_shard_partition(settings: TokenShardsSettings, text: Artifact, tokenizer: Artifact, run: StageRun,
-                          partition: int, partitions: int) -> StageResult:
+def token_shard_partition(
+    settings: TokenShardsSettings, text: Artifact, tokenizer: Artifact, run: StageRun, partition: int, partitions: int
+) -> StageResult:
     """Tokenize and pack partition ``partition`` of ``partitions`` of ``text`` (largetrain_core.shards.
     tokenize_partition) into ``<root>/<role>/token_shard_partitions/<i>-of-<n>/<version>/``. Stats:
     partition, partitions, parts, documents, sequences (its parts' full windows), tail_tokens."""
-    version = data_version(CODE_VERSIONS["token_shards"], _settings_version(settings), text.data_version,
-                           tokenizer.data_version, [partition, partitions])
-    place = dataclasses.replace(run, asset=(run.asset[0], "token_shard_partitions"),
-                                partition=f"{partition:03d}-of-{partitions:03d}")
+    version = data_version(
+        CODE_VERSIONS["token_shards"],
+        _settings_version(settings),
+        text.data_version,
+        tokenizer.data_version,
+        [partition, partitions],
+    )
+    place = dataclasses.replace(
+        run, asset=(run.asset[0], "token_shard_partitions"), partition=f"{partition:03d}-of-{partitions:03d}"
+    )
 
     def build(out: Path) -> dict:
-        s = tokenize_partition(text.path, tokenizer.path, out, partition, partitions, _packing(settings, text, run.name))
-        return {k: s[k] for k in ("partition", "partitions", "first_part", "parts", "documents", "sequences", "tail_tokens")}
+        s = tokenize_partition(
+            text.path, tokenizer.path, out, partition, partitions, _packing(settings, text, run.name)
+        )
+        return {
+            k: s[k] for k in ("partition", "partitions", "first_part", "parts", "documents", "sequences", "tail_tokens")
+        }
 
     return StageResult.built(place.build_or_reuse(version, build), version)
 
 
-def token_shards(settings: TokenShardsSettings, text: Artifact, tokenizer: Artifact, run: StageRun,
-                 partitions: list[Artifact] | None = None) -> StageResult:
+def token_shards(
+    settings: TokenShardsSettings,
+    text: Artifact,
+    tokenizer: Artifact,
+    run: StageRun,
+    partitions: list[Artifact] | None = None,
+) -> StageResult:
     """The token shards of the deduplicated corpus ``text`` with ``tokenizer`` in ``<root>/<asset>/<version>/``:
     from ``partitions`` (the :func:`token_shard_partition` results, in partition order) the global step
     (largetrain_core.shards.assemble_token_shards); without them (or when they are not given because
@@ -167,15 +218,30 @@ def token_shards(settings: TokenShardsSettings, text: Artifact, tokenizer: Artif
         extra = relevance_record(text.path)
         try:
             if partitions:
-                m = assemble_token_shards([p.path for p in partitions], text.path, tokenizer.path, out, packing,
-                                          text.data_version,
-                                          final_dir=mirror_path(final) if fs.is_url(final) else final, extra=extra)
+                m = assemble_token_shards(
+                    [p.path for p in partitions],
+                    text.path,
+                    tokenizer.path,
+                    out,
+                    packing,
+                    text.data_version,
+                    final_dir=mirror_path(final) if fs.is_url(final) else final,
+                    extra=extra,
+                )
             else:
-                m = build_token_shards(text.path, tokenizer.path, out, seq_len=settings.seq_len,
-                                       validation_fraction=settings.validation_fraction, seed=settings.seed,
-                                       sequences_per_shard=settings.sequences_per_shard,
-                                       source_data_version=text.data_version, mixture=packing.mixture,
-                                       natural=packing.natural, extra=extra)
+                m = build_token_shards(
+                    text.path,
+                    tokenizer.path,
+                    out,
+                    seq_len=settings.seq_len,
+                    validation_fraction=settings.validation_fraction,
+                    seed=settings.seed,
+                    sequences_per_shard=settings.sequences_per_shard,
+                    source_data_version=text.data_version,
+                    mixture=packing.mixture,
+                    natural=packing.natural,
+                    extra=extra,
+                )
         except ValueError as e:
             if packing.mixture is None:
                 raise
@@ -201,15 +267,19 @@ def token_shards(settings: TokenShardsSettings, text: Artifact, tokenizer: Artif
 def mixture_table(mix: dict) -> str:
     """The mixture record of a shard manifest as a markdown table: per corpus its weight's target share,
     natural share and realised share of the train split's tokens, and the sequences repeated or left out."""
-    rows = ["| corpus | target share | natural share | realised share | train sequences | repeated | left out |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| corpus | target share | natural share | realised share | train sequences | repeated | left out |",
+        "|---|---|---|---|---|---|---|",
+    ]
 
     def pct(v):
         return "" if v is None else f"{100 * v:.1f} %"
 
     for c, r in mix["corpora"].items():
-        rows.append(f"| {c} | {pct(r.get('target_share'))} | {pct(r['natural_share'])} | {pct(r['realised_share'])} | "
-                    f"{r['sequences']:,} | {r['repeat_sequences']:,} | {r['downsampled_sequences']:,} |")
+        rows.append(
+            f"| {c} | {pct(r.get('target_share'))} | {pct(r['natural_share'])} | {pct(r['realised_share'])} | "
+            f"{r['sequences']:,} | {r['repeat_sequences']:,} | {r['downsampled_sequences']:,} |"
+        )
     return "\n".join(rows) + f"\n\n{mix['applies_to']}"
 
 
@@ -245,10 +315,17 @@ def tiny_validation_warning(role: str, stats: dict, config: dict) -> str | None:
     if n is None or n >= MIN_VALIDATION_SEQUENCES:
         return None
     fraction = config.get("validation_fraction")
-    hint = f"token_shards `validation_fraction` (now {fraction:g}) enlarges it" if fraction is not None else \
-        "token_shards `validation_fraction` enlarges it"
+    hint = (
+        f"token_shards `validation_fraction` (now {fraction:g}) enlarges it"
+        if fraction is not None
+        else "token_shards `validation_fraction` enlarges it"
+    )
     if n and fraction:
-        hint += f": about {min(0.5, fraction * MIN_VALIDATION_SEQUENCES / n):.2g} for {MIN_VALIDATION_SEQUENCES} sequences"
-    return (f"{role}/token_shards: the validation split is tiny: {n:,} sequences ({stats.get('validation_tokens', 0):,} "
-            f"tokens, {stats.get('validation_documents', 0):,} documents), under {MIN_VALIDATION_SEQUENCES}; the "
-            f"validation loss and held-out perplexity on it are noisy. {hint}; a smaller seq_len or a larger corpus too.")
+        hint += (
+            f": about {min(0.5, fraction * MIN_VALIDATION_SEQUENCES / n):.2g} for {MIN_VALIDATION_SEQUENCES} sequences"
+        )
+    return (
+        f"{role}/token_shards: the validation split is tiny: {n:,} sequences ({stats.get('validation_tokens', 0):,} "
+        f"tokens, {stats.get('validation_documents', 0):,} documents), under {MIN_VALIDATION_SEQUENCES}; the "
+        f"validation loss and held-out perplexity on it are noisy. {hint}; a smaller seq_len or a larger corpus too."
+    )

@@ -56,14 +56,24 @@ class Variant:
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant(BASELINE, {}, "baseline: plain data parallel (ZeRO stage 0: every rank holds all weights, gradients and "
-                          "optimizer state; gradients all-reduced), fp32, no activation checkpointing"),
+    Variant(
+        BASELINE,
+        {},
+        "baseline: plain data parallel (ZeRO stage 0: every rank holds all weights, gradients and "
+        "optimizer state; gradients all-reduced), fp32, no activation checkpointing",
+    ),
     Variant("zero1", {"zero_stage": 1}, "ZeRO stage 1: the optimizer state partitioned across ranks"),
     Variant("zero2", {"zero_stage": 2}, "ZeRO stage 2: optimizer state and gradients partitioned"),
-    Variant("zero3", {"zero_stage": 3}, "ZeRO stage 3: optimizer state, gradients and weights partitioned, "
-                                        "weights gathered layer by layer"),
-    Variant("activation_checkpointing", {"activation_checkpointing": True},
-            "each decoder block's activations recomputed in the backward pass instead of kept"),
+    Variant(
+        "zero3",
+        {"zero_stage": 3},
+        "ZeRO stage 3: optimizer state, gradients and weights partitioned, weights gathered layer by layer",
+    ),
+    Variant(
+        "activation_checkpointing",
+        {"activation_checkpointing": True},
+        "each decoder block's activations recomputed in the backward pass instead of kept",
+    ),
     Variant("fp16", {"precision": "fp16"}, "fp16 mixed precision with dynamic loss scaling"),
     Variant("bf16", {"precision": "bf16"}, "bf16 mixed precision"),
     Variant("lora", {"mode": "lora"}, "a LoRA adapter trained on the frozen model (r and lora_alpha from config)"),
@@ -75,22 +85,45 @@ VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 class AblationConfig:
     """One ablation: the model, the data, the variants and how long each runs."""
 
-    output_dir: str = field(metadata=described("Directory of report.json, report.md, optimization_report.png and each variant's run."))
-    train_shards: str = field(metadata=described("Token-shard directory (largetrain_core.shards); its train split is read."))
-    preset: str = field(default="llama-20m", metadata=described(
-        "Model preset (largetrain_core.model.PRESETS), as base_checkpoint's; LoRA adapts it freshly initialized."))
-    variants: list[str] = field(default_factory=lambda: list(VARIANT_NAMES), metadata=described(
-        f"Variants to run, among {', '.join(VARIANT_NAMES)}; the baseline ({BASELINE}) always runs."))
+    output_dir: str = field(
+        metadata=described("Directory of report.json, report.md, optimization_report.png and each variant's run.")
+    )
+    train_shards: str = field(
+        metadata=described("Token-shard directory (largetrain_core.shards); its train split is read.")
+    )
+    preset: str = field(
+        default="llama-20m",
+        metadata=described(
+            "Model preset (largetrain_core.model.PRESETS), as base_checkpoint's; LoRA adapts it freshly initialized."
+        ),
+    )
+    variants: list[str] = field(
+        default_factory=lambda: list(VARIANT_NAMES),
+        metadata=described(
+            f"Variants to run, among {', '.join(VARIANT_NAMES)}; the baseline ({BASELINE}) always runs."
+        ),
+    )
     steps: int = field(default=10, metadata=described("Timed optimizer steps per variant (after warmup_steps)."))
-    warmup_steps: int = field(default=2, metadata=described(
-        "Untimed optimizer steps first (kernel choice, allocator, caches); the loss is read after both."))
+    warmup_steps: int = field(
+        default=2,
+        metadata=described(
+            "Untimed optimizer steps first (kernel choice, allocator, caches); the loss is read after both."
+        ),
+    )
     micro_batch_size: int = field(default=8, metadata=described("Sequences per rank per forward pass."))
     gradient_accumulation_steps: int = field(default=1, metadata=described("Micro-batches per optimizer step."))
     learning_rate: float = field(default=1e-3, metadata=described("AdamW learning rate (reached after one step)."))
-    seed: int = field(default=0, metadata=described("Seed of the initialization and the sampler: every variant sees the same batches."))
+    seed: int = field(
+        default=0,
+        metadata=described("Seed of the initialization and the sampler: every variant sees the same batches."),
+    )
     lora: LoraSettings = field(default_factory=LoraSettings, metadata=described("The lora variant's settings."))
-    peak_flops: Optional[float] = field(default=None, metadata=described(
-        "Peak FLOP/s of the whole job, for MFU; null = derive as the training does (largetrain_core.training.flops)."))
+    peak_flops: Optional[float] = field(
+        default=None,
+        metadata=described(
+            "Peak FLOP/s of the whole job, for MFU; null = derive as the training does (largetrain_core.training.flops)."
+        ),
+    )
 
     @classmethod
     def from_dict(cls, d: dict) -> "AblationConfig":
@@ -139,8 +172,11 @@ def why_skipped(variant: Variant, cuda: bool, world: int, bf16: bool) -> str | N
     if precision == "fp16" and not cuda:
         return "CPU: DeepSpeed's CPU accelerator does not support fp16"
     if precision == "bf16" and not bf16:
-        return ("this GPU has no bf16 (compute capability < 8.0)" if cuda else
-                "this CPU has neither AVX512-BF16 nor AMX-BF16: bf16 matmul would be emulated, slower than fp32")
+        return (
+            "this GPU has no bf16 (compute capability < 8.0)"
+            if cuda
+            else "this CPU has neither AVX512-BF16 nor AMX-BF16: bf16 matmul would be emulated, slower than fp32"
+        )
     return None
 
 
@@ -149,12 +185,27 @@ def train_config(cfg: AblationConfig, variant: Variant, lora_base: Path):
     from largetrain_core.training.config import TrainConfig
 
     total = cfg.warmup_steps + cfg.steps
-    base = dict(output_dir=str(Path(cfg.output_dir) / "runs" / variant.name), train_shards=cfg.train_shards,
-                preset=cfg.preset, zero_stage=0, precision="fp32", activation_checkpointing=False,
-                micro_batch_size=cfg.micro_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                max_steps=total, learning_rate=cfg.learning_rate, warmup_steps=1, seed=cfg.seed, save_steps=total,
-                logging_steps=total, resume_from_checkpoint="never", eval_strategy="no", report_to=[],
-                peak_flops=cfg.peak_flops, lora=LoraSettings(**asdict(cfg.lora)))
+    base = dict(
+        output_dir=str(Path(cfg.output_dir) / "runs" / variant.name),
+        train_shards=cfg.train_shards,
+        preset=cfg.preset,
+        zero_stage=0,
+        precision="fp32",
+        activation_checkpointing=False,
+        micro_batch_size=cfg.micro_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        max_steps=total,
+        learning_rate=cfg.learning_rate,
+        warmup_steps=1,
+        seed=cfg.seed,
+        save_steps=total,
+        logging_steps=total,
+        resume_from_checkpoint="never",
+        eval_strategy="no",
+        report_to=[],
+        peak_flops=cfg.peak_flops,
+        lora=LoraSettings(**asdict(cfg.lora)),
+    )
     changes = dict(variant.changes)
     if changes.get("mode") == "lora":
         changes["base_model"] = str(lora_base)
@@ -195,18 +246,28 @@ def measure(cfg: AblationConfig, variant: Variant, lora_base: Path) -> dict:
         if hasattr(trainer, "engine"):  # release DeepSpeed's hooks and state before the next variant
             trainer.engine.destroy()
             del trainer.engine
-    timed = rows[cfg.warmup_steps:]
+    timed = rows[cfg.warmup_steps :]
     step_time = statistics.median(r["step_time_s"] for r in timed)
     from largetrain_core.training.flops import mfu
 
     tps = trainer.tokens_per_step / step_time
-    return {"tokens_per_s": tps, "step_time_s": step_time, "peak_memory_gib": float(peak),
-            "mfu": mfu(tps, trainer.flops_per_token, trainer.peak), "loss_after_steps": rows[-1]["loss"],
-            "losses": [r["loss"] for r in rows], "parameters": trainer.n_params,
-            "trainable_parameters": trainer.n_trainable, "flops_per_token": trainer.flops_per_token,
-            "mfu_formula": trainer.mfu_formula, "precision": trainer.precision, "peak_flops": trainer.peak,
-            "peak_flops_source": trainer.peak_source, "tokens_per_step": trainer.tokens_per_step,
-            "seq_len": trainer.data.seq_len}
+    return {
+        "tokens_per_s": tps,
+        "step_time_s": step_time,
+        "peak_memory_gib": float(peak),
+        "mfu": mfu(tps, trainer.flops_per_token, trainer.peak),
+        "loss_after_steps": rows[-1]["loss"],
+        "losses": [r["loss"] for r in rows],
+        "parameters": trainer.n_params,
+        "trainable_parameters": trainer.n_trainable,
+        "flops_per_token": trainer.flops_per_token,
+        "mfu_formula": trainer.mfu_formula,
+        "precision": trainer.precision,
+        "peak_flops": trainer.peak,
+        "peak_flops_source": trainer.peak_source,
+        "tokens_per_step": trainer.tokens_per_step,
+        "seq_len": trainer.data.seq_len,
+    }
 
 
 def against_baseline(results: list[dict]) -> None:
@@ -216,9 +277,13 @@ def against_baseline(results: list[dict]) -> None:
     for r in results:
         if base is None or r["status"] != "ran":
             continue
-        ratio = (lambda k: r[k] / base[k] if r.get(k) is not None and base.get(k) else None)  # noqa: E731
-        r["vs_baseline"] = {"tokens_per_s": ratio("tokens_per_s"), "peak_memory": ratio("peak_memory_gib"),
-                            "mfu": ratio("mfu"), "loss_delta": r["loss_after_steps"] - base["loss_after_steps"]}
+        ratio = lambda k, r=r: r[k] / base[k] if r.get(k) is not None and base.get(k) else None  # noqa: E731
+        r["vs_baseline"] = {
+            "tokens_per_s": ratio("tokens_per_s"),
+            "peak_memory": ratio("peak_memory_gib"),
+            "mfu": ratio("mfu"),
+            "loss_delta": r["loss_after_steps"] - base["loss_after_steps"],
+        }
 
 
 def table_markdown(report: dict) -> str:
@@ -228,8 +293,11 @@ def table_markdown(report: dict) -> str:
     def x(v):
         return "" if v is None else f"{v:.2f}x"
 
-    lines = [f"| variant | tokens/s | vs baseline | peak memory (GiB) | vs baseline | MFU (%) | loss after {n} steps "
-             "(nats) | vs baseline | trainable parameters |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| variant | tokens/s | vs baseline | peak memory (GiB) | vs baseline | MFU (%) | loss after {n} steps "
+        "(nats) | vs baseline | trainable parameters |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["variants"]:
         if r["status"] != "ran":
             lines.append(f"| {r['name']} | {r['status']}: {r['reason']} | | | | | | | |")
@@ -237,9 +305,11 @@ def table_markdown(report: dict) -> str:
         vs = r.get("vs_baseline", {})
         mfu = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f}"
         delta = "" if vs.get("loss_delta") is None else f"{vs['loss_delta']:+.3f}"
-        lines.append(f"| {r['name']} | {r['tokens_per_s']:.0f} | {x(vs.get('tokens_per_s'))} | {r['peak_memory_gib']:.3f} | "
-                     f"{x(vs.get('peak_memory'))} | {mfu} | {r['loss_after_steps']:.3f} | {delta} | "
-                     f"{r['trainable_parameters']:,} |")
+        lines.append(
+            f"| {r['name']} | {r['tokens_per_s']:.0f} | {x(vs.get('tokens_per_s'))} | {r['peak_memory_gib']:.3f} | "
+            f"{x(vs.get('peak_memory'))} | {mfu} | {r['loss_after_steps']:.3f} | {delta} | "
+            f"{r['trainable_parameters']:,} |"
+        )
     return "\n".join(lines)
 
 
@@ -249,12 +319,18 @@ def chart(report: dict, out: Path) -> Path:
 
     ran = [r for r in report["variants"] if r["status"] == "ran"]
     n = report["warmup_steps"] + report["steps"]
-    panels = [("tokens/s (all ranks)", {r["name"]: r["tokens_per_s"] for r in ran}, "ratio"),
-              ("peak memory (GiB, busiest rank)", {r["name"]: r["peak_memory_gib"] for r in ran}, "ratio"),
-              ("MFU (%)", {r["name"]: None if r["mfu"] is None else 100 * r["mfu"] for r in ran}, "ratio"),
-              (f"training loss after {n} steps (nats)", {r["name"]: r["loss_after_steps"] for r in ran}, "difference")]
-    title = (f"{report['preset']} on {report['device']}, {report['world_size']} rank(s), "
-             f"{report['tokens_per_step']:,} tokens/step" if ran else "no variant ran")
+    panels = [
+        ("tokens/s (all ranks)", {r["name"]: r["tokens_per_s"] for r in ran}, "ratio"),
+        ("peak memory (GiB, busiest rank)", {r["name"]: r["peak_memory_gib"] for r in ran}, "ratio"),
+        ("MFU (%)", {r["name"]: None if r["mfu"] is None else 100 * r["mfu"] for r in ran}, "ratio"),
+        (f"training loss after {n} steps (nats)", {r["name"]: r["loss_after_steps"] for r in ran}, "difference"),
+    ]
+    title = (
+        f"{report['preset']} on {report['device']}, {report['world_size']} rank(s), "
+        f"{report['tokens_per_step']:,} tokens/step"
+        if ran
+        else "no variant ran"
+    )
     return bars_png(panels, BASELINE, out, title)
 
 
@@ -264,8 +340,11 @@ def device_name() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
     try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         model = "unknown CPU"
     return f"CPU ({model}, {len(os.sched_getaffinity(0))} cores)"
@@ -297,8 +376,9 @@ def run(cfg: AblationConfig) -> dict | None:
         out.mkdir(parents=True, exist_ok=True)
         if any(v.changes.get("mode") == "lora" for v in variants):  # the preset, freshly initialized, to adapt
             m = TokenShards(cfg.train_shards, "train").manifest
-            build_model(cfg.preset, m["vocab_size"], m["seq_len"], m["eos_id"], m.get("bos_id"),
-                        seed=cfg.seed).save_pretrained(lora_base)
+            build_model(
+                cfg.preset, m["vocab_size"], m["seq_len"], m["eos_id"], m.get("bos_id"), seed=cfg.seed
+            ).save_pretrained(lora_base)
     dist.barrier()
     bf16 = torch.cuda.is_bf16_supported() if cuda else cpu_has_bf16()
     results = []
@@ -318,9 +398,15 @@ def run(cfg: AblationConfig) -> dict | None:
             except Exception as e:  # one variant failing (e.g. out of memory) does not lose the others
                 result.update(status="failed", reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             if rank == 0:
-                log.info(f"{tag}: " + (f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_memory_gib']:.3f} GiB, "
-                                          f"loss {result['loss_after_steps']:.4f}" if result["status"] == "ran"
-                                          else f"failed: {result['reason']}"))
+                log.info(
+                    f"{tag}: "
+                    + (
+                        f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_memory_gib']:.3f} GiB, "
+                        f"loss {result['loss_after_steps']:.4f}"
+                        if result["status"] == "ran"
+                        else f"failed: {result['reason']}"
+                    )
+                )
         results.append(result)
     against_baseline(results)
     if rank != 0:
@@ -329,14 +415,29 @@ def run(cfg: AblationConfig) -> dict | None:
         shutil.rmtree(scratch, ignore_errors=True)
     ran = [r for r in results if r["status"] == "ran"]
     first = ran[0] if ran else {}
-    report = {"preset": cfg.preset, "device": device_name(), "world_size": world,
-              "threads_per_rank": torch.get_num_threads(), "seq_len": first.get("seq_len"),
-              "tokens_per_step": first.get("tokens_per_step", 0), "steps": cfg.steps, "warmup_steps": cfg.warmup_steps,
-              "micro_batch_size": cfg.micro_batch_size, "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-              "baseline": BASELINE, "peak_flops": first.get("peak_flops"), "peak_flops_source": first.get("peak_flops_source"),
-              "variants": results, "config": cfg.to_dict(),
-              "machine": {"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                          "wall_s": time.perf_counter() - t0, "cpu_count": os.cpu_count()}}
+    report = {
+        "preset": cfg.preset,
+        "device": device_name(),
+        "world_size": world,
+        "threads_per_rank": torch.get_num_threads(),
+        "seq_len": first.get("seq_len"),
+        "tokens_per_step": first.get("tokens_per_step", 0),
+        "steps": cfg.steps,
+        "warmup_steps": cfg.warmup_steps,
+        "micro_batch_size": cfg.micro_batch_size,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "baseline": BASELINE,
+        "peak_flops": first.get("peak_flops"),
+        "peak_flops_source": first.get("peak_flops_source"),
+        "variants": results,
+        "config": cfg.to_dict(),
+        "machine": {
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "wall_s": time.perf_counter() - t0,
+            "cpu_count": os.cpu_count(),
+        },
+    }
     report["table"] = table_markdown(report)
     (out / TABLE).write_text(report["table"] + "\n")
     report["chart"] = chart(report, out / CHART).name
@@ -345,8 +446,9 @@ def run(cfg: AblationConfig) -> dict | None:
     return report
 
 
-def run_ablation(cfg: AblationConfig, nproc_per_node: int, log_path: Path | None = None,
-                 threads_per_rank: int | None = None) -> dict:
+def run_ablation(
+    cfg: AblationConfig, nproc_per_node: int, log_path: Path | None = None, threads_per_rank: int | None = None
+) -> dict:
     """Launch :func:`run` under torchrun on this host with ``nproc_per_node`` ranks (``threads_per_rank``:
     OMP_NUM_THREADS, default cores / ranks) in a process group of its own (largetrain_core.processes:
     an interrupt stops every rank), wait, and return the report. Raises RuntimeError with the log's
@@ -360,8 +462,11 @@ def run_ablation(cfg: AblationConfig, nproc_per_node: int, log_path: Path | None
     cfg_path = out / "ablation_config.json"
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
     threads = threads_per_rank or max(1, len(os.sched_getaffinity(0)) // nproc_per_node)
-    cmd = shlex.split(launch_commands(str(cfg_path), ["localhost"], nproc_per_node, python=sys.executable,
-                                      module=MODULE)["torchrun"][0])
+    cmd = shlex.split(
+        launch_commands(str(cfg_path), ["localhost"], nproc_per_node, python=sys.executable, module=MODULE)["torchrun"][
+            0
+        ]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     log_path = log_path or out / "ablation.log"
     code = run_in_group(cmd, env, Path(log_path), grace_seconds=10.0)
@@ -383,7 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     from largetrain_core.training.trackers import DagsterPipesTracker
 
     cfg = AblationConfig.from_dict(json.loads(Path(argv[0]).read_text()))
-    pipes = DagsterPipesTracker() if os.environ.get("RANK", "0") == "0" and os.environ.get("DAGSTER_PIPES_CONTEXT") else None
+    pipes = (
+        DagsterPipesTracker()
+        if os.environ.get("RANK", "0") == "0" and os.environ.get("DAGSTER_PIPES_CONTEXT")
+        else None
+    )
     if pipes:
         pipes.start(None, None)  # the log lines go to the Dagster run
     try:
@@ -394,8 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         raise
     if pipes:
         base = next((r for r in report["variants"] if r["name"] == BASELINE), {})
-        pipes.finish({"variants_ran": sum(r["status"] == "ran" for r in report["variants"]),
-                      "baseline_tokens_per_s": base.get("tokens_per_s")})
+        pipes.finish(
+            {
+                "variants_ran": sum(r["status"] == "ran" for r in report["variants"]),
+                "baseline_tokens_per_s": base.get("tokens_per_s"),
+            }
+        )
     finish_rank()
 
 

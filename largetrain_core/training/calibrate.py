@@ -118,8 +118,10 @@ class AllocationTrace:
 
         if self.cuda:
             torch.cuda.synchronize(self.device)
-            self.marks[name] = (torch.cuda.memory_allocated(self.device) - self.base,
-                                torch.cuda.max_memory_allocated(self.device) - self.base)
+            self.marks[name] = (
+                torch.cuda.memory_allocated(self.device) - self.base,
+                torch.cuda.max_memory_allocated(self.device) - self.base,
+            )
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             import gc
@@ -145,9 +147,17 @@ class AllocationTrace:
 def calibration_config(cfg, out: Path, steps: int):
     """``cfg`` as the calibration runs it: into ``out``, from scratch, ``steps`` optimizer steps, nothing
     tracked, evaluated or saved on its own (the learning-rate schedule is shortened to fit)."""
-    return cfg.with_settings(output_dir=str(out), max_steps=steps, warmup_steps=min(cfg.schedule.warmup_steps, steps),
-                             resume_from_checkpoint="never", eval_strategy="no", early_stopping_patience=None,
-                             report_to=[], save_steps=10**9, run_name=None)
+    return cfg.with_settings(
+        output_dir=str(out),
+        max_steps=steps,
+        warmup_steps=min(cfg.schedule.warmup_steps, steps),
+        resume_from_checkpoint="never",
+        eval_strategy="no",
+        early_stopping_patience=None,
+        report_to=[],
+        save_steps=10**9,
+        run_name=None,
+    )
 
 
 def run(cfg, steps: int = STEPS, profiled_steps: int = PROFILED_STEPS, measure_checkpoint: bool = False) -> dict | None:
@@ -176,8 +186,9 @@ def run(cfg, steps: int = STEPS, profiled_steps: int = PROFILED_STEPS, measure_c
                 trainer.train_step()
                 trace.mark(f"step{i + 1}")
         last = f"step{profiled_steps}"
-        mem = torch.tensor([trace.live(last), trace.peak("setup", last), trace.peak(None, "setup")],
-                           dtype=torch.float64, device=device)
+        mem = torch.tensor(
+            [trace.live(last), trace.peak("setup", last), trace.peak(None, "setup")], dtype=torch.float64, device=device
+        )
         dist.all_reduce(mem, op=dist.ReduceOp.MAX)
         times = [trainer.train_step()["step_time_s"] for _ in range(steps)]
         ckpt = {}
@@ -188,8 +199,10 @@ def run(cfg, steps: int = STEPS, profiled_steps: int = PROFILED_STEPS, measure_c
             dist.all_reduce(save_s, op=dist.ReduceOp.MAX)
             if trainer.rank == 0:
                 root = trainer.ckpt_root
-                ckpt = {"checkpoint_bytes": sum(f.stat().st_size for f in root.rglob("*") if f.is_file()),
-                        "checkpoint_save_s": float(save_s)}
+                ckpt = {
+                    "checkpoint_bytes": sum(f.stat().st_size for f in root.rglob("*") if f.is_file()),
+                    "checkpoint_save_s": float(save_s),
+                }
                 shutil.rmtree(root, ignore_errors=True)
     finally:
         if hasattr(trainer, "engine"):
@@ -197,18 +210,36 @@ def run(cfg, steps: int = STEPS, profiled_steps: int = PROFILED_STEPS, measure_c
     if trainer.rank != 0:
         return None
     step_time = statistics.median(times)
-    result = {"tokens_per_s": trainer.tokens_per_step / step_time, "step_time_s": step_time, "step_times_s": times,
-              "tokens_per_step": trainer.tokens_per_step, "persistent_bytes": int(mem[0]),
-              "peak_step_bytes": int(mem[1]), "peak_setup_bytes": int(mem[2]),
-              "memory_measure": ("CUDA caching allocator: memory_allocated / max_memory_allocated" if device.type == "cuda"
-                                 else "live torch tensor storages, seen after every ATen operator"),
-              "world_size": trainer.world, "device": device_name(), "seq_len": trainer.data.seq_len,
-              "parameters": trainer.n_params, "trainable_parameters": trainer.n_trainable,
-              "precision": trainer.precision, "zero_stage": cfg.parallelism.zero_stage,
-              "activation_checkpointing": cfg.parallelism.activation_checkpointing, "micro_batch_size": cfg.schedule.micro_batch_size,
-              "profiled_steps": profiled_steps, "timed_steps": steps, "setup_s": setup_s,
-              "device_memory_bytes": (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
-                                      else None), **ckpt}
+    result = {
+        "tokens_per_s": trainer.tokens_per_step / step_time,
+        "step_time_s": step_time,
+        "step_times_s": times,
+        "tokens_per_step": trainer.tokens_per_step,
+        "persistent_bytes": int(mem[0]),
+        "peak_step_bytes": int(mem[1]),
+        "peak_setup_bytes": int(mem[2]),
+        "memory_measure": (
+            "CUDA caching allocator: memory_allocated / max_memory_allocated"
+            if device.type == "cuda"
+            else "live torch tensor storages, seen after every ATen operator"
+        ),
+        "world_size": trainer.world,
+        "device": device_name(),
+        "seq_len": trainer.data.seq_len,
+        "parameters": trainer.n_params,
+        "trainable_parameters": trainer.n_trainable,
+        "precision": trainer.precision,
+        "zero_stage": cfg.parallelism.zero_stage,
+        "activation_checkpointing": cfg.parallelism.activation_checkpointing,
+        "micro_batch_size": cfg.schedule.micro_batch_size,
+        "profiled_steps": profiled_steps,
+        "timed_steps": steps,
+        "setup_s": setup_s,
+        "device_memory_bytes": (
+            torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        ),
+        **ckpt,
+    }
     write_json_atomic(Path(cfg.output_dir) / CALIBRATION, result)
     return result
 
@@ -228,7 +259,9 @@ def _main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     cfg = TrainConfig.from_dict(spec["train"])
     preflight.check(cfg)
-    run(cfg, spec.get("steps", STEPS), spec.get("profiled_steps", PROFILED_STEPS), spec.get("measure_checkpoint", False))
+    run(
+        cfg, spec.get("steps", STEPS), spec.get("profiled_steps", PROFILED_STEPS), spec.get("measure_checkpoint", False)
+    )
     finish_rank()
 
 

@@ -61,8 +61,9 @@ def find_newest_complete(ckpt_root: Path) -> tuple[Path | None, list[str]]:
     skipped: list[str] = []
     if not ckpt_root.is_dir():
         return None, skipped
-    candidates = sorted((p for p in ckpt_root.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name)),
-                        key=_step_of, reverse=True)
+    candidates = sorted(
+        (p for p in ckpt_root.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name)), key=_step_of, reverse=True
+    )
     for cand in candidates:
         problem = verify(cand)
         if problem is None:
@@ -85,8 +86,14 @@ def resume_point(setting: str, ckpt_root: Path) -> tuple[Path | None, list[str]]
     return Path(setting), []
 
 
-def mark_complete(ckpt: Path, step: int, world_size: int | None = None, zero_stage: int | None = None,
-                  files: dict | None = None, before_replace=None) -> None:
+def mark_complete(
+    ckpt: Path,
+    step: int,
+    world_size: int | None = None,
+    zero_stage: int | None = None,
+    files: dict | None = None,
+    before_replace=None,
+) -> None:
     """Write ``COMPLETE.json`` (step, the world size and ZeRO stage that wrote it, every file's size)
     atomically, after every rank's files are written. ``files``: {relative path: size} when the
     checkpoint's files are not all local (every node's, from the bucket); default: the local files.
@@ -95,8 +102,9 @@ def mark_complete(ckpt: Path, step: int, world_size: int | None = None, zero_sta
     if files is None:
         files = {p.relative_to(ckpt).as_posix(): p.stat().st_size for p in sorted(ckpt.rglob("*")) if p.is_file()}
     tmp = ckpt / f".{MARKER}.tmp"
-    tmp.write_text(json.dumps({"step": step, "world_size": world_size, "zero_stage": zero_stage, "files": files},
-                              indent=1))
+    tmp.write_text(
+        json.dumps({"step": step, "world_size": world_size, "zero_stage": zero_stage, "files": files}, indent=1)
+    )
     if before_replace is not None:
         before_replace()
     os.replace(tmp, ckpt / MARKER)
@@ -156,9 +164,17 @@ def universal(ckpt: Path, ckpt_root: Path) -> Path:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     # inject_missing_state: checkpoints written before the client state carried universal_checkpoint_info
     with concerning(ckpt, "loading the checkpoint", SKIP_HINT):
-        ds_to_universal.main(argparse.Namespace(input_folder=str(ckpt), output_folder=str(tmp), num_extract_workers=1,
-                                                num_merge_workers=1, keep_temp_folder=False, strict=True,
-                                                inject_missing_state=True))
+        ds_to_universal.main(
+            argparse.Namespace(
+                input_folder=str(ckpt),
+                output_folder=str(tmp),
+                num_extract_workers=1,
+                num_merge_workers=1,
+                keep_temp_folder=False,
+                strict=True,
+                inject_missing_state=True,
+            )
+        )
     (tmp / UNIVERSAL_MARKER).write_text(json.dumps(source, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -180,8 +196,10 @@ def prune_node_copies(ckpt_root: Path, keep: int, step: int) -> None:
     run that crashed past ``step``) are kept: they are overwritten when their step is saved again."""
     if not ckpt_root.is_dir():
         return
-    copies = sorted((p for p in ckpt_root.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name) and _step_of(p) <= step),
-                    key=_step_of)
+    copies = sorted(
+        (p for p in ckpt_root.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name) and _step_of(p) <= step),
+        key=_step_of,
+    )
     for old in copies[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -217,8 +235,13 @@ def save(engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int,
 
     gathered: list = [None] * world
     dist.all_gather_object(gathered, rng_state())
-    client = {**client, "step": step, "rng": gathered, "world_size": world,
-              UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
+    client = {
+        **client,
+        "step": step,
+        "rng": gathered,
+        "world_size": world,
+        UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
+    }
     engine.save_checkpoint(str(ckpt_root), tag=tag(step), client_state=client)
     maybe_fault("mid_save", step, rank)  # this rank's files written, the others' maybe not, no marker yet
     dist.barrier()
@@ -231,8 +254,14 @@ def save(engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int,
         dist.barrier()
     if rank == 0:
         files = remote.complete_files(ckpt) if remote is not None else None
-        mark_complete(ckpt, step, world, engine.zero_optimization_stage(), files=files,
-                      before_replace=(lambda: remote.push_marker_from(ckpt)) if remote is not None else None)
+        mark_complete(
+            ckpt,
+            step,
+            world,
+            engine.zero_optimization_stage(),
+            files=files,
+            before_replace=(lambda: remote.push_marker_from(ckpt)) if remote is not None else None,
+        )
         prune(ckpt_root, keep)
         if remote is not None:
             remote.prune(keep)

@@ -52,19 +52,29 @@ class Section:
 
 
 def _at_least(section, where: str, minimum: int, *names: str) -> list[str]:
-    return [f"{where}.{n} must be >= {minimum}, not {getattr(section, n)}" for n in names if getattr(section, n) < minimum]
+    return [
+        f"{where}.{n} must be >= {minimum}, not {getattr(section, n)}" for n in names if getattr(section, n) < minimum
+    ]
 
 
 @dataclass
 class ModelSettings(Section):
     """What is trained: a preset built from scratch (mode pretrain) or a base model (mode lora)."""
 
-    preset: Preset = field(default="llama-3m", metadata=described(
-        f"Model preset to pretrain (mode pretrain), one of: {', '.join(PRESETS)} (largetrain_core.model.PRESETS; "
-        "hidden size, layers and heads there)."))
-    base_model: Optional[str] = field(default=None, metadata=described("Hugging Face directory of the model to adapt, mode lora."))
-    tokenizer: Optional[str] = field(default=None, metadata=described(
-        "Directory whose tokenizer is saved with the pretrained model; null = the shards' own."))
+    preset: Preset = field(
+        default="llama-3m",
+        metadata=described(
+            f"Model preset to pretrain (mode pretrain), one of: {', '.join(PRESETS)} (largetrain_core.model.PRESETS; "
+            "hidden size, layers and heads there)."
+        ),
+    )
+    base_model: Optional[str] = field(
+        default=None, metadata=described("Hugging Face directory of the model to adapt, mode lora.")
+    )
+    tokenizer: Optional[str] = field(
+        default=None,
+        metadata=described("Directory whose tokenizer is saved with the pretrained model; null = the shards' own."),
+    )
 
 
 @dataclass
@@ -72,20 +82,31 @@ class ScheduleSettings(Section):
     """How long, in what steps and in what order: optimizer steps, their size, the learning rate's warmup and
     cosine decay, and the order the sampler reads the shards in."""
 
-    max_steps: int = field(default=100, metadata=described(
-        "Optimizer steps to train (the total, counting resumed steps); at least warmup_steps."))
+    max_steps: int = field(
+        default=100,
+        metadata=described("Optimizer steps to train (the total, counting resumed steps); at least warmup_steps."),
+    )
     micro_batch_size: int = field(default=4, metadata=described("Sequences per rank per forward pass."))
     gradient_accumulation_steps: int = field(default=1, metadata=described("Micro-batches per optimizer step."))
-    warmup_steps: int = field(default=10, metadata=described(
-        "Linear warmup from 0 to learning_rate, in optimizer steps; at most max_steps."))
-    min_lr_ratio: float = field(default=0.1, metadata=described(
-        "Cosine decay floor as a fraction of learning_rate (DeepSpeed WarmupCosineLR cos_min_ratio), in [0, 1]."))
-    shuffle_window_shards: int = field(default=0, metadata=described(
-        "0: each epoch is one permutation of every train sequence. k > 0: shuffle by windows of k shards (each "
-        "epoch the shards are permuted and read k at a time, the sequences of a window permuted together; "
-        "largetrain_core.shards.DistributedSampler), so that shards streamed from an object store through a "
-        "cache that holds 2k of them (LARGETRAIN_SHARD_CACHE_BYTES) are each fetched once per epoch. Changes the "
-        "order, so the trained weights."))
+    warmup_steps: int = field(
+        default=10, metadata=described("Linear warmup from 0 to learning_rate, in optimizer steps; at most max_steps.")
+    )
+    min_lr_ratio: float = field(
+        default=0.1,
+        metadata=described(
+            "Cosine decay floor as a fraction of learning_rate (DeepSpeed WarmupCosineLR cos_min_ratio), in [0, 1]."
+        ),
+    )
+    shuffle_window_shards: int = field(
+        default=0,
+        metadata=described(
+            "0: each epoch is one permutation of every train sequence. k > 0: shuffle by windows of k shards (each "
+            "epoch the shards are permuted and read k at a time, the sequences of a window permuted together; "
+            "largetrain_core.shards.DistributedSampler), so that shards streamed from an object store through a "
+            "cache that holds 2k of them (LARGETRAIN_SHARD_CACHE_BYTES) are each fetched once per epoch. Changes the "
+            "order, so the trained weights."
+        ),
+    )
 
     def problems(self, where: str) -> list[str]:
         p = _at_least(self, where, 1, "max_steps", "micro_batch_size", "gradient_accumulation_steps")
@@ -93,9 +114,11 @@ class ScheduleSettings(Section):
         if self.warmup_steps < 0:
             p.append(f"{where}.warmup_steps must be >= 0, not {self.warmup_steps}")
         elif self.warmup_steps > self.max_steps:
-            p.append(f"max_steps ({self.max_steps}) is below warmup_steps ({self.warmup_steps}; the learning rate would "
-                     f"never reach learning_rate): set warmup_steps to at most {self.max_steps} (e.g. "
-                     f"{max(1, self.max_steps // 10)}, a tenth of max_steps) or raise max_steps")
+            p.append(
+                f"max_steps ({self.max_steps}) is below warmup_steps ({self.warmup_steps}; the learning rate would "
+                f"never reach learning_rate): set warmup_steps to at most {self.max_steps} (e.g. "
+                f"{max(1, self.max_steps // 10)}, a tenth of max_steps) or raise max_steps"
+            )
         if not 0 <= self.min_lr_ratio <= 1:
             p.append(f"{where}.min_lr_ratio must be within 0..1, not {self.min_lr_ratio}")
         return p
@@ -105,16 +128,21 @@ class ScheduleSettings(Section):
 class OptimizerSettings(Section):
     """AdamW (betas 0.9/0.95, eps 1e-8; largetrain_core.training.deepspeed_config)."""
 
-    learning_rate: float = field(default=1e-3, metadata=described("Peak AdamW learning rate, reached after warmup_steps."))
+    learning_rate: float = field(
+        default=1e-3, metadata=described("Peak AdamW learning rate, reached after warmup_steps.")
+    )
     weight_decay: float = field(default=0.1, metadata=described("AdamW decoupled weight decay."))
-    max_grad_norm: float = field(default=1.0, metadata=described(
-        "Gradient clipping: maximum global L2 norm of the gradients."))
+    max_grad_norm: float = field(
+        default=1.0, metadata=described("Gradient clipping: maximum global L2 norm of the gradients.")
+    )
 
     def problems(self, where: str) -> list[str]:
         p = [] if self.learning_rate > 0 else [f"{where}.learning_rate must be > 0, not {self.learning_rate}"]
         if self.weight_decay < 0 or self.max_grad_norm <= 0:
-            p.append(f"{where}.weight_decay must be >= 0 and max_grad_norm > 0, not {self.weight_decay} and "
-                     f"{self.max_grad_norm}")
+            p.append(
+                f"{where}.weight_decay must be >= 0 and max_grad_norm > 0, not {self.weight_decay} and "
+                f"{self.max_grad_norm}"
+            )
         return p
 
 
@@ -122,13 +150,21 @@ class OptimizerSettings(Section):
 class ParallelismSettings(Section):
     """How the model's memory and work are spread over the ranks (DeepSpeed ZeRO) and recomputed."""
 
-    zero_stage: ZeroStage = field(default=2, metadata=described(
-        f"DeepSpeed ZeRO stage, one of {', '.join(map(str, ZERO_STAGES))} (0: plain data parallel; 1: optimizer state "
-        "partitioned across ranks; 2: and gradients; 3: and parameters)."))
-    offload_optimizer: bool = field(default=False, metadata=described(
-        "ZeRO-Offload: keep the optimizer state in CPU memory (needs zero_stage >= 1)."))
-    activation_checkpointing: bool = field(default=True, metadata=described(
-        "Recompute each decoder block's activations in the backward pass instead of keeping them."))
+    zero_stage: ZeroStage = field(
+        default=2,
+        metadata=described(
+            f"DeepSpeed ZeRO stage, one of {', '.join(map(str, ZERO_STAGES))} (0: plain data parallel; 1: optimizer state "
+            "partitioned across ranks; 2: and gradients; 3: and parameters)."
+        ),
+    )
+    offload_optimizer: bool = field(
+        default=False,
+        metadata=described("ZeRO-Offload: keep the optimizer state in CPU memory (needs zero_stage >= 1)."),
+    )
+    activation_checkpointing: bool = field(
+        default=True,
+        metadata=described("Recompute each decoder block's activations in the backward pass instead of keeping them."),
+    )
 
     def problems(self, where: str) -> list[str]:
         p = super().problems(where)
@@ -141,9 +177,13 @@ class ParallelismSettings(Section):
 class PrecisionSettings(Section):
     """The number format of the weights' computation."""
 
-    dtype: Precision = field(default="auto", metadata=described(
-        f"One of {', '.join(PRECISIONS)}: auto (fp16 with dynamic loss scaling on CUDA, fp32 on CPU), fp32, "
-        "fp16 (CUDA only) or bf16."))
+    dtype: Precision = field(
+        default="auto",
+        metadata=described(
+            f"One of {', '.join(PRECISIONS)}: auto (fp16 with dynamic loss scaling on CUDA, fp32 on CPU), fp32, "
+            "fp16 (CUDA only) or bf16."
+        ),
+    )
 
     def problems(self, where: str) -> list[str]:
         # named as the setting was named before it had a section: "precision must be one of ..."
@@ -154,31 +194,51 @@ class PrecisionSettings(Section):
 class CheckpointingSettings(Section):
     """When checkpoints are written, how many are kept, and where a run resumes."""
 
-    save_steps: int = field(default=50, metadata=described("Checkpoint every this many optimizer steps (and at max_steps)."))
+    save_steps: int = field(
+        default=50, metadata=described("Checkpoint every this many optimizer steps (and at max_steps).")
+    )
     save_total_limit: int = field(default=2, metadata=described("Complete checkpoints kept; older ones are deleted."))
-    resume_from_checkpoint: str = field(default="auto", metadata=described(
-        "auto (the newest complete checkpoint in output_dir, else start), never, or a complete checkpoint directory "
-        "(.../checkpoints/step-NNNNNN, also one written by another number of ranks: it is converted to DeepSpeed's "
-        "universal checkpoint format)."))
-    preemption_save: bool = field(default=True, metadata=described(
-        "On SIGTERM (a spot or preemptible node reclaimed, the pod deleted, the run cancelled) every rank finishes "
-        "its step, the ranks save a complete checkpoint of it together and exit as preempted (retried); false: "
-        "they stop at once and a retry resumes from the last save_steps checkpoint."))
-    preemption_min_new_steps: int = field(default=1, metadata=described(
-        "The preemption save is skipped (with a log line) when the newest checkpoint is fewer than this many "
-        "steps older than the step reached."))
-    preemption_grace_seconds: float = field(default=60.0, metadata=described(
-        "Seconds between SIGTERM and SIGKILL that the ranks get to save: torchrun's shutdown timeout, the "
-        "launcher's stop and the Kubernetes pods' terminationGracePeriodSeconds. Cloud providers give 30 s "
-        "(GCP spot, Azure spot) to 120 s (AWS spot's two-minute notice)."))
+    resume_from_checkpoint: str = field(
+        default="auto",
+        metadata=described(
+            "auto (the newest complete checkpoint in output_dir, else start), never, or a complete checkpoint directory "
+            "(.../checkpoints/step-NNNNNN, also one written by another number of ranks: it is converted to DeepSpeed's "
+            "universal checkpoint format)."
+        ),
+    )
+    preemption_save: bool = field(
+        default=True,
+        metadata=described(
+            "On SIGTERM (a spot or preemptible node reclaimed, the pod deleted, the run cancelled) every rank finishes "
+            "its step, the ranks save a complete checkpoint of it together and exit as preempted (retried); false: "
+            "they stop at once and a retry resumes from the last save_steps checkpoint."
+        ),
+    )
+    preemption_min_new_steps: int = field(
+        default=1,
+        metadata=described(
+            "The preemption save is skipped (with a log line) when the newest checkpoint is fewer than this many "
+            "steps older than the step reached."
+        ),
+    )
+    preemption_grace_seconds: float = field(
+        default=60.0,
+        metadata=described(
+            "Seconds between SIGTERM and SIGKILL that the ranks get to save: torchrun's shutdown timeout, the "
+            "launcher's stop and the Kubernetes pods' terminationGracePeriodSeconds. Cloud providers give 30 s "
+            "(GCP spot, Azure spot) to 120 s (AWS spot's two-minute notice)."
+        ),
+    )
 
     def problems(self, where: str) -> list[str]:
         p = _at_least(self, where, 1, "save_steps", "save_total_limit", "preemption_min_new_steps")
         if not self.preemption_grace_seconds > 0:
             p.append(f"{where}.preemption_grace_seconds must be > 0, not {self.preemption_grace_seconds}")
         if self.resume_from_checkpoint not in ("auto", "never") and not Path(self.resume_from_checkpoint).is_dir():
-            p.append("resume_from_checkpoint must be 'auto', 'never' or an existing checkpoint directory, "
-                     f"not {self.resume_from_checkpoint!r}")
+            p.append(
+                "resume_from_checkpoint must be 'auto', 'never' or an existing checkpoint directory, "
+                f"not {self.resume_from_checkpoint!r}"
+            )
         return p
 
 
@@ -186,26 +246,50 @@ class CheckpointingSettings(Section):
 class EvaluationSettings(Section):
     """Validation loss during training, and early stopping on it."""
 
-    eval_strategy: EvalStrategy = field(default="steps", metadata=described(
-        "steps: validation loss and perplexity on the shards' validation split every eval_steps steps and after the "
-        "last step (needs a non-empty validation split); no: no evaluation during training."))
-    eval_steps: int = field(default=50, metadata=described("Evaluate every this many optimizer steps (eval_strategy steps)."))
-    eval_max_sequences: int = field(default=64, metadata=described(
-        "Validation sequences per evaluation: the first ones of the split (the same each time), divided among the "
-        "ranks; bounds the cost of an evaluation."))
-    early_stopping_patience: Optional[int] = field(default=None, metadata=described(
-        "Stop training after this many evaluations in a row without a validation loss below the best one by more "
-        "than early_stopping_threshold (a checkpoint is saved there); null = never stop early."))
-    early_stopping_threshold: float = field(default=0.0, metadata=described(
-        "Decrease of the validation loss (nats) that counts as an improvement for early stopping, >= 0."))
+    eval_strategy: EvalStrategy = field(
+        default="steps",
+        metadata=described(
+            "steps: validation loss and perplexity on the shards' validation split every eval_steps steps and after the "
+            "last step (needs a non-empty validation split); no: no evaluation during training."
+        ),
+    )
+    eval_steps: int = field(
+        default=50, metadata=described("Evaluate every this many optimizer steps (eval_strategy steps).")
+    )
+    eval_max_sequences: int = field(
+        default=64,
+        metadata=described(
+            "Validation sequences per evaluation: the first ones of the split (the same each time), divided among the "
+            "ranks; bounds the cost of an evaluation."
+        ),
+    )
+    early_stopping_patience: Optional[int] = field(
+        default=None,
+        metadata=described(
+            "Stop training after this many evaluations in a row without a validation loss below the best one by more "
+            "than early_stopping_threshold (a checkpoint is saved there); null = never stop early."
+        ),
+    )
+    early_stopping_threshold: float = field(
+        default=0.0,
+        metadata=described(
+            "Decrease of the validation loss (nats) that counts as an improvement for early stopping, >= 0."
+        ),
+    )
 
     def problems(self, where: str) -> list[str]:
         p = super().problems(where)
         if self.eval_steps < 1 or self.eval_max_sequences < 1:
-            p.append(f"eval_steps and eval_max_sequences must be >= 1, not {self.eval_steps} and {self.eval_max_sequences}")
-        if self.early_stopping_patience is not None and (self.early_stopping_patience < 1 or self.eval_strategy == "no"):
-            p.append(f"early_stopping_patience must be null or >= 1 with eval_strategy 'steps', not "
-                     f"{self.early_stopping_patience} with {self.eval_strategy!r}")
+            p.append(
+                f"eval_steps and eval_max_sequences must be >= 1, not {self.eval_steps} and {self.eval_max_sequences}"
+            )
+        if self.early_stopping_patience is not None and (
+            self.early_stopping_patience < 1 or self.eval_strategy == "no"
+        ):
+            p.append(
+                f"early_stopping_patience must be null or >= 1 with eval_strategy 'steps', not "
+                f"{self.early_stopping_patience} with {self.eval_strategy!r}"
+            )
         if self.early_stopping_threshold < 0:
             p.append(f"early_stopping_threshold must be >= 0 nats, not {self.early_stopping_threshold}")
         return p
@@ -218,24 +302,40 @@ class HealthSettings(Section):
     A genuine short run (a smoke test of a few steps) sets min_loss_decrease and min_nats_below_uniform
     to 0: then a finite loss that fell at all, and few skipped steps, suffice."""
 
-    max_skipped_fraction: float = field(default=0.1, metadata=described(
-        "Most steps, as a fraction of all, that DeepSpeed may skip for a gradient overflow (fp16, or ZeRO's check in any "
-        "precision) or that may have a non-finite gradient norm. "
-        "Source: DeepSpeed's dynamic loss scaling as configured here (initial_scale_power 16, hysteresis 2, "
-        "loss_scale_window 1000) skips a step per overflow while the scale comes down at the start, a few steps, "
-        "then about one per 1000; a diverged run skips nearly all (issue 23: every step from the 4th)."))
-    min_loss_decrease: float = field(default=0.05, metadata=described(
-        "Least fall of the mean training loss from the first 10% of steps to the last 10%, as a fraction of the "
-        "first (0.05 = 5%); 0 = any fall. Source: healthy runs here fell by 10-47% (the 12-step tiny test "
-        "pretraining 10%, the quick start's LoRA 32%), the diverged run of issue 23 by under 1%."))
-    min_nats_below_uniform: float = field(default=0.5, metadata=described(
-        "Least distance (nats) of the last 10% of steps' mean loss below ln(vocabulary size), the loss of a "
-        "model that predicts every token equally; 0 = any distance. Source: a model that learnt only the tokens' "
-        "frequencies is already ln(V) minus the unigram entropy below it (0.9-2.5 nats on the test corpora, "
-        "vocabularies of 300-512); a diverged run stays at ln(V)."))
-    warning_interval_s: float = field(default=30.0, metadata=described(
-        "Seconds between two rank warnings of one kind (skipped step, non-finite loss or gradient norm) in the "
-        "log, after the first 3 of each kind; the ones held back are counted in the next."))
+    max_skipped_fraction: float = field(
+        default=0.1,
+        metadata=described(
+            "Most steps, as a fraction of all, that DeepSpeed may skip for a gradient overflow (fp16, or ZeRO's check in any "
+            "precision) or that may have a non-finite gradient norm. "
+            "Source: DeepSpeed's dynamic loss scaling as configured here (initial_scale_power 16, hysteresis 2, "
+            "loss_scale_window 1000) skips a step per overflow while the scale comes down at the start, a few steps, "
+            "then about one per 1000; a diverged run skips nearly all (issue 23: every step from the 4th)."
+        ),
+    )
+    min_loss_decrease: float = field(
+        default=0.05,
+        metadata=described(
+            "Least fall of the mean training loss from the first 10% of steps to the last 10%, as a fraction of the "
+            "first (0.05 = 5%); 0 = any fall. Source: healthy runs here fell by 10-47% (the 12-step tiny test "
+            "pretraining 10%, the quick start's LoRA 32%), the diverged run of issue 23 by under 1%."
+        ),
+    )
+    min_nats_below_uniform: float = field(
+        default=0.5,
+        metadata=described(
+            "Least distance (nats) of the last 10% of steps' mean loss below ln(vocabulary size), the loss of a "
+            "model that predicts every token equally; 0 = any distance. Source: a model that learnt only the tokens' "
+            "frequencies is already ln(V) minus the unigram entropy below it (0.9-2.5 nats on the test corpora, "
+            "vocabularies of 300-512); a diverged run stays at ln(V)."
+        ),
+    )
+    warning_interval_s: float = field(
+        default=30.0,
+        metadata=described(
+            "Seconds between two rank warnings of one kind (skipped step, non-finite loss or gradient norm) in the "
+            "log, after the first 3 of each kind; the ones held back are counted in the next."
+        ),
+    )
 
     def problems(self, where: str) -> list[str]:
         p = []
@@ -253,20 +353,39 @@ class HealthSettings(Section):
 class LoraSettings(Section):
     """LoRA (Hu et al. 2021): W + (lora_alpha / r) B A on the target modules, A and B trained, W frozen."""
 
-    r: int = field(default=8, metadata=described("LoRA rank r: inner dimension of the adapter matrices A (r x in) and B (out x r)."))
-    lora_alpha: float = field(default=16.0, metadata=described("LoRA scaling numerator: the update is scaled by lora_alpha / r."))
-    lora_dropout: float = field(default=0.0, metadata=described("Dropout probability on the adapter's input, in [0, 1)."))
-    target_modules: Optional[list[str]] = field(default=None, metadata=described(
-        "Module names (last path component, e.g. q_proj, v_proj) to adapt. null = every linear layer inside the "
-        "decoder blocks (attention and MLP: nn.Linear, or transformers Conv1D as in GPT-2, with fan_in_fan_out), "
-        "discovered from the model; the output head is never adapted. "
-        "Modules whose weight is tied to another's (lm_head and embed_tokens under tie_word_embeddings) are refused: "
-        "their update cannot be merged."))
-    adapter_name: str = field(default="default", metadata=described(
-        "The adapter's name inside the PEFT model (an identifier); load with "
-        "PeftModel.from_pretrained(model, dir, adapter_name=...)."))
-    merge_export: bool = field(default=False, metadata=described(
-        "Also write merged/: base + adapter folded into the base weights (peft merge_and_unload), a Hugging Face directory."))
+    r: int = field(
+        default=8,
+        metadata=described("LoRA rank r: inner dimension of the adapter matrices A (r x in) and B (out x r)."),
+    )
+    lora_alpha: float = field(
+        default=16.0, metadata=described("LoRA scaling numerator: the update is scaled by lora_alpha / r.")
+    )
+    lora_dropout: float = field(
+        default=0.0, metadata=described("Dropout probability on the adapter's input, in [0, 1).")
+    )
+    target_modules: Optional[list[str]] = field(
+        default=None,
+        metadata=described(
+            "Module names (last path component, e.g. q_proj, v_proj) to adapt. null = every linear layer inside the "
+            "decoder blocks (attention and MLP: nn.Linear, or transformers Conv1D as in GPT-2, with fan_in_fan_out), "
+            "discovered from the model; the output head is never adapted. "
+            "Modules whose weight is tied to another's (lm_head and embed_tokens under tie_word_embeddings) are refused: "
+            "their update cannot be merged."
+        ),
+    )
+    adapter_name: str = field(
+        default="default",
+        metadata=described(
+            "The adapter's name inside the PEFT model (an identifier); load with "
+            "PeftModel.from_pretrained(model, dir, adapter_name=...)."
+        ),
+    )
+    merge_export: bool = field(
+        default=False,
+        metadata=described(
+            "Also write merged/: base + adapter folded into the base weights (peft merge_and_unload), a Hugging Face directory."
+        ),
+    )
 
     def problems(self, where: str) -> list[str]:
         import re
@@ -285,20 +404,30 @@ class LoraSettings(Section):
 class WandbSettings(Section):
     """Weights & Biases. The API key (online mode) is read by wandb itself from WANDB_API_KEY, never logged."""
 
-    mode: WandbMode = field(default="offline", metadata=described(
-        f"One of {', '.join(WANDB_MODES)}: offline (runs land in <output_dir>/wandb/, upload later with `wandb sync`), "
-        "online, or disabled."))
+    mode: WandbMode = field(
+        default="offline",
+        metadata=described(
+            f"One of {', '.join(WANDB_MODES)}: offline (runs land in <output_dir>/wandb/, upload later with `wandb sync`), "
+            "online, or disabled."
+        ),
+    )
     project: str = field(default="largetrain", metadata=described("W&B project."))
-    entity: Optional[str] = field(default=None, metadata=described("W&B entity (user or team); null = the API key's default."))
+    entity: Optional[str] = field(
+        default=None, metadata=described("W&B entity (user or team); null = the API key's default.")
+    )
 
 
 @dataclass
 class MlflowSettings(Section):
     """MLflow tracking."""
 
-    tracking_uri: Optional[str] = field(default=None, metadata=described(
-        "MLflow tracking URI (sqlite:///..., http://..., databricks, ...). null = a local SQLite store "
-        "sqlite:///<output_dir>/../mlruns.db; a SQLite store keeps new experiments' artifacts beside it in mlartifacts/."))
+    tracking_uri: Optional[str] = field(
+        default=None,
+        metadata=described(
+            "MLflow tracking URI (sqlite:///..., http://..., databricks, ...). null = a local SQLite store "
+            "sqlite:///<output_dir>/../mlruns.db; a SQLite store keeps new experiments' artifacts beside it in mlartifacts/."
+        ),
+    )
     experiment_name: str = field(default="largetrain", metadata=described("MLflow experiment; created when missing."))
 
 
@@ -306,17 +435,33 @@ class MlflowSettings(Section):
 class TrackingSettings(Section):
     """Where the run is reported (trackers: largetrain_core.training.trackers) and how often it says so."""
 
-    report_to: list[str] = field(default_factory=lambda: ["wandb"], metadata=described(
-        "Trackers that receive params, per-step metrics and artifacts: any of wandb, mlflow, dagster_pipes "
-        "(largetrain_core.training.trackers.TRACKERS), or none. metrics.jsonl in output_dir is always written."))
-    run_name: Optional[str] = field(default=None, metadata=described("The trackers' run name; null = each tracker's default."))
-    logging_steps: int = field(default=10, metadata=described(
-        "Log a progress line every this many steps (metrics go to the trackers every step)."))
-    peak_flops: Optional[float] = field(default=None, metadata=described(
-        "Peak FLOP/s of the whole job's hardware, for MFU. null = derive (CPU: cores x clock x FLOPs/cycle; "
-        "CUDA: data-sheet figure by device name; else unknown)."))
-    wandb: WandbSettings = field(default_factory=WandbSettings, metadata=described("Weights & Biases settings (report_to wandb)."))
-    mlflow: MlflowSettings = field(default_factory=MlflowSettings, metadata=described("MLflow settings (report_to mlflow)."))
+    report_to: list[str] = field(
+        default_factory=lambda: ["wandb"],
+        metadata=described(
+            "Trackers that receive params, per-step metrics and artifacts: any of wandb, mlflow, dagster_pipes "
+            "(largetrain_core.training.trackers.TRACKERS), or none. metrics.jsonl in output_dir is always written."
+        ),
+    )
+    run_name: Optional[str] = field(
+        default=None, metadata=described("The trackers' run name; null = each tracker's default.")
+    )
+    logging_steps: int = field(
+        default=10,
+        metadata=described("Log a progress line every this many steps (metrics go to the trackers every step)."),
+    )
+    peak_flops: Optional[float] = field(
+        default=None,
+        metadata=described(
+            "Peak FLOP/s of the whole job's hardware, for MFU. null = derive (CPU: cores x clock x FLOPs/cycle; "
+            "CUDA: data-sheet figure by device name; else unknown)."
+        ),
+    )
+    wandb: WandbSettings = field(
+        default_factory=WandbSettings, metadata=described("Weights & Biases settings (report_to wandb).")
+    )
+    mlflow: MlflowSettings = field(
+        default_factory=MlflowSettings, metadata=described("MLflow settings (report_to mlflow).")
+    )
 
     def problems(self, where: str) -> list[str]:
         p = _at_least(self, where, 1, "logging_steps") + self.wandb.problems(f"{where}.wandb")
@@ -331,20 +476,36 @@ class TrackingSettings(Section):
 class TrainConfig:
     """Everything one training run needs. Steps are optimizer steps; the learning rate is absolute."""
 
-    output_dir: str = field(metadata=described("Directory of checkpoints/, the exported model, metrics.jsonl and summary.json."))
-    train_shards: str = field(metadata=described("Token-shard directory (largetrain_core.shards); its train split is read."))
-    mode: Mode = field(default="pretrain", metadata=described(
-        "pretrain (build model.preset from scratch) or lora (load model.base_model and train a LoRA adapter)."))
+    output_dir: str = field(
+        metadata=described("Directory of checkpoints/, the exported model, metrics.jsonl and summary.json.")
+    )
+    train_shards: str = field(
+        metadata=described("Token-shard directory (largetrain_core.shards); its train split is read.")
+    )
+    mode: Mode = field(
+        default="pretrain",
+        metadata=described(
+            "pretrain (build model.preset from scratch) or lora (load model.base_model and train a LoRA adapter)."
+        ),
+    )
     seed: int = field(default=0, metadata=described("Seed of the initialization, the sampler and every RNG."))
     model: ModelSettings = field(default_factory=ModelSettings, metadata=described(ModelSettings.__doc__))
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings, metadata=described(ScheduleSettings.__doc__))
-    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings, metadata=described(OptimizerSettings.__doc__))
-    parallelism: ParallelismSettings = field(default_factory=ParallelismSettings,
-                                             metadata=described(ParallelismSettings.__doc__))
-    precision: PrecisionSettings = field(default_factory=PrecisionSettings, metadata=described(PrecisionSettings.__doc__))
-    checkpointing: CheckpointingSettings = field(default_factory=CheckpointingSettings,
-                                                 metadata=described(CheckpointingSettings.__doc__))
-    evaluation: EvaluationSettings = field(default_factory=EvaluationSettings, metadata=described(EvaluationSettings.__doc__))
+    optimizer: OptimizerSettings = field(
+        default_factory=OptimizerSettings, metadata=described(OptimizerSettings.__doc__)
+    )
+    parallelism: ParallelismSettings = field(
+        default_factory=ParallelismSettings, metadata=described(ParallelismSettings.__doc__)
+    )
+    precision: PrecisionSettings = field(
+        default_factory=PrecisionSettings, metadata=described(PrecisionSettings.__doc__)
+    )
+    checkpointing: CheckpointingSettings = field(
+        default_factory=CheckpointingSettings, metadata=described(CheckpointingSettings.__doc__)
+    )
+    evaluation: EvaluationSettings = field(
+        default_factory=EvaluationSettings, metadata=described(EvaluationSettings.__doc__)
+    )
     health: HealthSettings = field(default_factory=HealthSettings, metadata=described(HealthSettings.__doc__))
     lora: LoraSettings = field(default_factory=LoraSettings, metadata=described("LoRA settings (mode lora)."))
     tracking: TrackingSettings = field(default_factory=TrackingSettings, metadata=described(TrackingSettings.__doc__))
@@ -393,8 +554,18 @@ class TrainConfig:
         """sha256 (16 hex digits) of the settings that change the trained weights (not paths, logging,
         trackers, checkpoint cadence, resume, preemption, the health thresholds, or evaluation without early stopping)."""
         d = self.settings()
-        for k in ("output_dir", "resume_from_checkpoint", "logging_steps", "save_steps", "save_total_limit", *PREEMPTION,
-                  "peak_flops", *TRACKING, *HEALTH, *(EVALUATION if self.evaluation.early_stopping_patience is None else ())):
+        for k in (
+            "output_dir",
+            "resume_from_checkpoint",
+            "logging_steps",
+            "save_steps",
+            "save_total_limit",
+            *PREEMPTION,
+            "peak_flops",
+            *TRACKING,
+            *HEALTH,
+            *(EVALUATION if self.evaluation.early_stopping_patience is None else ()),
+        ):
             d.pop(k)
         d["lora"].pop("merge_export")
         if not d["shuffle_window_shards"]:  # the default order: the hash of the runs before the setting existed
@@ -412,7 +583,9 @@ class TrainConfig:
         if self.mode == "lora" and not self.model.base_model:
             p.append("mode 'lora' needs model.base_model: the Hugging Face directory of the model to adapt")
         if self.precision.dtype == "fp16" and not cuda:
-            p.append("precision fp16 needs CUDA: DeepSpeed's CPU accelerator does not support fp16; use 'auto' or 'fp32'")
+            p.append(
+                "precision fp16 needs CUDA: DeepSpeed's CPU accelerator does not support fp16; use 'auto' or 'fp32'"
+            )
         if self.mode == "pretrain" and self.lora.merge_export:
             p.append("lora.merge_export applies to mode 'lora' only; set it to false for pretraining")
         return p
@@ -436,11 +609,15 @@ PREEMPTION = ("preemption_save", "preemption_min_new_steps", "preemption_grace_s
 EVALUATION = tuple(f.name for f in fields(EvaluationSettings))
 # How a finished run is judged, not what it trains: outside the config hash and the data versions.
 HEALTH = tuple(f.name for f in fields(HealthSettings))
-SECTIONS = {f.name: typing.get_type_hints(TrainConfig)[f.name] for f in fields(TrainConfig)
-            if isinstance(f.default_factory, type) and issubclass(f.default_factory, Section)}
+SECTIONS = {
+    f.name: typing.get_type_hints(TrainConfig)[f.name]
+    for f in fields(TrainConfig)
+    if isinstance(f.default_factory, type) and issubclass(f.default_factory, Section)
+}
 # A setting's section, by the name it had before the sections (every name is unique across them).
-SECTION_OF = {name: section for section, cls in SECTIONS.items() if section != "lora"
-              for name in (f.name for f in fields(cls))}
+SECTION_OF = {
+    name: section for section, cls in SECTIONS.items() if section != "lora" for name in (f.name for f in fields(cls))
+}
 SECTION_OF["precision"] = "precision"
 
 
@@ -460,10 +637,16 @@ def sectioned(d: dict) -> tuple[dict, list[str]]:
 
         names = sorted(top | {f"{SECTION_OF[n]}.{n}" for n in SECTION_OF if n != "precision"})
         full = {**{n.rpartition(".")[2]: n for n in names}, **{n: n for n in names}}
-        hints = [f"{k}: did you mean {' or '.join(full[c] for c in close)}?" for k in unknown
-                 if (close := difflib.get_close_matches(k, list(full), n=2, cutoff=0.75))]
-        raise ValueError(f"unknown training config keys {sorted(unknown)}" + (f" ({'; '.join(hints)})" if hints else "")
-                         + f"; settings: {', '.join(names)} (docs/CONFIG.md)")
+        hints = [
+            f"{k}: did you mean {' or '.join(full[c] for c in close)}?"
+            for k in unknown
+            if (close := difflib.get_close_matches(k, list(full), n=2, cutoff=0.75))
+        ]
+        raise ValueError(
+            f"unknown training config keys {sorted(unknown)}"
+            + (f" ({'; '.join(hints)})" if hints else "")
+            + f"; settings: {', '.join(names)} (docs/CONFIG.md)"
+        )
     out = {k: (dict(v) if k in SECTIONS and isinstance(v, dict) else v) for k, v in d.items()}
     moved = []
     for name in list(out):

@@ -13,7 +13,10 @@ def resolve_precision(precision: str, cuda: bool) -> tuple[str, str]:
         return precision, f"precision {precision} set in config"
     if cuda:
         return "fp16", "auto on CUDA: fp16 with dynamic loss scaling"
-    return "fp32", "auto on CPU: fp32 (DeepSpeed's CPU accelerator does not support fp16; bf16 matmul is slow without AMX/AVX512-BF16)"
+    return (
+        "fp32",
+        "auto on CPU: fp32 (DeepSpeed's CPU accelerator does not support fp16; bf16 matmul is slow without AMX/AVX512-BF16)",
+    )
 
 
 def deepspeed_config(cfg: TrainConfig, world_size: int, precision: str, load_universal: bool = False) -> dict:
@@ -32,11 +35,25 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, precision: str, load_uni
         "train_batch_size": cfg.schedule.micro_batch_size * cfg.schedule.gradient_accumulation_steps * world_size,
         "gradient_clipping": cfg.optimizer.max_grad_norm,
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": cfg.optimizer.learning_rate, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                   "weight_decay": cfg.optimizer.weight_decay}},
-        "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": cfg.schedule.max_steps, "warmup_num_steps": max(cfg.schedule.warmup_steps, 1), "warmup_type": "linear",
-            "warmup_min_ratio": 0.0, "cos_min_ratio": cfg.schedule.min_lr_ratio}},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": cfg.optimizer.learning_rate,
+                "betas": [0.9, 0.95],
+                "eps": 1e-8,
+                "weight_decay": cfg.optimizer.weight_decay,
+            },
+        },
+        "scheduler": {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": cfg.schedule.max_steps,
+                "warmup_num_steps": max(cfg.schedule.warmup_steps, 1),
+                "warmup_type": "linear",
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": cfg.schedule.min_lr_ratio,
+            },
+        },
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -44,8 +61,14 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, precision: str, load_uni
         ds["checkpoint"] = {"load_universal": True}
     if precision == "fp16":
         # loss_scale 0 = dynamic; start at 2^16, halve on overflow, double after 1000 clean steps (DeepSpeed defaults).
-        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                      "hysteresis": 2, "min_loss_scale": 1}
+        ds["fp16"] = {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        }
     elif precision == "bf16":
         ds["bf16"] = {"enabled": True}
     return ds

@@ -33,7 +33,9 @@ def export(engine, cfg: TrainConfig, out: Path, rank: int, dist) -> Path:
             _save_adapter(engine.module, cfg.lora.adapter_name, state, tmp)
         _replace_dir(tmp, final)
         if cfg.mode == "lora" and cfg.lora.merge_export:
-            export_merged(Path(cfg.model.base_model), final, cfg.lora.adapter_name, out / "merged", probe_batch(cfg.train_shards))
+            export_merged(
+                Path(cfg.model.base_model), final, cfg.lora.adapter_name, out / "merged", probe_batch(cfg.train_shards)
+            )
     dist.barrier()
     return final
 
@@ -112,13 +114,20 @@ def export_merged(base_dir: Path, adapter_dir: Path, adapter_name: str, final: P
     diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
     if not diff <= MERGE_TOLERANCE:
         shutil.rmtree(tmp, ignore_errors=True)
-        cause = ("the adapter changes modules whose weight is tied to another's: "
-                 + "; ".join(f"{m} with {', '.join(o)}" for m, o in sorted(tied.items()))) if tied else \
-            "merge_and_unload does not reproduce this adapter"
-        raise ValueError(f"merged export of {adapter_dir} on {base_dir} refused: its logits differ from base + adapter "
-                         f"by {diff:.3g} (max relative) on a probe batch of {probe.shape[0]} x {probe.shape[1]} tokens, "
-                         f"more than {MERGE_TOLERANCE:g}; {cause}. The adapter itself is exported; load it with PEFT "
-                         "on the base model instead of merging")
+        cause = (
+            (
+                "the adapter changes modules whose weight is tied to another's: "
+                + "; ".join(f"{m} with {', '.join(o)}" for m, o in sorted(tied.items()))
+            )
+            if tied
+            else "merge_and_unload does not reproduce this adapter"
+        )
+        raise ValueError(
+            f"merged export of {adapter_dir} on {base_dir} refused: its logits differ from base + adapter "
+            f"by {diff:.3g} (max relative) on a probe batch of {probe.shape[0]} x {probe.shape[1]} tokens, "
+            f"more than {MERGE_TOLERANCE:g}; {cause}. The adapter itself is exported; load it with PEFT "
+            "on the base model instead of merging"
+        )
     if (base_dir / "tokenizer.json").exists():
         save_hf_tokenizer(load_tokenizer_info(base_dir), tmp)
     _replace_dir(tmp, final)

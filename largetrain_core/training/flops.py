@@ -13,13 +13,16 @@ from pathlib import Path
 # Dense fp16/bf16 tensor-core peak FLOP/s per device (vendor data sheets, without sparsity).
 CUDA_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "V100": 125e12}
 
-FLOPS_SOURCES = ("6N + 12LHS: Chowdhery et al. 2022 (PaLM), appendix B; the backward pass as gradients with respect "
-                 "to the inputs plus to the weights, 2N FLOPs per token each: Narayanan et al. 2021 (Megatron-LM, SC21), "
-                 "FLOPs count")
+FLOPS_SOURCES = (
+    "6N + 12LHS: Chowdhery et al. 2022 (PaLM), appendix B; the backward pass as gradients with respect "
+    "to the inputs plus to the weights, 2N FLOPs per token each: Narayanan et al. 2021 (Megatron-LM, SC21), "
+    "FLOPs count"
+)
 
 
-def model_flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: int,
-                          n_trainable: int | None = None) -> float:
+def model_flops_per_token(
+    n_params: int, n_layers: int, hidden: int, seq_len: int, n_trainable: int | None = None
+) -> float:
     """Training FLOPs per token: 4 N + 2 N_trainable + 12 L H S.
 
     A weight matrix costs 2 FLOPs per parameter per token in the forward pass, 2 more for the
@@ -39,11 +42,15 @@ def model_flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: in
 
 def flops_formula(n_params: int, n_trainable: int, n_layers: int, hidden: int, seq_len: int) -> str:
     """The FLOPs-per-token formula of :func:`model_flops_per_token` with its numbers and sources, for reports."""
-    terms = "6N + 12LHS" if n_trainable == n_params else "4N + 2N_trainable + 12LHS (frozen weights: no weight gradient)"
-    return (f"MFU = tokens/s x FLOPs/token / peak FLOP/s; FLOPs/token = {terms} with N = {n_params:,}, "
-            f"N_trainable = {n_trainable:,}, L = {n_layers}, H = {hidden}, S = {seq_len} = "
-            f"{model_flops_per_token(n_params, n_layers, hidden, seq_len, n_trainable):.4g} "
-            f"(recomputation not counted; {FLOPS_SOURCES})")
+    terms = (
+        "6N + 12LHS" if n_trainable == n_params else "4N + 2N_trainable + 12LHS (frozen weights: no weight gradient)"
+    )
+    return (
+        f"MFU = tokens/s x FLOPs/token / peak FLOP/s; FLOPs/token = {terms} with N = {n_params:,}, "
+        f"N_trainable = {n_trainable:,}, L = {n_layers}, H = {hidden}, S = {seq_len} = "
+        f"{model_flops_per_token(n_params, n_layers, hidden, seq_len, n_trainable):.4g} "
+        f"(recomputation not counted; {FLOPS_SOURCES})"
+    )
 
 
 def cpu_peak_flops(cores: int | None = None, ghz: float | None = None, cpuinfo: str | None = None) -> tuple[float, str]:
@@ -70,8 +77,10 @@ def cpu_peak_flops(cores: int | None = None, ghz: float | None = None, cpuinfo: 
         ghz = float(nominal.group(1)) if nominal else float(mhz.group(1)) / 1000 if mhz else 2.0
     lanes = 16 if "avx512f" in flags and not amd else 8 if ("avx2" in flags or "avx512f" in flags) else 4
     per_cycle = 2 * 2 * lanes
-    how = (f"{cores} cores x {ghz:.2f} GHz x {per_cycle} fp32 FLOPs/cycle (2 per FMA x 2 FMA units x {lanes} lanes"
-           f"{', AMD 256-bit pipes' if amd else ''}{', AVX-512' if lanes == 16 else ', AVX2' if lanes == 8 else ''})")
+    how = (
+        f"{cores} cores x {ghz:.2f} GHz x {per_cycle} fp32 FLOPs/cycle (2 per FMA x 2 FMA units x {lanes} lanes"
+        f"{', AMD 256-bit pipes' if amd else ''}{', AVX-512' if lanes == 16 else ', AVX2' if lanes == 8 else ''})"
+    )
     return cores * ghz * 1e9 * per_cycle, how
 
 

@@ -57,9 +57,15 @@ def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings) ->
     unhealthy = sorted(set(skipped) | set(bad_norm))
     k = max(1, n // 10)
     start, end = sum(losses[:k]) / k, sum(losses[-k:]) / k
-    numbers = {"steps_logged": n, "skipped_steps": len(skipped), "nonfinite_grad_norm_steps": len(bad_norm),
-               "nonfinite_loss_steps": len(bad_loss), "skipped_or_nonfinite_fraction": round(len(unhealthy) / n, 4),
-               "mean_loss_first_10pct": start, "mean_loss_last_10pct": end}
+    numbers = {
+        "steps_logged": n,
+        "skipped_steps": len(skipped),
+        "nonfinite_grad_norm_steps": len(bad_norm),
+        "nonfinite_loss_steps": len(bad_loss),
+        "skipped_or_nonfinite_fraction": round(len(unhealthy) / n, 4),
+        "mean_loss_first_10pct": start,
+        "mean_loss_last_10pct": end,
+    }
     problems = []
     if bad_loss:
         problems.append(f"the loss is not finite at {len(bad_loss)} of {n} steps (first at step {bad_loss[0]})")
@@ -67,14 +73,16 @@ def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings) ->
         problems.append(
             f"{len(unhealthy)} of {n} steps ({len(unhealthy) / n:.0%}, from step {unhealthy[0]}) were skipped for a gradient "
             f"overflow ({len(skipped)}) or had a non-finite gradient norm ({len(bad_norm)}): more than "
-            f"health.max_skipped_fraction {settings.max_skipped_fraction:g}; the training diverged (lower the learning rate)")
+            f"health.max_skipped_fraction {settings.max_skipped_fraction:g}; the training diverged (lower the learning rate)"
+        )
     if math.isfinite(start) and math.isfinite(end):
         numbers["loss_decrease_fraction"] = round((start - end) / start, 4) if start else None
         if not end < start * (1 - settings.min_loss_decrease):
             problems.append(
                 f"the mean loss fell from {start:.4f} to {end:.4f} nats (first and last 10% of steps, "
                 f"{(start - end) / start:.1%}): not below the first by health.min_loss_decrease "
-                f"{settings.min_loss_decrease:.0%}")
+                f"{settings.min_loss_decrease:.0%}"
+            )
         if vocab_size:
             uniform = math.log(vocab_size)
             numbers.update(vocab_size=vocab_size, uniform_loss=uniform, nats_below_uniform=uniform - end)
@@ -82,7 +90,8 @@ def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings) ->
                 problems.append(
                     f"the mean loss of the last 10% of steps, {end:.4f} nats, is {uniform - end:.4f} nats below "
                     f"ln(vocabulary size {vocab_size}) = {uniform:.4f}, the loss of predicting every token equally: "
-                    f"not the health.min_nats_below_uniform {settings.min_nats_below_uniform:g} that shows it learnt")
+                    f"not the health.min_nats_below_uniform {settings.min_nats_below_uniform:g} that shows it learnt"
+                )
     return Verdict(not problems, problems, numbers)
 
 
@@ -97,9 +106,12 @@ def judge_metrics(metrics_file: Path, vocab_size: int | None, settings: HealthSe
 
 def step_counts(rows: list[dict]) -> dict:
     """``skipped_steps`` and ``nonfinite_grad_norm_steps`` of a run's metrics rows (read_metrics)."""
-    return {"skipped_steps": sum(1 for r in rows if r.get("step_skipped")),
-            "nonfinite_grad_norm_steps": sum(1 for r in rows if r.get("grad_norm") is not None
-                                             and not math.isfinite(r["grad_norm"]))}
+    return {
+        "skipped_steps": sum(1 for r in rows if r.get("step_skipped")),
+        "nonfinite_grad_norm_steps": sum(
+            1 for r in rows if r.get("grad_norm") is not None and not math.isfinite(r["grad_norm"])
+        ),
+    }
 
 
 class RateLimitedWarnings:
@@ -107,8 +119,9 @@ class RateLimitedWarnings:
     ``interval_s`` seconds, which says how many of its kind were held back since the last one shown;
     :meth:`flush` says how many were held back at the end. ``clock``: seconds (monotonic)."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float, first: int = 3,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, logger: logging.Logger, interval_s: float, first: int = 3, clock: Callable[[], float] = time.monotonic
+    ):
         self.logger, self.interval_s, self.first, self.clock = logger, interval_s, first, clock
         self.seen: dict[str, int] = {}
         self.held: dict[str, int] = {}

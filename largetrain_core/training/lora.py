@@ -24,8 +24,9 @@ def decoder_blocks(model) -> list[str]:
 
     classes = set(getattr(model, "_no_split_modules", None) or ())
     blocks = [name for name, m in model.named_modules() if type(m).__name__ in classes]
-    return blocks or [f"{name}.{i}" for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)
-                      for i in range(len(m))]
+    return blocks or [
+        f"{name}.{i}" for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) for i in range(len(m))
+    ]
 
 
 def adaptable_modules(model) -> dict[str, list[str]]:
@@ -34,8 +35,14 @@ def adaptable_modules(model) -> dict[str, list[str]]:
     nn.MultiheadAttention): what ``lora.target_modules`` can name."""
     import torch
 
-    kinds = (*_linear_types(), torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
-             torch.nn.MultiheadAttention)
+    kinds = (
+        *_linear_types(),
+        torch.nn.Embedding,
+        torch.nn.Conv1d,
+        torch.nn.Conv2d,
+        torch.nn.Conv3d,
+        torch.nn.MultiheadAttention,
+    )
     out: dict[str, set[str]] = {}
     for name, m in model.named_modules():
         if name and isinstance(m, kinds):
@@ -53,12 +60,17 @@ def lora_target_modules(model) -> list[str]:
     naming the modules LoRA can adapt (:func:`adaptable_modules`) when there is none."""
     linear = _linear_types()
     blocks = tuple(f"{b}." for b in decoder_blocks(model))
-    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-             if isinstance(m, linear) and name.startswith(blocks)}
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, m in model.named_modules()
+        if isinstance(m, linear) and name.startswith(blocks)
+    }
     if not names:
         where = f"its {len(blocks)} decoder blocks" if blocks else "any decoder block (none found)"
-        raise ValueError(f"no nn.Linear or Conv1D layer inside {where} of {type(model).__name__} to adapt by default; "
-                         f"set lora.target_modules to some of the modules LoRA can adapt: {_listed(adaptable_modules(model))}")
+        raise ValueError(
+            f"no nn.Linear or Conv1D layer inside {where} of {type(model).__name__} to adapt by default; "
+            f"set lora.target_modules to some of the modules LoRA can adapt: {_listed(adaptable_modules(model))}"
+        )
     return sorted(names)
 
 
@@ -134,10 +146,12 @@ def target_problems(model, settings: LoraSettings) -> list[str]:
     tied = tied_targets(model, settings.target_modules)
     if tied:
         shared = "; ".join(f"{m} shares its weight with {', '.join(o)}" for m, o in sorted(tied.items()))
-        problems.append(f"lora.target_modules adapt tied weights ({shared}): base + adapter cannot be merged into "
-                        "one model (the update would change the tied module too), so a merged export would differ "
-                        f"from the adapter. Remove {sorted({m.rsplit('.', 1)[-1] for m in tied})} from "
-                        "lora.target_modules, or adapt a copy of the base model saved with tie_word_embeddings false")
+        problems.append(
+            f"lora.target_modules adapt tied weights ({shared}): base + adapter cannot be merged into "
+            "one model (the update would change the tied module too), so a merged export would differ "
+            f"from the adapter. Remove {sorted({m.rsplit('.', 1)[-1] for m in tied})} from "
+            "lora.target_modules, or adapt a copy of the base model saved with tie_word_embeddings false"
+        )
     return problems
 
 
@@ -152,9 +166,15 @@ def add_lora(model, settings: LoraSettings, activation_checkpointing: bool):
     from peft import LoraConfig, get_peft_model
 
     targets = settings.target_modules or lora_target_modules(model)
-    config = LoraConfig(r=settings.r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
-                        target_modules=targets, fan_in_fan_out=fan_in_fan_out(model, targets),
-                        task_type="CAUSAL_LM", bias="none")
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=targets,
+        fan_in_fan_out=fan_in_fan_out(model, targets),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
     if activation_checkpointing:
         model.enable_input_require_grads()
     return get_peft_model(model, config, adapter_name=settings.adapter_name), targets

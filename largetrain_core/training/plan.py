@@ -77,31 +77,63 @@ PLAN, PLAN_TABLE = "plan.json", "plan.md"  # written into the training's output 
 class PlanSettings:
     """What the training plan checks against, and where its throughput comes from."""
 
-    check: bool = field(default=True, metadata=described(
-        "Refuse to launch a training whose plan does not fit the device memory, the storage root's free disk, "
-        "max_hours or max_cost (the failure says what to change); false = compute and show the plan only."))
-    device_memory_gib: Optional[float] = field(default=None, metadata=described(
-        "Memory of one device (GiB). null = detected: CUDA, the calibration's device (or nvidia-smi); CPU, this "
-        "host's MemAvailable divided by the ranks on the host."))
-    usable_memory_fraction: float = field(default=0.9, metadata=described(
-        "Share of device_memory_gib the planned peak may use, in (0, 1]: headroom for what tensor allocations do "
-        "not count (the CUDA context, allocator fragmentation; on CPU the interpreter and libraries, ~0.5 GiB per "
-        "rank). An assumption: set it from your own peak reserved / peak allocated."))
-    throughput: Literal["auto", "calibrate", "optimization_report", "none"] = field(default="auto", metadata=described(
-        f"Where tokens/s come from, one of {', '.join(THROUGHPUT_SOURCES)}: calibrate (a short run of the real "
-        "training on the real ranks before the launch: calibration_steps timed steps), optimization_report (its "
-        "figures for the same model, hardware, ranks and settings), auto (the report when it matches, else a "
-        "calibration when max_hours, max_cost or price_per_device_hour asks for a time, else no time estimate), "
-        "none (no time or cost estimate)."))
-    calibration_steps: int = field(default=3, metadata=described(
-        "Timed optimizer steps of the calibration (after 2 profiled ones that measure memory), >= 1."))
-    price_per_device_hour: Optional[float] = field(default=None, metadata=described(
-        "Price of one device (GPU; on CPU one rank) for one hour, in `currency`; null = no cost estimate."))
+    check: bool = field(
+        default=True,
+        metadata=described(
+            "Refuse to launch a training whose plan does not fit the device memory, the storage root's free disk, "
+            "max_hours or max_cost (the failure says what to change); false = compute and show the plan only."
+        ),
+    )
+    device_memory_gib: Optional[float] = field(
+        default=None,
+        metadata=described(
+            "Memory of one device (GiB). null = detected: CUDA, the calibration's device (or nvidia-smi); CPU, this "
+            "host's MemAvailable divided by the ranks on the host."
+        ),
+    )
+    usable_memory_fraction: float = field(
+        default=0.9,
+        metadata=described(
+            "Share of device_memory_gib the planned peak may use, in (0, 1]: headroom for what tensor allocations do "
+            "not count (the CUDA context, allocator fragmentation; on CPU the interpreter and libraries, ~0.5 GiB per "
+            "rank). An assumption: set it from your own peak reserved / peak allocated."
+        ),
+    )
+    throughput: Literal["auto", "calibrate", "optimization_report", "none"] = field(
+        default="auto",
+        metadata=described(
+            f"Where tokens/s come from, one of {', '.join(THROUGHPUT_SOURCES)}: calibrate (a short run of the real "
+            "training on the real ranks before the launch: calibration_steps timed steps), optimization_report (its "
+            "figures for the same model, hardware, ranks and settings), auto (the report when it matches, else a "
+            "calibration when max_hours, max_cost or price_per_device_hour asks for a time, else no time estimate), "
+            "none (no time or cost estimate)."
+        ),
+    )
+    calibration_steps: int = field(
+        default=3,
+        metadata=described(
+            "Timed optimizer steps of the calibration (after 2 profiled ones that measure memory), >= 1."
+        ),
+    )
+    price_per_device_hour: Optional[float] = field(
+        default=None,
+        metadata=described(
+            "Price of one device (GPU; on CPU one rank) for one hour, in `currency`; null = no cost estimate."
+        ),
+    )
     currency: str = field(default="USD", metadata=described("Currency of price_per_device_hour and max_cost."))
-    max_hours: Optional[float] = field(default=None, metadata=described(
-        "Refuse a training planned to take longer than this many hours (wall clock); null = no limit."))
-    max_cost: Optional[float] = field(default=None, metadata=described(
-        "Refuse a training planned to cost more than this (needs price_per_device_hour); null = no limit."))
+    max_hours: Optional[float] = field(
+        default=None,
+        metadata=described(
+            "Refuse a training planned to take longer than this many hours (wall clock); null = no limit."
+        ),
+    )
+    max_cost: Optional[float] = field(
+        default=None,
+        metadata=described(
+            "Refuse a training planned to cost more than this (needs price_per_device_hour); null = no limit."
+        ),
+    )
 
     def problems(self) -> list[str]:
         p = []
@@ -150,8 +182,9 @@ class ModelShape:
     largest_partitioned_module: int = 0
 
 
-def model_shape(cfg: TrainConfig, vocab_size: int, seq_len: int, eos_id: int, bos_id: int | None,
-                persistence_threshold: int) -> ModelShape:
+def model_shape(
+    cfg: TrainConfig, vocab_size: int, seq_len: int, eos_id: int, bos_id: int | None, persistence_threshold: int
+) -> ModelShape:
     """The shape of the model ``cfg`` trains (the preset, or the base model with its LoRA adapter), built
     on torch's meta device: no weight is read or allocated. ``persistence_threshold``: ZeRO-3's
     ``stage3_param_persistence_threshold`` (elements)."""
@@ -162,7 +195,9 @@ def model_shape(cfg: TrainConfig, vocab_size: int, seq_len: int, eos_id: int, bo
         from largetrain_core.model import build_config
 
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(build_config(cfg.model.preset, vocab_size, seq_len, eos_id, bos_id))
+            model = AutoModelForCausalLM.from_config(
+                build_config(cfg.model.preset, vocab_size, seq_len, eos_id, bos_id)
+            )
     else:
         from largetrain_core.training.lora import meta_model
 
@@ -180,17 +215,31 @@ def model_shape(cfg: TrainConfig, vocab_size: int, seq_len: int, eos_id: int, bo
     n = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
     persistent = sum(p.numel() for p in params if p.numel() < persistence_threshold)
-    largest = max((sum(p.numel() for p in m.parameters(recurse=False) if p.numel() >= persistence_threshold)
-                   for m in model.modules()), default=0)
+    largest = max(
+        (
+            sum(p.numel() for p in m.parameters(recurse=False) if p.numel() >= persistence_threshold)
+            for m in model.modules()
+        ),
+        default=0,
+    )
     heads = mc.num_attention_heads
     head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // heads
     layers = mc.num_hidden_layers
-    return ModelShape(parameters=n, trainable=trainable, layers=layers, hidden=mc.hidden_size,
-                      intermediate=getattr(mc, "intermediate_size", 4 * mc.hidden_size), heads=heads,
-                      kv_width=getattr(mc, "num_key_value_heads", heads) * head_dim, vocab=mc.vocab_size,
-                      model_type=mc.model_type, lora_modules_per_layer=lora_modules // max(layers, 1),
-                      lora_r=cfg.lora.r if cfg.mode == "lora" else 0, persistent_parameters=persistent,
-                      largest_partitioned_module=largest)
+    return ModelShape(
+        parameters=n,
+        trainable=trainable,
+        layers=layers,
+        hidden=mc.hidden_size,
+        intermediate=getattr(mc, "intermediate_size", 4 * mc.hidden_size),
+        heads=heads,
+        kv_width=getattr(mc, "num_key_value_heads", heads) * head_dim,
+        vocab=mc.vocab_size,
+        model_type=mc.model_type,
+        lora_modules_per_layer=lora_modules // max(layers, 1),
+        lora_r=cfg.lora.r if cfg.mode == "lora" else 0,
+        persistent_parameters=persistent,
+        largest_partitioned_module=largest,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,10 +253,14 @@ def zero_settings(ds_config: dict) -> dict:
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     z = DeepSpeedZeroConfig(**ds_config.get("zero_optimization", {}))
-    return {"stage": int(z.stage), "reduce_bucket_size": int(z.reduce_bucket_size), "overlap_comm": bool(z.overlap_comm),
-            "param_persistence_threshold": int(z.param_persistence_threshold),
-            "prefetch_bucket_size": int(z.prefetch_bucket_size),
-            "offload_optimizer": z.offload_optimizer is not None and str(z.offload_optimizer.device) != "none"}
+    return {
+        "stage": int(z.stage),
+        "reduce_bucket_size": int(z.reduce_bucket_size),
+        "overlap_comm": bool(z.overlap_comm),
+        "param_persistence_threshold": int(z.param_persistence_threshold),
+        "prefetch_bucket_size": int(z.prefetch_bucket_size),
+        "offload_optimizer": z.offload_optimizer is not None and str(z.offload_optimizer.device) != "none",
+    }
 
 
 def memory(shape: ModelShape, cfg: TrainConfig, world: int, precision: str, seq_len: int, zero: dict) -> dict:
@@ -239,14 +292,18 @@ def memory(shape: ModelShape, cfg: TrainConfig, world: int, precision: str, seq_
     buffers, kept_grads, gathered = 0.0, 0.0, 0
     if stage in (1, 2):
         buffers = zero["reduce_bucket_size"] * w * (2 if zero["overlap_comm"] else 1)
-        f["buffers"] = (f"reduce bucket: reduce_bucket_size x w{' x 2 (overlap_comm)' if zero['overlap_comm'] else ''}"
-                        f" = {zero['reduce_bucket_size']:,} x {w}")
+        f["buffers"] = (
+            f"reduce bucket: reduce_bucket_size x w{' x 2 (overlap_comm)' if zero['overlap_comm'] else ''}"
+            f" = {zero['reduce_bucket_size']:,} x {w}"
+        )
     elif stage == 3:
         gathered = min(n - shape.persistent_parameters, shape.largest_partitioned_module + zero["prefetch_bucket_size"])
         buffers = zero["reduce_bucket_size"] * w + w * max(gathered, 0)
         kept_grads = grads
-        f["buffers"] = (f"reduce bucket reduce_bucket_size x w + gathered weights w x min(partitioned, largest module + "
-                        f"prefetch bucket) = {zero['reduce_bucket_size']:,} x {w} + {w} x {max(gathered, 0):,}")
+        f["buffers"] = (
+            f"reduce bucket reduce_bucket_size x w + gathered weights w x min(partitioned, largest module + "
+            f"prefetch bucket) = {zero['reduce_bucket_size']:,} x {w} + {w} x {max(gathered, 0):,}"
+        )
     # Measured here (tests/integration/test_plan.py): in mode lora the trainer's activation checkpointing saves no
     # memory under DeepSpeed (the same peak as without it), so the plan does not count on it there.
     checkpointing = cfg.parallelism.activation_checkpointing and cfg.mode != "lora"
@@ -254,19 +311,34 @@ def memory(shape: ModelShape, cfg: TrainConfig, world: int, precision: str, seq_
     f["activations"] = act["formula"]
     if stage in (1, 2):  # the bucket is allocated at the first gradient, once the output head's backward is done
         peak = weights + opt + max(act["peak"], buffers + act["after_head"], buffers + grads)
-        f["peak"] = ("weights + optimizer states + max(activations, buffers + activations left after the output "
-                     "head's backward, buffers + gradients)")
+        f["peak"] = (
+            "weights + optimizer states + max(activations, buffers + activations left after the output "
+            "head's backward, buffers + gradients)"
+        )
     elif stage == 0:  # the gradients' all-reduce flattens them into one buffer at the end of the backward pass
         peak = weights + opt + max(act["peak"], 2 * grads)
         f["peak"] = "weights + optimizer states + max(activations, 2 x gradients (and their flattened all-reduce copy))"
     else:  # each gathered weight's full gradient exists before its reduce-scatter into the partition
         peak = weights + opt + kept_grads + buffers + act["peak"] + g * max(gathered, 0)
-        f["peak"] = ("weights + optimizer states + gradient partition + buffers + activations + the gathered weights' "
-                     "gradients")
+        f["peak"] = (
+            "weights + optimizer states + gradient partition + buffers + activations + the gathered weights' gradients"
+        )
     persistent = weights + opt + kept_grads + (zero["reduce_bucket_size"] * w if stage == 3 else 0)
-    return {"weights": weights, "gradients": grads, "optimizer_states": opt, "model_states": weights + grads + opt,
-            "host_optimizer_states": host_opt, "buffers": buffers, "persistent": persistent, "activations": act["peak"],
-            "activations_stored": act["stored"], "peak": peak, "bytes_per_weight": w, "optimizer_k": k, "formulas": f}
+    return {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer_states": opt,
+        "model_states": weights + grads + opt,
+        "host_optimizer_states": host_opt,
+        "buffers": buffers,
+        "persistent": persistent,
+        "activations": act["peak"],
+        "activations_stored": act["stored"],
+        "peak": peak,
+        "bytes_per_weight": w,
+        "optimizer_k": k,
+        "formulas": f,
+    }
 
 
 def activations(shape: ModelShape, micro_batch: int, seq_len: int, d: int, checkpointing: bool, g: int) -> dict:
@@ -276,25 +348,36 @@ def activations(shape: ModelShape, micro_batch: int, seq_len: int, d: int, check
     gradient is ready: the log-softmax output and the loss's gradients are freed), ``formula``."""
     t = micro_batch * seq_len
     h, hkv, i, a, v, layers = shape.hidden, shape.kv_width, shape.intermediate, shape.heads, shape.vocab, shape.layers
-    layer = 2 * (4 + d) * h + d * (4 * h + 2 * hkv) + 4 * d * i + 4 * a + 8 + d * shape.lora_r * shape.lora_modules_per_layer
+    layer = (
+        2 * (4 + d) * h
+        + d * (4 * h + 2 * hkv)
+        + 4 * d * i
+        + 4 * a
+        + 8
+        + d * shape.lora_r * shape.lora_modules_per_layer
+    )
     head = (4 + 2 * d) * h + 4 * v
     loss = 8 * v
     if not checkpointing:
         stored = t * (layers * layer + head)
         peak = stored + t * loss
         after_head = t * (layers * layer + head - 4 * v + d * h)
-        formula = (f"T(L x layer + head + loss) = {t:,} x ({layers} x {layer:,} + {head:,} + {loss:,}) bytes "
-                   f"(T = b·s tokens; per token: layer 2(4+d)h + d(4h+2h_kv) + 4di + 4a + 8"
-                   f"{' + d·r·modules' if shape.lora_r else ''}, head (4+2d)h + 4V, loss 8V; d = {d})")
+        formula = (
+            f"T(L x layer + head + loss) = {t:,} x ({layers} x {layer:,} + {head:,} + {loss:,}) bytes "
+            f"(T = b·s tokens; per token: layer 2(4+d)h + d(4h+2h_kv) + 4di + 4a + 8"
+            f"{' + d·r·modules' if shape.lora_r else ''}, head (4+2d)h + 4V, loss 8V; d = {d})"
+        )
     else:
         stored = t * (layers * d * h + head)
         head_grad = g * v * h if shape.trainable == shape.parameters else 0
         last_block = t * (layers * d * h + head - 4 * v + layer + d * (3 * i + 2 * h)) + head_grad
         peak = max(stored + t * loss, last_block)
         after_head = last_block - head_grad
-        formula = (f"max(T(L·d·h + head + loss), T(L·d·h + head - 4V + layer + d(3i+2h)) + gVh) = max({t:,} x "
-                   f"({layers * d * h:,} + {head:,} + {loss:,}), {t:,} x ({layers * d * h:,} + {head - 4 * v:,} + "
-                   f"{layer:,} + {d * (3 * i + 2 * h):,}) + {head_grad:,}) bytes (activation checkpointing; d = {d})")
+        formula = (
+            f"max(T(L·d·h + head + loss), T(L·d·h + head - 4V + layer + d(3i+2h)) + gVh) = max({t:,} x "
+            f"({layers * d * h:,} + {head:,} + {loss:,}), {t:,} x ({layers * d * h:,} + {head - 4 * v:,} + "
+            f"{layer:,} + {d * (3 * i + 2 * h):,}) + {head_grad:,}) bytes (activation checkpointing; d = {d})"
+        )
     return {"stored": stored, "peak": peak, "after_head": after_head, "formula": formula}
 
 
@@ -311,9 +394,12 @@ def checkpoint_bytes(shape: ModelShape, cfg: TrainConfig, precision: str) -> dic
     weights = 0 if cfg.parallelism.zero_stage == 3 else w * n
     ckpt = weights + k * nt
     export = w * n if cfg.mode == "pretrain" else w * nt + (4 * n if cfg.lora.merge_export else 0)
-    return {"checkpoint": ckpt, "export": export,
-            "formula": f"{'' if cfg.parallelism.zero_stage == 3 else f'wΨ + '}KΨ_t = {'' if cfg.parallelism.zero_stage == 3 else f'{w} x {n:,} + '}"
-                       f"{k} x {nt:,} bytes per checkpoint"}
+    return {
+        "checkpoint": ckpt,
+        "export": export,
+        "formula": f"{'' if cfg.parallelism.zero_stage == 3 else 'wΨ + '}KΨ_t = {'' if cfg.parallelism.zero_stage == 3 else f'{w} x {n:,} + '}"
+        f"{k} x {nt:,} bytes per checkpoint",
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,38 +419,59 @@ class Throughput:
 
 def from_calibration(result: dict) -> Throughput:
     """The throughput of a calibration's result (calibrate.run)."""
-    return Throughput(result["tokens_per_s"], "calibration",
-                      f"calibration: median of {result['timed_steps']} timed steps, {result['step_time_s']:.3g} s per step "
-                      f"on {result['world_size']} rank(s) of {result['device']}",
-                      result.get("checkpoint_save_s"), result.get("setup_s"))
+    return Throughput(
+        result["tokens_per_s"],
+        "calibration",
+        f"calibration: median of {result['timed_steps']} timed steps, {result['step_time_s']:.3g} s per step "
+        f"on {result['world_size']} rank(s) of {result['device']}",
+        result.get("checkpoint_save_s"),
+        result.get("setup_s"),
+    )
 
 
-def from_report(report: dict, cfg: TrainConfig, shape: ModelShape, world: int, device: str, precision: str,
-                seq_len: int) -> tuple[Throughput | None, str]:
+def from_report(
+    report: dict, cfg: TrainConfig, shape: ModelShape, world: int, device: str, precision: str, seq_len: int
+) -> tuple[Throughput | None, str]:
     """(the throughput of the ``optimization_report`` variant that trains ``cfg``'s way on the same model and
     hardware, or None, why). Same: device name, ranks, sequence length, micro-batch, gradient accumulation,
     parameters and trainable parameters; and a variant whose settings (the baseline's, ZeRO 0, fp32, no
     activation checkpointing, full training, with its one change) are ``cfg``'s."""
-    want = {"device": device, "world_size": world, "seq_len": seq_len, "micro_batch_size": cfg.schedule.micro_batch_size,
-            "gradient_accumulation_steps": cfg.schedule.gradient_accumulation_steps}
+    want = {
+        "device": device,
+        "world_size": world,
+        "seq_len": seq_len,
+        "micro_batch_size": cfg.schedule.micro_batch_size,
+        "gradient_accumulation_steps": cfg.schedule.gradient_accumulation_steps,
+    }
     differ = [f"{k} {report.get(k)!r} (this training: {v!r})" for k, v in want.items() if report.get(k) != v]
     if differ:
         return None, "the optimization report was measured otherwise: " + ", ".join(differ)
-    mine = {"zero_stage": cfg.parallelism.zero_stage, "precision": precision, "activation_checkpointing": cfg.parallelism.activation_checkpointing,
-            "mode": cfg.mode}
+    mine = {
+        "zero_stage": cfg.parallelism.zero_stage,
+        "precision": precision,
+        "activation_checkpointing": cfg.parallelism.activation_checkpointing,
+        "mode": cfg.mode,
+    }
     base = {"zero_stage": 0, "precision": "fp32", "activation_checkpointing": False, "mode": "pretrain"}
     for v in report.get("variants", []):
         if v.get("status") != "ran" or {**base, **v.get("changes", {}), "precision": v.get("precision")} != mine:
             continue
         if (v.get("parameters"), v.get("trainable_parameters")) != (shape.parameters, shape.trainable):
-            return None, (f"the optimization report's {v['name']} variant trains {v.get('parameters'):,} parameters "
-                          f"({v.get('trainable_parameters'):,} trainable), this training {shape.parameters:,} "
-                          f"({shape.trainable:,})")
-        return Throughput(v["tokens_per_s"], "optimization_report",
-                          f"optimization_report variant {v['name']}: {v['tokens_per_s']:.0f} tokens/s, median of "
-                          f"{report.get('steps')} steps on {world} rank(s) of {device}"), ""
-    return None, (f"the optimization report has no variant that trains as this training does ({mine}); "
-                  "its variants change one setting of the baseline each")
+            return None, (
+                f"the optimization report's {v['name']} variant trains {v.get('parameters'):,} parameters "
+                f"({v.get('trainable_parameters'):,} trainable), this training {shape.parameters:,} "
+                f"({shape.trainable:,})"
+            )
+        return Throughput(
+            v["tokens_per_s"],
+            "optimization_report",
+            f"optimization_report variant {v['name']}: {v['tokens_per_s']:.0f} tokens/s, median of "
+            f"{report.get('steps')} steps on {world} rank(s) of {device}",
+        ), ""
+    return None, (
+        f"the optimization report has no variant that trains as this training does ({mine}); "
+        "its variants change one setting of the baseline each"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,8 +488,13 @@ def device_memory(cuda: bool, ranks_per_host: int, calibration: dict | None = No
         import subprocess
 
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-                                 capture_output=True, text=True, timeout=30, check=True).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
             return float(out.split()[0]) * 2**20, "nvidia-smi memory.total of GPU 0"
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             return None, "unknown (no nvidia-smi): set plan.device_memory_gib"
@@ -457,18 +569,28 @@ class Plan:
         c, s = self.config, self.shape
         step_s = self.tokens_per_step / self.throughput.tokens_per_s
         forward = (2 * s.parameters + 4 * s.layers * s.hidden * self.seq_len) / (
-            4 * s.parameters + 2 * s.trainable + 12 * s.layers * s.hidden * self.seq_len)
+            4 * s.parameters + 2 * s.trainable + 12 * s.layers * s.hidden * self.seq_len
+        )
         steps = self.steps_to_run
         evals = 0 if c["eval_strategy"] == "no" else steps // c["eval_steps"] + 1
-        eval_tokens = min(c["eval_max_sequences"], c.get("validation_sequences") or c["eval_max_sequences"]) * self.seq_len
+        eval_tokens = (
+            min(c["eval_max_sequences"], c.get("validation_sequences") or c["eval_max_sequences"]) * self.seq_len
+        )
         eval_s = evals * eval_tokens * forward / self.throughput.tokens_per_s
         saves = steps // c["save_steps"] + 1 if steps else 0
         save_s = saves * (self.throughput.checkpoint_save_s or 0.0)
         setup_s = self.throughput.setup_s or 0.0
-        return {"step_s": step_s, "train_s": steps * step_s, "eval_s": eval_s, "evaluations": evals,
-                "checkpoint_s": save_s, "checkpoints": saves, "setup_s": setup_s,
-                "run_s": steps * step_s + eval_s + save_s + setup_s,
-                "checkpoint_time_known": self.throughput.checkpoint_save_s is not None}
+        return {
+            "step_s": step_s,
+            "train_s": steps * step_s,
+            "eval_s": eval_s,
+            "evaluations": evals,
+            "checkpoint_s": save_s,
+            "checkpoints": saves,
+            "setup_s": setup_s,
+            "run_s": steps * step_s + eval_s + save_s + setup_s,
+            "checkpoint_time_known": self.throughput.checkpoint_save_s is not None,
+        }
 
     def cost(self) -> Optional[float]:
         t = self.timing()["run_s"]
@@ -482,30 +604,42 @@ class Plan:
         if self.usable_memory is not None and m["peak"] > self.usable_memory:
             fits = "; ".join(f"{a['change']}: peak {gib(a['peak'])}" for a in self.alternatives if a["fits"])
             tried = "; ".join(f"{a['change']}: {gib(a['peak'])}" for a in self.alternatives if not a["fits"])
-            p.append(f"memory: the planned peak per device is {gib(m['peak'])} (model states {gib(m['model_states'])}, "
-                     f"DeepSpeed buffers {gib(m['buffers'])}, activations {gib(m['activations'])}), more than "
-                     f"{self.settings.usable_memory_fraction:g} x {gib(self.device_memory)} of device memory "
-                     f"({self.device_memory_source}). "
-                     + (f"Changes that fit: {fits}." if fits else f"None of these fits alone or together: {tried}; "
-                        "use more ranks or a smaller model/sequence length.")
-                     + " (Or set plan.device_memory_gib / plan.usable_memory_fraction if the device has more.)")
+            p.append(
+                f"memory: the planned peak per device is {gib(m['peak'])} (model states {gib(m['model_states'])}, "
+                f"DeepSpeed buffers {gib(m['buffers'])}, activations {gib(m['activations'])}), more than "
+                f"{self.settings.usable_memory_fraction:g} x {gib(self.device_memory)} of device memory "
+                f"({self.device_memory_source}). "
+                + (
+                    f"Changes that fit: {fits}."
+                    if fits
+                    else f"None of these fits alone or together: {tried}; "
+                    "use more ranks or a smaller model/sequence length."
+                )
+                + " (Or set plan.device_memory_gib / plan.usable_memory_fraction if the device has more.)"
+            )
         need = self.disk["needed"]
         if self.free_disk is not None and need > self.free_disk:
-            p.append(f"disk: the training needs {gib(need)} more on the storage root ({self.disk['formula']}), "
-                     f"{gib(self.free_disk)} is free ({self.free_disk_source}). Lower save_total_limit (now "
-                     f"{self.config['save_total_limit']}), free space, or use another storage root (LARGETRAIN_ROOT)")
+            p.append(
+                f"disk: the training needs {gib(need)} more on the storage root ({self.disk['formula']}), "
+                f"{gib(self.free_disk)} is free ({self.free_disk_source}). Lower save_total_limit (now "
+                f"{self.config['save_total_limit']}), free space, or use another storage root (LARGETRAIN_ROOT)"
+            )
         t = self.timing()
         hours = None if t["run_s"] is None else t["run_s"] / 3600
         if self.settings.max_hours is not None and hours is not None and hours > self.settings.max_hours:
-            p.append(f"time: planned {hours:.2f} h ({self.steps_to_run} steps x {t['step_s']:.3g} s + evaluation, "
-                     f"checkpoints, setup), more than max_hours {self.settings.max_hours:g}. "
-                     f"{self._steps_within(self.settings.max_hours * 3600)}, raise max_hours, or use more ranks")
+            p.append(
+                f"time: planned {hours:.2f} h ({self.steps_to_run} steps x {t['step_s']:.3g} s + evaluation, "
+                f"checkpoints, setup), more than max_hours {self.settings.max_hours:g}. "
+                f"{self._steps_within(self.settings.max_hours * 3600)}, raise max_hours, or use more ranks"
+            )
         cost = self.cost()
         if self.settings.max_cost is not None and cost is not None and cost > self.settings.max_cost:
             budget_s = self.settings.max_cost / (self.world_size * self.settings.price_per_device_hour) * 3600
-            p.append(f"cost: planned {cost:.2f} {self.settings.currency} ({hours:.2f} h x {self.world_size} device(s) x "
-                     f"{self.settings.price_per_device_hour:g}), more than max_cost {self.settings.max_cost:g}. "
-                     f"{self._steps_within(budget_s)}, or raise max_cost")
+            p.append(
+                f"cost: planned {cost:.2f} {self.settings.currency} ({hours:.2f} h x {self.world_size} device(s) x "
+                f"{self.settings.price_per_device_hour:g}), more than max_cost {self.settings.max_cost:g}. "
+                f"{self._steps_within(budget_s)}, or raise max_cost"
+            )
         return p
 
     def budget_problems(self) -> list[str]:
@@ -513,74 +647,136 @@ class Plan:
         budgets = [n for n in ("max_hours", "max_cost") if getattr(self.settings, n) is not None]
         if not budgets or self.throughput is not None:
             return []
-        return [f"time: {' and '.join('plan.' + b for b in budgets)} set, but no throughput is known to check "
-                f"{'it' if len(budgets) == 1 else 'them'} against ({self.throughput_note}). Set plan.throughput to "
-                "calibrate (or auto), or materialize optimization_report for this model and hardware"]
+        return [
+            f"time: {' and '.join('plan.' + b for b in budgets)} set, but no throughput is known to check "
+            f"{'it' if len(budgets) == 1 else 'them'} against ({self.throughput_note}). Set plan.throughput to "
+            "calibrate (or auto), or materialize optimization_report for this model and hardware"
+        ]
 
     def _steps_within(self, seconds: float) -> str:
         t = self.timing()
         fixed = t["run_s"] - t["train_s"]
         per_step = t["step_s"] * (1 + (t["eval_s"] + t["checkpoint_s"]) / max(t["train_s"], 1e-9))
         steps = int(max(0.0, seconds - t["setup_s"]) // per_step) if per_step else 0
-        return (f"Lower max_steps to about {self.start_step + steps} (the budget's {seconds / 3600:.2f} h; "
-                f"{fixed:.0f} s of it fixed)" if steps > 0 else "Not even one step fits the budget")
+        return (
+            f"Lower max_steps to about {self.start_step + steps} (the budget's {seconds / 3600:.2f} h; "
+            f"{fixed:.0f} s of it fixed)"
+            if steps > 0
+            else "Not even one step fits the budget"
+        )
 
     def to_dict(self) -> dict:
         t = self.timing()
-        return {"settings": asdict(self.settings), "config": self.config, "model": asdict(self.shape),
-                "world_size": self.world_size, "precision": self.precision, "seq_len": self.seq_len,
-                "tokens_per_step": self.tokens_per_step, "start_step": self.start_step, "steps_to_run": self.steps_to_run,
-                "tokens_total": self.tokens_total, "tokens_per_parameter": self.tokens_total / self.shape.parameters,
-                "tokens_per_trainable_parameter": self.tokens_total / self.shape.trainable,
-                "memory": self.memory, "disk": self.disk, "device_memory_bytes": self.device_memory,
-                "device_memory_source": self.device_memory_source, "usable_memory_bytes": self.usable_memory,
-                "free_disk_bytes": self.free_disk, "free_disk_source": self.free_disk_source,
-                "throughput": asdict(self.throughput) if self.throughput else None,
-                "throughput_note": self.throughput_note, "timing": t, "cost": self.cost(),
-                "alternatives": self.alternatives, "problems": self.problems()}
+        return {
+            "settings": asdict(self.settings),
+            "config": self.config,
+            "model": asdict(self.shape),
+            "world_size": self.world_size,
+            "precision": self.precision,
+            "seq_len": self.seq_len,
+            "tokens_per_step": self.tokens_per_step,
+            "start_step": self.start_step,
+            "steps_to_run": self.steps_to_run,
+            "tokens_total": self.tokens_total,
+            "tokens_per_parameter": self.tokens_total / self.shape.parameters,
+            "tokens_per_trainable_parameter": self.tokens_total / self.shape.trainable,
+            "memory": self.memory,
+            "disk": self.disk,
+            "device_memory_bytes": self.device_memory,
+            "device_memory_source": self.device_memory_source,
+            "usable_memory_bytes": self.usable_memory,
+            "free_disk_bytes": self.free_disk,
+            "free_disk_source": self.free_disk_source,
+            "throughput": asdict(self.throughput) if self.throughput else None,
+            "throughput_note": self.throughput_note,
+            "timing": t,
+            "cost": self.cost(),
+            "alternatives": self.alternatives,
+            "problems": self.problems(),
+        }
 
     def table(self) -> str:
         """The plan as a markdown table (quantity, planned value, how)."""
-        gib = (lambda b: "" if b is None else f"{b / GiB:.3f} GiB")
+
+        def gib(b):
+            return "" if b is None else f"{b / GiB:.3f} GiB"
+
         m, t, s = self.memory, self.timing(), self.shape
-        rows = [("parameters", f"{s.parameters:,}", f"{s.model_type}, {s.layers} layers, hidden {s.hidden}"),
-                ("trainable parameters", f"{s.trainable:,}", self.config["mode"]),
-                ("tokens per step", f"{self.tokens_per_step:,}",
-                 f"{self.config['micro_batch_size']} x {self.config['gradient_accumulation_steps']} x {self.world_size} "
-                 f"ranks x {self.seq_len}"),
-                ("tokens per parameter", f"{self.tokens_total / s.parameters:.2f}",
-                 f"{self.tokens_total:,} tokens in {self.config['max_steps']} steps (compute-optimal is ~20: "
-                 "Hoffmann et al. 2022)"),
-                ("weights per device", gib(m["weights"]), m["formulas"]["weights"]),
-                ("gradients per device", gib(m["gradients"]), m["formulas"]["gradients"]),
-                ("optimizer states per device", gib(m["optimizer_states"]), m["formulas"]["optimizer_states"]),
-                ("model states per device", gib(m["model_states"]),
-                 f"ZeRO stage {self.config['zero_stage']}, N_d = {self.world_size} (Rajbhandari et al. 2020)"),
-                ("DeepSpeed buffers per device", gib(m["buffers"]), m["formulas"].get("buffers", "none at stage 0")),
-                ("activations per device", gib(m["activations"]), m["formulas"]["activations"]),
-                ("peak memory per device", gib(m["peak"]), m["formulas"]["peak"]),
-                ("usable device memory", gib(self.usable_memory),
-                 f"{self.settings.usable_memory_fraction:g} x {gib(self.device_memory)} ({self.device_memory_source})"),
-                ("checkpoint size", gib(self.disk["checkpoint"]), self.disk["formula"]),
-                ("disk needed", gib(self.disk["needed"]), f"{self.disk['formula_total']}; {self.free_disk_source}: "
-                                                           f"{gib(self.free_disk) or 'unknown'}"),
-                ("throughput", "" if not self.throughput else f"{self.throughput.tokens_per_s:,.0f} tokens/s",
-                 self.throughput.detail if self.throughput else self.throughput_note),
-                ("time per step", "" if t["step_s"] is None else f"{t['step_s']:.3g} s", "tokens per step / throughput"),
-                ("time for the run", "" if t["run_s"] is None else f"{t['run_s'] / 3600:.3f} h",
-                 "" if t["run_s"] is None else
-                 f"{self.steps_to_run} steps {t['train_s']:.0f} s + {t['evaluations']} evaluations {t['eval_s']:.0f} s + "
-                 f"{t['checkpoints']} checkpoints {t['checkpoint_s']:.0f} s"
-                 f"{'' if t['checkpoint_time_known'] else ' (save time not measured)'} + setup {t['setup_s']:.0f} s"),
-                ("cost", "" if self.cost() is None else f"{self.cost():.2f} {self.settings.currency}",
-                 "no price_per_device_hour" if self.settings.price_per_device_hour is None else
-                 f"hours x {self.world_size} device(s) x {self.settings.price_per_device_hour:g}")]
+        rows = [
+            ("parameters", f"{s.parameters:,}", f"{s.model_type}, {s.layers} layers, hidden {s.hidden}"),
+            ("trainable parameters", f"{s.trainable:,}", self.config["mode"]),
+            (
+                "tokens per step",
+                f"{self.tokens_per_step:,}",
+                f"{self.config['micro_batch_size']} x {self.config['gradient_accumulation_steps']} x {self.world_size} "
+                f"ranks x {self.seq_len}",
+            ),
+            (
+                "tokens per parameter",
+                f"{self.tokens_total / s.parameters:.2f}",
+                f"{self.tokens_total:,} tokens in {self.config['max_steps']} steps (compute-optimal is ~20: "
+                "Hoffmann et al. 2022)",
+            ),
+            ("weights per device", gib(m["weights"]), m["formulas"]["weights"]),
+            ("gradients per device", gib(m["gradients"]), m["formulas"]["gradients"]),
+            ("optimizer states per device", gib(m["optimizer_states"]), m["formulas"]["optimizer_states"]),
+            (
+                "model states per device",
+                gib(m["model_states"]),
+                f"ZeRO stage {self.config['zero_stage']}, N_d = {self.world_size} (Rajbhandari et al. 2020)",
+            ),
+            ("DeepSpeed buffers per device", gib(m["buffers"]), m["formulas"].get("buffers", "none at stage 0")),
+            ("activations per device", gib(m["activations"]), m["formulas"]["activations"]),
+            ("peak memory per device", gib(m["peak"]), m["formulas"]["peak"]),
+            (
+                "usable device memory",
+                gib(self.usable_memory),
+                f"{self.settings.usable_memory_fraction:g} x {gib(self.device_memory)} ({self.device_memory_source})",
+            ),
+            ("checkpoint size", gib(self.disk["checkpoint"]), self.disk["formula"]),
+            (
+                "disk needed",
+                gib(self.disk["needed"]),
+                f"{self.disk['formula_total']}; {self.free_disk_source}: {gib(self.free_disk) or 'unknown'}",
+            ),
+            (
+                "throughput",
+                "" if not self.throughput else f"{self.throughput.tokens_per_s:,.0f} tokens/s",
+                self.throughput.detail if self.throughput else self.throughput_note,
+            ),
+            ("time per step", "" if t["step_s"] is None else f"{t['step_s']:.3g} s", "tokens per step / throughput"),
+            (
+                "time for the run",
+                "" if t["run_s"] is None else f"{t['run_s'] / 3600:.3f} h",
+                ""
+                if t["run_s"] is None
+                else f"{self.steps_to_run} steps {t['train_s']:.0f} s + {t['evaluations']} evaluations {t['eval_s']:.0f} s + "
+                f"{t['checkpoints']} checkpoints {t['checkpoint_s']:.0f} s"
+                f"{'' if t['checkpoint_time_known'] else ' (save time not measured)'} + setup {t['setup_s']:.0f} s",
+            ),
+            (
+                "cost",
+                "" if self.cost() is None else f"{self.cost():.2f} {self.settings.currency}",
+                "no price_per_device_hour"
+                if self.settings.price_per_device_hour is None
+                else f"hours x {self.world_size} device(s) x {self.settings.price_per_device_hour:g}",
+            ),
+        ]
         return "| quantity | plan | how |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
 
 
-def make_plan(cfg: TrainConfig, settings: PlanSettings, world_size: int, ranks_per_host: int, cuda: bool,
-              storage_root: str | Path, throughput: Throughput | None = None, throughput_note: str = "",
-              calibration: dict | None = None, workdir: str | Path | None = None) -> Plan:
+def make_plan(
+    cfg: TrainConfig,
+    settings: PlanSettings,
+    world_size: int,
+    ranks_per_host: int,
+    cuda: bool,
+    storage_root: str | Path,
+    throughput: Throughput | None = None,
+    throughput_note: str = "",
+    calibration: dict | None = None,
+    workdir: str | Path | None = None,
+) -> Plan:
     """The plan of ``cfg`` on ``world_size`` ranks (``ranks_per_host`` per host; ``cuda``: the ranks train on
     CUDA devices). Reads the shards' manifest and builds the model on the meta device (no weights read);
     ``calibration``: a calibration's result (device memory); ``workdir``: where the training's checkpoints
@@ -596,8 +792,9 @@ def make_plan(cfg: TrainConfig, settings: PlanSettings, world_size: int, ranks_p
     man = data.manifest
     precision, _ = resolve_precision(cfg.precision.dtype, cuda)
     zero = zero_settings(deepspeed_config(cfg, world_size, precision))
-    shape = model_shape(cfg, man["vocab_size"], data.seq_len, man["eos_id"], man.get("bos_id"),
-                        zero["param_persistence_threshold"])
+    shape = model_shape(
+        cfg, man["vocab_size"], data.seq_len, man["eos_id"], man.get("bos_id"), zero["param_persistence_threshold"]
+    )
     out = Path(workdir or cfg.output_dir)
     start = 0
     if cfg.checkpointing.resume_from_checkpoint != "never":
@@ -607,28 +804,68 @@ def make_plan(cfg: TrainConfig, settings: PlanSettings, world_size: int, ranks_p
     sizes = checkpoint_bytes(shape, cfg, precision)
     total = (cfg.checkpointing.save_total_limit + 1) * sizes["checkpoint"] + sizes["export"]
     existing = bytes_under(out / "checkpoints")
-    disk = {**sizes, "total": total, "existing": existing, "needed": max(0, total - existing),
-            "formula_total": f"(save_total_limit + 1) x checkpoint + export - already there = ({cfg.checkpointing.save_total_limit} + 1)"
-                             f" x {sizes['checkpoint'] / GiB:.3f} + {sizes['export'] / GiB:.3f} - {existing / GiB:.3f} GiB "
-                             "(a new checkpoint is complete before the oldest is deleted)"}
-    dev, dev_source = ((settings.device_memory_gib * GiB, "plan.device_memory_gib") if settings.device_memory_gib
-                       else device_memory(cuda, ranks_per_host, calibration))
+    disk = {
+        **sizes,
+        "total": total,
+        "existing": existing,
+        "needed": max(0, total - existing),
+        "formula_total": f"(save_total_limit + 1) x checkpoint + export - already there = ({cfg.checkpointing.save_total_limit} + 1)"
+        f" x {sizes['checkpoint'] / GiB:.3f} + {sizes['export'] / GiB:.3f} - {existing / GiB:.3f} GiB "
+        "(a new checkpoint is complete before the oldest is deleted)",
+    }
+    dev, dev_source = (
+        (settings.device_memory_gib * GiB, "plan.device_memory_gib")
+        if settings.device_memory_gib
+        else device_memory(cuda, ranks_per_host, calibration)
+    )
     free, free_source = free_disk(storage_root)
     validation = len(TokenShards(cfg.train_shards, "validation")) if cfg.evaluation.eval_strategy != "no" else 0
-    config = {k: cfg.settings()[k] for k in ("mode", "preset", "zero_stage", "offload_optimizer", "activation_checkpointing",
-                                           "micro_batch_size", "gradient_accumulation_steps", "max_steps", "save_steps",
-                                           "save_total_limit", "eval_strategy", "eval_steps", "eval_max_sequences")}
+    config = {
+        k: cfg.settings()[k]
+        for k in (
+            "mode",
+            "preset",
+            "zero_stage",
+            "offload_optimizer",
+            "activation_checkpointing",
+            "micro_batch_size",
+            "gradient_accumulation_steps",
+            "max_steps",
+            "save_steps",
+            "save_total_limit",
+            "eval_strategy",
+            "eval_steps",
+            "eval_max_sequences",
+        )
+    }
     config["validation_sequences"] = validation
-    plan = Plan(settings, config, shape, world_size, precision, data.seq_len,
-                cfg.schedule.micro_batch_size * cfg.schedule.gradient_accumulation_steps * world_size * data.seq_len, start, mem, disk,
-                dev, dev_source, free, free_source, throughput, throughput_note)
+    plan = Plan(
+        settings,
+        config,
+        shape,
+        world_size,
+        precision,
+        data.seq_len,
+        cfg.schedule.micro_batch_size * cfg.schedule.gradient_accumulation_steps * world_size * data.seq_len,
+        start,
+        mem,
+        disk,
+        dev,
+        dev_source,
+        free,
+        free_source,
+        throughput,
+        throughput_note,
+    )
     usable = plan.usable_memory
     if usable is not None and mem["peak"] > usable:
         plan.alternatives = alternatives(cfg, shape, world_size, precision, data.seq_len, usable)
     return plan
 
 
-def alternatives(cfg: TrainConfig, shape: ModelShape, world: int, precision: str, seq_len: int, usable: float) -> list[dict]:
+def alternatives(
+    cfg: TrainConfig, shape: ModelShape, world: int, precision: str, seq_len: int, usable: float
+) -> list[dict]:
     """Memory-saving changes of ``cfg``, alone and then accumulated in this order, with their planned peak
     and whether it fits ``usable`` bytes: activation checkpointing, a higher ZeRO stage (with more than one
     rank), half the micro-batch with twice the gradient accumulation (the same tokens per step), optimizer
@@ -644,8 +881,12 @@ def alternatives(cfg: TrainConfig, shape: ModelShape, world: int, precision: str
     mb, ga = cfg.schedule.micro_batch_size, cfg.schedule.gradient_accumulation_steps
     while mb > 1:
         mb, ga = mb // 2, ga * 2
-        steps.append((f"micro_batch_size: {mb}, gradient_accumulation_steps: {ga}",
-                      {"micro_batch_size": mb, "gradient_accumulation_steps": ga}))
+        steps.append(
+            (
+                f"micro_batch_size: {mb}, gradient_accumulation_steps: {ga}",
+                {"micro_batch_size": mb, "gradient_accumulation_steps": ga},
+            )
+        )
     steps.append(("offload_optimizer: true", {"offload_optimizer": True}))
     out, together, names = [], {}, []
 
@@ -674,13 +915,25 @@ def check(plan: Plan) -> None:
     is false or there is none."""
     problems = plan.problems()
     if problems and plan.settings.check:
-        raise PlanError("the training plan does not fit: " + " | ".join(problems)
-                        + " (plan.check: false launches anyway)")
+        raise PlanError(
+            "the training plan does not fit: " + " | ".join(problems) + " (plan.check: false launches anyway)"
+        )
 
 
-def plan_before_launch(cfg: TrainConfig, settings: PlanSettings, world_size: int, ranks_per_host: int, cuda: bool,
-                       storage_root: str | Path, *, report: dict | None = None, report_missing: str = "",
-                       device: str = "", calibrate=None, workdir: str | Path | None = None) -> Plan:
+def plan_before_launch(
+    cfg: TrainConfig,
+    settings: PlanSettings,
+    world_size: int,
+    ranks_per_host: int,
+    cuda: bool,
+    storage_root: str | Path,
+    *,
+    report: dict | None = None,
+    report_missing: str = "",
+    device: str = "",
+    calibrate=None,
+    workdir: str | Path | None = None,
+) -> Plan:
     """The plan of ``cfg`` (already checked by preflight) that a launcher computes before it starts the
     training, written to ``<cfg.output_dir>/plan.json`` (:meth:`Plan.to_dict`) and ``plan.md``
     (:meth:`Plan.table`), in the order that makes a plan that cannot fit cost nothing:
@@ -709,8 +962,9 @@ def plan_before_launch(cfg: TrainConfig, settings: PlanSettings, world_size: int
         (out / PLAN_TABLE).write_text(plan.table() + "\n")
         problems = plan.problems() + extra
         if problems and settings.check:
-            raise PlanError("the training plan does not fit: " + " | ".join(problems)
-                            + " (plan.check: false launches anyway)")
+            raise PlanError(
+                "the training plan does not fit: " + " | ".join(problems) + " (plan.check: false launches anyway)"
+            )
         return plan
 
     first = replace(settings, max_hours=None, max_cost=None)
@@ -730,8 +984,10 @@ def plan_before_launch(cfg: TrainConfig, settings: PlanSettings, world_size: int
     else:  # a calibration of an earlier start is not this plan's
         shutil.rmtree(out / "calibration", ignore_errors=True)
     if throughput is None and settings.throughput == "auto" and not wants_time:
-        note += "; no calibration: auto calibrates only for max_hours, max_cost or price_per_device_hour " \
-                "(plan.throughput: calibrate for a time estimate)"
+        note += (
+            "; no calibration: auto calibrates only for max_hours, max_cost or price_per_device_hour "
+            "(plan.throughput: calibrate for a time estimate)"
+        )
     plan = make_plan(cfg, settings, world_size, ranks_per_host, cuda, storage_root, throughput, note, calibration, out)
     return decide(plan, plan.budget_problems())
 
@@ -740,14 +996,17 @@ def plan_numbers(plan: dict) -> dict:
     """The planned figures of plan.json's dict as flat numbers, the unit in the name (GiB to 4 significant
     decimals, seconds, hours, the cost in the plan's currency): for metadata and plots."""
     t = plan["timing"]
-    n = {"plan_parameters": plan["model"]["parameters"], "plan_trainable_parameters": plan["model"]["trainable"],
-         "plan_tokens_per_step": plan["tokens_per_step"],
-         "plan_peak_memory_gib": round(plan["memory"]["peak"] / GiB, 4),
-         "plan_model_states_gib": round(plan["memory"]["model_states"] / GiB, 4),
-         "plan_activations_gib": round(plan["memory"]["activations"] / GiB, 4),
-         "plan_checkpoint_gib": round(plan["disk"]["checkpoint"] / GiB, 4),
-         "plan_tokens_per_parameter": round(plan["tokens_per_parameter"], 3),
-         "plan_throughput_source": plan["throughput"]["source"] if plan.get("throughput") else "none"}
+    n = {
+        "plan_parameters": plan["model"]["parameters"],
+        "plan_trainable_parameters": plan["model"]["trainable"],
+        "plan_tokens_per_step": plan["tokens_per_step"],
+        "plan_peak_memory_gib": round(plan["memory"]["peak"] / GiB, 4),
+        "plan_model_states_gib": round(plan["memory"]["model_states"] / GiB, 4),
+        "plan_activations_gib": round(plan["memory"]["activations"] / GiB, 4),
+        "plan_checkpoint_gib": round(plan["disk"]["checkpoint"] / GiB, 4),
+        "plan_tokens_per_parameter": round(plan["tokens_per_parameter"], 3),
+        "plan_throughput_source": plan["throughput"]["source"] if plan.get("throughput") else "none",
+    }
     if t.get("step_s") is not None:
         n.update(plan_step_seconds=round(t["step_s"], 4), plan_run_hours=round(t["run_s"] / 3600, 4))
     if plan.get("cost") is not None:
@@ -767,31 +1026,61 @@ def plan_vs_measured(plan: dict, summary: dict, rows: list[dict], calibration: d
 
     def add(name, planned, measured, unit, note=""):
         ratio = measured / planned if planned and measured is not None else None
-        out.append({"quantity": name, "planned": planned, "measured": measured, "unit": unit, "ratio": ratio, "note": note})
+        out.append(
+            {"quantity": name, "planned": planned, "measured": measured, "unit": unit, "ratio": ratio, "note": note}
+        )
 
     last = rows[-1] if rows else {}
     cuda_mem = last.get("peak_memory_gib")
     cpu_mem = last.get("peak_rss_gib")
     measured_mem = cuda_mem if cuda_mem is not None else cpu_mem
-    add("peak memory per device", plan["memory"]["peak"] / GiB, measured_mem, "GiB",
-        "CUDA peak allocated" if cuda_mem is not None else "CPU peak resident set: also the interpreter and libraries")
+    add(
+        "peak memory per device",
+        plan["memory"]["peak"] / GiB,
+        measured_mem,
+        "GiB",
+        "CUDA peak allocated" if cuda_mem is not None else "CPU peak resident set: also the interpreter and libraries",
+    )
     if calibration is not None:
-        add("peak memory per device, calibration", plan["memory"]["peak"] / GiB, calibration["peak_step_bytes"] / GiB,
-            "GiB", f"{calibration['memory_measure']}, before the launch")
+        add(
+            "peak memory per device, calibration",
+            plan["memory"]["peak"] / GiB,
+            calibration["peak_step_bytes"] / GiB,
+            "GiB",
+            f"{calibration['memory_measure']}, before the launch",
+        )
     times = [r["step_time_s"] for r in rows if r.get("step_time_s") is not None]
-    add("time per step", plan["timing"].get("step_s"), statistics.median(times) if times else None, "s",
-        "median over the run's steps")
+    add(
+        "time per step",
+        plan["timing"].get("step_s"),
+        statistics.median(times) if times else None,
+        "s",
+        "median over the run's steps",
+    )
     train_s = summary.get("train_seconds")
-    add("time for the run", plan["timing"].get("run_s"), train_s, "s", "wall time of this start (steps, evaluation, saves)")
-    add("tokens per second", plan["throughput"]["tokens_per_s"] if plan.get("throughput") else None,
-        summary.get("tokens_per_s"), "tokens/s", "the run's, evaluation excluded")
+    add(
+        "time for the run",
+        plan["timing"].get("run_s"),
+        train_s,
+        "s",
+        "wall time of this start (steps, evaluation, saves)",
+    )
+    add(
+        "tokens per second",
+        plan["throughput"]["tokens_per_s"] if plan.get("throughput") else None,
+        summary.get("tokens_per_s"),
+        "tokens/s",
+        "the run's, evaluation excluded",
+    )
 
     def fmt(v):
         return "" if v is None else f"{v:,.4g}"
 
     table = "| quantity | planned | measured | measured / planned | note |\n|---|---|---|---|---|\n" + "\n".join(
         f"| {r['quantity']} ({r['unit']}) | {fmt(r['planned'])} | {fmt(r['measured'])} | "
-        f"{'' if r['ratio'] is None else format(r['ratio'], '.2f')} | {r['note']} |" for r in out)
+        f"{'' if r['ratio'] is None else format(r['ratio'], '.2f')} | {r['note']} |"
+        for r in out
+    )
     return {"rows": out, "table": table}
 
 
@@ -808,10 +1097,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks-per-host", type=int, default=None, help="ranks on each host (default: --ranks)")
     ap.add_argument("--storage-root", default=None, help="where the checkpoints go (default: the config's output_dir)")
     ap.add_argument("--report", default=None, help="an optimization report.json to take the throughput from")
-    ap.add_argument("--calibrate", action="store_true", help="measure the throughput: run the calibration under "
-                                                               "torchrun on this host with --ranks ranks first")
-    ap.add_argument("--settings", default="{}", help="plan settings as JSON, e.g. '{\"max_hours\": 2, "
-                                                     "\"price_per_device_hour\": 2.5}' (PlanSettings' fields)")
+    ap.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure the throughput: run the calibration under torchrun on this host with --ranks ranks first",
+    )
+    ap.add_argument(
+        "--settings",
+        default="{}",
+        help='plan settings as JSON, e.g. \'{"max_hours": 2, "price_per_device_hour": 2.5}\' (PlanSettings\' fields)',
+    )
     args = ap.parse_args(argv)
     import torch
 
@@ -824,10 +1119,18 @@ def main(argv: list[str] | None = None) -> int:
     root = args.storage_root or cfg.output_dir
     throughput, note, calibration = None, "no --report or --calibrate: no time or cost estimate", None
     if args.report:
-        plan = make_plan(cfg, replace(settings, throughput="none", max_hours=None, max_cost=None), args.ranks,
-                         per_host, cuda, root)
-        throughput, note = from_report(json.loads(Path(args.report).read_text()), cfg, plan.shape, args.ranks,
-                                       device_name(), plan.precision, plan.seq_len)
+        plan = make_plan(
+            cfg, replace(settings, throughput="none", max_hours=None, max_cost=None), args.ranks, per_host, cuda, root
+        )
+        throughput, note = from_report(
+            json.loads(Path(args.report).read_text()),
+            cfg,
+            plan.shape,
+            args.ranks,
+            device_name(),
+            plan.precision,
+            plan.seq_len,
+        )
     if args.calibrate and throughput is None:
         calibration = calibrate_here(cfg, args.ranks, Path(cfg.output_dir) / "calibration", settings.calibration_steps)
         throughput = from_calibration(calibration)
@@ -854,11 +1157,20 @@ def calibrate_here(cfg: TrainConfig, ranks: int, scratch: Path, steps: int) -> d
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     spec = scratch / "calibration_spec.json"
-    spec.write_text(json.dumps({"train": calibrate.calibration_config(cfg, scratch, steps + calibrate.PROFILED_STEPS).to_dict(),
-                                "steps": steps, "profiled_steps": calibrate.PROFILED_STEPS, "measure_checkpoint": True}))
+    spec.write_text(
+        json.dumps(
+            {
+                "train": calibrate.calibration_config(cfg, scratch, steps + calibrate.PROFILED_STEPS).to_dict(),
+                "steps": steps,
+                "profiled_steps": calibrate.PROFILED_STEPS,
+                "measure_checkpoint": True,
+            }
+        )
+    )
 
-    cmd = shlex.split(launch_commands(str(spec), ["localhost"], ranks, python=sys.executable,
-                                      module=calibrate.MODULE)["torchrun"][0])
+    cmd = shlex.split(
+        launch_commands(str(spec), ["localhost"], ranks, python=sys.executable, module=calibrate.MODULE)["torchrun"][0]
+    )
     log = scratch / "calibration.log"
     code = run_in_group(cmd, dict(os.environ), log, 10.0)
     if code != 0:

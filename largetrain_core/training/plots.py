@@ -85,8 +85,15 @@ def bars_png(panels: list[tuple[str, dict[str, float | None], str]], baseline: s
                 text = "n/a" if v is None else "baseline" if n == baseline else f"{v:.3g}"
             else:
                 text = f"{v - base:+.3f}" if how == "difference" else f"{v / base:.2f}x" if base else f"{v:.3g}"
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                        fontsize=8, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(True, axis="y", alpha=0.3)

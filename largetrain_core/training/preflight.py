@@ -23,7 +23,11 @@ def tracker_problems(cfg: TrainConfig) -> list[str]:
     from largetrain_core.training.trackers import TRACKERS
 
     unknown = [t for t in cfg.tracking.report_to if t not in TRACKERS]
-    return [f"report_to must list distinct trackers among {sorted(TRACKERS)}, not {cfg.tracking.report_to}"] if unknown else []
+    return (
+        [f"report_to must list distinct trackers among {sorted(TRACKERS)}, not {cfg.tracking.report_to}"]
+        if unknown
+        else []
+    )
 
 
 def check_config(cfg: TrainConfig, cuda: Optional[bool] = None) -> None:
@@ -52,8 +56,10 @@ def input_problems(cfg: TrainConfig) -> list[str]:
     data = TokenShards(cfg.train_shards, "train")  # a local path or a URL: the manifest, no shard read
     p = [] if len(data) else [f"{cfg.train_shards}: the train split holds no sequence"]
     if cfg.evaluation.eval_strategy != "no" and not len(TokenShards(cfg.train_shards, "validation")):
-        p.append(f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to evaluate on; "
-                 "make the shards with validation_fraction > 0 or set eval_strategy 'no'")
+        p.append(
+            f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to evaluate on; "
+            "make the shards with validation_fraction > 0 or set eval_strategy 'no'"
+        )
     resume = cfg.checkpointing.resume_from_checkpoint
     if resume not in ("auto", "never"):
         from largetrain_core.training.checkpoints import verify
@@ -69,12 +75,16 @@ def input_problems(cfg: TrainConfig) -> list[str]:
         model = meta_model(local_copy(base))
         positions = getattr(model.config, "max_position_embeddings", None)
         if positions is not None and positions < data.seq_len:
-            p.append(f"the base model {base} takes at most max_position_embeddings={positions} positions, "
-                     f"the shards {cfg.train_shards} hold sequences of seq_len={data.seq_len} tokens: re-materialize "
-                     f"the token shards with seq_len <= {positions}, or use a base model with longer positions")
+            p.append(
+                f"the base model {base} takes at most max_position_embeddings={positions} positions, "
+                f"the shards {cfg.train_shards} hold sequences of seq_len={data.seq_len} tokens: re-materialize "
+                f"the token shards with seq_len <= {positions}, or use a base model with longer positions"
+            )
         if model.config.vocab_size < data.manifest["vocab_size"]:
-            p.append(f"{cfg.train_shards}: token ids up to {data.manifest['vocab_size'] - 1} do not fit the base "
-                     f"model's vocabulary of {model.config.vocab_size}: tokenize with the base model's tokenizer")
+            p.append(
+                f"{cfg.train_shards}: token ids up to {data.manifest['vocab_size'] - 1} do not fit the base "
+                f"model's vocabulary of {model.config.vocab_size}: tokenize with the base model's tokenizer"
+            )
         p += target_problems(model, cfg.lora)
     return p
 

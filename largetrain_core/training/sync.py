@@ -54,19 +54,26 @@ def localize(cfg, barrier=None):
     the shards are streamed (largetrain_core.shards.TokenShards).
     ``cfg`` is a TrainConfig; a config without URLs is returned as it is."""
     remote = RemoteOutput(cfg.output_dir) if fs.is_url(cfg.output_dir) else None
-    inputs = {k: getattr(cfg.model, k) for k in ("base_model", "tokenizer")
-              if isinstance(getattr(cfg.model, k), str) and fs.is_url(getattr(cfg.model, k))}
+    inputs = {
+        k: getattr(cfg.model, k)
+        for k in ("base_model", "tokenizer")
+        if isinstance(getattr(cfg.model, k), str) and fs.is_url(getattr(cfg.model, k))
+    }
     if cfg.model.tokenizer is None and fs.is_url(cfg.train_shards):  # the export takes the tokenizer beside the shards
         inputs["tokenizer"] = cfg.train_shards
     if fs.is_url(cfg.checkpointing.resume_from_checkpoint):
-        raise ValueError(f"resume_from_checkpoint {fs.redact(cfg.checkpointing.resume_from_checkpoint)}: a URL is not taken; use "
-                         "auto (the newest complete checkpoint under output_dir, in the bucket too), never, or a local directory")
+        raise ValueError(
+            f"resume_from_checkpoint {fs.redact(cfg.checkpointing.resume_from_checkpoint)}: a URL is not taken; use "
+            "auto (the newest complete checkpoint under output_dir, in the bucket too), never, or a local directory"
+        )
 
     def fetch() -> dict:
         if remote is not None:
             remote.local.mkdir(parents=True, exist_ok=True)
             remote.pull_records()
-        return {k: str(local_files(v, TOKENIZER_FILES) if k == "tokenizer" else local_copy(v)) for k, v in inputs.items()}
+        return {
+            k: str(local_files(v, TOKENIZER_FILES) if k == "tokenizer" else local_copy(v)) for k, v in inputs.items()
+        }
 
     changes = fetch() if node_leader() else {}
     if barrier is not None and inputs:
@@ -97,14 +104,19 @@ class RemoteOutput:
         every node's first rank, after every local rank's ``save_checkpoint`` returned."""
         files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MARKER and not p.name.startswith("."))
         if files:
-            self.fsys.put([str(p) for p in files], [self._ckpt(f"{ckpt.name}/{p.relative_to(ckpt).as_posix()}") for p in files])
+            self.fsys.put(
+                [str(p) for p in files], [self._ckpt(f"{ckpt.name}/{p.relative_to(ckpt).as_posix()}") for p in files]
+            )
 
     def complete_files(self, ckpt: Path) -> dict:
         """{relative path: size} of every uploaded file of checkpoint ``ckpt``: one listing of the bucket,
         after a barrier behind every node's :meth:`push_checkpoint`."""
         base = self._ckpt(ckpt.name)
-        return {p[len(base) + 1:]: int(info["size"]) for p, info in sorted(self.fsys.find(base, detail=True).items())
-                if not p.endswith(f"/{MARKER}")}
+        return {
+            p[len(base) + 1 :]: int(info["size"])
+            for p, info in sorted(self.fsys.find(base, detail=True).items())
+            if not p.endswith(f"/{MARKER}")
+        }
 
     def push_marker_from(self, ckpt: Path) -> None:
         """Upload ``ckpt``'s new COMPLETE.json (written as ``.COMPLETE.json.tmp`` by
@@ -135,7 +147,9 @@ class RemoteOutput:
             names = [p.rsplit("/", 1)[1] for p in self.fsys.ls(self._ckpt(), detail=False)]
         except FileNotFoundError:
             return []
-        for name in sorted((n for n in names if re.fullmatch(r"step-\d+", n)), key=lambda n: int(n.split("-")[1]), reverse=True):
+        for name in sorted(
+            (n for n in names if re.fullmatch(r"step-\d+", n)), key=lambda n: int(n.split("-")[1]), reverse=True
+        ):
             try:
                 marker = json.loads(self.fsys.cat_file(self._ckpt(f"{name}/{MARKER}")))
             except (FileNotFoundError, ValueError):
@@ -155,8 +169,11 @@ class RemoteOutput:
         _, name, marker = complete[0]
         local = ckpt_root / name
         mine = local / MARKER
-        if mine.exists() and json.loads(mine.read_text()) == marker and all(
-                (local / f).exists() and (local / f).stat().st_size == s for f, s in marker["files"].items()):
+        if (
+            mine.exists()
+            and json.loads(mine.read_text()) == marker
+            and all((local / f).exists() and (local / f).stat().st_size == s for f, s in marker["files"].items())
+        ):
             return name
         log.info(f"downloading checkpoint {name} from {fs.redact(self.url)}")
         tmp = ckpt_root / f".download-{name}-{os.getpid()}"
@@ -190,8 +207,11 @@ class RemoteOutput:
         """Upload everything under the work directory but :data:`NOT_OUTPUTS` (the exported model or
         adapter, metrics, summary, curves, trackers' files) to the output URL (rank 0, at the end).
         Returns the relative paths uploaded."""
-        files = sorted(p for p in self.local.rglob("*") if p.is_file()
-                       and p.relative_to(self.local).parts[0] not in NOT_OUTPUTS and not p.name.startswith(".tmp"))
+        files = sorted(
+            p
+            for p in self.local.rglob("*")
+            if p.is_file() and p.relative_to(self.local).parts[0] not in NOT_OUTPUTS and not p.name.startswith(".tmp")
+        )
         rels = [p.relative_to(self.local).as_posix() for p in files]
         if files:
             self.fsys.put([str(p) for p in files], [f"{self.root}/{r}" for r in rels])

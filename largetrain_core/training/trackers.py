@@ -105,8 +105,16 @@ class WandbTracker(Tracker):
         import wandb
 
         run_id = resume_run_id or uuid.uuid4().hex[:8]
-        self.run = wandb.init(project=s.project, entity=s.entity, name=config.tracking.run_name, mode=s.mode, id=run_id,
-                              resume="allow", dir=config.output_dir, config=config.to_dict())
+        self.run = wandb.init(
+            project=s.project,
+            entity=s.entity,
+            name=config.tracking.run_name,
+            mode=s.mode,
+            id=run_id,
+            resume="allow",
+            dir=config.output_dir,
+            config=config.to_dict(),
+        )
         record = {"run_id": run_id, "project": s.project, "mode": s.mode}
         if s.mode == "offline":
             runs = Path(config.output_dir).resolve() / "wandb"
@@ -150,10 +158,12 @@ def mlflow_location(config: TrainConfig) -> tuple[str, str | None]:
     other stores the server decides (None)."""
     uri = config.tracking.mlflow.tracking_uri or f"sqlite:///{Path(config.output_dir).resolve().parent / 'mlruns.db'}"
     if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
+        db = Path(uri[len("sqlite:///") :])
         db.parent.mkdir(parents=True, exist_ok=True)
         artifacts = stored_location(db.parent / "mlartifacts")  # a database in an object-store root's working copy:
-        return uri, artifacts if "://" in artifacts else (db.parent / "mlartifacts").as_uri()  # its artefacts go to the bucket
+        return uri, artifacts if "://" in artifacts else (
+            db.parent / "mlartifacts"
+        ).as_uri()  # its artefacts go to the bucket
     return uri, None
 
 
@@ -182,10 +192,15 @@ class MlflowTracker(Tracker):
         logged = run.data.params  # MLflow params are immutable: a resumed run logs only the new ones
         params = [Param(k, v) for k, v in _flat_params(config.to_dict()).items() if k not in logged]
         for i in range(0, len(params), 100):  # log_batch takes at most 100 params
-            self.client.log_batch(self.run_id, params=params[i:i + 100])
-        return {"run_id": self.run_id, "tracking_uri": uri, "experiment_id": exp_id,
-                "experiment_name": config.tracking.mlflow.experiment_name, "artifact_uri": run.info.artifact_uri,
-                "ui_command": f"mlflow ui --backend-store-uri {uri}"}
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
+        return {
+            "run_id": self.run_id,
+            "tracking_uri": uri,
+            "experiment_id": exp_id,
+            "experiment_name": config.tracking.mlflow.experiment_name,
+            "artifact_uri": run.info.artifact_uri,
+            "ui_command": f"mlflow ui --backend-store-uri {uri}",
+        }
 
     def _experiment(self, name: str, artifacts: str | None) -> str:
         from mlflow.exceptions import MlflowException
@@ -209,7 +224,9 @@ class MlflowTracker(Tracker):
             log.warning(f"MLflow run {run_id} of the previous start is not in this store: starting a new run")
             return None
         if run.info.experiment_id != exp_id:
-            log.warning(f"MLflow run {run_id} belongs to experiment {run.info.experiment_id}, not {exp_id}: starting a new run")
+            log.warning(
+                f"MLflow run {run_id} belongs to experiment {run.info.experiment_id}, not {exp_id}: starting a new run"
+            )
             return None
         self.client.update_run(run_id, status="RUNNING")
         return run
@@ -218,8 +235,11 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        batch = [
+            Metric(k, float(v), now, step)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
 
@@ -260,8 +280,10 @@ class DagsterPipesTracker(Tracker):
 
     def start(self, config, resume_run_id):
         if not os.environ.get("DAGSTER_PIPES_CONTEXT"):
-            log.warning("report_to lists dagster_pipes, but this process was not launched through Dagster Pipes "
-                        "(no DAGSTER_PIPES_CONTEXT): nothing is reported to Dagster")
+            log.warning(
+                "report_to lists dagster_pipes, but this process was not launched through Dagster Pipes "
+                "(no DAGSTER_PIPES_CONTEXT): nothing is reported to Dagster"
+            )
             return None
         from dagster_pipes import open_dagster_pipes
 

@@ -118,13 +118,21 @@ class Trainer:
             if self.step % cfg.tracking.logging_steps == 0 or self.step == cfg.schedule.max_steps or "eval_loss" in row:
                 left = (time.perf_counter() - t_run) / self.steps_this_run * (cfg.schedule.max_steps - self.step)
                 evaluated = f", validation loss {row['eval_loss']:.4f}" if "eval_loss" in row else ""
-                self.info(f"step {self.step}/{cfg.schedule.max_steps} loss {row['loss']:.4f}{evaluated} lr {row['lr']:.2e} "
-                          f"{row['tokens_per_s']:.0f} tokens/s ETA {_duration(left)}")
+                self.info(
+                    f"step {self.step}/{cfg.schedule.max_steps} loss {row['loss']:.4f}{evaluated} lr {row['lr']:.2e} "
+                    f"{row['tokens_per_s']:.0f} tokens/s ETA {_duration(left)}"
+                )
             if self.early["stopped"]:
-                self.info(f"early stopping at step {self.step}: no validation loss below "
-                          f"{self.early['best_eval_loss']:.4f} (step {self.early['best_eval_step']}) by more than "
-                          f"{cfg.evaluation.early_stopping_threshold} nats in {cfg.evaluation.early_stopping_patience} evaluations")
-            if self.step % cfg.checkpointing.save_steps == 0 or self.step == cfg.schedule.max_steps or self.early["stopped"]:
+                self.info(
+                    f"early stopping at step {self.step}: no validation loss below "
+                    f"{self.early['best_eval_loss']:.4f} (step {self.early['best_eval_step']}) by more than "
+                    f"{cfg.evaluation.early_stopping_threshold} nats in {cfg.evaluation.early_stopping_patience} evaluations"
+                )
+            if (
+                self.step % cfg.checkpointing.save_steps == 0
+                or self.step == cfg.schedule.max_steps
+                or self.early["stopped"]
+            ):
                 self.save()
             if cfg.checkpointing.preemption_save:
                 self.stop_if_preempted()
@@ -140,9 +148,11 @@ class Trainer:
         cfg = self.cfg
         self.precision, self.precision_reason = resolve_precision(cfg.precision.dtype, self.cuda)
         self.info(f"precision {self.precision}: {self.precision_reason}")
-        self.info(f"world size {self.world}, device {self.device.type}, ZeRO stage {cfg.parallelism.zero_stage}, "
-                  f"activation checkpointing {'on' if cfg.parallelism.activation_checkpointing else 'off'}, "
-                  f"torch threads per rank {torch.get_num_threads()}")
+        self.info(
+            f"world size {self.world}, device {self.device.type}, ZeRO stage {cfg.parallelism.zero_stage}, "
+            f"activation checkpointing {'on' if cfg.parallelism.activation_checkpointing else 'off'}, "
+            f"torch threads per rank {torch.get_num_threads()}"
+        )
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -153,45 +163,65 @@ class Trainer:
         if cfg.evaluation.eval_strategy != "no":
             self.validation = TokenShards(cfg.train_shards, "validation")
             if len(self.validation) == 0:
-                raise ValueError(f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to "
-                                 "evaluate on; make the shards with validation_fraction > 0 or set eval_strategy 'no'")
+                raise ValueError(
+                    f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to "
+                    "evaluate on; make the shards with validation_fraction > 0 or set eval_strategy 'no'"
+                )
             # strided over the first eval_max_sequences: every rank a share, the same sequences every time
             n = min(len(self.validation), cfg.evaluation.eval_max_sequences)
             self.eval_indices = np.arange(self.rank, n, self.world)
-            self.eval_batches = math.ceil(math.ceil(n / self.world) / cfg.schedule.micro_batch_size)  # rank 0's, the most
+            self.eval_batches = math.ceil(
+                math.ceil(n / self.world) / cfg.schedule.micro_batch_size
+            )  # rank 0's, the most
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
         self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")
         self.resumed_from, load_from = self.resume_point()
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=deepspeed_config(cfg, self.world, self.precision, load_universal=load_from != self.resumed_from))
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=deepspeed_config(cfg, self.world, self.precision, load_universal=load_from != self.resumed_from),
+        )
         self.resume(load_from)
-        self.sampler = DistributedSampler(len(self.data), seed=cfg.seed, rank=self.rank, world_size=self.world,
-                                          shard_sizes=tuple(self.data.shard_sizes),
-                                          window_shards=cfg.schedule.shuffle_window_shards)
-        self.data.follow(self.sampler, cfg.schedule.micro_batch_size, lambda: self.consumed)  # streamed shards: prefetch
-        self.tokens_per_step = cfg.schedule.micro_batch_size * cfg.schedule.gradient_accumulation_steps * self.world * self.data.seq_len
+        self.sampler = DistributedSampler(
+            len(self.data),
+            seed=cfg.seed,
+            rank=self.rank,
+            world_size=self.world,
+            shard_sizes=tuple(self.data.shard_sizes),
+            window_shards=cfg.schedule.shuffle_window_shards,
+        )
+        self.data.follow(
+            self.sampler, cfg.schedule.micro_batch_size, lambda: self.consumed
+        )  # streamed shards: prefetch
+        self.tokens_per_step = (
+            cfg.schedule.micro_batch_size * cfg.schedule.gradient_accumulation_steps * self.world * self.data.seq_len
+        )
         mcfg = (model.get_base_model() if cfg.mode == "lora" else model).config
         self.vocab_size = mcfg.vocab_size  # the logits' width: a uniform prediction's loss is ln of it
         shape = (mcfg.num_hidden_layers, mcfg.hidden_size, self.data.seq_len)
         self.flops_per_token = model_flops_per_token(self.n_params, *shape, n_trainable=self.n_trainable)
         self.mfu_formula = flops_formula(self.n_params, self.n_trainable, *shape)
-        self.peak, self.peak_source = job_peak_flops(cfg.tracking.peak_flops, self.cuda, self.world,
-                                                     int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
+        self.peak, self.peak_source = job_peak_flops(
+            cfg.tracking.peak_flops, self.cuda, self.world, int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        )
         self.info(f"{self.mfu_formula}; peak {self.peak or float('nan'):.3g} FLOP/s: {self.peak_source}")
 
     def build_model(self):
         """The preset built from scratch (pretrain) or the base model with a fresh LoRA adapter (lora)."""
         cfg, m = self.cfg, self.data.manifest
         if cfg.mode == "pretrain":
-            model = build_model(cfg.model.preset, m["vocab_size"], self.data.seq_len, m["eos_id"], m.get("bos_id"), seed=cfg.seed)
+            model = build_model(
+                cfg.model.preset, m["vocab_size"], self.data.seq_len, m["eos_id"], m.get("bos_id"), seed=cfg.seed
+            )
         else:
             with concerning(cfg.model.base_model, "loading the base model"):
                 model = load_model(Path(cfg.model.base_model))
             if model.config.vocab_size < m["vocab_size"]:
-                raise ValueError(f"{cfg.train_shards}: token ids up to {m['vocab_size'] - 1} "
-                                 f"do not fit the base model's vocabulary of {model.config.vocab_size}")
+                raise ValueError(
+                    f"{cfg.train_shards}: token ids up to {m['vocab_size'] - 1} "
+                    f"do not fit the base model's vocabulary of {model.config.vocab_size}"
+                )
         if cfg.parallelism.activation_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if cfg.mode == "lora":
@@ -213,8 +243,10 @@ class Trainer:
         self.resumed_world = checkpoints.saved_topology(ckpt)["world_size"] if ckpt else None
         if ckpt is None or not checkpoints.needs_universal(ckpt, self.world, self.cfg.parallelism.zero_stage):
             return ckpt, ckpt
-        self.info(f"{ckpt} was written by {self.resumed_world} ranks, this run has {self.world}: "
-                  "loading it through DeepSpeed's universal checkpoint format")
+        self.info(
+            f"{ckpt} was written by {self.resumed_world} ranks, this run has {self.world}: "
+            "loading it through DeepSpeed's universal checkpoint format"
+        )
         if self.rank == 0:
             checkpoints.universal(ckpt, self.ckpt_root)
         dist.barrier()
@@ -228,8 +260,10 @@ class Trainer:
             return
         client = checkpoints.load(self.engine, load_from, self.rank)
         if client["config_hash"] != cfg.config_hash():
-            self.info(f"warning: {self.resumed_from} was written with config {client['config_hash']}, "
-                      f"this run is {cfg.config_hash()}")
+            self.info(
+                f"warning: {self.resumed_from} was written with config {client['config_hash']}, "
+                f"this run is {cfg.config_hash()}"
+            )
         self.step, self.consumed = client["step"], client["consumed_samples"]
         self.early.update(client.get("early_stopping", {}))
         self.info(f"resumed from {self.resumed_from} at step {self.step}, {self.consumed} samples consumed")
@@ -269,24 +303,35 @@ class Trainer:
             return
         if row["step_skipped"]:
             scale = f", loss scale now {row['loss_scale']:g}" if "loss_scale" in row else ""
-            self.step_warnings.warn("skipped-step", f"step {self.step} skipped by DeepSpeed: the gradients overflowed "
-                                                    f"(not finite), the weights were not updated{scale}")
+            self.step_warnings.warn(
+                "skipped-step",
+                f"step {self.step} skipped by DeepSpeed: the gradients overflowed "
+                f"(not finite), the weights were not updated{scale}",
+            )
         if not math.isfinite(row["loss"]):
             self.step_warnings.warn("non-finite-loss", f"step {self.step}: loss {row['loss']} is not finite")
         grad_norm = row.get("grad_norm")
         if grad_norm is not None and not math.isfinite(grad_norm) and not row["step_skipped"]:
-            self.step_warnings.warn("non-finite-gradient-norm", f"step {self.step}: gradient norm {grad_norm} is not "
-                                                                "finite; the update reached the weights (the training diverges: "
-                                                                "lower the learning rate)")
+            self.step_warnings.warn(
+                "non-finite-gradient-norm",
+                f"step {self.step}: gradient norm {grad_norm} is not "
+                "finite; the update reached the weights (the training diverges: "
+                "lower the learning rate)",
+            )
 
     def step_metrics(self, loss: float, dt: float) -> dict:
         """loss, lr, grad_norm, tokens_per_s, step_time_s (s), consumed_samples, mfu; loss_scale and
         skipped_steps (DeepSpeed's count, kept in checkpoints) in fp16; peak_memory_gib (CUDA allocator) or peak_rss_gib (CPU, this rank)."""
         grad_norm = self.engine.get_global_grad_norm()
-        row = {"loss": loss, "lr": self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.optimizer.learning_rate,
-               "grad_norm": float(grad_norm) if grad_norm is not None else None,
-               "tokens_per_s": self.tokens_per_step / dt, "step_time_s": dt, "consumed_samples": self.consumed,
-               "mfu": mfu(self.tokens_per_step / dt, self.flops_per_token, self.peak)}
+        row = {
+            "loss": loss,
+            "lr": self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.optimizer.learning_rate,
+            "grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "tokens_per_s": self.tokens_per_step / dt,
+            "step_time_s": dt,
+            "consumed_samples": self.consumed,
+            "mfu": mfu(self.tokens_per_step / dt, self.flops_per_token, self.peak),
+        }
         if self.precision == "fp16":
             opt = self.optimizer
             row["loss_scale"] = float(getattr(opt, "cur_scale", getattr(opt, "loss_scale", float("nan"))))
@@ -301,7 +346,9 @@ class Trainer:
         Every rank takes part. Eval mode, no gradients, every RNG state restored afterwards; updates the
         early-stopping state."""
         cfg = self.cfg
-        if self.eval_indices is None or not (self.step % cfg.evaluation.eval_steps == 0 or self.step == cfg.schedule.max_steps):
+        if self.eval_indices is None or not (
+            self.step % cfg.evaluation.eval_steps == 0 or self.step == cfg.schedule.max_steps
+        ):
             return {}
         t0 = time.perf_counter()
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # nats, target tokens
@@ -312,9 +359,11 @@ class Trainer:
                 # layer from all ranks in every forward): a rank short of sequences runs sequence 0 and
                 # does not count it.
                 for start in range(0, self.eval_batches * cfg.schedule.micro_batch_size, cfg.schedule.micro_batch_size):
-                    idx = self.eval_indices[start:start + cfg.schedule.micro_batch_size]
+                    idx = self.eval_indices[start : start + cfg.schedule.micro_batch_size]
                     counted = len(idx) > 0
-                    batch = torch.from_numpy(self.validation.take(idx if counted else [0]).astype(np.int64)).to(self.device)
+                    batch = torch.from_numpy(self.validation.take(idx if counted else [0]).astype(np.int64)).to(
+                        self.device
+                    )
                     nats = next_token_loss(self.engine, batch, reduction="sum")
                     if counted:
                         sums[0] += nats.double()
@@ -331,10 +380,16 @@ class Trainer:
         e["bad_evals"] = 0 if enough else e["bad_evals"] + 1
         if e["best_eval_loss"] is None or loss < e["best_eval_loss"]:
             e.update(best_eval_loss=loss, best_eval_step=self.step)
-        if cfg.evaluation.early_stopping_patience is not None and e["bad_evals"] >= cfg.evaluation.early_stopping_patience:
+        if (
+            cfg.evaluation.early_stopping_patience is not None
+            and e["bad_evals"] >= cfg.evaluation.early_stopping_patience
+        ):
             e["stopped"] = True
-        return {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else math.inf,
-                "eval_seconds": seconds}
+        return {
+            "eval_loss": loss,
+            "eval_perplexity": math.exp(loss) if loss < 700 else math.inf,
+            "eval_seconds": seconds,
+        }
 
     def stop_if_preempted(self) -> None:
         """After a step: whether any rank got SIGTERM (launch.defer_sigterm), agreed by an all_reduce (MAX)
@@ -349,24 +404,41 @@ class Trainer:
         ck = self.cfg.checkpointing
         age = None if self.saved_step is None else self.step - self.saved_step
         if age is None or age >= ck.preemption_min_new_steps:
-            self.info(f"preempted (SIGTERM) after step {self.step}: saving checkpoint {checkpoints.tag(self.step)} "
-                      f"within preemption_grace_seconds {ck.preemption_grace_seconds:g}")
+            self.info(
+                f"preempted (SIGTERM) after step {self.step}: saving checkpoint {checkpoints.tag(self.step)} "
+                f"within preemption_grace_seconds {ck.preemption_grace_seconds:g}"
+            )
             self.save()
             saved = f"saved checkpoint {checkpoints.tag(self.step)}"
         else:
             saved = f"kept checkpoint {checkpoints.tag(self.saved_step)}"
-            self.info(f"preempted (SIGTERM) after step {self.step}: preemption save skipped, checkpoint "
-                      f"{checkpoints.tag(self.saved_step)} is {age} step(s) old (< preemption_min_new_steps "
-                      f"{ck.preemption_min_new_steps})")
+            self.info(
+                f"preempted (SIGTERM) after step {self.step}: preemption save skipped, checkpoint "
+                f"{checkpoints.tag(self.saved_step)} is {age} step(s) old (< preemption_min_new_steps "
+                f"{ck.preemption_min_new_steps})"
+            )
         raise preempted(f"preempted: SIGTERM, stopped after step {self.step} and {saved}")
 
     def save(self) -> None:
         """A complete checkpoint of the current step (checkpoints.save), with the sampler's position."""
-        client = {"consumed_samples": self.consumed, "sampler_seed": self.cfg.seed,
-                  "sampler_epoch": self.consumed // len(self.data), "config_hash": self.cfg.config_hash(),
-                  "early_stopping": dict(self.early)}
-        checkpoints.save(self.engine, self.ckpt_root, self.step, client, self.cfg.checkpointing.save_total_limit, self.rank,
-                         self.world, dist, self.remote)
+        client = {
+            "consumed_samples": self.consumed,
+            "sampler_seed": self.cfg.seed,
+            "sampler_epoch": self.consumed // len(self.data),
+            "config_hash": self.cfg.config_hash(),
+            "early_stopping": dict(self.early),
+        }
+        checkpoints.save(
+            self.engine,
+            self.ckpt_root,
+            self.step,
+            client,
+            self.cfg.checkpointing.save_total_limit,
+            self.rank,
+            self.world,
+            dist,
+            self.remote,
+        )
         self.saved_step = self.step
         self.info(f"checkpoint {checkpoints.tag(self.step)} complete")
 
@@ -386,12 +458,19 @@ class Trainer:
             self.step_warnings.flush()
             rows = read_metrics(self.out / METRICS)
             summary.update(step_counts(rows))  # every start's steps, a redone step once
-            summary["mean_mfu"] = (sum(r["mfu"] for r in rows if r.get("mfu")) / len(rows)) if self.peak and rows else None
+            summary["mean_mfu"] = (
+                (sum(r["mfu"] for r in rows if r.get("mfu")) / len(rows)) if self.peak and rows else None
+            )
             evals = [r for r in rows if r.get("eval_loss") is not None]  # every start's, a resumed run's too
             if evals:
                 best = min(evals, key=lambda r: r["eval_loss"])
-                summary.update(eval_loss=evals[-1]["eval_loss"], eval_perplexity=evals[-1]["eval_perplexity"],
-                               eval_step=evals[-1]["step"], best_eval_loss=best["eval_loss"], best_eval_step=best["step"])
+                summary.update(
+                    eval_loss=evals[-1]["eval_loss"],
+                    eval_perplexity=evals[-1]["eval_perplexity"],
+                    eval_step=evals[-1]["step"],
+                    best_eval_loss=best["eval_loss"],
+                    best_eval_step=best["step"],
+                )
             title = {"pretrain": "pretraining", "lora": "LoRA adapter"}[self.cfg.mode]
             summary["loss_curve"] = str(training_curves_png(rows, self.out / "loss_curve.png", title))
             write_json_atomic(self.out / "summary.json", summary)
@@ -410,18 +489,33 @@ class Trainer:
         """The run's totals; tokens/s and MFU over this start's wall time less its evaluations."""
         train_s = elapsed - self.eval_seconds
         tps = (self.steps_this_run * self.tokens_per_step / train_s) if self.steps_this_run else None
-        return {"steps": self.step, "steps_this_run": self.steps_this_run, "first_loss": self.first_loss,
-                "last_loss": self.last_loss, "tokens_per_s": tps, "mfu": mfu(tps, self.flops_per_token, self.peak),
-                "peak_flops": self.peak, "peak_flops_source": self.peak_source, "flops_per_token": self.flops_per_token,
-                "mfu_formula": self.mfu_formula, "stopped_early": self.early["stopped"], "eval_seconds": self.eval_seconds,
-                "resumed_from": str(self.resumed_from) if self.resumed_from else None,
-                "resumed_from_step": self.step - self.steps_this_run if self.resumed_from else None,
-                "resumed_from_world_size": self.resumed_world,
-                "tokens_seen": self.consumed * self.data.seq_len, "precision": self.precision,
-                "precision_reason": self.precision_reason, "world_size": self.world, "zero_stage": self.cfg.parallelism.zero_stage,
-                "parameters": self.n_params, "trainable_parameters": self.n_trainable, "vocab_size": self.vocab_size,
-                "output": str(export_dir),
-                "train_seconds": elapsed}
+        return {
+            "steps": self.step,
+            "steps_this_run": self.steps_this_run,
+            "first_loss": self.first_loss,
+            "last_loss": self.last_loss,
+            "tokens_per_s": tps,
+            "mfu": mfu(tps, self.flops_per_token, self.peak),
+            "peak_flops": self.peak,
+            "peak_flops_source": self.peak_source,
+            "flops_per_token": self.flops_per_token,
+            "mfu_formula": self.mfu_formula,
+            "stopped_early": self.early["stopped"],
+            "eval_seconds": self.eval_seconds,
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+            "resumed_from_step": self.step - self.steps_this_run if self.resumed_from else None,
+            "resumed_from_world_size": self.resumed_world,
+            "tokens_seen": self.consumed * self.data.seq_len,
+            "precision": self.precision,
+            "precision_reason": self.precision_reason,
+            "world_size": self.world,
+            "zero_stage": self.cfg.parallelism.zero_stage,
+            "parameters": self.n_params,
+            "trainable_parameters": self.n_trainable,
+            "vocab_size": self.vocab_size,
+            "output": str(export_dir),
+            "train_seconds": elapsed,
+        }
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -41,5 +41,7 @@ def tiny_lineage(tmp_path_factory) -> Lineage:
     defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
         runs = materialize_lineage(lineage_assets(), defs.resources, instance, tiny_run_config(corpora))
-        assert runs.success, [e.event_specific_data.error.message for r in runs.results for e in r.all_events if e.is_step_failure]
+        assert runs.success, [
+            e.event_specific_data.error.message for r in runs.results for e in r.all_events if e.is_step_failure
+        ]
         yield Lineage(root, corpora, instance, runs)

@@ -39,27 +39,47 @@ VARYING = {
     "train.log": "timings and paths in the torchrun / DeepSpeed log",
     "loss_curve.png": "the plot's title carries no path, and its curves are of the same losses: compared exactly",
     "adapter_config.json": "PEFT records base_model_name_or_path, the absolute path of the base model directory, and "
-                           "writes target_modules from a Python set, in an order that changes with PYTHONHASHSEED "
-                           "(compared as a set)",
+    "writes target_modules from a Python set, in an order that changes with PYTHONHASHSEED "
+    "(compared as a set)",
     "mp_rank_00_model_states.pt": "the DeepSpeed checkpoint's client state holds train.py's config_hash, which covers "
-                                  "the shard and base model paths (weights, RNG states, step compared exactly; the "
-                                  "ZeRO optimizer shards are byte-identical)",
+    "the shard and base model paths (weights, RNG states, step compared exactly; the "
+    "ZeRO optimizer shards are byte-identical)",
     "README.md": "the model card names the corpus directory, the provenance's fetch time and (adapter) PEFT's "
-                 "base_model path",
+    "base_model path",
     "lineage.json": "the same facts as the model card, as JSON (compared without the corpus location)",
     "benchmark.json": "lm-evaluation-harness's record names the evaluated model and adapter directories by absolute "
-                      "path (compared without them: every score, count, task and the cloze's files)",
+    "path (compared without them: every score, count, task and the cloze's files)",
     "_COMMITTED.json": "the commit marker holds the xxh3-128 of _manifest.json, which differs by its file times "
-                       "(compared without it)",
+    "(compared without it)",
     "plan.json": "the training plan made before the launch records this host's free memory and disk at that moment "
-                 "(the model, the config, the memory formulas and their figures, the tokens compared exactly)",
+    "(the model, the config, the memory formulas and their figures, the tokens compared exactly)",
     "plan.md": "the plan's table, with the same host figures as plan.json (compared through plan.json)",
     "_manifest.json": "every file's modification time, and the sizes and checksums of the files above (the file "
-                      "list and every other file's size and checksums compared exactly)",
+    "list and every other file's size and checksums compared exactly)",
 }
-DROP = {"seconds", "fetched_at", "tokens_per_s", "mfu", "mean_mfu", "train_seconds", "eval_seconds", "output", "loss_curve", "peak_memory_bytes",
-        "peak_memory_gib", "time", "elapsed", "step_seconds", "resumed_from", "output_dir", "train_shards",
-        "tokenizer", "base_model", "source", "tracking_uri"}
+DROP = {
+    "seconds",
+    "fetched_at",
+    "tokens_per_s",
+    "mfu",
+    "mean_mfu",
+    "train_seconds",
+    "eval_seconds",
+    "output",
+    "loss_curve",
+    "peak_memory_bytes",
+    "peak_memory_gib",
+    "time",
+    "elapsed",
+    "step_seconds",
+    "resumed_from",
+    "output_dir",
+    "train_shards",
+    "tokenizer",
+    "base_model",
+    "source",
+    "tracking_uri",
+}
 
 
 def _versions(instance) -> dict:
@@ -74,8 +94,11 @@ def _versions(instance) -> dict:
 
 def _files(root: Path) -> dict[str, Path]:
     skip = ("_handles/", "_cache/", "corpora/")
-    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.relative_to(root).as_posix().startswith(skip)}
+    return {
+        p.relative_to(root).as_posix(): p
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.relative_to(root).as_posix().startswith(skip)
+    }
 
 
 def _without(obj, drop=DROP):
@@ -113,8 +136,17 @@ def _same_but_varying(name: str, a: Path, b: Path) -> None:
         assert _without(json.loads(a.read_text())) == _without(json.loads(b.read_text())), a
     elif name == "metrics.jsonl":
         rows = [[json.loads(line) for line in p.read_text().splitlines() if line.strip()] for p in (a, b)]
-        keys = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped_steps", "tokens_seen", "eval_loss",
-                "eval_perplexity")
+        keys = (
+            "step",
+            "loss",
+            "lr",
+            "grad_norm",
+            "loss_scale",
+            "skipped_steps",
+            "tokens_seen",
+            "eval_loss",
+            "eval_perplexity",
+        )
         assert [{k: r.get(k) for k in keys} for r in rows[0]] == [{k: r.get(k) for k in keys} for r in rows[1]], a
         assert rows[0] and all(isinstance(r["loss"], float) for r in rows[0])
     elif name == "loss_curve.png":
@@ -142,8 +174,19 @@ def _same_but_varying(name: str, a: Path, b: Path) -> None:
         paths = DROP | {"model", "adapter"}
         assert _without(json.loads(a.read_text()), paths) == _without(json.loads(b.read_text()), paths), a
     elif name == "plan.json":
-        keys = ("model", "config", "memory", "precision", "seq_len", "world_size", "tokens_per_step", "tokens_total",
-                "start_step", "steps_to_run", "settings")
+        keys = (
+            "model",
+            "config",
+            "memory",
+            "precision",
+            "seq_len",
+            "world_size",
+            "tokens_per_step",
+            "tokens_total",
+            "start_step",
+            "steps_to_run",
+            "settings",
+        )
         plans = [json.loads(p.read_text()) for p in (a, b)]
         same = [{k: plan[k] for k in keys} for plan in plans]
         assert same[0] == same[1], a
@@ -159,7 +202,8 @@ def _same_but_varying(name: str, a: Path, b: Path) -> None:
 
 
 def test_same_corpus_in_two_places_gives_the_same_lineage_bit_for_bit_and_a_copied_root_reads_its_own_files(
-        tiny_lineage, tmp_path):
+    tiny_lineage, tmp_path
+):
     """Run one is the session's lineage (tests/e2e/conftest.py: the slice copied without its file times);
     run two copies the slice elsewhere with its file times, into another storage root."""
     corpus("linux-doc"), corpus("shakespeare")
@@ -179,17 +223,28 @@ def test_same_corpus_in_two_places_gives_the_same_lineage_bit_for_bit_and_a_copi
     assert "corpus version: no provenance file; content digests 000 " in summary
 
     # the same data versions for every asset and partition
-    expected = {(key.to_user_string(), p) for a in lineage_assets() for key in a.keys
-                for p in (PARTITION_KEYS if a.partitions_def else [None])}
+    expected = {
+        (key.to_user_string(), p)
+        for a in lineage_assets()
+        for key in a.keys
+        for p in (PARTITION_KEYS if a.partitions_def else [None])
+    }
     assert set(versions["one"]) == expected
     assert versions["one"] == versions["two"]
 
     # byte-identical artefacts, but for VARYING (asserted field by field)
     one, two = _files(roots["one"]), _files(roots["two"])
     assert one.keys() == two.keys()
-    kinds = {"cleaned": "cleaned_text/", "shards": "token_shards/", "tokenizer": "tokenizer/", "model": "base_checkpoint/"}
+    kinds = {
+        "cleaned": "cleaned_text/",
+        "shards": "token_shards/",
+        "tokenizer": "tokenizer/",
+        "model": "base_checkpoint/",
+    }
     for kind, where in kinds.items():
-        assert any(where in k and k.endswith((".parquet", ".arrow", "tokenizer.json", ".safetensors")) for k in one), kind
+        assert any(where in k and k.endswith((".parquet", ".arrow", "tokenizer.json", ".safetensors")) for k in one), (
+            kind
+        )
     differing = []
     for rel, a in one.items():
         b = two[rel]
@@ -203,7 +258,9 @@ def test_same_corpus_in_two_places_gives_the_same_lineage_bit_for_bit_and_a_copi
     for key in ("base_checkpoint", "lora_adapter"):
         runs = [json.loads(next((roots[n] / key).glob("*/summary.json")).read_text()) for n in ("one", "two")]
         assert runs[0]["last_loss"] == runs[1]["last_loss"] and runs[0]["first_loss"] == runs[1]["first_loss"]
-    weights = [load_file(next((roots[n] / "base_checkpoint").glob("*/model/model.safetensors"))) for n in ("one", "two")]
+    weights = [
+        load_file(next((roots[n] / "base_checkpoint").glob("*/model/model.safetensors"))) for n in ("one", "two")
+    ]
     assert weights[0].keys() == weights[1].keys() and all((weights[0][k] == weights[1][k]).all() for k in weights[0])
     ppl = [json.loads(next((roots[n] / "evaluation").glob("*/perplexity.json")).read_text()) for n in ("one", "two")]
     assert ppl[0] == ppl[1]
@@ -214,7 +271,9 @@ def test_same_corpus_in_two_places_gives_the_same_lineage_bit_for_bit_and_a_copi
     assert "Source: linux-doc-6.1 6.1.192-3 from debian;" in card
     assert versions["one"][("pretrain/token_shards", None)] in card and "| read | kept |" in card
     adapter_card = next((roots["one"] / "lora_adapter").glob("*/adapter/README.md")).read_text()
-    assert "library_name: peft" in adapter_card and "### domain corpus" in adapter_card and "## Base model" in adapter_card
+    assert (
+        "library_name: peft" in adapter_card and "### domain corpus" in adapter_card and "## Base model" in adapter_card
+    )
 
     # A copy of root two, the original gone: evaluation (removed from the copy) is recomputed from the
     # copy's model files; every other step reuses its version, its handle naming the copy's files.
@@ -225,11 +284,12 @@ def test_same_corpus_in_two_places_gives_the_same_lineage_bit_for_bit_and_a_copi
     defs = build_definitions(root=str(copy), nproc_per_node=2, wandb_mode="disabled")
     keys = ["pretrain/token_shards", "domain/token_shards", "base_checkpoint", "lora_adapter", "evaluation"]
     with DagsterInstance.ephemeral() as instance:
-        result = materialize_lineage(lineage_assets(), defs.resources, instance, tiny_run_config(corpora),
-                                     keys)
+        result = materialize_lineage(lineage_assets(), defs.resources, instance, tiny_run_config(corpora), keys)
         assert result.success
-        reused = {e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata["reused"].value
-                  for e in result.get_asset_materialization_events()}
+        reused = {
+            e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata["reused"].value
+            for e in result.get_asset_materialization_events()
+        }
         assert reused == {**{k: True for k in keys[:-1]}, "evaluation": False}
         assert _versions(instance) == {k: v for k, v in versions["one"].items() if k[0] in keys}
     for key in ("base_checkpoint", "lora_adapter", "evaluation"):
@@ -243,7 +303,9 @@ def test_a_copied_root_reads_its_own_files(tmp_path):
     the original removed; the copy runs the global steps from its own partitions."""
     corpus("linux-doc"), corpus("shakespeare")
     original, copy = tmp_path / "original", tmp_path / "elsewhere" / "copy"
-    config = {"ops": {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith(("pretrain__", "tokenizer"))}}
+    config = {
+        "ops": {k: v for k, v in tiny_run_config(CORPORA)["ops"].items() if k.startswith(("pretrain__", "tokenizer"))}
+    }
     parted = ["pretrain/raw_corpus", "pretrain/cleaned_text"]
     defs = build_definitions(root=str(original), wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
@@ -255,8 +317,9 @@ def test_a_copied_root_reads_its_own_files(tmp_path):
     shutil.rmtree(original)
     defs = build_definitions(root=str(copy), wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
-        result = materialize_lineage(lineage_assets(), defs.resources, instance, config,
-                                     parted + ["pretrain/deduplicated_text", "tokenizer"])
+        result = materialize_lineage(
+            lineage_assets(), defs.resources, instance, config, parted + ["pretrain/deduplicated_text", "tokenizer"]
+        )
         assert result.success
         reused = [m.metadata["reused"].value for m in result.asset_materializations_for_node("pretrain__cleaned_text")]
         assert reused == [True] * len(PARTITION_KEYS)  # the copy keeps every version
@@ -277,9 +340,11 @@ def test_a_copied_root_reads_its_own_files(tmp_path):
 # DeepSpeed's pointer to the newest tag (resume reads COMPLETE.json, not it) and the helper scripts it copies
 # beside the checkpoints: only the checkpoints themselves are uploaded
 LOCAL_ONLY = ("checkpoints/latest", "checkpoints/zero_to_fp32.py", "checkpoints/zero_to_torch.py")
-IN_BOTH_BUT = {"_COMMITTED.json": "the commit marker: on the object store it records every object's ETag",
-               "train.log": "uploaded after the run (timings, paths: compared nowhere, as on local disk)",
-               "trackers.json": "the trackers' run records (MLflow's run ids)"}
+IN_BOTH_BUT = {
+    "_COMMITTED.json": "the commit marker: on the object store it records every object's ETag",
+    "train.log": "uploaded after the run (timings, paths: compared nowhere, as on local disk)",
+    "trackers.json": "the trackers' run records (MLflow's run ids)",
+}
 # MLflow's store: its database stays local (in the root's working copy under the cache with an object-store
 # root), its artefacts go under the root; run ids differ between any two runs
 TRACKER_STORE = ("mlruns.db", "mlartifacts/")
@@ -314,8 +379,10 @@ def test_whole_lineage_on_an_s3_root_matches_local_disk(tmp_path, s3_bucket, mon
     corpora = copy_tiny_slice(tmp_path / "corpora", keep_times=False)
     bucket_corpora = _upload(corpora, fs.join(s3_bucket, "corpora"))
     roots = {"local": str(tmp_path / "local root"), "s3": fs.join(s3_bucket, "largetrain")}
-    configs = {"local": tiny_run_config(corpora),
-               "s3": json.loads(json.dumps(tiny_run_config(corpora)).replace(str(corpora), bucket_corpora))}
+    configs = {
+        "local": tiny_run_config(corpora),
+        "s3": json.loads(json.dumps(tiny_run_config(corpora)).replace(str(corpora), bucket_corpora)),
+    }
     assert configs["s3"]["ops"]["pretrain__raw_corpus"]["config"]["path"].startswith("s3://")
     versions, written = {}, []
     for name, root in roots.items():
@@ -337,7 +404,9 @@ def test_whole_lineage_on_an_s3_root_matches_local_disk(tmp_path, s3_bucket, mon
 
     local = _files(Path(roots["local"]))
     bucket = _files(bucket_dir)
-    only_local = sorted(k for k in set(local) - set(bucket) if not k.endswith(LOCAL_ONLY) and not k.startswith(TRACKER_STORE))
+    only_local = sorted(
+        k for k in set(local) - set(bucket) if not k.endswith(LOCAL_ONLY) and not k.startswith(TRACKER_STORE)
+    )
     only_bucket = sorted(k for k in set(bucket) - set(local) if not k.startswith(TRACKER_STORE))
     assert only_local == [] and only_bucket == []
     assert any(k.startswith("mlartifacts/") for k in bucket)  # MLflow's artefacts went to the bucket

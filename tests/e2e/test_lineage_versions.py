@@ -30,9 +30,11 @@ from largetrain_dagster.definitions import build_definitions
 from helpers.lineage import PARTITION_KEYS, is_partitioned, materialize_lineage
 from helpers.corpora import CORPORA, corpus, tiny_run_config
 
-DATA_KEYS = [f"{role}/{name}" for role in ("pretrain", "domain")
-             for name in ("raw_corpus", "cleaned_text", "deduplicated_text", "token_shards")] + [
-    "pretrain/filtered_text", "relevance_classifier", "evaluation_sets", "tokenizer"]
+DATA_KEYS = [
+    f"{role}/{name}"
+    for role in ("pretrain", "domain")
+    for name in ("raw_corpus", "cleaned_text", "deduplicated_text", "token_shards")
+] + ["pretrain/filtered_text", "relevance_classifier", "evaluation_sets", "tokenizer"]
 
 
 def data_assets(root):
@@ -44,8 +46,11 @@ def data_assets(root):
 
 
 def run_config(overrides=None):
-    ops = {k: v for k, v in tiny_run_config(CORPORA)["ops"].items()
-           if k not in ("base_checkpoint", "lora_adapter", "evaluation")}
+    ops = {
+        k: v
+        for k, v in tiny_run_config(CORPORA)["ops"].items()
+        if k not in ("base_checkpoint", "lora_adapter", "evaluation")
+    }
     for op, cfg in (overrides or {}).items():
         ops.setdefault(op, {"config": {}})["config"].update(cfg)
     return {"ops": ops}
@@ -58,9 +63,13 @@ def run(instance, assets, resources, config, keys=None, **kw):
 
 def statuses(instance, assets) -> dict[str, StaleStatus]:
     graph = AssetGraph.from_assets(assets)
-    view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
-                          instance=instance, asset_graph=graph)
+    view = AssetGraphView(
+        temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
+        instance=instance,
+        asset_graph=graph,
+    )
     resolver = CachingStaleStatusResolver(instance=instance, asset_graph=graph, loading_context=view)
+
     def status(k: str) -> StaleStatus:
         if not is_partitioned(k):
             return resolver.get_status(AssetKey.from_user_string(k))
@@ -97,22 +106,38 @@ def test_config_and_code_changes_mark_exactly_downstream_stale(tmp_path, monkeyp
 
         # Unchanged code, config and inputs: materializing again does no work (same data versions, reused).
         again = run(instance, assets, resources, run_config(), ["domain/cleaned_text"])
-        assert [m.metadata["reused"].value for m in again.asset_materializations_for_node("domain__cleaned_text")] == [True] * len(PARTITION_KEYS)
+        assert [m.metadata["reused"].value for m in again.asset_materializations_for_node("domain__cleaned_text")] == [
+            True
+        ] * len(PARTITION_KEYS)
         assert set(statuses(instance, assets).values()) == {StaleStatus.FRESH}
 
         # A config value changes: domain/cleaned_text rematerialized with another min_words.
         changed = run_config({"domain__cleaned_text": {"min_words": 20}})
         result = run(instance, assets, resources, changed, ["domain/cleaned_text"])
         assert result.success
-        assert [m.metadata["reused"].value for m in result.asset_materializations_for_node("domain__cleaned_text")] == [False] * len(PARTITION_KEYS)
+        assert [m.metadata["reused"].value for m in result.asset_materializations_for_node("domain__cleaned_text")] == [
+            False
+        ] * len(PARTITION_KEYS)
         st = statuses(instance, assets)
         assert {k for k, s in st.items() if s == StaleStatus.STALE} == {"domain/deduplicated_text"}
         rounds, reused = materialize_stale_until_fresh(instance, assets, resources, changed)
         # the domain text also feeds the relevance classifier, whose scores filter the pretraining text
-        assert rounds == [{"domain/deduplicated_text"}, {"domain/token_shards", "relevance_classifier"},
-                          {"pretrain/filtered_text"}, {"pretrain/token_shards"}]
-        assert reused == {k: False for k in ("domain/deduplicated_text", "domain/token_shards", "relevance_classifier",
-                                             "pretrain/filtered_text", "pretrain/token_shards")}
+        assert rounds == [
+            {"domain/deduplicated_text"},
+            {"domain/token_shards", "relevance_classifier"},
+            {"pretrain/filtered_text"},
+            {"pretrain/token_shards"},
+        ]
+        assert reused == {
+            k: False
+            for k in (
+                "domain/deduplicated_text",
+                "domain/token_shards",
+                "relevance_classifier",
+                "pretrain/filtered_text",
+                "pretrain/token_shards",
+            )
+        }
 
         # A cleaning rule changes (the code version of cleaned_text): both cleaned_text assets are stale,
         # then exactly their downstream; raw_corpus never reruns.
@@ -121,8 +146,9 @@ def test_config_and_code_changes_mark_exactly_downstream_stale(tmp_path, monkeyp
         st = statuses(instance, new_assets)
         assert {k for k, s in st.items() if s == StaleStatus.STALE} == {"pretrain/cleaned_text", "domain/cleaned_text"}
         rounds, reused = materialize_stale_until_fresh(instance, new_assets, resources, changed)
-        downstream = {f"{r}/{n}" for r in ("pretrain", "domain") for n in ("cleaned_text", "deduplicated_text", "token_shards")
-                      } | {"tokenizer", "relevance_classifier", "pretrain/filtered_text"}
+        downstream = {
+            f"{r}/{n}" for r in ("pretrain", "domain") for n in ("cleaned_text", "deduplicated_text", "token_shards")
+        } | {"tokenizer", "relevance_classifier", "pretrain/filtered_text"}
         assert set().union(*rounds) == downstream
         assert set(reused) == downstream and not any(reused.values())
         assert "pretrain/raw_corpus" not in reused and "domain/raw_corpus" not in reused
@@ -145,17 +171,27 @@ def test_failing_blocking_checks_stop_downstream(tmp_path):
         write_manifest(Path(handle["path"]))
 
         def rerun_and_expect(failed_checks: dict):
-            result = run(instance, assets, resources, run_config(), ["pretrain/deduplicated_text", "tokenizer"],
-                         raise_on_error=False)
+            result = run(
+                instance,
+                assets,
+                resources,
+                run_config(),
+                ["pretrain/deduplicated_text", "tokenizer"],
+                raise_on_error=False,
+            )
             assert not result.success
-            checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+            checks = {
+                (e.asset_key.to_user_string(), e.check_name): e.passed for e in result.get_asset_check_evaluations()
+            }
             assert checks == failed_checks
             assert instance.get_latest_materialization_event(AssetKey("tokenizer")) is None
             assert not (tmp_path / "root" / "tokenizer").exists()
             logs = instance.all_logs(result.run_id)
             started = {e.step_key for e in logs if e.dagster_event and e.dagster_event.event_type_value == "STEP_START"}
             assert "tokenizer" not in started  # the tokenizer step never started
-            assert any(e.step_key == "tokenizer" and "Dependencies for step tokenizer failed" in e.user_message for e in logs)
+            assert any(
+                e.step_key == "tokenizer" and "Dependencies for step tokenizer failed" in e.user_message for e in logs
+            )
 
         # The accounting check (inside the asset) fails: the check on duplicates never runs, the tokenizer never starts.
         rerun_and_expect({("pretrain/deduplicated_text", "accounting"): False})
@@ -168,5 +204,9 @@ def test_failing_blocking_checks_stop_downstream(tmp_path):
         assert df.height >= 2
         pl.concat([df.head(df.height - 1), df.head(1)]).write_parquet(parts[0])
         write_manifest(Path(handle["path"]))
-        rerun_and_expect({("pretrain/deduplicated_text", "accounting"): True,
-                          ("pretrain/deduplicated_text", "no_exact_duplicates"): False})
+        rerun_and_expect(
+            {
+                ("pretrain/deduplicated_text", "accounting"): True,
+                ("pretrain/deduplicated_text", "no_exact_duplicates"): False,
+            }
+        )

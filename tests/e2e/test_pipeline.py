@@ -46,13 +46,18 @@ def test_whole_lineage_materializes(tiny_lineage, tmp_path):
     assert dedup["partitions"] == len(PARTITION_KEYS)
     read = [m.metadata["documents"].value for m in result.asset_materializations_for_node("pretrain__raw_corpus")]
     assert len(read) == len(PARTITION_KEYS) and sum(read) == dedup["documents_input"] == 40
-    assert dedup["documents_kept"] + dedup["documents_filtered"] + dedup["documents_duplicate"] + dedup["documents_rejected"] == 40
+    assert (
+        dedup["documents_kept"]
+        + dedup["documents_filtered"]
+        + dedup["documents_duplicate"]
+        + dedup["documents_rejected"]
+        == 40
+    )
     plays = sum(m.metadata["documents"].value for m in result.asset_materializations_for_node("domain__raw_corpus"))
     assert 1 <= plays <= len(PARTITION_KEYS) and md("domain", "deduplicated_text")["documents_kept"] == plays
     base = md("base_checkpoint")
     assert base["steps"] == 12 and base["precision"] == "fp32" and base["last_loss"] < base["first_loss"]
-    checks = {(e.asset_key.to_user_string(), e.check_name): e.passed
-              for e in result.get_asset_check_evaluations()}
+    checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in result.get_asset_check_evaluations()}
     assert checks[("pretrain/deduplicated_text", "accounting")]
     assert checks[("domain/token_shards", "token_ids_below_vocab")]
     assert checks[("base_checkpoint", "loss_finite_and_decreasing")]
@@ -61,7 +66,10 @@ def test_whole_lineage_materializes(tiny_lineage, tmp_path):
     assert all(ev[k] > 1 for k in ("base_pretrain_perplexity", "base_domain_perplexity", "adapter_domain_perplexity"))
     # read by people: a percentage, and the generations as verbatim text blocks, one per prompt and model
     cut = 100 * (1 - ev["adapter_domain_perplexity"] / ev["base_domain_perplexity"])
-    assert 0 < ev["adapter_domain_perplexity_reduction_percent"] < 100 and abs(ev["adapter_domain_perplexity_reduction_percent"] - cut) < 0.1
+    assert (
+        0 < ev["adapter_domain_perplexity_reduction_percent"] < 100
+        and abs(ev["adapter_domain_perplexity_reduction_percent"] - cut) < 0.1
+    )
     assert ev["sample_generations"].count("```text\n") == 3 * 3 and "Prompt 3" in ev["sample_generations"]
     # lm-evaluation-harness on the cloze over the held-out plays: a score with its stderr for both models
     for model in ("base", "adapter"):
@@ -97,14 +105,41 @@ def test_cli_validate_and_materialize_subset(tmp_path):
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     dagster = str(Path(sys.executable).with_name("dagster"))
-    v = subprocess.run([dagster, "definitions", "validate", "-w", "workspace.yaml"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
+    v = subprocess.run(
+        [dagster, "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert v.returncode == 0, v.stderr[-3000:]
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({"ops": {"domain__raw_corpus": {"config": {"path": str(CORPORA / "shakespeare"), "max_documents": 3}}}}))
-    m = subprocess.run([dagster, "asset", "materialize", "-m", "largetrain_dagster.definitions",
-                        "--select", "domain/raw_corpus,domain/cleaned_text", "--partition", PARTITION_KEYS[0], "-c", str(cfg)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    cfg.write_text(
+        json.dumps(
+            {"ops": {"domain__raw_corpus": {"config": {"path": str(CORPORA / "shakespeare"), "max_documents": 3}}}}
+        )
+    )
+    m = subprocess.run(
+        [
+            dagster,
+            "asset",
+            "materialize",
+            "-m",
+            "largetrain_dagster.definitions",
+            "--select",
+            "domain/raw_corpus,domain/cleaned_text",
+            "--partition",
+            PARTITION_KEYS[0],
+            "-c",
+            str(cfg),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert m.returncode == 0, m.stderr[-3000:]
     assert "RUN_SUCCESS" in m.stderr + m.stdout
     handle = read_handle(tmp_path / "root", AssetKey(["domain", "cleaned_text"]), PARTITION_KEYS[0])
@@ -136,8 +171,10 @@ def test_rejected_share_counts_every_record_read_and_a_changed_partition_count_f
         (src / f"doc{i:02d}.txt").write_text(f"the document {i} and a few words in it\n")  # 2 stop words
     (src / "bad.txt").write_bytes(b"not utf-8 \xff\n")  # 1 of 100 records rejected: under the 5% limit
     defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
-    ops = {"domain__raw_corpus": {"config": {"path": str(src), "sample_fraction": 0.1}},
-           "domain__cleaned_text": {"config": {"min_words": 1}}}
+    ops = {
+        "domain__raw_corpus": {"config": {"path": str(src), "sample_fraction": 0.1}},
+        "domain__cleaned_text": {"config": {"min_words": 1}},
+    }
     with DagsterInstance.ephemeral() as instance:
         result = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops})
         assert result.success  # a 10% sample keeps ~10 documents; the one rejected record is still 1 of 100
@@ -146,8 +183,14 @@ def test_rejected_share_counts_every_record_read_and_a_changed_partition_count_f
 
         # the deployment now says 2 partitions: partitions 000 and 001 hold a 4-way split of the files
         monkeypatch.setattr(partitions, "DATA_PARTITIONS", data_partitions(2))
-        again = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops},
-                                    ["domain/deduplicated_text"], raise_on_error=False)
+        again = materialize_lineage(
+            corpus_assets("domain")[:3],
+            defs.resources,
+            instance,
+            {"ops": ops},
+            ["domain/deduplicated_text"],
+            raise_on_error=False,
+        )
         assert not again.success
         errors = [e.event_specific_data.error.message for e in again.last.all_events if e.is_step_failure]
         assert any("was made as partition 0 of 4, but LARGETRAIN_DATA_PARTITIONS is now 2" in m for m in errors), errors

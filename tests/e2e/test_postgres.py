@@ -50,15 +50,45 @@ def postgres():
     pwfile.write_text(password)
     pwfile.chmod(0o644)
     port = free_port()
-    subprocess.run(as_user + [INITDB, "-D", str(data), "-U", "dagster", f"--pwfile={pwfile}", "--auth=scram-sha-256",
-                              "--no-sync", "-E", "UTF8"], check=True, capture_output=True)
+    subprocess.run(
+        as_user
+        + [
+            INITDB,
+            "-D",
+            str(data),
+            "-U",
+            "dagster",
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        ],
+        check=True,
+        capture_output=True,
+    )
     pwfile.unlink()
     log = base / "server.log"
     if as_user:
         log.touch(), shutil.chown(log, "postgres", "postgres")
-    start = subprocess.run(as_user + [PG_CTL, "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o",
-                                      f"-h 127.0.0.1 -p {port} -k {sock} -c fsync=off -c max_connections=50", "start"],
-                           capture_output=True, text=True)
+    start = subprocess.run(
+        as_user
+        + [
+            PG_CTL,
+            "-D",
+            str(data),
+            "-l",
+            str(log),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-h 127.0.0.1 -p {port} -k {sock} -c fsync=off -c max_connections=50",
+            "start",
+        ],
+        capture_output=True,
+        text=True,
+    )
     try:
         assert start.returncode == 0, start.stderr + log.read_text()
         import psycopg2
@@ -69,8 +99,13 @@ def postgres():
             c.cursor().execute("CREATE DATABASE dagster")
         finally:
             c.close()
-        yield {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(port), "DAGSTER_PG_USER": "dagster",
-               "DAGSTER_PG_PASSWORD": password, "DAGSTER_PG_DB": "dagster"}
+        yield {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(port),
+            "DAGSTER_PG_USER": "dagster",
+            "DAGSTER_PG_PASSWORD": password,
+            "DAGSTER_PG_DB": "dagster",
+        }
     finally:
         subprocess.run(as_user + [PG_CTL, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
@@ -87,19 +122,41 @@ def test_runs_and_materializations_land_in_postgres(postgres, tmp_path, monkeypa
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / "corpora").symlink_to(CORPORA.resolve())
     dagster = str(Path(sys.executable).with_name("dagster"))
-    m = subprocess.run([dagster, "asset", "materialize", "-m", "largetrain_dagster.definitions", "--select", "domain/raw_corpus",
-                        "--partition", PARTITION_KEYS[0]],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    m = subprocess.run(
+        [
+            dagster,
+            "asset",
+            "materialize",
+            "-m",
+            "largetrain_dagster.definitions",
+            "--select",
+            "domain/raw_corpus",
+            "--partition",
+            PARTITION_KEYS[0],
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert m.returncode == 0, m.stderr[-1500:]
     assert postgres["DAGSTER_PG_PASSWORD"] not in m.stdout + m.stderr  # the secret is never logged
 
-    with psycopg2.connect(host="127.0.0.1", port=int(postgres["DAGSTER_PG_PORT"]), user="dagster",
-                          password=postgres["DAGSTER_PG_PASSWORD"], dbname="dagster") as c:
+    with psycopg2.connect(
+        host="127.0.0.1",
+        port=int(postgres["DAGSTER_PG_PORT"]),
+        user="dagster",
+        password=postgres["DAGSTER_PG_PASSWORD"],
+        dbname="dagster",
+    ) as c:
         cur = c.cursor()
         cur.execute("SELECT run_id, status FROM runs")
         runs = cur.fetchall()
-        cur.execute("SELECT count(*) FROM event_logs WHERE dagster_event_type = 'ASSET_MATERIALIZATION' AND asset_key = %s",
-                    (AssetKey(["domain", "raw_corpus"]).to_string(),))
+        cur.execute(
+            "SELECT count(*) FROM event_logs WHERE dagster_event_type = 'ASSET_MATERIALIZATION' AND asset_key = %s",
+            (AssetKey(["domain", "raw_corpus"]).to_string(),),
+        )
         (materializations,) = cur.fetchone()
     assert [s for _, s in runs] == ["SUCCESS"] and materializations == 1
 

@@ -36,11 +36,21 @@ SMALL = {  # sizes only: what each recipe does stays as its file says
     "tokenizer": {"vocab_size": 400},
     "pretrain__token_shards": {"seq_len": 32},
     "domain__token_shards": {"seq_len": 32},
-    "base_checkpoint": {"model": {"preset": "llama-tiny"}, "schedule": {"max_steps": 6, "warmup_steps": 1, "micro_batch_size": 4},
-                        "checkpointing": {"save_steps": 3}, "tracking": {"logging_steps": 3},
-                        "optimizer": {"learning_rate": 0.005}, **SHORT_RUN},
-    "lora_adapter": {"schedule": {"max_steps": 6, "warmup_steps": 1, "micro_batch_size": 4}, "checkpointing": {"save_steps": 3},
-                     "tracking": {"logging_steps": 3}, "optimizer": {"learning_rate": 0.01}, **SHORT_RUN},
+    "base_checkpoint": {
+        "model": {"preset": "llama-tiny"},
+        "schedule": {"max_steps": 6, "warmup_steps": 1, "micro_batch_size": 4},
+        "checkpointing": {"save_steps": 3},
+        "tracking": {"logging_steps": 3},
+        "optimizer": {"learning_rate": 0.005},
+        **SHORT_RUN,
+    },
+    "lora_adapter": {
+        "schedule": {"max_steps": 6, "warmup_steps": 1, "micro_batch_size": 4},
+        "checkpointing": {"save_steps": 3},
+        "tracking": {"logging_steps": 3},
+        "optimizer": {"learning_rate": 0.01},
+        **SHORT_RUN,
+    },
     "evaluation": {"max_sequences": 8, "max_new_tokens": 4},
 }
 
@@ -57,8 +67,13 @@ def recipe_commands(path: Path) -> list[tuple[str, bool]]:
     loop = re.search(r"for p in \$\((.+?)\); do", header)
     if any(parted for _, parted in commands):  # the loop runs over what the command prints: every data partition
         assert loop, header
-        printed = subprocess.run(shlex.split(loop.group(1).replace(".venv/bin/python", sys.executable)),
-                                 cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+        printed = subprocess.run(
+            shlex.split(loop.group(1).replace(".venv/bin/python", sys.executable)),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         assert printed == PARTITION_KEYS
     return commands
 
@@ -104,8 +119,14 @@ class Lab:
             assert all(k.path[0] != "landed" for k in keys) and (parted == all(k in PARTITIONED_KEYS for k in keys))
             run_config = {"ops": {op: c for op, c in ops.items() if AssetKey(op.split("__")) in keys}}
             for pk in PARTITION_KEYS if parted else [None]:
-                result = materialize(self.assets, resources=self.defs.resources, instance=self.instance,
-                                     run_config=run_config, selection=list(keys), partition_key=pk)
+                result = materialize(
+                    self.assets,
+                    resources=self.defs.resources,
+                    instance=self.instance,
+                    run_config=run_config,
+                    selection=list(keys),
+                    partition_key=pk,
+                )
                 assert result.success, (name, select, pk)
                 checks = result.get_asset_check_evaluations()
                 assert all(c.passed for c in checks), [(c.asset_key, c.check_name) for c in checks if not c.passed]
@@ -141,8 +162,11 @@ def run_id(instance: DagsterInstance, key: str) -> str:
 def recipe2(lab, tickets, tmp_path_factory):
     """Recipe 2 on an empty root: pretrain on prose documents of one's own, the tickets as the domain corpus."""
     books = labelled_corpus(tmp_path_factory.mktemp("books") / "books.jsonl")
-    overrides = {"pretrain__raw_corpus": {"path": str(books)}, "domain__raw_corpus": {"path": str(tickets)},
-                 "domain__cleaned_text": {"gopher_quality": False}}
+    overrides = {
+        "pretrain__raw_corpus": {"path": str(books)},
+        "domain__raw_corpus": {"path": str(tickets)},
+        "domain__cleaned_text": {"gopher_quality": False},
+    }
     done, _ = lab.run("pretrain_on_my_corpus.yaml", overrides)
     return done, books
 
@@ -156,7 +180,8 @@ def test_quick_start_is_recipe_1():
     (header,) = [p for p in comment.split("\n\n") if "dagster asset materialize" in p]  # the paragraph of commands
     assert commands(block) == commands(Block(str(path), 1, "sh", "", header, ()))
     assert [select for select, _ in recipe_commands(path)] == [
-        re.search(r"--select '([^']+)'", c).group(1) for c in commands(block) if "--select" in c]
+        re.search(r"--select '([^']+)'", c).group(1) for c in commands(block) if "--select" in c
+    ]
 
 
 def test_recipe_2_pretrain_on_your_corpus(lab, recipe2):
@@ -173,7 +198,9 @@ def test_recipe_2_pretrain_on_your_corpus(lab, recipe2):
     prompts = md(lab.instance, "evaluation")["config"]["prompts"]
     for i, prompt in enumerate(prompts[:3]):
         assert samples[3 * i] == f"  prompt {prompt!r}"
-        assert samples[3 * i + 1].startswith("    base:           '") and samples[3 * i + 2].startswith("    base + adapter: '")
+        assert samples[3 * i + 1].startswith("    base:           '") and samples[3 * i + 2].startswith(
+            "    base + adapter: '"
+        )
 
 
 def test_recipe_1_lora_on_your_corpus_with_the_existing_base(lab, recipe2, tickets):
@@ -184,13 +211,16 @@ def test_recipe_1_lora_on_your_corpus_with_the_existing_base(lab, recipe2, ticke
     assert {k: run_id(lab.instance, k) for k in before} == before  # the existing base and tokenizer, untouched
     lora = md(lab.instance, "lora_adapter")
     assert json.loads((Path(lora["path"]) / "train_config.json").read_text())["model"]["base_model"].startswith(
-        str(lab.root.resolve() / "base_checkpoint" / base_version))
+        str(lab.root.resolve() / "base_checkpoint" / base_version)
+    )
     dedup, shards = md(lab.instance, "domain/deduplicated_text"), md(lab.instance, "domain/token_shards")
     hist = dedup["balance"]["after"]
     assert set(hist) == {"account", "billing", "shipping", "technical"} and len(set(hist.values())) == 1
     assert dedup["balance_repeats"] > 0 and shards["train_repeat_copies"] > 0  # the up-sample: repeats, not duplicates
     text = render(lab.instance)
-    assert f"domain corpus (domain): {tickets.resolve()}" in text and "balancing (up-sampled, seed 0): per class" in text
+    assert (
+        f"domain corpus (domain): {tickets.resolve()}" in text and "balancing (up-sampled, seed 0): per class" in text
+    )
     assert "intended repeats, not duplicates" in text and "the train split repeats" in text
 
 
@@ -207,20 +237,33 @@ def someones_model(tmp_path_factory, tickets) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     texts = [json.loads(line)["text"] for line in TICKETS.read_text().splitlines()]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok.save(str(src / "tokenizer.json"))
     (src / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    build_model("llama-tiny", 400, 64, eos_id=tok.token_to_id("</s>"), bos_id=tok.token_to_id("<s>"), seed=3).save_pretrained(src)
+    build_model(
+        "llama-tiny", 400, 64, eos_id=tok.token_to_id("</s>"), bos_id=tok.token_to_id("<s>"), seed=3
+    ).save_pretrained(src)
     return src
 
 
 def test_recipe_3_import_a_hugging_face_model_and_adapt_it(lab, recipe2, tickets, someones_model):
     pretrain_dedup = run_id(lab.instance, "pretrain/deduplicated_text")
-    done, _ = lab.run("import_hf_model.yaml", {"domain__raw_corpus": {"path": str(tickets)},
-                                                "tokenizer": {"pretrained_model": str(someones_model)},
-                                                "base_checkpoint": {"pretrained_model": str(someones_model)}})
+    done, _ = lab.run(
+        "import_hf_model.yaml",
+        {
+            "domain__raw_corpus": {"path": str(tickets)},
+            "tokenizer": {"pretrained_model": str(someones_model)},
+            "base_checkpoint": {"pretrained_model": str(someones_model)},
+        },
+    )
     assert done == documented_keys(REPO / "configs" / "import_hf_model.yaml")
     assert run_id(lab.instance, "pretrain/deduplicated_text") == pretrain_dedup
     assert md(lab.instance, "tokenizer")["config"]["pretrained_model"] == str(someones_model)

@@ -88,8 +88,11 @@ class Server:
         self.url, self.root, self.home, self.log = url, root, home, log
 
     def graphql(self, query: str, variables: dict | None = None) -> dict:
-        req = urllib.request.Request(f"{self.url}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}/graphql",
+            data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             body = json.loads(r.read())
         assert "errors" not in body, body
@@ -100,12 +103,22 @@ class Server:
         return data["runOrError"]["status"]
 
     def launch(self, keys: list[list[str]], ops: dict) -> str:
-        data = self.graphql("""mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
+        data = self.graphql(
+            """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
               __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
               ... on RunConfigValidationInvalid { errors { message } } } }""",
-                            {"p": {"selector": {"repositoryLocationName": "largetrain", "repositoryName": "__repository__",
-                                                "jobName": "lineage", "assetSelection": [{"path": k} for k in keys]},
-                                   "runConfigData": {"ops": ops}}})["launchRun"]
+            {
+                "p": {
+                    "selector": {
+                        "repositoryLocationName": "largetrain",
+                        "repositoryName": "__repository__",
+                        "jobName": "lineage",
+                        "assetSelection": [{"path": k} for k in keys],
+                    },
+                    "runConfigData": {"ops": ops},
+                }
+            },
+        )["launchRun"]
         assert data["__typename"] == "LaunchRunSuccess", data
         return data["run"]["runId"]
 
@@ -120,14 +133,26 @@ def server(tmp_path_factory):
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     port = free_port()
     log = base / "dagster_dev.log"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "LARGETRAIN_ROOT": str(root), "LARGETRAIN_NPROC": "2",
-           "LARGETRAIN_WANDB_MODE": "disabled"}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "LARGETRAIN_ROOT": str(root),
+        "LARGETRAIN_NPROC": "2",
+        "LARGETRAIN_WANDB_MODE": "disabled",
+    }
     dagster = str(Path(sys.executable).with_name("dagster"))
     with open(log, "wb") as logf:
-        proc = subprocess.Popen([dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, env=env,
-                                stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     srv = Server(f"http://127.0.0.1:{port}", root, home, log)
     try:
+
         def location_loaded():
             try:
                 data = srv.graphql("{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }")
@@ -151,8 +176,9 @@ def pretrain_shards(server) -> dict:
     defs = build_definitions(root=str(server.root), nproc_per_node=2, wandb_mode="disabled")
     ops = pretrain_shards_ops(CORPORA)
     with DagsterInstance.ephemeral() as instance:
-        assert materialize_lineage(list(defs.assets), defs.resources, instance, {"ops": ops},
-                                   PRETRAIN_SHARDS_KEYS).success
+        assert materialize_lineage(
+            list(defs.assets), defs.resources, instance, {"ops": ops}, PRETRAIN_SHARDS_KEYS
+        ).success
     return read_handle(server.root, AssetKey(["pretrain", "token_shards"]))
 
 
@@ -162,9 +188,18 @@ def _chrome(profile: Path):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
-                 "--window-size=1600,1000"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1600,1000",
+    ):
         opts.add_argument(flag)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
 
@@ -195,8 +230,10 @@ def _click_button(driver, label: str, timeout: float) -> None:
             return
         time.sleep(0.5)
     shown = [b.text for b in driver.find_elements(By.TAG_NAME, "button") if b.is_displayed()]
-    pytest.fail(f"timed out waiting for a clickable {label!r} button; buttons shown: {shown}; "
-                f"page: {driver.find_element(By.TAG_NAME, 'body').text[:1500]!r}")
+    pytest.fail(
+        f"timed out waiting for a clickable {label!r} button; buttons shown: {shown}; "
+        f"page: {driver.find_element(By.TAG_NAME, 'body').text[:1500]!r}"
+    )
 
 
 def _dismiss_community_dialog(driver) -> None:
@@ -207,16 +244,27 @@ def _dismiss_community_dialog(driver) -> None:
         _click_button(driver, "Skip", 10)
 
 
-@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian chromium and chromium-driver (apt-get install chromium chromium-driver)")
+@pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="needs Debian chromium and chromium-driver (apt-get install chromium chromium-driver)",
+)
 def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
     from selenium.webdriver.common.by import By
 
     def run_ids():
-        data = server.graphql("""{ runsOrError { ... on Runs { results { runId status assetSelection { path } } } } }""")
-        return [r for r in data["runsOrError"]["results"] if {"path": ["domain", "raw_corpus"]} in (r["assetSelection"] or [])]
+        data = server.graphql(
+            """{ runsOrError { ... on Runs { results { runId status assetSelection { path } } } } }"""
+        )
+        return [
+            r
+            for r in data["runsOrError"]["results"]
+            if {"path": ["domain", "raw_corpus"]} in (r["assetSelection"] or [])
+        ]
 
     def backfills():
-        data = server.graphql("""{ partitionBackfillsOrError { ... on PartitionBackfills { results { id numPartitions } } } }""")
+        data = server.graphql(
+            """{ partitionBackfillsOrError { ... on PartitionBackfills { results { id numPartitions } } } }"""
+        )
         return data["partitionBackfillsOrError"]["results"]
 
     def shown(label: str) -> bool:
@@ -226,9 +274,20 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
     try:
         # The pretrain_data group's graph: its four stages and their neighbours downstream.
         driver.get(f"{server.url}/locations/largetrain/asset-groups/pretrain_data")
-        names = ("raw_corpus", "cleaned_text", "deduplicated_text", "token_shards", "tokenizer", "base_checkpoint", "evaluation")
-        _wait(lambda: all(n in driver.find_element(By.TAG_NAME, "body").text for n in names),
-              "the asset graph to show the stages", 120)
+        names = (
+            "raw_corpus",
+            "cleaned_text",
+            "deduplicated_text",
+            "token_shards",
+            "tokenizer",
+            "base_checkpoint",
+            "evaluation",
+        )
+        _wait(
+            lambda: all(n in driver.find_element(By.TAG_NAME, "body").text for n in names),
+            "the asset graph to show the stages",
+            120,
+        )
         _dismiss_community_dialog(driver)
 
         # raw_corpus is partitioned: "Materialize…" opens the partition dialog; "All", then "Launch
@@ -236,7 +295,7 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
         driver.get(f"{server.url}/assets/domain/raw_corpus")
         body = lambda: driver.find_element(By.TAG_NAME, "body").text  # noqa: E731
         _wait(lambda: "domain_data" in body() and "Materialize" in body(), "the asset page", 60)
-        for attempt in range(4):  # a click that lands while the page re-renders is lost: click again
+        for _attempt in range(4):  # a click that lands while the page re-renders is lost: click again
             _dismiss_community_dialog(driver)
             _click_button(driver, "Materialize\u2026", 60)  # the ellipsis: a dialog follows
             deadline = time.monotonic() + 30
@@ -245,7 +304,9 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
             if shown("Launch backfill"):
                 break
         else:
-            pytest.fail(f"the partition dialog did not open after 4 clicks on Materialize\u2026; page: {body()[:1500]!r}")
+            pytest.fail(
+                f"the partition dialog did not open after 4 clicks on Materialize\u2026; page: {body()[:1500]!r}"
+            )
         _click_button(driver, "All", 30)  # the dialog opens on "Custom" with no partition chosen
         _wait(lambda: f"{len(PARTITION_KEYS)} partitions" in body(), "all partitions to be selected", 30)
         _click_button(driver, "Launch backfill", 30)
@@ -255,8 +316,16 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
 
     (backfill,) = backfills()
     assert backfill["numPartitions"] == len(PARTITION_KEYS)
-    runs = _wait(lambda: len(r := run_ids()) == len(PARTITION_KEYS) and all(x["status"] in ("SUCCESS", "FAILURE", "CANCELED") for x in r) and r,
-                 "the daemon to run one run per partition", 400, every=3)
+    runs = _wait(
+        lambda: (
+            len(r := run_ids()) == len(PARTITION_KEYS)
+            and all(x["status"] in ("SUCCESS", "FAILURE", "CANCELED") for x in r)
+            and r
+        ),
+        "the daemon to run one run per partition",
+        400,
+        every=3,
+    )
     assert all(r["status"] == "SUCCESS" for r in runs), server.log.read_text(errors="replace")[-3000:]
     data = server.graphql("""{ assetOrError(assetKey: {path: ["domain", "raw_corpus"]}) { ... on Asset {
         assetMaterializations(limit: 20) { runId partition metadataEntries { label ... on IntMetadataEntry { intValue } } } } } }""")
@@ -271,18 +340,43 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
     """The demo's driver launches a prepare_partitions run; the UI lists it under the code location's job,
     and the asset page shows the metadata rounded, with units in the labels (a screenshot is taken of it)."""
     config = tmp_path / "demo.yaml"
-    config.write_text(json.dumps({"ops": {
-        "pretrain__raw_corpus": {"config": {"path": str(CORPORA / "linux-doc" / "admin-guide"), "max_documents": 20}},
-        "domain__raw_corpus": {"config": {"path": str(CORPORA / "shakespeare" / "comedies"), "max_documents": 1}}}}))
-    env = {**os.environ, "DAGSTER_HOME": str(server.home), "LARGETRAIN_ROOT": str(server.root), "LARGETRAIN_WANDB_MODE": "disabled"}
+    config.write_text(
+        json.dumps(
+            {
+                "ops": {
+                    "pretrain__raw_corpus": {
+                        "config": {"path": str(CORPORA / "linux-doc" / "admin-guide"), "max_documents": 20}
+                    },
+                    "domain__raw_corpus": {
+                        "config": {"path": str(CORPORA / "shakespeare" / "comedies"), "max_documents": 1}
+                    },
+                }
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(server.home),
+        "LARGETRAIN_ROOT": str(server.root),
+        "LARGETRAIN_WANDB_MODE": "disabled",
+    }
     log = tmp_path / "demo.log"
     # the guide's command for one data partition, with this test's small config
     documented = next(c for c in commands(section_blocks(GUIDE, "make demo's driver", "sh")[0]) if "--partitions" in c)
     args = shlex.split(documented)
     assert args[:3] == [".venv/bin/python", "-m", "largetrain_dagster.demo"] and "-c" not in args
-    assert args[args.index("--jobs") + 1] == "prepare_partitions" and args[args.index("--partitions") + 1] == PARTITION_KEYS[0]
-    r = subprocess.run([sys.executable, *args[1:], "-c", str(config), "--log", str(log), "--url", server.url], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=600)
+    assert (
+        args[args.index("--jobs") + 1] == "prepare_partitions"
+        and args[args.index("--partitions") + 1] == PARTITION_KEYS[0]
+    )
+    r = subprocess.run(
+        [sys.executable, *args[1:], "-c", str(config), "--log", str(log), "--url", server.url],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + log.read_text(errors="replace")[-3000:]
     out = r.stdout
     # the terminal: the stages in order, a line per materialization, where the log and the UI are;
@@ -316,14 +410,23 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
     (mat,) = data["assetOrError"]["assetMaterializations"]
     assert mat["runId"][:8] == prefix
     md = {e["label"]: e.get("floatValue", e.get("intValue")) for e in mat["metadataEntries"]}
-    assert md["input"] >= 5 and md["kept_percent"] == float(f"{100 * md['kept'] / md['input']:.4g}") and 0 < md["kept_mib"] < 1
+    assert (
+        md["input"] >= 5
+        and md["kept_percent"] == float(f"{100 * md['kept'] / md['input']:.4g}")
+        and 0 < md["kept_mib"] < 1
+    )
     driver = _chrome(tmp_path / "chromium-profile")
     try:
         from selenium.webdriver.common.by import By
 
         driver.get(f"{server.url}/assets/pretrain/cleaned_text?partition={PARTITION_KEYS[0]}")
-        label = _wait(lambda: [e for e in driver.find_elements(By.XPATH, "//td[normalize-space(.)='kept_mib']") if e.is_displayed()],
-                      "the asset page to show the materialization's metadata", 120)[0]
+        label = _wait(
+            lambda: [
+                e for e in driver.find_elements(By.XPATH, "//td[normalize-space(.)='kept_mib']") if e.is_displayed()
+            ],
+            "the asset page to show the materialization's metadata",
+            120,
+        )[0]
         time.sleep(2)  # the community dialog opens a moment after the page
         _dismiss_community_dialog(driver)
         table = label.find_element(By.XPATH, "./ancestor::table[1]")
@@ -334,9 +437,12 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
         cell = shown["kept_mib"]
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
         # what the user sees at the value's place is the value itself, not an overlay
-        assert driver.execute_script("""const r = arguments[0].getBoundingClientRect();
+        assert driver.execute_script(
+            """const r = arguments[0].getBoundingClientRect();
             const top = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
-            return arguments[0].contains(top);""", cell)
+            return arguments[0].contains(top);""",
+            cell,
+        )
         shot = table.screenshot_as_png
         (tmp_path / "cleaned_text_metadata.png").write_bytes(shot)
         assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 1000
@@ -367,8 +473,13 @@ def test_lineage_screenshot_of_the_readme(server, tmp_path):
     from PIL import Image
 
     out = tmp_path / "lineage.png"
-    r = subprocess.run([sys.executable, "scripts/lineage_screenshot.py", str(out), "--url", server.url], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "scripts/lineage_screenshot.py", str(out), "--url", server.url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     committed = Image.open(REPO / "docs" / "images" / "lineage.png")
     with Image.open(out) as shot:
@@ -399,21 +510,39 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
     driver = _chrome(tmp_path / "chromium-profile")
     try:
         driver.get(f"{server.url}/locations/largetrain/jobs/optimization_ablation/playground")
-        _wait(lambda: driver.execute_script("const e = document.querySelector('.CodeMirror'); return !!(e && e.CodeMirror);"),
-              "the launchpad's config editor", 120)
+        _wait(
+            lambda: driver.execute_script(
+                "const e = document.querySelector('.CodeMirror'); return !!(e && e.CodeMirror);"
+            ),
+            "the launchpad's config editor",
+            120,
+        )
         time.sleep(2)  # the community dialog opens a moment after the page
         _dismiss_community_dialog(driver)
         # The editor is CodeMirror 5 (dagster-webserver's RawCodeMirror): its instance hangs on the .CodeMirror
         # element; setValue fires the change the launchpad listens to, as typing does.
-        driver.execute_script("document.querySelector('.CodeMirror').CodeMirror.setValue(arguments[0]);", ABLATION_CONFIG)
-        _wait(lambda: driver.execute_script("return document.querySelector('.CodeMirror').CodeMirror.getValue();") == ABLATION_CONFIG,
-              "the editor to hold the config", 30)
+        driver.execute_script(
+            "document.querySelector('.CodeMirror').CodeMirror.setValue(arguments[0]);", ABLATION_CONFIG
+        )
+        _wait(
+            lambda: (
+                driver.execute_script("return document.querySelector('.CodeMirror').CodeMirror.getValue();")
+                == ABLATION_CONFIG
+            ),
+            "the editor to hold the config",
+            30,
+        )
         _click_button(driver, "Launch Run", 60)  # enabled once the launchpad has validated the config
         (run,) = _wait(lambda: runs(), "the run to be created", 60)
         assert "llama-tiny" in run["runConfigYaml"] and "fp16" in run["runConfigYaml"]  # what was typed, not a default
 
-        status = _wait(lambda: (s := server.run_status(run["runId"])) in ("SUCCESS", "FAILURE", "CANCELED") and s,
-                       "the ablation run to finish", 600, every=3, log=server.log)
+        status = _wait(
+            lambda: (s := server.run_status(run["runId"])) in ("SUCCESS", "FAILURE", "CANCELED") and s,
+            "the ablation run to finish",
+            600,
+            every=3,
+            log=server.log,
+        )
         assert status == "SUCCESS", server.log.read_text(errors="replace")[-3000:]
         data = server.graphql("""{ assetOrError(assetKey: {path: ["optimization_report"]}) { ... on Asset {
             assetMaterializations(limit: 1) { runId metadataEntries { label
@@ -426,7 +555,9 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
 
         # What the user sees on the asset page: the metadata table, floats rounded ...
         driver.get(f"{server.url}/assets/optimization_report")
-        label = _wait(lambda: visible("//td[normalize-space(.)='optimization_chart']"), "the asset page's metadata", 120)[0]
+        label = _wait(
+            lambda: visible("//td[normalize-space(.)='optimization_chart']"), "the asset page's metadata", 120
+        )[0]
         time.sleep(2)
         _dismiss_community_dialog(driver)
         table = label.find_element(By.XPATH, "./ancestor::table[1]")
@@ -434,7 +565,11 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
         for row in table.find_elements(By.XPATH, "./tbody/tr[td] | ./tr[td]"):  # not the rows of tables inside values
             cells = row.find_elements(By.XPATH, "./td")
             shown[cells[0].text.strip()] = cells[-1]
-        assert shown["data_parallel_tokens_per_s"].text == str(md["data_parallel_tokens_per_s"]) == f"{report['variants'][0]['tokens_per_s']:.0f}"
+        assert (
+            shown["data_parallel_tokens_per_s"].text
+            == str(md["data_parallel_tokens_per_s"])
+            == f"{report['variants'][0]['tokens_per_s']:.0f}"
+        )
         assert shown["data_parallel_peak_memory_gib"].text == f"{md['data_parallel_peak_memory_gib']:g}"
         floats = [c.text for k, c in shown.items() if isinstance(md.get(k), float)]
         assert len(floats) >= 4 and all(re.fullmatch(r"-?\d+(\.\d{1,3})?", t) for t in floats), floats
@@ -443,10 +578,17 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
         # screenshot the chart's share of ink (bars, axes, text) on white
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", shown["optimization_chart"])
         shown["optimization_chart"].find_element(By.XPATH, ".//a[normalize-space(.)='[Show Markdown]']").click()
-        img = _wait(lambda: visible("//img[starts-with(@src, 'data:image/png;base64,')]"), "the chart in its dialog", 30)[0]
-        _wait(lambda: driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0;", img),
-              "the chart image to load", 30)
-        assert driver.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight];", img) == list(png.size)
+        img = _wait(
+            lambda: visible("//img[starts-with(@src, 'data:image/png;base64,')]"), "the chart in its dialog", 30
+        )[0]
+        _wait(
+            lambda: driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0;", img),
+            "the chart image to load",
+            30,
+        )
+        assert driver.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight];", img) == list(
+            png.size
+        )
 
         def ink(image) -> float:  # the fraction of pixels that are not white
             grey = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA")).convert("L")
@@ -470,15 +612,28 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
         if not cell.find_elements(By.XPATH, ".//table"):  # a markdown value over 1,000 characters is behind a link too
             driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
             cell.find_element(By.XPATH, ".//a[normalize-space(.)='[Show Markdown]']").click()
-        rendered = _wait(lambda: visible("//table[.//th[normalize-space(.)='variant'] and not(.//table)]"), "the optimization table", 30)[0]
-        rows = {r.find_elements(By.XPATH, "./td")[0].text: [c.text for c in r.find_elements(By.XPATH, "./td")]
-                for r in rendered.find_elements(By.XPATH, ".//tr[td]")}
+        rendered = _wait(
+            lambda: visible("//table[.//th[normalize-space(.)='variant'] and not(.//table)]"),
+            "the optimization table",
+            30,
+        )[0]
+        rows = {
+            r.find_elements(By.XPATH, "./td")[0].text: [c.text for c in r.find_elements(By.XPATH, "./td")]
+            for r in rendered.find_elements(By.XPATH, ".//tr[td]")
+        }
         base, fp16 = report["variants"]
         assert list(rows) == ["data_parallel", "fp16"]
-        assert rows["data_parallel"][1:5] == [f"{base['tokens_per_s']:.0f}", "1.00x", f"{base['peak_memory_gib']:.3f}", "1.00x"]
+        assert rows["data_parallel"][1:5] == [
+            f"{base['tokens_per_s']:.0f}",
+            "1.00x",
+            f"{base['peak_memory_gib']:.3f}",
+            "1.00x",
+        ]
         assert rows["data_parallel"][6:8] == [f"{base['loss_after_steps']:.3f}", "+0.000"]
         assert all(re.fullmatch(r"\d+(\.\d{1,3})?", rows["data_parallel"][i]) for i in (1, 3, 5, 6)), rows
-        assert rows["fp16"][1] == (f"skipped: {fp16['reason']}" if fp16["status"] == "skipped" else f"{fp16['tokens_per_s']:.0f}")
+        assert rows["fp16"][1] == (
+            f"skipped: {fp16['reason']}" if fp16["status"] == "skipped" else f"{fp16['tokens_per_s']:.0f}"
+        )
         (tmp_path / "optimization_table.png").write_bytes(rendered.screenshot_as_png)
     finally:
         driver.quit()
@@ -503,7 +658,9 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
     from selenium.webdriver.common.keys import Keys
 
     tickets = tmp_path / "tickets.jsonl"  # a slice of the new user's corpus: 200 labelled short records
-    tickets.write_text("".join((REPO / "tests" / "data" / "support_tickets.jsonl").read_text().splitlines(keepends=True)[:200]))
+    tickets.write_text(
+        "".join((REPO / "tests" / "data" / "support_tickets.jsonl").read_text().splitlines(keepends=True)[:200])
+    )
     recipe, edits = re.subn(r"(?m)^(    config:\n      path: )\S+", rf"\g<1>{tickets}", RECIPE_1.read_text())
     assert edits == 1  # the EDIT line of domain__raw_corpus, as a user edits it
     expected = yaml.safe_load(recipe)
@@ -512,29 +669,45 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
     def raw_corpus_runs() -> dict[str, dict]:
         data = server.graphql("""{ runsOrError { ... on Runs { results { runId status pipelineName runConfigYaml
             assetSelection { path } tags { key value } } } } }""")
-        return {r["runId"]: r for r in data["runsOrError"]["results"] if {"path": ["domain", "raw_corpus"]} in (r["assetSelection"] or [])}
+        return {
+            r["runId"]: r
+            for r in data["runsOrError"]["results"]
+            if {"path": ["domain", "raw_corpus"]} in (r["assetSelection"] or [])
+        }
 
     def visible(xpath: str):
         return [e for e in driver.find_elements(By.XPATH, xpath) if e.is_displayed()]
 
     def settled(predicate):
         """``predicate`` for _wait, false while the page re-renders under it (an element gone stale)."""
+
         def check():
             try:
                 return predicate()
             except StaleElementReferenceException:
                 return False
+
         return check
 
     def editor_value() -> str:
-        return driver.execute_script("return document.querySelector('[role=dialog] .CodeMirror').CodeMirror.getValue();")
+        return driver.execute_script(
+            "return document.querySelector('[role=dialog] .CodeMirror').CodeMirror.getValue();"
+        )
 
     before = raw_corpus_runs()
     driver = _chrome(tmp_path / "chromium-profile")
     try:
         driver.get(f"{server.url}/asset-groups")  # the left navigation's "Lineage"
-        _wait(settled(lambda: visible("//a[normalize-space(.)='Lineage']") and visible("//button[normalize-space(.)='Materialize all\u2026']")),
-              "the global asset lineage page", 120)
+        _wait(
+            settled(
+                lambda: (
+                    visible("//a[normalize-space(.)='Lineage']")
+                    and visible("//button[normalize-space(.)='Materialize all\u2026']")
+                )
+            ),
+            "the global asset lineage page",
+            120,
+        )
         # the community dialog opens a second after the first page of a browser, until someone skips it on this server
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not visible("//button[normalize-space(.)='Skip']"):
@@ -542,36 +715,81 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
         _dismiss_community_dialog(driver)
 
         # "Search and filter assets" (a CodeMirror line): the selection typed as a user types it, then Enter
-        search = _wait(settled(lambda: visible("//div[contains(concat(' ', @class, ' '), ' CodeMirror ')]"
-                                               "[.//*[normalize-space(.)='Search and filter assets']]")),  # its placeholder
-                       "the asset search box", 30)[0]
+        search = _wait(
+            settled(
+                lambda: visible(
+                    "//div[contains(concat(' ', @class, ' '), ' CodeMirror ')]"
+                    "[.//*[normalize-space(.)='Search and filter assets']]"
+                )
+            ),  # its placeholder
+            "the asset search box",
+            30,
+        )[0]
         search.click()
         ActionChains(driver).send_keys(RECIPE_1_FIRST_SELECTION, Keys.ENTER).perform()
         _wait(lambda: "domain%2Fcleaned_text" in driver.current_url, "the graph to be filtered to the selection", 30)
 
         # the arrow beside "Materialize all…" (the ellipsis: partitioned assets), then "Open launchpad"
         for _ in range(3):  # a click that lands while the graph re-renders is lost: click again
-            arrow = _wait(settled(lambda: visible("//button[normalize-space(.)='Materialize all\u2026']/following::button[1]")),
-                          "the arrow beside Materialize all\u2026", 30)
+            arrow = _wait(
+                settled(lambda: visible("//button[normalize-space(.)='Materialize all\u2026']/following::button[1]")),
+                "the arrow beside Materialize all\u2026",
+                30,
+            )
             try:
                 arrow[0].click()
-                _wait(settled(lambda: visible("//button[@role='menuitem'][normalize-space(.)='Open launchpad']")), "the menu", 10, every=0.5)
+                _wait(
+                    settled(lambda: visible("//button[@role='menuitem'][normalize-space(.)='Open launchpad']")),
+                    "the menu",
+                    10,
+                    every=0.5,
+                )
                 break
             except (StaleElementReferenceException, pytest.fail.Exception):
                 continue
         _click_button(driver, "Open launchpad", 30)
-        _wait(lambda: driver.execute_script("const e = document.querySelector('[role=dialog] .CodeMirror'); return !!(e && e.CodeMirror);")
-              and settled(lambda: visible("//*[normalize-space(.)='Launchpad (configure assets)']"))(), "the asset launchpad", 60)
-        selection = _wait(settled(lambda: [v for e in driver.find_elements(By.XPATH, "//*[@role='dialog']//input[@readonly]")
-                                           if "domain/" in (v := e.get_attribute("value") or "")]), "the launchpad's asset selection", 30)
+        _wait(
+            lambda: (
+                driver.execute_script(
+                    "const e = document.querySelector('[role=dialog] .CodeMirror'); return !!(e && e.CodeMirror);"
+                )
+                and settled(lambda: visible("//*[normalize-space(.)='Launchpad (configure assets)']"))()
+            ),
+            "the asset launchpad",
+            60,
+        )
+        selection = _wait(
+            settled(
+                lambda: [
+                    v
+                    for e in driver.find_elements(By.XPATH, "//*[@role='dialog']//input[@readonly]")
+                    if "domain/" in (v := e.get_attribute("value") or "")
+                ]
+            ),
+            "the launchpad's asset selection",
+            30,
+        )
         assert selection == ["domain/cleaned_text, domain/raw_corpus"]
         # it opens with every default of the two steps expanded
-        _wait(settled(lambda: visible("//*[normalize-space(.)='All defaults expanded']")), "the launchpad to validate its default config", 60)
+        _wait(
+            settled(lambda: visible("//*[normalize-space(.)='All defaults expanded']")),
+            "the launchpad to validate its default config",
+            60,
+        )
 
         # the recipe file pasted into the editor (CodeMirror 5: setValue fires the change that typing fires)
-        driver.execute_script("document.querySelector('[role=dialog] .CodeMirror').CodeMirror.setValue(arguments[0]);", recipe)
-        _wait(settled(lambda: (b := visible("//button[normalize-space(.)='Scaffold all default config']")) and b[0].is_enabled()),
-              "the launchpad to validate the recipe (it has defaults left to expand)", 60)
+        driver.execute_script(
+            "document.querySelector('[role=dialog] .CodeMirror').CodeMirror.setValue(arguments[0]);", recipe
+        )
+        _wait(
+            settled(
+                lambda: (
+                    (b := visible("//button[normalize-space(.)='Scaffold all default config']")) and b[0].is_enabled()
+                )
+            ),
+            "the launchpad to validate the recipe (it has defaults left to expand)",
+            60,
+        )
         assert visible("//*[normalize-space(.)='No errors']")
         # "Remove extra config" has nothing to remove: the keys of the steps outside this selection are accepted
         (remove,) = visible("//button[normalize-space(.)='Remove extra config']")
@@ -579,23 +797,43 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
 
         # Partition: the box at the top left of the launchpad, its list of the data partitions
         visible("//input[@placeholder='Partition']")[0].click()
-        _wait(settled(lambda: [i.text for i in visible("//*[@role='menuitem']")] == PARTITION_KEYS), "the partition list", 30)
+        _wait(
+            settled(lambda: [i.text for i in visible("//*[@role='menuitem']")] == PARTITION_KEYS),
+            "the partition list",
+            30,
+        )
         _click_button(driver, PARTITION_KEYS[0], 30)
-        _wait(settled(lambda: [i.get_attribute("value") for i in visible("//input[@placeholder='Partition']")] == [PARTITION_KEYS[0]]),
-              "partition 000 to be chosen", 30)
+        _wait(
+            settled(
+                lambda: (
+                    [i.get_attribute("value") for i in visible("//input[@placeholder='Partition']")]
+                    == [PARTITION_KEYS[0]]
+                )
+            ),
+            "partition 000 to be chosen",
+            30,
+        )
         # choosing the partition merges its (empty) run config into the editor's: the recipe's values stay
         _wait(lambda: yaml.safe_load(editor_value()) == expected, "the editor to keep the recipe's config", 30)
 
         _click_button(driver, "Materialize", 60)
-        run_id = _wait(lambda: (m := re.search(r"/runs/([0-9a-f-]{36})", driver.current_url)) and m.group(1),
-                       "the run's page to open", 60)
+        run_id = _wait(
+            lambda: (m := re.search(r"/runs/([0-9a-f-]{36})", driver.current_url)) and m.group(1),
+            "the run's page to open",
+            60,
+        )
     finally:
         driver.quit()
 
     new = {k: v for k, v in raw_corpus_runs().items() if k not in before}
     assert list(new) == [run_id]
-    status = _wait(lambda: (s := server.run_status(run_id)) in ("SUCCESS", "FAILURE", "CANCELED") and s,
-                   "the partition run to finish", 300, every=2, log=server.log)
+    status = _wait(
+        lambda: (s := server.run_status(run_id)) in ("SUCCESS", "FAILURE", "CANCELED") and s,
+        "the partition run to finish",
+        300,
+        every=2,
+        log=server.log,
+    )
     assert status == "SUCCESS", server.log.read_text(errors="replace")[-3000:]
     run = raw_corpus_runs()[run_id]
     assert sorted(a["path"] for a in run["assetSelection"]) == [["domain", "cleaned_text"], ["domain", "raw_corpus"]]
@@ -606,9 +844,12 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
     assert config["execution"] == expected["execution"]
 
     def materialization(key: list[str]) -> dict:
-        data = server.graphql("""query($key: AssetKeyInput!) { assetOrError(assetKey: $key) { ... on Asset {
+        data = server.graphql(
+            """query($key: AssetKeyInput!) { assetOrError(assetKey: $key) { ... on Asset {
             assetMaterializations(limit: 50) { runId partition metadataEntries { label
-              ... on IntMetadataEntry { intValue } ... on PathMetadataEntry { path } } } } } }""", {"key": {"path": key}})
+              ... on IntMetadataEntry { intValue } ... on PathMetadataEntry { path } } } } } }""",
+            {"key": {"path": key}},
+        )
         (mat,) = [m for m in data["assetOrError"]["assetMaterializations"] if m["runId"] == run_id]
         assert mat["partition"] == PARTITION_KEYS[0], key
         return {e["label"]: e.get("intValue", e.get("path")) for e in mat["metadataEntries"]}
@@ -643,20 +884,28 @@ def test_landed_file_is_cleaned_and_deduplicated_without_a_click(server):
     (mat,) = _wait(deduplicated, "the landed file to be deduplicated by automation", 900, every=5, log=server.log)
     md = {e["label"]: e.get("intValue") for e in mat["metadataEntries"]}
     assert md["partitions"] == 1 and md["input"] == md["kept"] == 1
-    runs = server.graphql("""{ runsOrError { ... on Runs { results { runId status assetSelection { path } tags { key value } } } } }""")
-    landed = [r for r in runs["runsOrError"]["results"] if any(a["path"][0] == "landed" for a in r["assetSelection"] or [])]
+    runs = server.graphql(
+        """{ runsOrError { ... on Runs { results { runId status assetSelection { path } tags { key value } } } } }"""
+    )
+    landed = [
+        r for r in runs["runsOrError"]["results"] if any(a["path"][0] == "landed" for a in r["assetSelection"] or [])
+    ]
     by_sensor = {}
     for r in landed:
         tags = {t["key"]: t["value"] for t in r["tags"]}
         by_sensor.setdefault(tags.get("dagster/sensor_name"), []).append(r)
-    assert sorted(by_sensor) == ["landed_automation", "landing_sensor"], by_sensor  # no run without a sensor: none by hand
+    assert sorted(by_sensor) == ["landed_automation", "landing_sensor"], (
+        by_sensor
+    )  # no run without a sensor: none by hand
     assert [r["status"] for r in by_sensor["landing_sensor"]] == ["SUCCESS"]
     assert mat["runId"] in {r["runId"] for r in by_sensor["landed_automation"]}
 
 
 def test_pool_and_terminating_training_runs_leaves_no_process(server, pretrain_shards):
-    train = deep_merge(tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],
-                       {"schedule": {"max_steps": 1_000_000}, "checkpointing": {"save_steps": 1000}})
+    train = deep_merge(
+        tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],
+        {"schedule": {"max_steps": 1_000_000}, "checkpointing": {"save_steps": 1000}},
+    )
     marker = str(server.root / "base_checkpoint")  # in the command line of torchrun and of every rank
 
     def training_processes():
@@ -674,11 +923,18 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server, pretrain_s
     def terminate_and_check(run_id: str, procs: dict[int, str]) -> None:
         # torchrun leads the group the launcher created; torch's elastic agent starts each rank in a session of its own.
         groups = {st[2] for p in procs if (st := proc_stat(p))}
-        data = server.graphql("""mutation($id: String!) { terminateRun(runId: $id) { __typename
-            ... on TerminateRunFailure { message } ... on PythonError { message } } }""", {"id": run_id})
+        data = server.graphql(
+            """mutation($id: String!) { terminateRun(runId: $id) { __typename
+            ... on TerminateRunFailure { message } ... on PythonError { message } } }""",
+            {"id": run_id},
+        )
         assert data["terminateRun"]["__typename"] == "TerminateRunSuccess", data
-        status = _wait(lambda: (s := server.run_status(run_id)) in ("CANCELED", "FAILURE", "SUCCESS") and s,
-                       "the run to be canceled", 120, every=1)
+        status = _wait(
+            lambda: (s := server.run_status(run_id)) in ("CANCELED", "FAILURE", "SUCCESS") and s,
+            "the run to be canceled",
+            120,
+            every=1,
+        )
         assert status == "CANCELED"
         survivors = {g: group_members(g) for g in groups if group_members(g)}
         assert not survivors, f"processes left in the training's process groups: {survivors}"
@@ -699,6 +955,8 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server, pretrain_s
     terminate_and_check(first, procs)
 
     # ... and starts once the slot is free; cancelling it also leaves nothing behind.
-    procs = _wait(training_processes, "the second training to start after the first released the pool slot", 300, every=1)
+    procs = _wait(
+        training_processes, "the second training to start after the first released the pool slot", 300, every=1
+    )
     assert [s.run_id for s in slots().claimed_slots] == [second]
     terminate_and_check(second, procs)

@@ -7,4 +7,6 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 CASES = TESTS / "cases"  # inputs that broke pipelines like ours; cases/README.md gives each one's right result
-TICKETS = TESTS / "data" / "support_tickets.jsonl"  # a new user's corpus: 800 labelled short records {"id", "category", "text"}
+TICKETS = (
+    TESTS / "data" / "support_tickets.jsonl"
+)  # a new user's corpus: 800 labelled short records {"id", "category", "text"}

@@ -34,30 +34,56 @@ SHORT_RUN = {"health": {"min_loss_decrease": 0.0, "min_nats_below_uniform": 0.0}
 def tiny_run_config(corpora_root: Path) -> dict:
     """A few kernel docs (at most 10 per data partition) and a few plays (at most 1 per partition),
     vocab 512, seq_len 64, llama-tiny, a few steps (SHORT_RUN)."""
-    train = {"model": {"preset": "llama-tiny"}, "schedule": {"max_steps": 12, "warmup_steps": 2, "micro_batch_size": 4},
-             "optimizer": {"learning_rate": 5e-3}, "checkpointing": {"save_steps": 6}, "tracking": {"logging_steps": 6},
-             "parallelism": {"zero_stage": 2}, **SHORT_RUN}
-    lora = {"schedule": {"max_steps": 6, "warmup_steps": 1, "micro_batch_size": 4}, "optimizer": {"learning_rate": 1e-2},
-            "checkpointing": {"save_steps": 3}, "tracking": {"logging_steps": 3}, "lora": {"r": 4, "lora_alpha": 8.0},
-            **SHORT_RUN}
-    return {"ops": {
-        "pretrain__raw_corpus": {"config": {"path": str(corpora_root / "linux-doc" / "admin-guide"), "max_documents": 10}},
-        "domain__raw_corpus": {"config": {"path": str(corpora_root / "shakespeare" / "comedies"), "max_documents": 1}},
-        "tokenizer": {"config": {"vocab_size": 512}},
-        "pretrain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.1}},
-        "domain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.1}},
-        "base_checkpoint": {"config": train},
-        "lora_adapter": {"config": lora},
-        "evaluation": {"config": {"max_sequences": 8}},
-    }}
+    train = {
+        "model": {"preset": "llama-tiny"},
+        "schedule": {"max_steps": 12, "warmup_steps": 2, "micro_batch_size": 4},
+        "optimizer": {"learning_rate": 5e-3},
+        "checkpointing": {"save_steps": 6},
+        "tracking": {"logging_steps": 6},
+        "parallelism": {"zero_stage": 2},
+        **SHORT_RUN,
+    }
+    lora = {
+        "schedule": {"max_steps": 6, "warmup_steps": 1, "micro_batch_size": 4},
+        "optimizer": {"learning_rate": 1e-2},
+        "checkpointing": {"save_steps": 3},
+        "tracking": {"logging_steps": 3},
+        "lora": {"r": 4, "lora_alpha": 8.0},
+        **SHORT_RUN,
+    }
+    return {
+        "ops": {
+            "pretrain__raw_corpus": {
+                "config": {"path": str(corpora_root / "linux-doc" / "admin-guide"), "max_documents": 10}
+            },
+            "domain__raw_corpus": {
+                "config": {"path": str(corpora_root / "shakespeare" / "comedies"), "max_documents": 1}
+            },
+            "tokenizer": {"config": {"vocab_size": 512}},
+            "pretrain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.1}},
+            "domain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.1}},
+            "base_checkpoint": {"config": train},
+            "lora_adapter": {"config": lora},
+            "evaluation": {"config": {"max_sequences": 8}},
+        }
+    }
 
 
 # What pretrain/token_shards is made from: its text is pretrain/filtered_text, whose relevance classifier
 # trains on the domain text against the pretraining text, and whose decontamination reads evaluation_sets.
-PRETRAIN_SHARDS_KEYS = ["pretrain/raw_corpus", "pretrain/cleaned_text", "pretrain/deduplicated_text",
-                        "domain/raw_corpus", "domain/cleaned_text", "domain/deduplicated_text",
-                        "relevance_classifier", "evaluation_sets", "pretrain/filtered_text", "tokenizer",
-                        "pretrain/token_shards"]
+PRETRAIN_SHARDS_KEYS = [
+    "pretrain/raw_corpus",
+    "pretrain/cleaned_text",
+    "pretrain/deduplicated_text",
+    "domain/raw_corpus",
+    "domain/cleaned_text",
+    "domain/deduplicated_text",
+    "relevance_classifier",
+    "evaluation_sets",
+    "pretrain/filtered_text",
+    "tokenizer",
+    "pretrain/token_shards",
+]
 
 
 def pretrain_shards_ops(corpora_root: Path) -> dict:
@@ -82,8 +108,18 @@ def english_sentences(n: int = 300) -> list[str]:
     """``n`` short, distinct, deterministic English sentences."""
     subjects = ["The cat", "A dog", "My sister", "The old man", "Our teacher", "The farmer"]
     verbs = ["walks to", "looks at", "talks about", "runs past", "waits for"]
-    objects = ["the river", "a small house", "the green field", "the market", "an empty road",
-               "the station", "the morning train", "a quiet garden", "the red barn", "the village"]
+    objects = [
+        "the river",
+        "a small house",
+        "the green field",
+        "the market",
+        "an empty road",
+        "the station",
+        "the morning train",
+        "a quiet garden",
+        "the red barn",
+        "the village",
+    ]
     out = [f"{s} {v} {o}." for s, v, o in itertools.product(subjects, verbs, objects)]
     assert len(out) >= n
     return out[:n]
@@ -102,11 +138,15 @@ def labelled_corpus(path: Path) -> Path:
     recs, k = [], 0
     for label, n in CLASSES.items():
         for _ in range(n):
-            recs.append({"id": f"{label}-{len(recs)}", "text": "\n".join(order[k * 10:(k + 1) * 10]), "category": label})
+            recs.append(
+                {"id": f"{label}-{len(recs)}", "text": "\n".join(order[k * 10 : (k + 1) * 10]), "category": label}
+            )
             k += 1
         recs.append({"id": f"{label}-short", "text": f"Where is my {label} answer?", "category": label})
     first = recs[0]["text"]
-    recs.append({"id": "billing-exact", "text": recs[CLASSES["billing"] - 1]["text"].replace(" ", "  "), "category": "billing"})
+    recs.append(
+        {"id": "billing-exact", "text": recs[CLASSES["billing"] - 1]["text"].replace(" ", "  "), "category": "billing"}
+    )
     recs.append({"id": "billing-near", "text": first.replace(first.split()[3], "lake", 1), "category": "billing"})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))

@@ -53,7 +53,9 @@ def blocks(doc: str) -> list[Block]:
             end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
             if end is None:
                 raise ValueError(f"{doc}:{i + 1}: a code block that is never closed")
-            text = "".join(f"{ln[len(indent):] if ln.startswith(indent) else ln.lstrip()}\n" for ln in lines[i + 1:end])
+            text = "".join(
+                f"{ln[len(indent) :] if ln.startswith(indent) else ln.lstrip()}\n" for ln in lines[i + 1 : end]
+            )
             above = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
             c = CHECKED.match(above)
             checked = tuple(t.strip() for t in c.group(1).split(",")) if c else ()

@@ -26,8 +26,16 @@ QUALITY = QualityConfig(gopher_repetition=True, c4=True)
 PARTITIONS = 2
 
 
-CASES = ["bom_crlf.jsonl", "lone_surrogate.jsonl", "tiny_docs.jsonl", "unicode_variants.jsonl", "null_ids.jsonl",
-         "mixed_parquet", "misnamed_compressed", "deep_nesting.jsonl"]
+CASES = [
+    "bom_crlf.jsonl",
+    "lone_surrogate.jsonl",
+    "tiny_docs.jsonl",
+    "unicode_variants.jsonl",
+    "null_ids.jsonl",
+    "mixed_parquet",
+    "misnamed_compressed",
+    "deep_nesting.jsonl",
+]
 
 
 def contract_corpus(cases: Path, root: Path) -> Path:
@@ -38,13 +46,14 @@ def contract_corpus(cases: Path, root: Path) -> Path:
     for c in CASES:
         (shutil.copytree if (cases / c).is_dir() else shutil.copy)(cases / c, root / c)
     tickets = [json.loads(line)["text"] for line in TICKETS.read_text().splitlines()[:200]]
-    docs = [" ".join(tickets[i:i + 5]) for i in range(0, 200, 5)]
+    docs = [" ".join(tickets[i : i + 5]) for i in range(0, 200, 5)]
     (root / "docs.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs)))
     words = docs[3].split(" ")
     copies = [docs[3].replace(" ", "  "), " ".join(words[:-3] + ["really"] + words[-2:])]
     (root / "more").mkdir()
-    (root / "more" / "copies.jsonl").write_text("".join(json.dumps({"id": f"c{i}", "text": t}) + "\n"
-                                                        for i, t in enumerate(copies)))
+    (root / "more" / "copies.jsonl").write_text(
+        "".join(json.dumps({"id": f"c{i}", "text": t}) + "\n" for i, t in enumerate(copies))
+    )
     return root
 
 
@@ -74,11 +83,20 @@ def _others(d: Path) -> list[str]:
 
 def check_executor(executor: Executor, corpus: Path, out: Path) -> None:
     """Assert that ``executor`` gives the local outputs and counts on ``corpus`` (module docstring)."""
-    expect = _chain(out / "reference", corpus, ingest, lambda i, o: clean_corpus(i, o, QUALITY),
-                    lambda i, o: deduplicate(i, o, DedupConfig()))
-    got = _chain(out / executor.name, corpus, executor.ingest,
-                 lambda i, o: executor.map_parts(WithSignatures(Cleaning(QUALITY), DedupConfig()), i, o),
-                 lambda i, o: executor.deduplicate(i, o, DedupConfig()))
+    expect = _chain(
+        out / "reference",
+        corpus,
+        ingest,
+        lambda i, o: clean_corpus(i, o, QUALITY),
+        lambda i, o: deduplicate(i, o, DedupConfig()),
+    )
+    got = _chain(
+        out / executor.name,
+        corpus,
+        executor.ingest,
+        lambda i, o: executor.map_parts(WithSignatures(Cleaning(QUALITY), DedupConfig()), i, o),
+        lambda i, o: executor.deduplicate(i, o, DedupConfig()),
+    )
     for step, counts in got.items():
         assert counts.pop(RECORD)["executor"] == executor.name, step
         counts.pop("parts", None)  # part-file boundaries of raw_corpus may differ; their contents in order may not
@@ -92,8 +110,12 @@ def check_executor(executor: Executor, corpus: Path, out: Path) -> None:
         assert _others(b) == _others(a), f"{d}: other files"
     # the signatures: computed with the cleaning, per partition, as the reference's global step computes them
     made = [out / executor.name / f"clean{p}" / SIGNATURES for p in range(PARTITIONS)]
-    assert all(s.is_dir() and sorted(f.name for f in s.iterdir()) == sorted([*(f.name for f in part_files(s.parent)), SIGNATURE_SETTINGS])
-               for s in made), "cleaned partitions: one signature file per part and the settings"
+    assert all(
+        s.is_dir()
+        and sorted(f.name for f in s.iterdir()) == sorted([*(f.name for f in part_files(s.parent)), SIGNATURE_SETTINGS])
+        for s in made
+    ), "cleaned partitions: one signature file per part and the settings"
     assert _rows(out / "reference" / "dd" / SIGNATURES).equals(
-        pl.concat([_rows(s) for s in made], how="vertical_relaxed")), "signatures differ"
+        pl.concat([_rows(s) for s in made], how="vertical_relaxed")
+    ), "signatures differ"
     assert not (out / executor.name / "dd" / SIGNATURES).exists(), "dd: the global step computed signatures again"

@@ -17,8 +17,9 @@ def is_partitioned(key: str) -> bool:
 
 def step_events(instance, run_id: str, step: str) -> list[str]:
     """The event types of step ``step`` in run ``run_id``, in order."""
-    return [e.dagster_event.event_type_value for e in instance.all_logs(run_id)
-            if e.dagster_event and e.step_key == step]
+    return [
+        e.dagster_event.event_type_value for e in instance.all_logs(run_id) if e.dagster_event and e.step_key == step
+    ]
 
 
 def step_failure(result) -> tuple[str, dict]:
@@ -60,8 +61,15 @@ class Runs:
         return self.last.output_for_node(node)
 
 
-def materialize_lineage(assets, resources, instance, run_config: dict, selection: list[str] | None = None,
-                        partitions: list[str] | None = None, **kw) -> Runs:
+def materialize_lineage(
+    assets,
+    resources,
+    instance,
+    run_config: dict,
+    selection: list[str] | None = None,
+    partitions: list[str] | None = None,
+    **kw,
+) -> Runs:
     """Materialize ``selection`` (user strings; every asset of ``assets`` when None) with ``run_config``
     cut down to each run's assets: the partitioned keys once per partition in ``partitions`` (all
     when None), then the others in one run. Stops after the first failed run."""
@@ -72,8 +80,15 @@ def materialize_lineage(assets, resources, instance, run_config: dict, selection
 
     def one(keys, **extra):
         ops = {op: c for op, c in run_config.get("ops", {}).items() if op.replace("__", "/") in keys}
-        return materialize(assets, resources=resources, instance=instance, run_config={"ops": ops},
-                           selection=[AssetKey.from_user_string(k) for k in keys], **kw, **extra)
+        return materialize(
+            assets,
+            resources=resources,
+            instance=instance,
+            run_config={"ops": ops},
+            selection=[AssetKey.from_user_string(k) for k in keys],
+            **kw,
+            **extra,
+        )
 
     results = []
     for pk in (partitions or PARTITION_KEYS) if parted else []:

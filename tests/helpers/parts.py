@@ -9,6 +9,8 @@ def write_parts(d: Path, parts: list[list[tuple[str, str]]]) -> Path:
     """``d/part-NNNNN.parquet``, one per entry of ``parts``: rows (doc_id, text), source ``"src"``. Returns ``d``."""
     d.mkdir(parents=True, exist_ok=True)
     for i, rows in enumerate(parts):
-        pl.DataFrame({"doc_id": [r[0] for r in rows], "source": ["src"] * len(rows), "text": [r[1] for r in rows]},
-                     schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8}).write_parquet(d / f"part-{i:05d}.parquet")
+        pl.DataFrame(
+            {"doc_id": [r[0] for r in rows], "source": ["src"] * len(rows), "text": [r[1] for r in rows]},
+            schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8},
+        ).write_parquet(d / f"part-{i:05d}.parquet")
     return d

@@ -38,8 +38,8 @@ def wandb_artifacts(runs: list[Path]) -> dict[str, dict[str, str]]:
             if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
                 pos += block - pos % block
                 continue
-            length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+            chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
             if kind in (1, 2):
                 pending = chunk
             elif kind in (3, 4):
@@ -89,9 +89,15 @@ def someones_tokenizer(src: Path) -> tuple[int, int]:
     tok.decoder = decoders.ByteLevel()
     rng = np.random.default_rng(1)
     texts = [" ".join(rng.permutation(SENTENCES)) for _ in range(40)]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok.save(str(src / "tokenizer.json"))
     (src / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     return tok.token_to_id("<s>"), tok.token_to_id("</s>")

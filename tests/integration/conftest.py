@@ -22,7 +22,9 @@ def shards(tmp_path_factory) -> Path:
     docs.mkdir()
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.permutation(SENTENCES)) for _ in range(60)]
-    pl.DataFrame({"doc_id": [f"d{i}" for i in range(60)], "source": ["t"] * 60, "text": texts}).write_parquet(docs / "part-00000.parquet")
+    pl.DataFrame({"doc_id": [f"d{i}" for i in range(60)], "source": ["t"] * 60, "text": texts}).write_parquet(
+        docs / "part-00000.parquet"
+    )
     train_bpe([texts], 320, root / "tok")
     out = root / "shards"
     out.mkdir()
@@ -38,9 +40,10 @@ def tiny_shards(tmp_path, bpe_dir, sentences) -> Path:
 
     docs = tmp_path / "docs"
     docs.mkdir()
-    texts = [" ".join(sentences[i:i + 12]) for i in range(0, 240, 4)]
-    pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts),
-                  "text": texts}).write_parquet(docs / "part-00000.parquet")
+    texts = [" ".join(sentences[i : i + 12]) for i in range(0, 240, 4)]
+    pl.DataFrame(
+        {"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts), "text": texts}
+    ).write_parquet(docs / "part-00000.parquet")
     out = tmp_path / "shards"
     out.mkdir()
     build_token_shards(docs, bpe_dir, out, seq_len=32, validation_fraction=0.1)

@@ -17,7 +17,7 @@ def test_histogram_counts_null_as_its_own_class():
 def test_down_sample_uniform_and_weighted():
     out, meta = balance(DF, "y")
     assert meta["before"] == {"a": 6, "b": 2, "c": 4} and meta["after"] == {"a": 2, "b": 2, "c": 2}
-    assert out["id"].n_unique() == 6 and out["id"].is_sorted()      # no row twice, input order
+    assert out["id"].n_unique() == 6 and out["id"].is_sorted()  # no row twice, input order
     # N = min(6/.5, 2/.25, 4/.25) = 8 -> a 4, b 2, c 2
     out, meta = balance(DF, "y", {"a": 0.5, "b": 0.25, "c": 0.25})
     assert meta["after"] == {"a": 4, "b": 2, "c": 2}
@@ -58,9 +58,10 @@ def _parts(d, labels_per_part):
     for i, labels in enumerate(labels_per_part):
         ids = [f"d{n + j}" for j in range(len(labels))]
         n += len(labels)
-        pl.DataFrame({"doc_id": ids, "source": ["s"] * len(ids), "text": [f"text {x}" for x in ids], "label": labels},
-                     schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8, "label": pl.Utf8}
-                     ).write_parquet(d / f"part-{i:05d}.parquet")
+        pl.DataFrame(
+            {"doc_id": ids, "source": ["s"] * len(ids), "text": [f"text {x}" for x in ids], "label": labels},
+            schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8, "label": pl.Utf8},
+        ).write_parquet(d / f"part-{i:05d}.parquet")
     return d
 
 
@@ -76,7 +77,9 @@ def test_balance_parts_down_equals_balancing_the_concatenation(tmp_path):
     got = pl.concat([pl.read_parquet(p) for p in sorted(d.glob("part-*.parquet"))])
     assert got.equals(expect) and got.height == 6
     dropped = pl.read_parquet(d / "balance_dropped.parquet")
-    assert meta["balance_dropped"] == dropped.height == 4 and dropped["reason"].unique().to_list() == ["balance_downsample"]
+    assert meta["balance_dropped"] == dropped.height == 4 and dropped["reason"].unique().to_list() == [
+        "balance_downsample"
+    ]
     assert set(dropped["doc_id"]) | set(got["doc_id"]) == set(whole["doc_id"]) and "copies" not in got.columns
 
 
@@ -114,12 +117,12 @@ def _labelled_corpus(path):
     import json
 
     def doc(i, label=...):
-        rec = {"text": f"the cat and the dog of " + " ".join(f"w{i}x{j}" for j in range(10))}
+        rec = {"text": "the cat and the dog of " + " ".join(f"w{i}x{j}" for j in range(10))}
         if label is not ...:
             rec["y"] = label
         return json.dumps(rec)
 
-    lines = [doc(i, "a") for i in range(6)] + [doc(0, "a")]                 # 6 a + an exact duplicate of doc 0
+    lines = [doc(i, "a") for i in range(6)] + [doc(0, "a")]  # 6 a + an exact duplicate of doc 0
     lines += [doc(10, "b"), doc(11, "b"), doc(20, "c"), doc(21, "c"), doc(22, "c")]
     lines += [doc(30), json.dumps({"text": "the and", "y": "b"}), "{not json"]  # no label; too short; rejected
     path.write_text("\n".join(lines) + "\n")
@@ -135,10 +138,13 @@ def _materialize(root, src, dedup_config):
     from largetrain_dagster.definitions import build_definitions
 
     defs = build_definitions(root=str(root), wandb_mode="disabled")
-    run_config = {"ops": {
-        "domain__raw_corpus": {"config": {"path": str(src), "label_field": "y", "max_rejected_fraction": 0.5}},
-        "domain__cleaned_text": {"config": {"min_words": 3}},
-        "domain__deduplicated_text": {"config": dedup_config}}}
+    run_config = {
+        "ops": {
+            "domain__raw_corpus": {"config": {"path": str(src), "label_field": "y", "max_rejected_fraction": 0.5}},
+            "domain__cleaned_text": {"config": {"min_words": 3}},
+            "domain__deduplicated_text": {"config": dedup_config},
+        }
+    }
     with DagsterInstance.ephemeral() as instance:
         # one JSONL file: it lives in one data partition, the others read nothing
         result = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, run_config)
@@ -156,8 +162,13 @@ def test_dagster_balance_downsample_and_upsample(tmp_path):
     assert "| `<null>` | 1 | 0 |" in table and "| `a` | 6 | 2 |" in table and "| `b` | 2 | 2 |" in table
     assert "| `c` | 3 | 2 |" in table and "| **total** | **12** | **6** |" in table
     # 15 records: 1 rejected, 1 filtered by min_words, 1 exact duplicate, 6 dropped by the balance, 6 kept
-    assert (md["documents_input"].value, md["documents_rejected"].value, md["documents_duplicate"].value,
-            md["documents_filtered"].value, md["documents_kept"].value) == (15, 1, 1, 7, 6)
+    assert (
+        md["documents_input"].value,
+        md["documents_rejected"].value,
+        md["documents_duplicate"].value,
+        md["documents_filtered"].value,
+        md["documents_kept"].value,
+    ) == (15, 1, 1, 7, 6)
     assert "| filtered | balance_downsample | 6 |" in md["outcomes_by_reason"].value
     out = Path(md["path"].value)
     parts = pl.concat([pl.read_parquet(p) for p in sorted(out.glob("part-*.parquet"))])
@@ -167,7 +178,10 @@ def test_dagster_balance_downsample_and_upsample(tmp_path):
     # up-sampling to uniform over every class present (<null> included): each class to 6 rows
     md, checks = _materialize(tmp_path / "root", src, {"balance_target": {}, "balance_mode": "upsample"})
     assert [(c.check_name, c.passed) for c in checks] == [("accounting", True)]
-    assert "| `<null>` | 1 | 6 |" in md["class_histogram"].value and "| **total** | **12** | **24** |" in md["class_histogram"].value
+    assert (
+        "| `<null>` | 1 | 6 |" in md["class_histogram"].value
+        and "| **total** | **12** | **24** |" in md["class_histogram"].value
+    )
     assert (md["documents_kept"].value, md["documents_filtered"].value, md["balance_repeats"].value) == (12, 1, 12)
     parts = pl.concat([pl.read_parquet(p) for p in sorted(Path(md["path"].value).glob("part-*.parquet"))])
     assert parts.height == parts["doc_id"].n_unique() == 12 and parts["copies"].sum() == 24
@@ -189,16 +203,24 @@ def _run_chain(root, src, raw_config, dedup_config):
     from largetrain_dagster.summary import render
 
     defs = build_definitions(root=str(root), wandb_mode="disabled")
-    run_config = {"ops": {
-        "domain__raw_corpus": {"config": {"path": str(src), "max_rejected_fraction": 0.5, **raw_config}},
-        "domain__cleaned_text": {"config": {"min_words": 3}},
-        "domain__deduplicated_text": {"config": dedup_config}}}
+    run_config = {
+        "ops": {
+            "domain__raw_corpus": {"config": {"path": str(src), "max_rejected_fraction": 0.5, **raw_config}},
+            "domain__cleaned_text": {"config": {"min_words": 3}},
+            "domain__deduplicated_text": {"config": dedup_config},
+        }
+    }
     with DagsterInstance.ephemeral() as instance:
-        result = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, run_config, raise_on_error=False)
+        result = materialize_lineage(
+            corpus_assets("domain")[:3], defs.resources, instance, run_config, raise_on_error=False
+        )
         logs = [e for r in result.results for e in instance.all_logs(r.run_id)]
         warnings = [e.user_message for e in logs if e.dagster_event is None and e.level == logging.WARNING]
-        failures = [e.dagster_event.step_failure_data.error.message for e in logs
-                    if e.dagster_event and e.dagster_event.is_step_failure]
+        failures = [
+            e.dagster_event.step_failure_data.error.message
+            for e in logs
+            if e.dagster_event and e.dagster_event.is_step_failure
+        ]
         md = [m.metadata for m in result.asset_materializations_for_node("domain__deduplicated_text")]
         return result.success, warnings, failures, md, render(instance)
 
@@ -209,9 +231,11 @@ def test_labels_read_but_not_balanced_warn_and_show_the_class_counts(tmp_path):
     assert ok
     # 12 kept: a 6 (the exact duplicate of doc 0 removed), c 3, b 2, <null> 1 (doc 30)
     (w,) = [w for w in warnings if "not balanced" in w]
-    assert w.startswith("domain corpus: labels were read (raw_corpus label_field) but not balanced: balance_target is "
-                        "null. Documents per class: a 6, c 3, b 2, <null> 1. deduplicated_text `balance_target: {}` "
-                        "gives every class an equal share")
+    assert w.startswith(
+        "domain corpus: labels were read (raw_corpus label_field) but not balanced: balance_target is "
+        "null. Documents per class: a 6, c 3, b 2, <null> 1. deduplicated_text `balance_target: {}` "
+        "gives every class an equal share"
+    )
     assert md[0]["labels_not_balanced"].value == {"a": 6, "b": 2, "c": 3, "<null>": 1}
     assert "  labels read, not balanced (balance_target null): documents per class a 6, c 3, b 2, <null> 1" in summary
 
@@ -224,11 +248,15 @@ def test_labels_read_but_not_balanced_warn_and_show_the_class_counts(tmp_path):
 def test_balance_target_without_labels_fails_before_any_work(tmp_path):
     src = _labelled_corpus(tmp_path / "labelled.jsonl")
     root = tmp_path / "root"
-    for raw, why in (({}, "raw_corpus label_field is null (set it to the field holding the class)"),
-                     ({"label_field": "category"}, "none of the 14 documents has the field raw_corpus label_field names")):
+    for raw, why in (
+        ({}, "raw_corpus label_field is null (set it to the field holding the class)"),
+        ({"label_field": "category"}, "none of the 14 documents has the field raw_corpus label_field names"),
+    ):
         ok, _, failures, md, _ = _run_chain(root, src, raw, {"balance_target": {}, "balance_mode": "upsample"})
         assert not ok and not md
         (msg,) = failures
-        assert f"domain/deduplicated_text: balance_target is set but no labels were read: {why}. Set label_field and " \
-               "re-materialize domain/raw_corpus for every partition, or set balance_target: null." in msg
+        assert (
+            f"domain/deduplicated_text: balance_target is set but no labels were read: {why}. Set label_field and "
+            "re-materialize domain/raw_corpus for every partition, or set balance_target: null." in msg
+        )
         assert not (root / "domain" / "deduplicated_text").exists()  # nothing deduplicated, nothing written

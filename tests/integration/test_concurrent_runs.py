@@ -20,7 +20,9 @@ DAGSTER = str(Path(sys.executable).with_name("dagster"))
 
 def _corpus(path: Path, documents: int = 30_000) -> None:
     """A JSONL corpus big enough that reading and cleaning take seconds, so the two runs overlap."""
-    words = "the a river small house green field market road station morning train quiet garden red barn village".split()
+    words = (
+        "the a river small house green field market road station morning train quiet garden red barn village".split()
+    )
     with open(path, "w") as f:
         for i in range(documents):
             text = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(60 + i % 40)) + f". Record {i}."
@@ -43,17 +45,41 @@ def test_two_runs_of_one_partition_at_once_both_succeed_on_local_disk(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     _corpus(corpus)
     root = tmp_path / "root"
-    env = {**os.environ, "LARGETRAIN_ROOT": str(root), "DAGSTER_HOME": str(tmp_path / "home"),
-           "LARGETRAIN_DATA_PARTITIONS": "1", "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "LARGETRAIN_ROOT": str(root),
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "LARGETRAIN_DATA_PARTITIONS": "1",
+        "PYTHONPATH": str(REPO),
+    }
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({"ops": {"domain__raw_corpus": {"config": {"path": str(corpus)}},
-                                       "domain__cleaned_text": {"config": {"gopher_quality": False, "c4": False}}}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "ops": {
+                    "domain__raw_corpus": {"config": {"path": str(corpus)}},
+                    "domain__cleaned_text": {"config": {"gopher_quality": False, "c4": False}},
+                }
+            }
+        )
+    )
     # the instance exists already, as after `make demo` (two CLIs creating one SQLite store at once race in Dagster)
     subprocess.run([DAGSTER, "instance", "migrate"], cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
-    cmd = [DAGSTER, "asset", "materialize", "-m", "largetrain_dagster.definitions", "--select",
-           "domain/raw_corpus,domain/cleaned_text", "--partition", "000", "-c", str(cfg)]
+    cmd = [
+        DAGSTER,
+        "asset",
+        "materialize",
+        "-m",
+        "largetrain_dagster.definitions",
+        "--select",
+        "domain/raw_corpus,domain/cleaned_text",
+        "--partition",
+        "000",
+        "-c",
+        str(cfg),
+    ]
     seen: dict = {}
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(root, seen, stop), daemon=True)
@@ -74,7 +100,10 @@ def test_two_runs_of_one_partition_at_once_both_succeed_on_local_disk(tmp_path):
     # one version per step, each directory the same one from its commit to the end
     assert len(seen) == 2 and all(len(inodes) == 1 and None not in inodes for inodes in seen.values()), seen
     # each step was built by one run and reused by the other (the later to finish discards its result)
-    said = [o.count("reusing that one, this run's identical result discarded") + o.count("matches its manifest") for o in out]
+    said = [
+        o.count("reusing that one, this run's identical result discarded") + o.count("matches its manifest")
+        for o in out
+    ]
     assert sum(said) == 2, said
     handle = read_handle(root, AssetKey(["domain", "cleaned_text"]), "000")
     assert handle["stats"]["input"] == 30_000 and str(Path(handle["path"])) in seen

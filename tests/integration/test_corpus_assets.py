@@ -37,14 +37,26 @@ def test_dagster_failures_name_the_files_and_the_repeated_ids(tmp_path):
     for m in names:  # every shard numbers its records from 0; two shards in different partitions clash on "0"
         write_jsonl(src / m, [{"id": "0" if m in (first, second) else m, "text": f"text of {m}"}])
     with DagsterInstance.ephemeral() as instance:
-        runs = materialize_lineage(corpus_assets("domain")[:1], defs.resources, instance,
-                                   {"ops": {"domain__raw_corpus": {"config": {"path": str(bad)}}}}, raise_on_error=False)
+        runs = materialize_lineage(
+            corpus_assets("domain")[:1],
+            defs.resources,
+            instance,
+            {"ops": {"domain__raw_corpus": {"config": {"path": str(bad)}}}},
+            raise_on_error=False,
+        )
         assert not runs.success
-        assert any("records rejected, more than max_rejected_fraction=0.05; by file: mostly_broken.jsonl (5)" in m
-                   for m in _failures(runs)), _failures(runs)
+        assert any(
+            "records rejected, more than max_rejected_fraction=0.05; by file: mostly_broken.jsonl (5)" in m
+            for m in _failures(runs)
+        ), _failures(runs)
 
-        ops = {"domain__raw_corpus": {"config": {"path": str(src)}}, "domain__cleaned_text": {"config": {"gopher_quality": False}}}
-        runs = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops}, raise_on_error=False)
+        ops = {
+            "domain__raw_corpus": {"config": {"path": str(src)}},
+            "domain__cleaned_text": {"config": {"gopher_quality": False}},
+        }
+        runs = materialize_lineage(
+            corpus_assets("domain")[:3], defs.resources, instance, {"ops": ops}, raise_on_error=False
+        )
         assert not runs.success
         where = ", ".join(sorted(f"{PARTITION_KEYS[partition_of(m, n)]}: {m}" for m in (first, second)))
         assert any(f"'0' in {where}" in m and "id_field: null" in m for m in _failures(runs)), _failures(runs)[0][-400:]
@@ -64,9 +76,13 @@ def test_dagster_materialization_of_the_cases_keeps_the_good_records_and_counts_
     for f in (cases / "utf16_text").iterdir():
         (corpus / f.name).write_bytes(f.read_bytes())
     defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
-    cfg = {"ops": {"domain__raw_corpus": {"config": {"path": str(corpus), "max_rejected_fraction": 0.5}},
-                   "domain__cleaned_text": {"config": {"gopher_quality": False, "gopher_repetition": False, "c4": False}},
-                   "domain__deduplicated_text": {"config": {"near": False}}}}
+    cfg = {
+        "ops": {
+            "domain__raw_corpus": {"config": {"path": str(corpus), "max_rejected_fraction": 0.5}},
+            "domain__cleaned_text": {"config": {"gopher_quality": False, "gopher_repetition": False, "c4": False}},
+            "domain__deduplicated_text": {"config": {"near": False}},
+        }
+    }
     instance = DagsterInstance.ephemeral()
     result = materialize_lineage(corpus_assets("domain"), defs.resources, instance, cfg, raise_on_error=False)
     assert result.success
@@ -76,16 +92,29 @@ def test_dagster_materialization_of_the_cases_keeps_the_good_records_and_counts_
     assert (total("documents"), total("rejected"), total("utf16_files"), total("blank_lines")) == (12, 2, 2, 0)
     assert total("documents") + total("rejected") == 5 + 6 + 3  # every line of the JSONL files, every text file
     rejected = [r for m in raw if "rejected_file" in m for r in pq.read_table(m["rejected_file"].value).to_pylist()]
-    assert sorted((r["source"], r["position"]) for r in rejected) == [("deep_nesting.jsonl", 3), ("huge_integer.jsonl", 3)]
+    assert sorted((r["source"], r["position"]) for r in rejected) == [
+        ("deep_nesting.jsonl", 3),
+        ("huge_integer.jsonl", 3),
+    ]
     logs = [e for r in result.results for e in instance.all_logs(r.run_id)]
     warnings = " ".join(e.user_message for e in logs if e.dagster_event is None and e.level == logging.WARNING)
     assert "(first: deep_nesting.jsonl:3)" in warnings and "(first: huge_integer.jsonl:3)" in warnings
     dedup = result.asset_materializations_for_node("domain__deduplicated_text")[0].metadata
     # the cases share their sentences: the UTF-16 files' decoded texts are exact duplicates of UTF-8 records
-    assert (dedup["documents_rejected"].value, dedup["documents_duplicate"].value, dedup["documents_kept"].value) == (2, 6, 6)
-    expected = {json.loads(line)["text"] for name in ("deep_nesting.jsonl", "huge_integer.jsonl")
-                for i, line in enumerate((cases / name).read_text().splitlines()) if i != 2}
-    expected |= {docs.column("text")[i].as_py().strip() for docs in [read_all(cases / "utf16_text")[0]] for i in range(3)}
+    assert (dedup["documents_rejected"].value, dedup["documents_duplicate"].value, dedup["documents_kept"].value) == (
+        2,
+        6,
+        6,
+    )
+    expected = {
+        json.loads(line)["text"]
+        for name in ("deep_nesting.jsonl", "huge_integer.jsonl")
+        for i, line in enumerate((cases / name).read_text().splitlines())
+        if i != 2
+    }
+    expected |= {
+        docs.column("text")[i].as_py().strip() for docs in [read_all(cases / "utf16_text")[0]] for i in range(3)
+    }
     kept = pa.concat_tables([pq.read_table(f) for f in sorted(Path(dedup["path"].value).glob("part-*.parquet"))])
     assert len(expected) == 6 and {t.strip() for t in kept.column("text").to_pylist()} == expected
     (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "accounting"]

@@ -19,24 +19,50 @@ from helpers.processes import processes_mentioning
 from largetrain_dagster.partitions import DATA_PARTITIONS
 
 
-
 def test_demo_starts_dagster_dev_submits_the_run_and_stops_the_server(tmp_path):
     home, root = tmp_path / "home", tmp_path / "root"
     home.mkdir(), root.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     config = tmp_path / "demo.yaml"
     rules_off = {"gopher_quality": False, "gopher_repetition": False, "c4": False}  # short records
-    config.write_text(json.dumps({"ops": {
-        **{f"{role}__raw_corpus": {"config": {"path": str(TICKETS), "max_documents": 20}} for role in ("pretrain", "domain")},
-        **{f"{role}__cleaned_text": {"config": rules_off} for role in ("pretrain", "domain")},
-        # a graph-backed asset's key (its ops are token_shards.plan, ...): a step of the code location, not of this job
-        "pretrain__token_shards": {"config": {"seq_len": 64}}}}))
+    config.write_text(
+        json.dumps(
+            {
+                "ops": {
+                    **{
+                        f"{role}__raw_corpus": {"config": {"path": str(TICKETS), "max_documents": 20}}
+                        for role in ("pretrain", "domain")
+                    },
+                    **{f"{role}__cleaned_text": {"config": rules_off} for role in ("pretrain", "domain")},
+                    # a graph-backed asset's key (its ops are token_shards.plan, ...): a step of the code location, not of this job
+                    "pretrain__token_shards": {"config": {"seq_len": 64}},
+                }
+            }
+        )
+    )
     partition = DATA_PARTITIONS.get_partition_keys()[0]
     env = {**os.environ, "DAGSTER_HOME": str(home), "LARGETRAIN_ROOT": str(root), "LARGETRAIN_WANDB_MODE": "disabled"}
     log = tmp_path / "demo.log"
-    r = subprocess.run([sys.executable, "-m", "largetrain_dagster.demo", "-c", str(config), "--jobs", "prepare_partitions",
-                        "--partitions", partition, "--log", str(log)], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "largetrain_dagster.demo",
+            "-c",
+            str(config),
+            "--jobs",
+            "prepare_partitions",
+            "--partitions",
+            partition,
+            "--log",
+            str(log),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + log.read_text(errors="replace")[-3000:]
     assert "starting dagster dev" in out and "stopping dagster dev" in out

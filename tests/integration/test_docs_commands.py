@@ -25,9 +25,20 @@ def test_cli_commands(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
-    env = {**os.environ, "DAGSTER_HOME": str(home), "LARGETRAIN_ROOT": str(tmp_path / "root"), "LARGETRAIN_WANDB_MODE": "disabled"}
-    r = subprocess.run(shlex.split(validate.replace(".venv/bin/", f"{BIN}/")), cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=300)
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "LARGETRAIN_ROOT": str(tmp_path / "root"),
+        "LARGETRAIN_WANDB_MODE": "disabled",
+    }
+    r = subprocess.run(
+        shlex.split(validate.replace(".venv/bin/", f"{BIN}/")),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "Validation successful" in r.stdout + r.stderr
 
@@ -65,10 +76,19 @@ def test_run_config_blocks_are_valid(block, tmp_path):
     config = yaml.safe_load(block.text)
     defs = build_definitions(root=str(tmp_path))
     prepare = set(defs.resolve_job_def("prepare_partitions").graph.node_dict)
-    job_name = ("optimization_ablation" if "optimization_report" in config["ops"] else
-                "prepare_partitions" if set(config["ops"]) <= prepare else "lineage")
+    job_name = (
+        "optimization_ablation"
+        if "optimization_report" in config["ops"]
+        else "prepare_partitions"
+        if set(config["ops"]) <= prepare
+        else "lineage"
+    )
     job = defs.resolve_job_def(job_name)
-    steps = {n for j in ("lineage", "optimization_ablation", "prepare_partitions") for n in defs.resolve_job_def(j).graph.node_dict}
+    steps = {
+        n
+        for j in ("lineage", "optimization_ablation", "prepare_partitions")
+        for n in defs.resolve_job_def(j).graph.node_dict
+    }
     check_ops_keys(config, set(job.graph.node_dict), steps)
     validate_run_config(job, config)
 
@@ -98,19 +118,34 @@ def test_bucket_recipe_commands(tmp_path, s3_server, s3_bucket):
 
     (block,) = section_blocks("docs/guides/your-data.md", "Your corpus and the storage root in a bucket", "sh")
     assert "s3://my-bucket/corpora/tickets.jsonl" in (REPO / "docs/guides/your-data.md").read_text()
-    script = (block.text.replace("http://127.0.0.1:9000", s3_server).replace("s3://my-bucket", s3_bucket)
-              .replace("$PWD/.largetrain", str(tmp_path / "lt")).replace(".venv/bin/", f"{BIN}/")
-              .replace("configs/lora_on_my_corpus.yaml", str(recipe)))
+    script = (
+        block.text.replace("http://127.0.0.1:9000", s3_server)
+        .replace("s3://my-bucket", s3_bucket)
+        .replace("$PWD/.largetrain", str(tmp_path / "lt"))
+        .replace(".venv/bin/", f"{BIN}/")
+        .replace("configs/lora_on_my_corpus.yaml", str(recipe))
+    )
     assert script.count(str(recipe)) == 2 and f"LARGETRAIN_ROOT={s3_bucket}/largetrain" in script
     assert f"AWS_ENDPOINT_URL={s3_server}" in script
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "LARGETRAIN_"))}
     # Two data partitions keep it short (the loop runs over what the partitions command prints); the local cache
     # in tmp_path, so that what is written locally can be listed.
-    env.update(LARGETRAIN_WANDB_MODE="disabled", OMP_NUM_THREADS="1", LARGETRAIN_DATA_PARTITIONS="2",
-               LARGETRAIN_CACHE=str(tmp_path / "cache"))
+    env.update(
+        LARGETRAIN_WANDB_MODE="disabled",
+        OMP_NUM_THREADS="1",
+        LARGETRAIN_DATA_PARTITIONS="2",
+        LARGETRAIN_CACHE=str(tmp_path / "cache"),
+    )
     assert env["AWS_SECRET_ACCESS_KEY"]  # the credentials come from the environment, as the recipe says
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=1800, start_new_session=True)
+    run = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        start_new_session=True,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert out.count("RUN_SUCCESS") == 3, out[-4000:]
@@ -119,7 +154,7 @@ def test_bucket_recipe_commands(tmp_path, s3_server, s3_bucket):
     lines = run.stdout.splitlines()
     at = next(i for i, x in enumerate(lines) if x.startswith("domain corpus (domain):"))
     assert lines[at].endswith(f"{s3_bucket}/corpora/tickets.jsonl"), lines[at]
-    line = next(x.strip() for x in lines[at + 1:] if x.strip().startswith("documents read"))
+    line = next(x.strip() for x in lines[at + 1 :] if x.strip().startswith("documents read"))
     assert line.startswith("documents read 120 / kept ") and "rejected 0 (2 partitions)" in line, line
 
     versions = {}

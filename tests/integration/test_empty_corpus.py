@@ -14,13 +14,17 @@ from helpers.lineage import materialize_lineage
 
 def _failure(tmp_path, corpus, cleaned: dict | None = None) -> tuple[list, str]:
     defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
-    cfg = {"ops": {"domain__raw_corpus": {"config": {"path": str(corpus)}},
-                   "domain__cleaned_text": {"config": cleaned or {}}}}
+    cfg = {
+        "ops": {
+            "domain__raw_corpus": {"config": {"path": str(corpus)}},
+            "domain__cleaned_text": {"config": cleaned or {}},
+        }
+    }
     with DagsterInstance.ephemeral() as instance:
         runs = materialize_lineage(corpus_assets("domain"), defs.resources, instance, cfg, raise_on_error=False)
         failures = [(r, e) for r in runs.results for e in r.all_events if e.is_step_failure]
     assert [r.success for r in runs.results[:-1]] == [True] * (len(runs.results) - 1)  # every partition succeeds
-    (run, failure), = failures
+    ((run, failure),) = failures
     assert run is runs.last and failure.step_key == "domain__deduplicated_text"
     assert not runs.last.get_asset_materialization_events()
     return runs.results, failure.step_failure_data.error.message

@@ -30,12 +30,17 @@ from largetrain_core.storage import part_files
 DATA = TESTS / "data"
 ROWS = [json.loads(line) for line in (DATA / "support_tickets.jsonl").open()][:300]
 ITEM = json.loads((DATA / "eval_benchmark.jsonl").read_text().splitlines()[1])  # q2, a 20-word prompt
-PLANTED = {"id": "planted-1", "category": "technical",
-           "text": "My driver hangs. I read that " + ITEM["prompt"] + " " + ITEM["answer"] + ", so what now?"}
+PLANTED = {
+    "id": "planted-1",
+    "category": "technical",
+    "text": "My driver hangs. I read that " + ITEM["prompt"] + " " + ITEM["answer"] + ", so what now?",
+}
 
 
 def _run(root: Path, *asset: str, partition: str | None = None) -> StageRun:
-    return StageRun(root=root, asset=asset, partition=partition, log=logging.getLogger("test"), executor=LocalExecutor())
+    return StageRun(
+        root=root, asset=asset, partition=partition, log=logging.getLogger("test"), executor=LocalExecutor()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,23 +50,40 @@ def chain(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("filtered")
     root, corpus = tmp / "root", tmp / "tickets.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in ROWS + [PLANTED]))
-    for name, rows in (("pos", [r for r in ROWS if r["category"] == "billing"]), ("neg", [r for r in ROWS if r["category"] != "billing"])):
+    for name, rows in (
+        ("pos", [r for r in ROWS if r["category"] == "billing"]),
+        ("neg", [r for r in ROWS if r["category"] != "billing"]),
+    ):
         (tmp / f"{name}.jsonl").write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in rows))
     raw = raw_corpus(ReaderConfig(path=str(corpus)), _run(root, "pretrain", "raw_corpus", partition="000"))
     rules_off = QualityConfig(gopher_quality=False, gopher_repetition=False, c4=False)
     cleaned = cleaned_text(rules_off, raw, _run(root, "pretrain", "cleaned_text", partition="000"))
-    dedup = deduplicated_text(False, {"000": raw}, {"000": cleaned}, _run(root, "pretrain", "deduplicated_text"),
-                              hash_partitioned=False)
-    clf = relevance_classifier(RelevanceConfig(positives_file=str(tmp / "pos.jsonl"), negatives_file=str(tmp / "neg.jsonl")),
-                               dedup, dedup, _run(root, "relevance_classifier"))
-    sets = evaluation_sets(EvaluationSetsSettings(benchmark_files=(str(DATA / "eval_benchmark.jsonl"),)), _run(root, "evaluation_sets"))
+    dedup = deduplicated_text(
+        False, {"000": raw}, {"000": cleaned}, _run(root, "pretrain", "deduplicated_text"), hash_partitioned=False
+    )
+    clf = relevance_classifier(
+        RelevanceConfig(positives_file=str(tmp / "pos.jsonl"), negatives_file=str(tmp / "neg.jsonl")),
+        dedup,
+        dedup,
+        _run(root, "relevance_classifier"),
+    )
+    sets = evaluation_sets(
+        EvaluationSetsSettings(benchmark_files=(str(DATA / "eval_benchmark.jsonl"),)), _run(root, "evaluation_sets")
+    )
     return root, raw, cleaned, dedup, clf, sets
 
 
 def _filter(chain, **settings):
     root, raw, cleaned, dedup, clf, sets = chain
-    return filtered_text(FilteredTextSettings(**settings), dedup, clf, sets, {"000": raw}, {"000": cleaned},
-                         _run(root, "pretrain", "filtered_text"))
+    return filtered_text(
+        FilteredTextSettings(**settings),
+        dedup,
+        clf,
+        sets,
+        {"000": raw},
+        {"000": cleaned},
+        _run(root, "pretrain", "filtered_text"),
+    )
 
 
 def test_contaminated_removed_and_reported_relevance_by_threshold_accounting_balanced(chain):
@@ -80,16 +102,31 @@ def test_contaminated_removed_and_reported_relevance_by_threshold_accounting_bal
     assert len(set(kept["doc_id"]) & billing) > 0.9 * len(billing) and "planted-1" not in set(kept["doc_id"])
     report = pl.read_parquet(r.path / CONTAMINATED)
     (hit,) = report.to_dicts()
-    assert (hit["doc_id"], hit["eval_set"], hit["item_id"], hit["reason"]) == ("planted-1", "eval_benchmark", "q2", "contaminated")
+    assert (hit["doc_id"], hit["eval_set"], hit["item_id"], hit["reason"]) == (
+        "planted-1",
+        "eval_benchmark",
+        "q2",
+        "contaminated",
+    )
     assert len(hit["ngram"].split()) == 13 and hit["ngram"] in " ".join(ITEM["prompt"].lower().replace(",", "").split())
     # every input document in exactly one outcome, recounted from the files over the whole chain
     assert r.checks["accounting"].passed
-    assert r.stats["documents"] == {"input": 301, "kept": kept.height, "filtered": removed.height, "duplicate": dups, "rejected": 0}
+    assert r.stats["documents"] == {
+        "input": 301,
+        "kept": kept.height,
+        "filtered": removed.height,
+        "duplicate": dups,
+        "rejected": 0,
+    }
     acc = corpus_accounting(chain[1].path, chain[2].path, dedup.path, r.path)
     assert acc["balanced"] and acc["kept"] + acc["filtered"] + acc["duplicate"] == 301
     outcomes = {(o, rr): k for o, rr, k in pl.read_parquet(r.path / "outcomes.parquet").iter_rows()}
-    assert outcomes == {("kept", None): kept.height, ("filtered", "contaminated"): 1, ("filtered", "relevance"): relevance.height,
-                        ("duplicate", "exact"): dups}
+    assert outcomes == {
+        ("kept", None): kept.height,
+        ("filtered", "contaminated"): 1,
+        ("filtered", "relevance"): relevance.height,
+        ("duplicate", "exact"): dups,
+    }
     assert r.stats["kept_scores"]["min"] >= 0.5 and r.stats["scored"]["count"] == n and r.stats["threshold"] == 0.5
     ex = r.stats["examples"]
     assert len(ex["kept"]) == 3 and len(ex["removed"]) == 3 and ex["contaminated"][0]["item_id"] == "q2"
@@ -121,13 +158,28 @@ def test_a_model_trained_on_the_reported_text_fails_the_lineage_check(chain):
     for mode, passed in (("report", False), ("remove", True)):
         r = _filter(chain, decontamination=mode)
         model = root / "base_checkpoint" / mode / "model"
-        write_model_card(model, {"kind": "base_model", "data_version": mode, "corpora": [
-            {"role": "pretrain", "data_versions": {"deduplicated_text": chain[3].data_version, "filtered_text": r.data_version}}]})
+        write_model_card(
+            model,
+            {
+                "kind": "base_model",
+                "data_version": mode,
+                "corpora": [
+                    {
+                        "role": "pretrain",
+                        "data_versions": {"deduplicated_text": chain[3].data_version, "filtered_text": r.data_version},
+                    }
+                ],
+            },
+        )
         check = contamination_check(sets, [Artifact(model.parent, mode, {"output": str(model)})], root)
-        assert check.passed is passed and check.metadata["corpora_checked"].value == [f"pretrain filtered_text {r.data_version}"]
+        assert check.passed is passed and check.metadata["corpora_checked"].value == [
+            f"pretrain filtered_text {r.data_version}"
+        ]
         if not passed:
-            assert (f"pretrain filtered_text {r.data_version}: document 'planted-1' holds item eval_benchmark/q2"
-                    in check.metadata["description"])
+            assert (
+                f"pretrain filtered_text {r.data_version}: document 'planted-1' holds item eval_benchmark/q2"
+                in check.metadata["description"]
+            )
 
 
 def test_top_fraction_keeps_that_share_of_the_uncontaminated(chain):
@@ -156,15 +208,25 @@ def test_the_token_shards_manifest_records_the_kept_score_distribution(chain, bp
 
     r = _filter(chain, relevance_threshold=0.5)
     tok = Artifact(bpe_dir, "tok", {})
-    shards = token_shards(TokenShardsSettings(seq_len=32, validation_fraction=0.1), r, tok, _run(chain[0], "pretrain", "token_shards"))
+    shards = token_shards(
+        TokenShardsSettings(seq_len=32, validation_fraction=0.1), r, tok, _run(chain[0], "pretrain", "token_shards")
+    )
     manifest = json.loads((shards.path / "manifest.json").read_text())
     assert manifest[SCORE] == r.stats["kept_scores"] == shards.metadata[SCORE].value and manifest[SCORE]["min"] >= 0.5
-    plain = token_shards(TokenShardsSettings(seq_len=32, validation_fraction=0.1), chain[3], tok, _run(chain[0], "pretrain", "token_shards"))
+    plain = token_shards(
+        TokenShardsSettings(seq_len=32, validation_fraction=0.1),
+        chain[3],
+        tok,
+        _run(chain[0], "pretrain", "token_shards"),
+    )
     assert SCORE not in json.loads((plain.path / "manifest.json").read_text())
 
 
 def test_title_is_the_first_line_of_words():
-    assert title(".. SPDX-License-Identifier: GPL-2.0\n\n=====\nLinux kernel coding style\n=====\n") == "Linux kernel coding style"
+    assert (
+        title(".. SPDX-License-Identifier: GPL-2.0\n\n=====\nLinux kernel coding style\n=====\n")
+        == "Linux kernel coding style"
+    )
     assert title("# Billing\nrefund") == "Billing" and title("") == "" and len(title("x" * 200)) == 72
 
 
@@ -179,9 +241,17 @@ def test_the_spark_executor_writes_what_the_local_one_writes(chain, tmp_path):
     root, raw, cleaned, dedup, clf, sets = chain
     settings = FilteredTextSettings(relevance_top_fraction=0.5)
     results = {}
-    for name, executor in (("local", LocalExecutor()), ("spark", SparkExecutor(ExecutorSettings(name="spark", master="local[2]")))):
-        run = StageRun(root=tmp_path / name, asset=("pretrain", "filtered_text"), partition=None, log=logging.getLogger("test"),
-                       executor=executor)
+    for name, executor in (
+        ("local", LocalExecutor()),
+        ("spark", SparkExecutor(ExecutorSettings(name="spark", master="local[2]"))),
+    ):
+        run = StageRun(
+            root=tmp_path / name,
+            asset=("pretrain", "filtered_text"),
+            partition=None,
+            log=logging.getLogger("test"),
+            executor=executor,
+        )
         results[name] = filtered_text(settings, dedup, clf, sets, {"000": raw}, {"000": cleaned}, run)
     local, spark = results["local"], results["spark"]
     assert spark.stats["executor"]["executor"] == "spark" and local.stats["executor"]["executor"] == "local"
@@ -192,4 +262,8 @@ def test_the_spark_executor_writes_what_the_local_one_writes(chain, tmp_path):
         assert pl.read_parquet(local.path / name).equals(pl.read_parquet(spark.path / name)), name
     drop = lambda s: {k: v for k, v in s.items() if k not in ("executor", "seconds")}  # noqa: E731 (what ran it, wall time)
     assert drop(spark.stats) == drop(local.stats) and spark.data_version == local.data_version
-    assert spark.checks["accounting"].passed and spark.stats["removed_contaminated"] == 1 and spark.stats["removed_relevance"] > 100
+    assert (
+        spark.checks["accounting"].passed
+        and spark.stats["removed_contaminated"] == 1
+        and spark.stats["removed_relevance"] > 100
+    )

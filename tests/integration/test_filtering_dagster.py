@@ -29,11 +29,23 @@ DATA = TESTS / "data"
 BENCH = DATA / "eval_benchmark.jsonl"
 ITEMS = [json.loads(line) for line in BENCH.open()]
 TICKETS = [json.loads(line) for line in (DATA / "support_tickets.jsonl").open()][:300]
-PROSE = " ".join(r["text"] for r in map(json.loads, (DATA / "language_id.jsonl").open(encoding="utf-8"))
-                 if r["language"] == "en" and r["kind"] == "paragraph")
+PROSE = " ".join(
+    r["text"]
+    for r in map(json.loads, (DATA / "language_id.jsonl").open(encoding="utf-8"))
+    if r["language"] == "en" and r["kind"] == "paragraph"
+)
 RULES_OFF = {"gopher_quality": False, "gopher_repetition": False, "c4": False}
-PREP = ["pretrain/raw_corpus", "pretrain/cleaned_text", "domain/raw_corpus", "domain/cleaned_text", "pretrain/deduplicated_text",
-        "domain/deduplicated_text", "relevance_classifier", "evaluation_sets", "pretrain/filtered_text"]
+PREP = [
+    "pretrain/raw_corpus",
+    "pretrain/cleaned_text",
+    "domain/raw_corpus",
+    "domain/cleaned_text",
+    "pretrain/deduplicated_text",
+    "domain/deduplicated_text",
+    "relevance_classifier",
+    "evaluation_sets",
+    "pretrain/filtered_text",
+]
 
 
 def _md(instance, *key) -> dict:
@@ -49,12 +61,19 @@ def test_relevance_and_decontamination_through_dagster_with_the_accounting_balan
     pretrain, domain = tmp_path / "tickets.jsonl", tmp_path / "billing.jsonl"
     planted = {"id": "planted-1", "text": "Help: I read that " + ITEMS[1]["prompt"] + " " + ITEMS[1]["answer"] + "."}
     pretrain.write_text("".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in TICKETS + [planted]))
-    domain.write_text("".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in TICKETS if r["category"] == "billing"))
-    ops = {"pretrain__raw_corpus": {"config": {"path": str(pretrain)}}, "domain__raw_corpus": {"config": {"path": str(domain)}},
-           "pretrain__cleaned_text": {"config": RULES_OFF}, "domain__cleaned_text": {"config": RULES_OFF},
-           "pretrain__deduplicated_text": {"config": {"near": False}}, "domain__deduplicated_text": {"config": {"near": False}},
-           "evaluation_sets": {"config": {"benchmark_files": [str(BENCH)]}},
-           "pretrain__filtered_text": {"config": {"relevance_threshold": 0.5, "warn_removed_fraction": None}}}
+    domain.write_text(
+        "".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in TICKETS if r["category"] == "billing")
+    )
+    ops = {
+        "pretrain__raw_corpus": {"config": {"path": str(pretrain)}},
+        "domain__raw_corpus": {"config": {"path": str(domain)}},
+        "pretrain__cleaned_text": {"config": RULES_OFF},
+        "domain__cleaned_text": {"config": RULES_OFF},
+        "pretrain__deduplicated_text": {"config": {"near": False}},
+        "domain__deduplicated_text": {"config": {"near": False}},
+        "evaluation_sets": {"config": {"benchmark_files": [str(BENCH)]}},
+        "pretrain__filtered_text": {"config": {"relevance_threshold": 0.5, "warn_removed_fraction": None}},
+    }
     defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
         result = materialize_lineage(lineage_assets(), defs.resources, instance, {"ops": ops}, PREP)
@@ -65,7 +84,10 @@ def test_relevance_and_decontamination_through_dagster_with_the_accounting_balan
         dedup = _md(instance, "pretrain", "deduplicated_text")
         assert md["documents_input"] == dedup["documents_input"] == 301 and md["removed_contaminated"] == 1
         assert md["documents_kept"] == dedup["documents_kept"] - md["removed_relevance"] - 1
-        assert md["documents_kept"] + md["documents_filtered"] + md["documents_duplicate"] + md["documents_rejected"] == 301
+        assert (
+            md["documents_kept"] + md["documents_filtered"] + md["documents_duplicate"] + md["documents_rejected"]
+            == 301
+        )
         assert md["removed_relevance"] > 100 and md["relevance_threshold"] == 0.5
         assert md["examples"]["contaminated"][0]["doc_id"] == "planted-1" and len(md["examples"]["kept"]) == 3
         assert "| relevance | " in md["outcomes_by_reason"] and "| contaminated | 1 |" in md["outcomes_by_reason"]
@@ -73,10 +95,14 @@ def test_relevance_and_decontamination_through_dagster_with_the_accounting_balan
         line = next(ln for ln in text.splitlines() if ln.startswith("  relevance (relevance_classifier, threshold 0.5"))
         assert f"{md['removed_relevance']:,} removed; kept e.g. " in line and "removed e.g. " in line
         assert repr(md["examples"]["removed"][0]["title"]) in line
-        assert ("decontamination (remove): 1 documents share a 13-word n-gram with an evaluation item (eval_benchmark 1), "
-                "removed (reason contaminated): planted-1 holds eval_benchmark/q2") in text
-        assert f"kept {md['documents_kept']:,} / filtered by the quality rules 0 + by relevance {md['removed_relevance']:,}" \
-               " + contaminated 1" in text
+        assert (
+            "decontamination (remove): 1 documents share a 13-word n-gram with an evaluation item (eval_benchmark 1), "
+            "removed (reason contaminated): planted-1 holds eval_benchmark/q2"
+        ) in text
+        assert (
+            f"kept {md['documents_kept']:,} / filtered by the quality rules 0 + by relevance {md['removed_relevance']:,}"
+            " + contaminated 1" in text
+        )
 
 
 def _planted(n: int, item: dict) -> str:
@@ -88,8 +114,16 @@ def test_an_item_declared_after_training_is_found_by_the_lineage_check_without_r
     docs = tmp_path / "kernel"
     docs.mkdir()
     (docs / "admin-guide").symlink_to(CORPORA / "linux-doc" / "admin-guide")
-    early = {"id": "e1", "prompt": "If the kernel cannot find a valid root device, it stops and prints", "answer": "an error message."}
-    late = {"id": "l1", "prompt": "Before the console is up, early boot messages go to the serial port at the rate", "answer": "set by earlycon."}
+    early = {
+        "id": "e1",
+        "prompt": "If the kernel cannot find a valid root device, it stops and prints",
+        "answer": "an error message.",
+    }
+    late = {
+        "id": "l1",
+        "prompt": "Before the console is up, early boot messages go to the serial port at the rate",
+        "answer": "set by earlycon.",
+    }
     # named to sort first: each among the first max_documents of its partition
     (docs / "aaa-planted-early.txt").write_text(_planted(1, early))
     (docs / "aaa-planted-late.txt").write_text(_planted(2, late))
@@ -106,29 +140,44 @@ def test_an_item_declared_after_training_is_found_by_the_lineage_check_without_r
         trained = materialize_lineage(assets, defs.resources, instance, cfg)
         assert trained.success
         checks = _checks(trained)
-        assert checks[("evaluation", "no_evaluation_item_in_training_data")].passed  # the step removed the declared item
+        assert checks[
+            ("evaluation", "no_evaluation_item_in_training_data")
+        ].passed  # the step removed the declared item
         filt = _md(instance, "pretrain", "filtered_text")
         assert [e["doc_id"] for e in filt["examples"]["contaminated"]] == ["aaa-planted-early.txt"]
         assert filt["removed_contaminated"] == 1
-        kept = {d for d in __import__("polars").read_parquet(sorted(Path(filt["path"]).glob("part-*.parquet")))["doc_id"]}
+        kept = {
+            d for d in __import__("polars").read_parquet(sorted(Path(filt["path"]).glob("part-*.parquet")))["doc_id"]
+        }
         assert "aaa-planted-late.txt" in kept and "aaa-planted-early.txt" not in kept
         lineage = json.loads((Path(_md(instance, "base_checkpoint")["output"]) / "lineage.json").read_text())
         assert lineage["corpora"][0]["data_versions"]["filtered_text"] == filt["data_version"]
-        trained_runs = {k: instance.get_latest_materialization_event(AssetKey(k)).run_id for k in ("base_checkpoint", "lora_adapter")}
+        trained_runs = {
+            k: instance.get_latest_materialization_event(AssetKey(k)).run_id
+            for k in ("base_checkpoint", "lora_adapter")
+        }
 
         # the user declares another benchmark after training: evaluation_sets and evaluation only
         cfg["ops"]["evaluation_sets"] = {"config": {"benchmark_files": [str(declared), str(added)]}}
-        again = materialize_lineage(assets, defs.resources, instance, cfg, ["evaluation_sets", "evaluation"],
-                                    raise_on_error=False)
+        again = materialize_lineage(
+            assets, defs.resources, instance, cfg, ["evaluation_sets", "evaluation"], raise_on_error=False
+        )
         check = _checks(again)[("evaluation", "no_evaluation_item_in_training_data")]
         assert not check.passed
         meta = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
         corpus_name = f"pretrain filtered_text {filt['data_version']}"
         assert meta["overlapping_documents"] == 1
         (hit,) = meta["overlaps"]
-        assert (hit["corpus"], hit["doc_id"], hit["eval_set"], hit["item_id"]) == (corpus_name, "aaa-planted-late.txt", "late_quiz", "l1")
+        assert (hit["corpus"], hit["doc_id"], hit["eval_set"], hit["item_id"]) == (
+            corpus_name,
+            "aaa-planted-late.txt",
+            "late_quiz",
+            "l1",
+        )
         assert f"{corpus_name}: document 'aaa-planted-late.txt' holds item late_quiz/l1" in meta["description"]
-        assert corpus_name in meta["corpora_checked"] and any(c.startswith("domain deduplicated_text ") for c in meta["corpora_checked"])
+        assert corpus_name in meta["corpora_checked"] and any(
+            c.startswith("domain deduplicated_text ") for c in meta["corpora_checked"]
+        )
         assert {k: instance.get_latest_materialization_event(AssetKey(k)).run_id for k in trained_runs} == trained_runs
         assert _md(instance, "evaluation")["reused"]  # the evaluation itself is reused: only the check ran again
     shutil.rmtree(root, ignore_errors=True)

@@ -36,7 +36,9 @@ def test_a_missing_bucket_fails_naming_the_location_and_operation(store, request
     request.getfixturevalue(STORES[store])
     with pytest.raises(fs.StorageAccessError, match=rf"cannot read the corpus at {store}://no-such-bucket-here/x") as e:
         fs.check_access(f"{store}://no-such-bucket-here/x", "read the corpus")
-    with pytest.raises(fs.StorageAccessError, match=rf"cannot write the storage root at {store}://no-such-bucket-here") as f:
+    with pytest.raises(
+        fs.StorageAccessError, match=rf"cannot write the storage root at {store}://no-such-bucket-here"
+    ) as f:
         fs.check_access(f"{store}://no-such-bucket-here/root", "write the storage root", write=True)
     for raised in (e, f):  # Azurite's account key is in the environment's connection string, never in a message
         assert AZURITE_KEY not in str(raised.value) and AZURITE_KEY[:12] not in str(raised.value)
@@ -58,7 +60,12 @@ def test_the_training_entry_point_reads_its_config_from_a_url(s3_bucket, tmp_pat
     url = fs.join(s3_bucket, "base_checkpoint", "v1", "train_config.json")
     fsys, path = fs.filesystem(url)
     fsys.pipe_file(path, json.dumps({"not_a_setting": 1}).encode())
-    r = subprocess.run([sys.executable, "-m", "largetrain_core.training", url], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")})
+    r = subprocess.run(
+        [sys.executable, "-m", "largetrain_core.training", url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")},
+    )
     assert r.returncode != 0
     assert "unknown training config keys ['not_a_setting']" in r.stderr + r.stdout

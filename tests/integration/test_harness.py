@@ -14,17 +14,40 @@ from largetrain_core.harness import TaskFileError, build_cloze_task, check_task_
 from largetrain_core.model import build_model
 from largetrain_core.tokenizer import load_tokenizer_info, save_hf_tokenizer
 
-WORDS = ["the", "old", "man", "walks", "to", "river", "house", "aa", "b", "c", "x", "y", "zzzzzzzzz", "longwordhere",
-         "p", "q", "cc", "dd", "ee", "f", "a", "dog", "sits"]
+WORDS = [
+    "the",
+    "old",
+    "man",
+    "walks",
+    "to",
+    "river",
+    "house",
+    "aa",
+    "b",
+    "c",
+    "x",
+    "y",
+    "zzzzzzzzz",
+    "longwordhere",
+    "p",
+    "q",
+    "cc",
+    "dd",
+    "ee",
+    "f",
+    "a",
+    "dog",
+    "sits",
+]
 
 # With every next-token distribution uniform over V ids, a choice of n words (one token each) has
 # log-likelihood -n ln V: acc picks the choice with the fewest words, acc_norm the one with the most bytes
 # per word (lm-eval divides by the choice's length in bytes); ties go to the first choice.
 KNOWN = [
-    {"context": "the old man", "choices": [" aa", " b c"], "label": 0},               # acc right, acc_norm right
-    {"context": "the dog", "choices": [" x y", " zzzzzzzzz"], "label": 0},            # acc wrong, acc_norm wrong
-    {"context": "the dog walks", "choices": [" longwordhere", " p q"], "label": 1},   # acc wrong, acc_norm wrong
-    {"context": "the man sits", "choices": [" cc dd ee", " f"], "label": 1},          # acc right, acc_norm wrong
+    {"context": "the old man", "choices": [" aa", " b c"], "label": 0},  # acc right, acc_norm right
+    {"context": "the dog", "choices": [" x y", " zzzzzzzzz"], "label": 0},  # acc wrong, acc_norm wrong
+    {"context": "the dog walks", "choices": [" longwordhere", " p q"], "label": 1},  # acc wrong, acc_norm wrong
+    {"context": "the man sits", "choices": [" cc dd ee", " f"], "label": 1},  # acc right, acc_norm wrong
 ]
 
 
@@ -34,8 +57,9 @@ def task(directory, name, rows, data_name=None, yaml_extra=""):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (directory / f"{name}.yaml").write_text(
         f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data.name}\ntest_split: test\n"
-        "output_type: multiple_choice\ndoc_to_text: \"{{context}}\"\ndoc_to_choice: \"{{choices}}\"\n"
-        "doc_to_target: \"{{label}}\"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n" + yaml_extra)
+        'output_type: multiple_choice\ndoc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{label}}"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n' + yaml_extra
+    )
     return directory / f"{name}.yaml"
 
 
@@ -59,9 +83,10 @@ def models(tmp_path_factory, make_word_tokenizer_module):
         save_hf_tokenizer(info, root / name)
         out[name] = root / name
     torch.manual_seed(2)
-    peft_model = get_peft_model(build_model("llama-tiny", info.vocab_size, 64, info.eos_id, info.bos_id, seed=1),
-                                LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj", "down_proj"],
-                                           init_lora_weights=False))
+    peft_model = get_peft_model(
+        build_model("llama-tiny", info.vocab_size, 64, info.eos_id, info.bos_id, seed=1),
+        LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False),
+    )
     peft_model.save_pretrained(root / "adapter")
     out["adapter"] = root / "adapter"
     return out
@@ -120,19 +145,28 @@ def test_base_and_adapter_through_the_harness_peft_support(models, tmp_path):
     from largetrain_core.evaluate import load_for_eval
 
     rng = np.random.default_rng(0)
-    rows = [{"context": " ".join(rng.choice(WORDS[:7], 3)), "choices": [" " + " ".join(rng.choice(WORDS, k)) for k in (1, 2, 1)],
-             "label": int(rng.integers(0, 3))} for _ in range(12)]
+    rows = [
+        {
+            "context": " ".join(rng.choice(WORDS[:7], 3)),
+            "choices": [" " + " ".join(rng.choice(WORDS, k)) for k in (1, 2, 1)],
+            "label": int(rng.integers(0, 3)),
+        }
+        for _ in range(12)
+    ]
     tasks = tmp_path / "tasks"
     check_task_files([task(tmp_path / "src", "random_cloze", rows)], tasks)
     tok = AutoTokenizer.from_pretrained(str(models["random"]))
     got = {}
     for label, adapter in (("base", None), ("adapter", models["adapter"])):
-        res = evaluate(models["random"], tasks, ["random_cloze"], adapter_dir=adapter,
-                       samples_file=tmp_path / f"{label}.jsonl")
+        res = evaluate(
+            models["random"], tasks, ["random_cloze"], adapter_dir=adapter, samples_file=tmp_path / f"{label}.jsonl"
+        )
         model = load_for_eval(models["random"], adapter)
         want = [_loglikelihoods(model, tok, r["context"], r["choices"]) for r in rows]
-        samples = sorted((json.loads(line) for line in (tmp_path / f"{label}.jsonl").read_text().splitlines()),
-                         key=lambda s: s["doc_id"])
+        samples = sorted(
+            (json.loads(line) for line in (tmp_path / f"{label}.jsonl").read_text().splitlines()),
+            key=lambda s: s["doc_id"],
+        )
         for s in samples:
             assert s["loglikelihoods"] == pytest.approx(want[s["doc_id"]], rel=1e-4, abs=1e-4)
         acc = np.mean([int(np.argmax(w)) == r["label"] for w, r in zip(want, rows)])
@@ -144,11 +178,15 @@ def test_base_and_adapter_through_the_harness_peft_support(models, tmp_path):
 def test_task_files_must_name_local_data(tmp_path):
     hub = tmp_path / "hub.yaml"
     hub.write_text("task: hub_task\ndataset_path: hellaswag\noutput_type: multiple_choice\n")
-    with pytest.raises(TaskFileError, match=r"hub.yaml: dataset_path 'hellaswag' is not local data: nothing is downloaded"):
+    with pytest.raises(
+        TaskFileError, match=r"hub.yaml: dataset_path 'hellaswag' is not local data: nothing is downloaded"
+    ):
         check_task_files([hub], tmp_path / "out")
     missing = task(tmp_path / "m", "missing", KNOWN)
     (tmp_path / "m" / "missing.jsonl").unlink()
-    with pytest.raises(TaskFileError, match=r"missing.yaml: dataset_kwargs.data_files names missing.jsonl, which does not exist"):
+    with pytest.raises(
+        TaskFileError, match=r"missing.yaml: dataset_kwargs.data_files names missing.jsonl, which does not exist"
+    ):
         check_task_files([missing], tmp_path / "out")
     nameless = tmp_path / "nameless.yaml"
     nameless.write_text("dataset_path: json\n")
@@ -158,8 +196,10 @@ def test_task_files_must_name_local_data(tmp_path):
         check_task_files([tmp_path / "nope.yaml"], tmp_path / "out")
     # relative data files are taken from the task file's directory and written absolute
     names = check_task_files([task(tmp_path / "rel", "rel_task", KNOWN)], tmp_path / "out")
-    assert names == ["rel_task"] and str((tmp_path / "rel" / "rel_task.jsonl").resolve()) in (
-        tmp_path / "out" / "rel_task.yaml").read_text()
+    assert (
+        names == ["rel_task"]
+        and str((tmp_path / "rel" / "rel_task.jsonl").resolve()) in (tmp_path / "out" / "rel_task.yaml").read_text()
+    )
 
 
 def test_cloze_task_from_held_out_documents(tmp_path):
@@ -172,8 +212,8 @@ def test_cloze_task_from_held_out_documents(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "domain_cloze.jsonl").read_text().splitlines()]
     for r in rows:
         own = line(r["doc_id"][1:], r["sentence"]).split()
-        assert r["context"] == " ".join(own[:len(own) // 2])
-        assert r["choices"][r["label"]] == " " + " ".join(own[len(own) // 2:])
+        assert r["context"] == " ".join(own[: len(own) // 2])
+        assert r["choices"][r["label"]] == " " + " ".join(own[len(own) // 2 :])
         assert len(set(r["choices"])) == 4
     assert sorted(r["label"] for r in rows) != [0] * 10  # shuffled
     assert build_cloze_task(docs, tmp_path / "again", "domain_cloze", items=10, seed=3)["items"] == 10
@@ -191,14 +231,20 @@ def test_cloze_leaves_out_sentences_longer_than_the_models_context(tmp_path, mod
     short = [f"short line {j} of the play ends here at {j}." for j in range(6)]
     long_ = [" ".join(["word"] * 30) + f" {j}." for j in range(3)]
     docs = [("d0", "\n".join(short + long_))]
-    info = build_cloze_task(docs, tmp_path, "c", items=6, choices=4, max_words=40,
-                            count_tokens=lambda t: len(t.split()), max_tokens=20)
+    info = build_cloze_task(
+        docs, tmp_path, "c", items=6, choices=4, max_words=40, count_tokens=lambda t: len(t.split()), max_tokens=20
+    )
     assert info["too_long"] == 3 and info["sentences"] == 6
     rows = [json.loads(x) for x in (tmp_path / "c.jsonl").read_text().splitlines()]
     assert rows and all(len((r["context"] + c).split()) <= 20 for r in rows for c in r["choices"])
     with pytest.raises(ValueError, match=r"at most 20 tokens \(3 longer\)"):
-        build_cloze_task([("d0", "\n".join(long_ + short[:2]))], tmp_path / "y", "c",
-                         count_tokens=lambda t: len(t.split()), max_tokens=20)
+        build_cloze_task(
+            [("d0", "\n".join(long_ + short[:2]))],
+            tmp_path / "y",
+            "c",
+            count_tokens=lambda t: len(t.split()),
+            max_tokens=20,
+        )
 
 
 def test_benchmarks_of_base_and_adapter_on_held_out_documents(models, tmp_path):
@@ -211,27 +257,40 @@ def test_benchmarks_of_base_and_adapter_on_held_out_documents(models, tmp_path):
     ids = [f"doc{i}" for i in range(40)]
     texts = ["\n".join(" ".join(rng.choice(WORDS, 9)) for _ in range(3)) for _ in ids]  # 3 lines of 9 words
     (tmp_path / "text").mkdir()
-    pl.DataFrame({"doc_id": ids, "source": ["s"] * 40, "text": texts}).write_parquet(tmp_path / "text" / "part-00000.parquet")
+    pl.DataFrame({"doc_id": ids, "source": ["s"] * 40, "text": texts}).write_parquet(
+        tmp_path / "text" / "part-00000.parquet"
+    )
     manifest = {"validation_fraction": 0.3, "seed": 7}
     held = list(held_out_documents(tmp_path / "text", manifest))
     assert [d for d, _ in held] == [d for d, v in zip(ids, split_of(ids, 0.3, 7)) if v] and 0 < len(held) < 40
     settings = BenchmarkSettings(tasks=(str(task(tmp_path / "src", "known_cloze", KNOWN)),), cloze_items=6)
-    record = run_benchmarks(settings, {"base": (models["random"], None), "adapter": (models["random"], models["adapter"])},
-                            tmp_path / "out", held_out=iter(held))
+    record = run_benchmarks(
+        settings,
+        {"base": (models["random"], None), "adapter": (models["random"], models["adapter"])},
+        tmp_path / "out",
+        held_out=iter(held),
+    )
     assert record["tasks"] == ["domain_cloze", "known_cloze"] and record["cloze"]["items"] == 6
     for label in ("base", "adapter"):
         cloze = record["results"][label]["tasks"]["domain_cloze"]
-        assert cloze["items"] == 6 and 0 <= cloze["metrics"]["acc"]["value"] <= 1 and cloze["metrics"]["acc"]["stderr"] > 0
+        assert (
+            cloze["items"] == 6 and 0 <= cloze["metrics"]["acc"]["value"] <= 1 and cloze["metrics"]["acc"]["stderr"] > 0
+        )
     assert record["results"]["adapter"]["adapter"] == str(models["adapter"])
     assert json.loads((tmp_path / "out" / "benchmark.json").read_text()) == record
     # the committed cloze names its data beside it, so a copied directory reads it again
-    assert record["cloze"]["data"] == "tasks/domain_cloze.jsonl" and record["cloze"]["yaml"] == "tasks/domain_cloze.yaml"
+    assert (
+        record["cloze"]["data"] == "tasks/domain_cloze.jsonl" and record["cloze"]["yaml"] == "tasks/domain_cloze.yaml"
+    )
     moved = tmp_path / "moved"
     shutil.copytree(tmp_path / "out", moved)
     shutil.rmtree(tmp_path / "out")
     assert '"domain_cloze.jsonl"' in (moved / "tasks" / "domain_cloze.yaml").read_text()
     assert check_task_files([moved / "tasks" / "domain_cloze.yaml"], tmp_path / "again") == ["domain_cloze"]
-    assert str((moved / "tasks" / "domain_cloze.jsonl").resolve()) in (tmp_path / "again" / "domain_cloze.yaml").read_text()
+    assert (
+        str((moved / "tasks" / "domain_cloze.jsonl").resolve())
+        in (tmp_path / "again" / "domain_cloze.yaml").read_text()
+    )
     with pytest.raises(ValueError, match="no task to run"):
         run_benchmarks(BenchmarkSettings(cloze_items=0), {"base": (models["random"], None)}, tmp_path / "none")
 
@@ -259,12 +318,18 @@ def test_evaluation_stage_scores_base_and_adapter(models, tmp_path):
     shards.mkdir()
     build_token_shards(text, models["random"], shards, seq_len=16, validation_fraction=0.2, source_data_version="t1")
     shard = Artifact(shards, "s1", {})
-    settings = EvaluationSettings(max_sequences=4, prompts=("the old man",), max_new_tokens=2,
-                                  benchmark=BenchmarkSettings(cloze_items=5))
-    result = evaluation(settings, Artifact(models["random"].parent, "b1", {"output": str(models["random"])}),
-                        Artifact(models["adapter"].parent, "a1", {"output": str(models["adapter"])}), shard, shard,
-                        StageRun(root=tmp_path / "root", asset=("evaluation",), log=logging.getLogger("t")),
-                        Artifact(text, "t1", {}))
+    settings = EvaluationSettings(
+        max_sequences=4, prompts=("the old man",), max_new_tokens=2, benchmark=BenchmarkSettings(cloze_items=5)
+    )
+    result = evaluation(
+        settings,
+        Artifact(models["random"].parent, "b1", {"output": str(models["random"])}),
+        Artifact(models["adapter"].parent, "a1", {"output": str(models["adapter"])}),
+        shard,
+        shard,
+        StageRun(root=tmp_path / "root", asset=("evaluation",), log=logging.getLogger("t")),
+        Artifact(text, "t1", {}),
+    )
     for model in ("base", "adapter"):  # stderr: the sample standard deviation of 0/1 scores over sqrt(n)
         p = result.stats[f"lm_eval/{model}/domain_cloze/acc"]
         assert result.stats[f"lm_eval/{model}/domain_cloze/acc_stderr"] == pytest.approx(math.sqrt(p * (1 - p) / 4))
@@ -274,9 +339,12 @@ def test_evaluation_stage_scores_base_and_adapter(models, tmp_path):
     assert {r.metric_type for r in card.data.eval_results} == {"acc", "acc_norm"}
     assert "## Benchmarks (lm-evaluation-harness)" in card.text
     held = json.loads((result.path / "benchmark" / "benchmark.json").read_text())
-    cloze_docs = {json.loads(line)["doc_id"] for line in (result.path / "benchmark" / "tasks" / "domain_cloze.jsonl")
-                  .read_text().splitlines()}
+    cloze_docs = {
+        json.loads(line)["doc_id"]
+        for line in (result.path / "benchmark" / "tasks" / "domain_cloze.jsonl").read_text().splitlines()
+    }
     from largetrain_core.shards import split_of
+
     assert cloze_docs <= {d for d, v in zip(ids, split_of(ids, 0.2, 0)) if v} and held["cloze"]["items"] == 5
 
 
@@ -291,16 +359,23 @@ def test_benchmark_scores_reach_the_trainings_mlflow_run(tmp_path):
     out = tmp_path / "lora_adapter" / "v1"
     out.mkdir(parents=True)
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    cfg = TrainConfig.from_dict({"output_dir": str(out), "train_shards": str(tmp_path), "report_to": ["mlflow"],
-                                 "mlflow": {"tracking_uri": uri}})
+    cfg = TrainConfig.from_dict(
+        {
+            "output_dir": str(out),
+            "train_shards": str(tmp_path),
+            "report_to": ["mlflow"],
+            "mlflow": {"tracking_uri": uri},
+        }
+    )
     write_json_atomic(out / "train_config.json", cfg.to_dict())
     write_json_atomic(out / "summary.json", {"steps": 7, "last_loss": 1.5})
     tracker = MlflowTracker()
     record = tracker.start(cfg, None)
     tracker.finish({"steps": 7})
     write_json_atomic(out / RECORDS, {"mlflow": record})
-    assert report_to_trackers(out, {"lm_eval/adapter/domain_cloze/acc": 0.625,
-                                    "lm_eval/adapter/domain_cloze/acc_stderr": 0.1}) == ["mlflow"]
+    assert report_to_trackers(
+        out, {"lm_eval/adapter/domain_cloze/acc": 0.625, "lm_eval/adapter/domain_cloze/acc_stderr": 0.1}
+    ) == ["mlflow"]
     client = MlflowClient(tracking_uri=uri)
     history = client.get_metric_history(record["run_id"], "lm_eval/adapter/domain_cloze/acc")
     assert [(m.value, m.step) for m in history] == [(0.625, 7)]
@@ -313,8 +388,11 @@ def test_the_task_file_of_the_docs_scores(models, tmp_path):
     (the known-answer items), checked as local and scored through the harness as the evaluation scores it."""
     from helpers.docblocks import section_blocks
 
-    block = next(b for b in section_blocks("docs/guides/training.md", "Benchmarks with lm-evaluation-harness", "yaml")
-                 if "ops:" not in b.text)
+    block = next(
+        b
+        for b in section_blocks("docs/guides/training.md", "Benchmarks with lm-evaluation-harness", "yaml")
+        if "ops:" not in b.text
+    )
     (tmp_path / "my_tasks").mkdir()
     (tmp_path / "my_tasks" / "support_intent.yaml").write_text(block.text)
     (tmp_path / "my_tasks" / "support_intent.jsonl").write_text("".join(json.dumps(r) + "\n" for r in KNOWN))

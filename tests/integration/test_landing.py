@@ -38,8 +38,13 @@ def apply(instance, defs, result: SensorResult) -> list[str]:
     for req in result.dynamic_partitions_requests:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
     for req in result.run_requests:
-        assert materialize(list(defs.assets), resources=defs.resources, instance=instance, partition_key=req.partition_key,
-                           selection=list(req.asset_selection)).success
+        assert materialize(
+            list(defs.assets),
+            resources=defs.resources,
+            instance=instance,
+            partition_key=req.partition_key,
+            selection=list(req.asset_selection),
+        ).success
     return [r.partition_key for r in result.run_requests]
 
 
@@ -69,7 +74,9 @@ def test_sensor_two_ticks_partitions_and_global_dedup(tmp_path):
 
         # The second tick, with the cursor of the first: nothing new, a skip with the reason.
         second = tick(instance, res, result.cursor)
-        assert isinstance(second, SkipReason) and "no new files" in second.skip_message and "2 seen" in second.skip_message
+        assert (
+            isinstance(second, SkipReason) and "no new files" in second.skip_message and "2 seen" in second.skip_message
+        )
         # Had the cursor been lost, the same files would give the same run keys, which Dagster runs once.
         assert [r.run_key for r in tick(instance, res, None).run_requests] == [r.run_key for r in result.run_requests]
 
@@ -111,12 +118,14 @@ def test_landed_files_never_share_a_partition_key(cases, tmp_path):
     for f in (cases / "landing_collision").iterdir():
         shutil.copy(f, landing / f.name)
     long_a, long_b = "n" * 230 + "-a.md", "n" * 230 + "-b.md"  # the same first 200 characters
-    texts = {"notes 1.md": (cases / "landing_collision" / "notes 1.md").read_text(),
-             "notes_1.md": (cases / "landing_collision" / "notes_1.md").read_text(),
-             "notes...md": "Dots in a row. A partition key may not hold three of them.",
-             long_a: "The first of two files whose long names differ at the end.",
-             long_b: "The second of two files whose long names differ at the end.",
-             os.fsdecode(b"caf\xe9.md"): "A Latin-1 file name, not valid UTF-8."}
+    texts = {
+        "notes 1.md": (cases / "landing_collision" / "notes 1.md").read_text(),
+        "notes_1.md": (cases / "landing_collision" / "notes_1.md").read_text(),
+        "notes...md": "Dots in a row. A partition key may not hold three of them.",
+        long_a: "The first of two files whose long names differ at the end.",
+        long_b: "The second of two files whose long names differ at the end.",
+        os.fsdecode(b"caf\xe9.md"): "A Latin-1 file name, not valid UTF-8.",
+    }
     for name, text in texts.items():
         if not (landing / name).exists():
             (landing / name).write_text(text)
@@ -130,15 +139,23 @@ def test_landed_files_never_share_a_partition_key(cases, tmp_path):
         for req in result.dynamic_partitions_requests:
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         for req in result.run_requests:  # each partition read its own file
-            run = materialize(list(defs.assets), resources=defs.resources, instance=instance, partition_key=req.partition_key,
-                              selection=list(req.asset_selection), raise_on_error=False)
+            run = materialize(
+                list(defs.assets),
+                resources=defs.resources,
+                instance=instance,
+                partition_key=req.partition_key,
+                selection=list(req.asset_selection),
+                raise_on_error=False,
+            )
             name = Path(req.tags["largetrain/landed_file"]).name
             if req.partition_key == "web/caf%E9.md":
                 # the reader rejects a file name that is not UTF-8, and one record of one rejected is more than
                 # max_rejected_fraction: the run fails naming the file and the reason, as the role chains do
                 (failure,) = [e for e in run.all_events if e.is_step_failure]
                 msg = failure.step_failure_data.error.message
-                assert "1 of 1 records rejected" in msg and "file name is not valid UTF-8" in msg and "caf\\xe9.md" in msg, msg
+                assert (
+                    "1 of 1 records rejected" in msg and "file name is not valid UTF-8" in msg and "caf\\xe9.md" in msg
+                ), msg
                 continue
             assert run.success
             handle = read_handle(root, AssetKey(["landed", "raw_corpus"]), req.partition_key)
@@ -149,7 +166,15 @@ def test_landed_files_never_share_a_partition_key(cases, tmp_path):
 def test_partition_key_escaping_is_reversible():
     from urllib.parse import unquote_to_bytes
 
-    for name in ["notes 1.md", "notes_1.md", "100%.md", "a%20b.md", "x...y", "\u00e9t\u00e9.txt", os.fsdecode(b"\xff\xfe.md")]:
+    for name in [
+        "notes 1.md",
+        "notes_1.md",
+        "100%.md",
+        "a%20b.md",
+        "x...y",
+        "\u00e9t\u00e9.txt",
+        os.fsdecode(b"\xff\xfe.md"),
+    ]:
         key = partition_key("web", name)
         assert unquote_to_bytes(key.split("/")[1]) == os.fsencode(name)
     assert partition_key("web", "notes 1.md") != partition_key("web", "notes_1.md")

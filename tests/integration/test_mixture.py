@@ -27,8 +27,14 @@ def corpora(tmp_path):
     rows = [(f"a{i}", "a", " ".join(f"a{j}" for j in rng.integers(0, 100, 40))) for i in range(120)]
     rows += [(f"b{i}", "b", " ".join(f"b{j}" for j in rng.integers(0, 100, 40))) for i in range(15)]
     (tmp_path / "docs").mkdir()
-    pl.DataFrame({"doc_id": [r[0] for r in rows], "source": ["s"] * len(rows), "corpus": [r[1] for r in rows],
-                  "text": [r[2] for r in rows]}).write_parquet(tmp_path / "docs" / "part-00000.parquet")
+    pl.DataFrame(
+        {
+            "doc_id": [r[0] for r in rows],
+            "source": ["s"] * len(rows),
+            "corpus": [r[1] for r in rows],
+            "text": [r[2] for r in rows],
+        }
+    ).write_parquet(tmp_path / "docs" / "part-00000.parquet")
     return tmp_path
 
 
@@ -56,7 +62,9 @@ def test_train_split_sampled_to_the_weights_in_tokens(corpora):
     a, b = mix["corpora"]["a"], mix["corpora"]["b"]
     total = a["sequences_packed"] + b["sequences_packed"]
     assert m["splits"]["train"]["sequences"] == total  # the split keeps its size
-    assert {a["sequences"], b["sequences"]} <= {total // 2, total - total // 2} and a["sequences"] + b["sequences"] == total
+    assert {a["sequences"], b["sequences"]} <= {total // 2, total - total // 2} and a["sequences"] + b[
+        "sequences"
+    ] == total
     assert b["repeat_sequences"] == b["sequences"] - b["sequences_packed"] > 0 and b["downsampled_sequences"] == 0
     assert a["downsampled_sequences"] == a["sequences_packed"] - a["sequences"] > 0 and a["repeat_sequences"] == 0
     assert a["realised_share"] == pytest.approx(0.5, abs=1 / total) and a["target_share"] == 0.5
@@ -76,7 +84,9 @@ def test_train_split_sampled_to_the_weights_in_tokens(corpora):
 def test_weight_zero_drops_a_corpus_and_bad_mixtures_are_refused(corpora):
     m = build(corpora, "only_a", validation_fraction=0.1, mixture={"a": 0.7, "b": 0})
     assert m["mixture"]["corpora"]["b"]["sequences"] == 0 and windows_of(corpora / "only_a")[1] == 0
-    with pytest.raises(ValueError, match=r"part-00000.parquet: corpus 'b' has no mixture weight; weights are given for 'a'"):
+    with pytest.raises(
+        ValueError, match=r"part-00000.parquet: corpus 'b' has no mixture weight; weights are given for 'a'"
+    ):
         build(corpora, "x", mixture={"a": 1})
     with pytest.raises(ValueError, match="corpus 'c' has weight > 0 but no train sequence"):
         build(corpora, "y", mixture={"a": 1, "b": 1, "c": 1})
@@ -110,7 +120,10 @@ def test_a_mixture_is_the_same_for_any_partition_count_and_copies_no_window(corp
     for i, (a, b) in enumerate([(0, 40), (40, 41), (41, 100), (100, 135)]):
         df.slice(a, b - a).write_parquet(corpora / "parts" / f"part-{i:05d}.parquet")
     one = build(corpora, "one", docs="parts", validation_fraction=0.1, mixture={"a": 1, "b": 1})
-    rows = lambda d: TokenShards(d, "train", verify_checksums=True).take(range(one["splits"]["train"]["sequences"])).tolist()  # noqa: E731
+
+    def rows(d):
+        return TokenShards(d, "train", verify_checksums=True).take(range(one["splits"]["train"]["sequences"])).tolist()
+
     packing = Packing(seq_len=63, validation_fraction=0.1, mixture={"a": 1, "b": 1})
     for n in (2, 3):
         dirs = [corpora / f"p{n}-{i}" for i in range(n)]
@@ -120,7 +133,9 @@ def test_a_mixture_is_the_same_for_any_partition_count_and_copies_no_window(corp
         out = corpora / f"g{n}"
         out.mkdir()
         m = assemble_token_shards(dirs, corpora / "parts", corpora / "tok", out, packing)
-        assert m["mixture"] == one["mixture"] and m["splits"]["train"]["sequences"] == one["splits"]["train"]["sequences"]
+        assert (
+            m["mixture"] == one["mixture"] and m["splits"]["train"]["sequences"] == one["splits"]["train"]["sequences"]
+        )
         assert rows(out) == rows(corpora / "one")
         entries = m["splits"]["train"]["shards"]
         assert any("select" in e for e in entries) and len({e["file"] for e in entries}) < len(entries)  # b repeated
@@ -135,46 +150,72 @@ def test_a_two_corpus_mixture_through_dagster(tmp_path, monkeypatch):
     from dagster import AssetKey, AssetsDefinition, DagsterInstance, materialize
 
     from largetrain_dagster import partitions
-    from largetrain_dagster.corpus import mixture_chain, mixture_dedup_asset, no_exact_duplicates_check, partition_assets
+    from largetrain_dagster.corpus import (
+        mixture_chain,
+        mixture_dedup_asset,
+        no_exact_duplicates_check,
+        partition_assets,
+    )
     from largetrain_dagster.definitions import build_definitions
     from largetrain_dagster.partitions import DATA_PARTITIONS
     from largetrain_dagster.shards import token_shards_asset
     from largetrain_dagster.summary import render
     from largetrain_dagster.tokenizer import tokenizer
 
-    monkeypatch.setitem(partitions.CORPORA, "pretrain", ("tickets", "other"))  # as LARGETRAIN_PRETRAIN_CORPORA=tickets,other
+    monkeypatch.setitem(
+        partitions.CORPORA, "pretrain", ("tickets", "other")
+    )  # as LARGETRAIN_PRETRAIN_CORPORA=tickets,other
     tickets = TICKETS.read_text().splitlines()
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "tickets.jsonl").write_text("\n".join(tickets[:300]) + "\n")
     shared = json.loads(tickets[7])
-    (tmp_path / "b" / "other.jsonl").write_text("\n".join(tickets[300:360]) + "\n"
-                                               + json.dumps({**shared, "id": "copy-of-7"}) + "\n")
+    (tmp_path / "b" / "other.jsonl").write_text(
+        "\n".join(tickets[300:360]) + "\n" + json.dumps({**shared, "id": "copy-of-7"}) + "\n"
+    )
     chains = [mixture_chain("pretrain", "tickets"), mixture_chain("pretrain", "other")]
     parted = [a for c in chains for a in partition_assets(c)]
-    rest = [mixture_dedup_asset("pretrain", chains), no_exact_duplicates_check(["pretrain", "deduplicated_text"]),
-            tokenizer, *token_shards_asset("pretrain")]
+    rest = [
+        mixture_dedup_asset("pretrain", chains),
+        no_exact_duplicates_check(["pretrain", "deduplicated_text"]),
+        tokenizer,
+        *token_shards_asset("pretrain"),
+    ]
     no_rules = {"gopher_quality": False, "gopher_repetition": False, "c4": False}
-    ops = {"pretrain__tickets__raw_corpus": {"config": {"path": str(tmp_path / "a")}},
-           "pretrain__other__raw_corpus": {"config": {"path": str(tmp_path / "b"), "text_field": "text"}},
-           "pretrain__tickets__cleaned_text": {"config": no_rules},
-           "pretrain__other__cleaned_text": {"config": {**no_rules, "gopher_quality": True, "min_words": 3,
-                                                        "min_stop_words": None}},
-           "pretrain__deduplicated_text": {"config": {"near": False}},
-           "tokenizer": {"config": {"vocab_size": 300}},
-           "pretrain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1,
-                                                 "mixture": {"tickets": 0.3, "other": 0.7}}}}
+    ops = {
+        "pretrain__tickets__raw_corpus": {"config": {"path": str(tmp_path / "a")}},
+        "pretrain__other__raw_corpus": {"config": {"path": str(tmp_path / "b"), "text_field": "text"}},
+        "pretrain__tickets__cleaned_text": {"config": no_rules},
+        "pretrain__other__cleaned_text": {
+            "config": {**no_rules, "gopher_quality": True, "min_words": 3, "min_stop_words": None}
+        },
+        "pretrain__deduplicated_text": {"config": {"near": False}},
+        "tokenizer": {"config": {"vocab_size": 300}},
+        "pretrain__token_shards": {
+            "config": {"seq_len": 32, "validation_fraction": 0.1, "mixture": {"tickets": 0.3, "other": 0.7}}
+        },
+    }
     defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
     assets = parted + rest
     with DagsterInstance.ephemeral() as instance:
         for pk in DATA_PARTITIONS.get_partition_keys():
             keys = [k for a in parted for k in a.keys]
-            run = materialize(assets, resources=defs.resources, instance=instance, partition_key=pk, selection=keys,
-                              run_config={"ops": {k: v for k, v in ops.items() if "raw_corpus" in k or "cleaned" in k}})
+            run = materialize(
+                assets,
+                resources=defs.resources,
+                instance=instance,
+                partition_key=pk,
+                selection=keys,
+                run_config={"ops": {k: v for k, v in ops.items() if "raw_corpus" in k or "cleaned" in k}},
+            )
             assert run.success
-        run = materialize(assets, resources=defs.resources, instance=instance,
-                          selection=[k for a in rest if isinstance(a, AssetsDefinition) for k in a.keys],
-                          run_config={"ops": {k: v for k, v in ops.items() if "raw_corpus" not in k and "cleaned" not in k}})
+        run = materialize(
+            assets,
+            resources=defs.resources,
+            instance=instance,
+            selection=[k for a in rest if isinstance(a, AssetsDefinition) for k in a.keys],
+            run_config={"ops": {k: v for k, v in ops.items() if "raw_corpus" not in k and "cleaned" not in k}},
+        )
         assert run.success
         assert all(e.passed for e in run.get_asset_check_evaluations())  # accounting, no_exact_duplicates, token ids
         dedup = run.asset_materializations_for_node("pretrain__deduplicated_text")[0].metadata
@@ -189,7 +230,9 @@ def test_a_two_corpus_mixture_through_dagster(tmp_path, monkeypatch):
         mix = shards["mixture"].value
         total = sum(r["sequences"] for r in mix["corpora"].values())
         assert abs(mix["corpora"]["other"]["realised_share"] - 0.7) <= 1 / total
-        assert mix["corpora"]["other"]["repeat_sequences"] > 0 and mix["corpora"]["tickets"]["downsampled_sequences"] > 0
+        assert (
+            mix["corpora"]["other"]["repeat_sequences"] > 0 and mix["corpora"]["tickets"]["downsampled_sequences"] > 0
+        )
         assert shards["mixture_other_target_share"].value == 0.7
         assert "| other | 70.0 % |" in shards["mixture_shares"].value
         summary = render(instance)
@@ -215,21 +258,33 @@ def test_the_mixture_recipe_commands(tmp_path):
         pytest.fail(f"real corpora missing under {corpora}: run `make corpora` (make test does)")
     config = yaml.safe_load((REPO / "configs" / "pretrain_mixture.yaml").read_text())
     ops = config["ops"]
-    ops["pretrain__kernel_docs__raw_corpus"]["config"] = {"path": str(corpora / "linux-doc" / "admin-guide"),
-                                                           "max_documents": 15}
+    ops["pretrain__kernel_docs__raw_corpus"]["config"] = {
+        "path": str(corpora / "linux-doc" / "admin-guide"),
+        "max_documents": 15,
+    }
     ops["pretrain__plays__raw_corpus"]["config"] = {"path": str(corpora / "shakespeare"), "max_documents": 2}
     ops["tokenizer"]["config"]["vocab_size"] = 400
     ops["pretrain__token_shards"]["config"]["seq_len"] = 64
     recipe = tmp_path / "pretrain_mixture.yaml"
     recipe.write_text(yaml.safe_dump(config))
     (block,) = section_blocks("docs/guides/your-data.md", "A mixture of corpora", "sh")
-    script = (block.text.replace("$PWD/.largetrain", str(tmp_path / "lt")).replace(".venv/bin/", f"{Path(sys.executable).parent}/")
-              .replace("configs/pretrain_mixture.yaml", str(recipe)))
+    script = (
+        block.text.replace("$PWD/.largetrain", str(tmp_path / "lt"))
+        .replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+        .replace("configs/pretrain_mixture.yaml", str(recipe))
+    )
     assert script.count(str(recipe)) == 2 and "LARGETRAIN_PRETRAIN_CORPORA=kernel_docs,plays" in script
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "LARGETRAIN_"))}
     env.update(LARGETRAIN_WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=2400, start_new_session=True)
+    run = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        start_new_session=True,
+    )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     line = next(x for x in run.stdout.splitlines() if "mixture, share of the train split's tokens" in x)
     assert "kernel_docs 70.0 % (target 70.0 %" in line or "kernel_docs 69." in line or "kernel_docs 70." in line, line

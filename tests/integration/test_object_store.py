@@ -37,7 +37,7 @@ def test_a_version_is_committed_with_its_marker_last(bucket, cache):
         _write(tmp, FILES)
     fsys, root = fs.filesystem(url)
     listing = fsys.find(root, detail=True)
-    names = sorted(p[len(root) + 1:] for p in listing)
+    names = sorted(p[len(root) + 1 :] for p in listing)
     assert names == sorted([COMMIT, MANIFEST, *FILES])
     marker = json.loads(fsys.cat_file(f"{root}/{COMMIT}"))
     assert set(marker["objects"]) == {MANIFEST, *FILES}  # sizes and ETags of everything, from one listing
@@ -56,14 +56,18 @@ def test_an_object_edited_after_its_commit_is_named(bucket, cache):
     fsys, root = fs.filesystem(url)
     fsys.pipe_file(f"{root}/part-00000.parquet", b"Q" * 1000)  # same size: only the content tells
     (problem,) = verify_manifest(url)
-    assert problem == (f"{url}/part-00000.parquet: content differs from {MANIFEST} (xxh3-128 checksum; edited after "
-                       "the version was committed)")
+    assert problem == (
+        f"{url}/part-00000.parquet: content differs from {MANIFEST} (xxh3-128 checksum; edited after "
+        "the version was committed)"
+    )
     with pytest.raises(ArtefactError, match="part-00000.parquet: content differs"):
         storage.local_copy(url)
     fsys.pipe_file(f"{root}/extra.parquet", b"x")
     fsys.rm_file(f"{root}/model/config.json")
-    assert verify_manifest(url)[:2] == [f"{url}/model/config.json: listed in {MANIFEST} but missing",
-                                        f"{url}/extra.parquet: not in {MANIFEST} (added after the version was committed)"]
+    assert verify_manifest(url)[:2] == [
+        f"{url}/model/config.json: listed in {MANIFEST} but missing",
+        f"{url}/extra.parquet: not in {MANIFEST} (added after the version was committed)",
+    ]
     # the next writer replaces the damaged version, removing what does not belong to it
     again = atomic_dir(url)
     with again as tmp:
@@ -87,18 +91,23 @@ def test_a_writer_killed_mid_upload_leaves_nothing_trusted(bucket, cache, tmp_pa
     r = subprocess.run([sys.executable, "-c", WRITER, url], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == -9, r.stderr  # SIGKILL, half of the files uploaded
     fsys, root = fs.filesystem(url)
-    left = sorted(p[len(root) + 1:] for p in fsys.find(root))
+    left = sorted(p[len(root) + 1 :] for p in fsys.find(root))
     assert LOCK in left and "part-00000.parquet" in left and COMMIT not in left and MANIFEST not in left
     (problem,) = verify_manifest(url)
     assert problem.startswith(f"{url}/{COMMIT}: missing: the version was never committed")
     with pytest.raises(storage.MissingArtefactError, match="no committed version holds it"):
         storage.local_copy(url)
     # the next run: the dead writer's lock is taken over (same host, process gone), its objects removed
-    r = subprocess.run([sys.executable, "-c", WRITER, url], env={**env, "LARGETRAIN_FAULT": ""},
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", WRITER, url],
+        env={**env, "LARGETRAIN_FAULT": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "taking over the lock of a writer that is gone" in r.stderr
-    assert verify_manifest(url) == [] and LOCK not in {p[len(root) + 1:] for p in fsys.find(root)}
+    assert verify_manifest(url) == [] and LOCK not in {p[len(root) + 1 :] for p in fsys.find(root)}
 
 
 def test_a_second_writer_waits_for_the_lock_and_keeps_the_committed_version(bucket, cache):
@@ -170,7 +179,7 @@ def test_files_put_by_other_processes_are_committed_with_the_marker_last_and_not
         _write(tmp, {"stats.json": b'{"documents": 3}'})
         time.sleep(1.1)  # S3's and Azure's write times have whole seconds: an upload now would show
     assert storage.direct_url(tmp) is None  # the block is over
-    names = sorted(p[len(root) + 1:] for p in fsys.find(root))
+    names = sorted(p[len(root) + 1 :] for p in fsys.find(root))
     assert names == [COMMIT, MANIFEST, "part-00000.parquet", "stats.json"]
     assert verify_manifest(url) == []
     after = fsys.info(f"{root}/part-00000.parquet")
@@ -192,9 +201,10 @@ def test_token_shards_stream_from_the_store_through_the_cache(bucket, cache, tmp
 
     docs = tmp_path / "docs"
     docs.mkdir()
-    texts = [" ".join(sentences[i:i + 12]) for i in range(0, 280, 2)]
-    pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts),
-                  "text": texts}).write_parquet(docs / "part-00000.parquet")
+    texts = [" ".join(sentences[i : i + 12]) for i in range(0, 280, 2)]
+    pl.DataFrame(
+        {"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts), "text": texts}
+    ).write_parquet(docs / "part-00000.parquet")
     url, local = fs.join(bucket, "token_shards", "v1"), tmp_path / "local"
     with atomic_dir(url) as out:
         build_token_shards(docs, bpe_dir, out, seq_len=16, validation_fraction=0.1, sequences_per_shard=16)
@@ -207,7 +217,7 @@ def test_token_shards_stream_from_the_store_through_the_cache(bucket, cache, tmp
     assert there.remote and len(there) == len(here) > 64 and there.missing_files() == []
     order = np.random.default_rng(0).permutation(len(here))[:64]  # random reads: files evicted and fetched again
     for i in range(0, len(order), 8):
-        assert np.array_equal(there.take(order[i:i + 8]), here.take(order[i:i + 8]))
+        assert np.array_equal(there.take(order[i : i + 8]), here.take(order[i : i + 8]))
     assert np.array_equal(there.take(np.arange(len(here))), here.take(np.arange(len(here))))  # every sequence, in order
     assert 0 < there.cache.peak_bytes() <= 2 * biggest
     there.close()

@@ -27,8 +27,15 @@ def _run(root: str, tmp_path):
     defs = build_definitions(root=root, nproc_per_node=1, wandb_mode="disabled")
     cfg = {"ops": {"domain__raw_corpus": {"config": {"path": str(corpus)}}}}
     with DagsterInstance.ephemeral() as instance:
-        result = materialize_lineage(lineage_assets(), defs.resources, instance, cfg, ["domain/raw_corpus"],
-                                     partitions=["000"], raise_on_error=False)
+        result = materialize_lineage(
+            lineage_assets(),
+            defs.resources,
+            instance,
+            cfg,
+            ["domain/raw_corpus"],
+            partitions=["000"],
+            raise_on_error=False,
+        )
         events = [repr(e) for e in instance.all_logs(result.run_id)]
         types = {e.dagster_event.event_type_value for e in instance.all_logs(result.run_id) if e.dagster_event}
     return result, "\n".join(events), types
@@ -62,9 +69,12 @@ def test_wrong_credentials_fail_before_any_work(secret_env, tmp_path, monkeypatc
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         endpoint = f"http://127.0.0.1:{port}"
         for _ in range(300):

@@ -46,7 +46,10 @@ def test_a_corpus_in_a_bucket_reads_as_on_local_disk(tmp_path, bucket, cases, pa
         assert fingerprint(corpus, p, partitions) == fingerprint(url, p, partitions)
         a, b = tmp_path / f"local-{p}", tmp_path / f"bucket-{p}"
         a.mkdir(), b.mkdir()
-        stats = [ingest(ReaderConfig(str(src), partition=p, partitions=partitions), out) for src, out in ((corpus, a), (url, b))]
+        stats = [
+            ingest(ReaderConfig(str(src), partition=p, partitions=partitions), out)
+            for src, out in ((corpus, a), (url, b))
+        ]
         assert stats[0] == stats[1]
         assert _outputs(a) == _outputs(b)
     assert stats[0]["documents"] > 0 or partitions > 1
@@ -96,8 +99,12 @@ def test_a_piece_of_one_large_file_is_read_with_range_requests(tmp_path, s3_buck
     corpus = tmp_path / "big"
     corpus.mkdir()
     texts = [os.urandom(2000).hex() for _ in range(8 * 1024)]  # 4,000 characters each: ~32 MiB in all
-    pq.write_table(pa.table({"id": [f"d{i}" for i in range(len(texts))], "text": texts}), corpus / "docs.parquet",
-                   row_group_size=1024, compression="none")
+    pq.write_table(
+        pa.table({"id": [f"d{i}" for i in range(len(texts))], "text": texts}),
+        corpus / "docs.parquet",
+        row_group_size=1024,
+        compression="none",
+    )
     single = {"docs.parquet": corpus / "docs.parquet"}
     (tmp_path / "lines").mkdir()
     with open(tmp_path / "lines" / "docs.jsonl", "w") as f:
@@ -114,15 +121,18 @@ def test_a_piece_of_one_large_file_is_read_with_range_requests(tmp_path, s3_buck
             a.mkdir(), b.mkdir()
             caplog.clear()
             with caplog.at_level(logging.DEBUG, logger="s3fs"):
-                stats = [ingest(ReaderConfig(str(src), partition=p, partitions=4), out) for src, out in ((path, a), (url, b))]
+                stats = [
+                    ingest(ReaderConfig(str(src), partition=p, partitions=4), out) for src, out in ((path, a), (url, b))
+                ]
             assert stats[0] == stats[1] and stats[0]["documents"] > 1000, name
             assert _outputs(a) == _outputs(b), name
             if p == 0:  # a quarter of the file plus read-ahead; never the whole object
                 assert 0 < _fetched(caplog, name) < 0.6 * size, (name, _fetched(caplog, name), size)
 
 
-def test_small_objects_are_fetched_whole_in_windows_and_their_scratch_removed(tmp_path, s3_bucket, cases, caplog,
-                                                                             monkeypatch):
+def test_small_objects_are_fetched_whole_in_windows_and_their_scratch_removed(
+    tmp_path, s3_bucket, cases, caplog, monkeypatch
+):
     """With windows of 3 objects and "small" meaning up to 2 KiB, the cases read from the bucket give the
     local files' parts and rejected records byte for byte: the small objects fetched whole (no range
     request), the larger ones read with range requests, in the corpus's order. Nothing stays in the

@@ -48,17 +48,36 @@ def test_optimization_ablation_job_runs_every_variant_the_hardware_has(tmp_path,
     inline PNG) and the table with every variant against the baseline; the lineage job leaves it out."""
     root = tmp_path / "root"
     defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled")
-    assert "optimization_report" not in {k.to_user_string() for k in defs.resolve_job_def("lineage").asset_layer.executable_asset_keys}
+    assert "optimization_report" not in {
+        k.to_user_string() for k in defs.resolve_job_def("lineage").asset_layer.executable_asset_keys
+    }
     upstream = handle_file(root, AssetKey(["pretrain", "token_shards"]))
     upstream.parent.mkdir(parents=True)
     upstream.write_text(json.dumps({"path": str(tiny_shards), "data_version": "tiny", "stats": {}}))
-    run_config = {"ops": {"optimization_report": {"config": {"preset": "llama-tiny", "steps": 2, "warmup_steps": 1,
-                                                             "micro_batch_size": 2, "lora": {"r": 4, "lora_alpha": 8.0}}}}}
+    run_config = {
+        "ops": {
+            "optimization_report": {
+                "config": {
+                    "preset": "llama-tiny",
+                    "steps": 2,
+                    "warmup_steps": 1,
+                    "micro_batch_size": 2,
+                    "lora": {"r": 4, "lora_alpha": 8.0},
+                }
+            }
+        }
+    }
     with DagsterInstance.ephemeral() as instance:
-        result = defs.resolve_job_def("optimization_ablation").execute_in_process(run_config=run_config, instance=instance)
+        result = defs.resolve_job_def("optimization_ablation").execute_in_process(
+            run_config=run_config, instance=instance
+        )
         assert result.success
-        md = {k: getattr(v, "value", v) for k, v in
-              instance.get_latest_materialization_event(AssetKey("optimization_report")).asset_materialization.metadata.items()}
+        md = {
+            k: getattr(v, "value", v)
+            for k, v in instance.get_latest_materialization_event(
+                AssetKey("optimization_report")
+            ).asset_materialization.metadata.items()
+        }
         logged = [e.user_message for e in instance.all_logs(result.run_id)]
     n = len(VARIANT_NAMES)  # the run log follows the ablation variant by variant
     assert any(f"variant 1/{n} data_parallel:" in m and "tokens/s" in m for m in logged)
@@ -67,8 +86,16 @@ def test_optimization_ablation_job_runs_every_variant_the_hardware_has(tmp_path,
     report = json.loads(Path(md["report_json"]).read_text())
     status = {r["name"]: r["status"] for r in report["variants"]}
     bf16 = "ran" if cpu_has_bf16() else "skipped"
-    assert status == {"data_parallel": "ran", "zero1": "ran", "zero2": "ran", "zero3": "ran",
-                      "activation_checkpointing": "ran", "fp16": "skipped", "bf16": bf16, "lora": "ran"}
+    assert status == {
+        "data_parallel": "ran",
+        "zero1": "ran",
+        "zero2": "ran",
+        "zero3": "ran",
+        "activation_checkpointing": "ran",
+        "fp16": "skipped",
+        "bf16": bf16,
+        "lora": "ran",
+    }
     r = {x["name"]: x for x in report["variants"]}
     assert r["fp16"]["reason"] == "CPU: DeepSpeed's CPU accelerator does not support fp16"
     assert report["world_size"] == 2 and report["tokens_per_step"] == 2 * 2 * 32

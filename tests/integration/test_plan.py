@@ -49,7 +49,8 @@ def data(tmp_path_factory) -> dict:
     texts = [" ".join(words[j] for j in rng.integers(0, VOCAB - 1, 300)) for _ in range(200)]
     (root / "docs").mkdir()
     pl.DataFrame({"doc_id": [f"d{i}" for i in range(200)], "source": ["t"] * 200, "text": texts}).write_parquet(
-        root / "docs" / "part-00000.parquet")
+        root / "docs" / "part-00000.parquet"
+    )
     (root / "shards").mkdir()
     build_token_shards(root / "docs", root / "tok", root / "shards", seq_len=SEQ_LEN, validation_fraction=0.05)
     info = load_tokenizer_info(root / "tok")
@@ -59,12 +60,24 @@ def data(tmp_path_factory) -> dict:
     return {"shards": root / "shards", "base": base, "root": root}
 
 
-def config(data: dict, out: Path, preset: str, stage: int, checkpointing: bool, micro_batch: int,
-           mode: str = "pretrain") -> TrainConfig:
-    return TrainConfig.from_settings(output_dir=str(out), train_shards=str(data["shards"]), preset=preset, mode=mode,
-                       base_model=str(data["base"]) if mode == "lora" else None, zero_stage=stage, precision="fp32",
-                       activation_checkpointing=checkpointing, micro_batch_size=micro_batch, max_steps=3, warmup_steps=1,
-                       report_to=[], eval_strategy="no")
+def config(
+    data: dict, out: Path, preset: str, stage: int, checkpointing: bool, micro_batch: int, mode: str = "pretrain"
+) -> TrainConfig:
+    return TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(data["shards"]),
+        preset=preset,
+        mode=mode,
+        base_model=str(data["base"]) if mode == "lora" else None,
+        zero_stage=stage,
+        precision="fp32",
+        activation_checkpointing=checkpointing,
+        micro_batch_size=micro_batch,
+        max_steps=3,
+        warmup_steps=1,
+        report_to=[],
+        eval_strategy="no",
+    )
 
 
 CASES = [  # preset, ZeRO stage, activation checkpointing, micro-batch, mode
@@ -90,13 +103,29 @@ def calibrated(data, tmp_path_factory) -> list[tuple[TrainConfig, dict]]:
         specs.append({"train": cal.to_dict(), "steps": 1, "profiled_steps": 2, "measure_checkpoint": True})
     spec_file = root / "specs.json"
     spec_file.write_text(json.dumps(specs))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "tests" / "helpers" / "calibrate_many.py"), str(spec_file)]
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO, capture_output=True, text=True,
-                          timeout=1200, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "tests" / "helpers" / "calibrate_many.py"),
+        str(spec_file),
+    ]
+    proc = subprocess.run(
+        cmd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        start_new_session=True,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return [(cfg, json.loads((root / f"case{i}" / "calibration" / "calibration.json").read_text()))
-            for i, cfg in enumerate(cfgs)]
+    return [
+        (cfg, json.loads((root / f"case{i}" / "calibration" / "calibration.json").read_text()))
+        for i, cfg in enumerate(cfgs)
+    ]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
@@ -126,8 +155,17 @@ def test_plan_over_budget_is_refused_with_what_to_change(data, tmp_path):
     with pytest.raises(PlanError, match="memory: the planned peak per device") as e:
         check(tight)
     assert "Changes that fit: activation_checkpointing: true: peak" in str(e.value)
-    assert make_plan(cfg.with_settings(activation_checkpointing=True), PlanSettings(device_memory_gib=0.06), 2, 2, False,
-                     tmp_path).problems() == []
+    assert (
+        make_plan(
+            cfg.with_settings(activation_checkpointing=True),
+            PlanSettings(device_memory_gib=0.06),
+            2,
+            2,
+            False,
+            tmp_path,
+        ).problems()
+        == []
+    )
 
     # disk: more checkpoints kept than the storage root's file system can hold
     with pytest.raises(PlanError, match="disk: the training needs .* Lower save_total_limit"):
@@ -141,17 +179,31 @@ def test_plan_over_budget_is_refused_with_what_to_change(data, tmp_path):
         check(over)
     steps = int(str(e.value).split("Lower max_steps to about ")[1].split()[0])
     assert 300 < steps < 400  # 0.1 h / 1.024 s per step = 351 steps, less evaluation time
-    assert make_plan(cfg.with_settings(max_steps=steps), PlanSettings(max_hours=0.1), 2, 2, False, tmp_path,
-                     throughput=slow).problems() == []
-    costly = make_plan(cfg, PlanSettings(price_per_device_hour=2.0, max_cost=0.5), 2, 2, False, tmp_path, throughput=slow)
+    assert (
+        make_plan(
+            cfg.with_settings(max_steps=steps), PlanSettings(max_hours=0.1), 2, 2, False, tmp_path, throughput=slow
+        ).problems()
+        == []
+    )
+    costly = make_plan(
+        cfg, PlanSettings(price_per_device_hour=2.0, max_cost=0.5), 2, 2, False, tmp_path, throughput=slow
+    )
     assert costly.cost() == pytest.approx(costly.timing()["run_s"] / 3600 * 2 * 2.0)
     with pytest.raises(PlanError, match="cost: planned 1.1") as e:
         check(costly)
     steps = int(str(e.value).split("Lower max_steps to about ")[1].split()[0])  # the advice followed, either way
-    for followed in (make_plan(cfg.with_settings(max_steps=steps), PlanSettings(price_per_device_hour=2.0, max_cost=0.5), 2, 2,
-                               False, tmp_path, throughput=slow),
-                     make_plan(cfg, PlanSettings(price_per_device_hour=2.0, max_cost=1.2), 2, 2, False, tmp_path,
-                               throughput=slow)):
+    for followed in (
+        make_plan(
+            cfg.with_settings(max_steps=steps),
+            PlanSettings(price_per_device_hour=2.0, max_cost=0.5),
+            2,
+            2,
+            False,
+            tmp_path,
+            throughput=slow,
+        ),
+        make_plan(cfg, PlanSettings(price_per_device_hour=2.0, max_cost=1.2), 2, 2, False, tmp_path, throughput=slow),
+    ):
         assert followed.problems() == []
 
     # check: false computes and shows the plan, and refuses nothing
@@ -160,8 +212,13 @@ def test_plan_over_budget_is_refused_with_what_to_change(data, tmp_path):
         make_plan(cfg, PlanSettings(max_cost=1.0), 2, 2, False, tmp_path)
     make_plan(cfg, PlanSettings(max_cost=1.0, price_per_device_hour=2.0), 2, 2, False, tmp_path)  # followed: accepted
     assert PlanSettings(max_hours=1.0, throughput="none").problems() == [
-        "plan.max_hours and plan.max_cost need a throughput: set plan.throughput to auto or calibrate"]
-    assert PlanSettings(max_hours=1.0, throughput="auto").problems() == PlanSettings(max_hours=1.0, throughput="calibrate").problems() == []
+        "plan.max_hours and plan.max_cost need a throughput: set plan.throughput to auto or calibrate"
+    ]
+    assert (
+        PlanSettings(max_hours=1.0, throughput="auto").problems()
+        == PlanSettings(max_hours=1.0, throughput="calibrate").problems()
+        == []
+    )
     table = fits.table()
     assert "| peak memory per device |" in table and "Rajbhandari" in table and f"{fits.shape.parameters:,}" in table
     assert fits.to_dict()["tokens_per_parameter"] == pytest.approx(1000 * 1024 / fits.shape.parameters)
@@ -174,14 +231,26 @@ def test_plan_command_line_refuses_and_calibrates(data, tmp_path):
     cfg_file.write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "largetrain_core.training.plan", str(cfg_file), "--ranks", "2"]
-    small = subprocess.run([*cmd, "--settings", '{"device_memory_gib": 1.0}'], env=env, cwd=REPO, capture_output=True,
-                           text=True, timeout=300)
+    small = subprocess.run(
+        [*cmd, "--settings", '{"device_memory_gib": 1.0}'],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # ZeRO-2's 2 GB reduce bucket does not fit 0.9 GiB; nothing smaller than stage 0 is suggested, so none fits alone
     assert small.returncode == 1, small.stdout + small.stderr
     assert "does not fit: memory: the planned peak per device is 1.8" in small.stderr
     assert "| DeepSpeed buffers per device | 1.863 GiB |" in small.stdout
-    slow = subprocess.run([*cmd, "--calibrate", "--settings", '{"max_hours": 1e-6}'], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    slow = subprocess.run(
+        [*cmd, "--calibrate", "--settings", '{"max_hours": 1e-6}'],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "does not fit: time: planned" in slow.stderr and "Not even one step fits the budget" in slow.stderr
     assert "calibration: median of 3 timed steps" in slow.stdout

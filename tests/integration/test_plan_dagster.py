@@ -26,8 +26,14 @@ def test_plan_refuses_before_launch_and_is_set_beside_the_measured_run(tmp_path)
     prep = pretrain_shards_ops(CORPORA)
 
     def run(instance, **train_config):
-        return materialize_lineage(assets, defs.resources, instance, {"ops": {"base_checkpoint": {"config": train_config}}},
-                                   ["base_checkpoint"], raise_on_error=False)
+        return materialize_lineage(
+            assets,
+            defs.resources,
+            instance,
+            {"ops": {"base_checkpoint": {"config": train_config}}},
+            ["base_checkpoint"],
+            raise_on_error=False,
+        )
 
     def refused(instance, result) -> tuple[str, dict]:
         """The failure's description and metadata; failed once, not retried (the config must change first)."""
@@ -47,7 +53,9 @@ def test_plan_refuses_before_launch_and_is_set_beside_the_measured_run(tmp_path)
         description, metadata = refused(instance, run(instance, **train, plan={"device_memory_gib": 2**-20}))
         assert "base_checkpoint: the training plan does not fit: memory: the planned peak per device is" in description
         assert "of device memory (plan.device_memory_gib)" in description
-        assert "None of these fits alone or together" in description and "Nothing was launched; not retried" in description
+        assert (
+            "None of these fits alone or together" in description and "Nothing was launched; not retried" in description
+        )
         assert "| peak memory per device |" in metadata["plan"]
         (out,) = out_dirs()
         plan = json.loads((out / "plan.json").read_text())
@@ -68,7 +76,9 @@ def test_plan_refuses_before_launch_and_is_set_beside_the_measured_run(tmp_path)
         followed = {**train, "schedule": {**train["schedule"], "micro_batch_size": 2, "gradient_accumulation_steps": 2}}
         budget = {"device_memory_gib": device_gib, "price_per_device_hour": 100.0, "max_cost": 1e-9}
         description, metadata = refused(instance, run(instance, **followed, plan=budget))
-        assert "the training plan does not fit: cost: planned" in description and "more than max_cost 1e-09" in description
+        assert (
+            "the training plan does not fit: cost: planned" in description and "more than max_cost 1e-09" in description
+        )
         assert "memory:" not in description  # the change fitted
         (out2,) = [p for p in out_dirs() if p != out]
         assert (out2 / "calibration" / "calibration.json").exists() and not (out2 / "train.log").exists()
@@ -85,8 +95,13 @@ def test_plan_refuses_before_launch_and_is_set_beside_the_measured_run(tmp_path)
         assert md["plan_step_seconds"] > 0 and md["plan_run_hours"] > 0
         assert md["plan_trainable_parameters"] == md["trainable_parameters"]
         table = md["plan_vs_measured"]
-        for row in ("| peak memory per device (GiB) |", "| peak memory per device, calibration (GiB) |",
-                    "| time per step (s) |", "| time for the run (s) |", "| tokens per second (tokens/s) |"):
+        for row in (
+            "| peak memory per device (GiB) |",
+            "| peak memory per device, calibration (GiB) |",
+            "| time per step (s) |",
+            "| time for the run (s) |",
+            "| tokens per second (tokens/s) |",
+        ):
             line = next(line for line in table.splitlines() if line.startswith(row))
             planned, measured, ratio = [c.strip() for c in line.split("|")[2:5]]
             assert planned and measured and float(ratio) > 0, line

@@ -18,10 +18,23 @@ from largetrain_core.training.config import TrainConfig
 
 def _cfg(out: Path, shards: Path) -> TrainConfig:
     """8 steps, checkpoints every 3 (3, 6, 8)."""
-    return TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                                     precision="fp32", activation_checkpointing=False, micro_batch_size=2, max_steps=8,
-                                     learning_rate=5e-3, warmup_steps=2, save_steps=3, save_total_limit=5, logging_steps=4,
-                                     report_to=[], tokenizer=str(shards))
+    return TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=2,
+        precision="fp32",
+        activation_checkpointing=False,
+        micro_batch_size=2,
+        max_steps=8,
+        learning_rate=5e-3,
+        warmup_steps=2,
+        save_steps=3,
+        save_total_limit=5,
+        logging_steps=4,
+        report_to=[],
+        tokenizer=str(shards),
+    )
 
 
 def _torchrun(cfg: TrainConfig, fault: str | None = None) -> subprocess.CompletedProcess:
@@ -35,8 +48,17 @@ def _torchrun(cfg: TrainConfig, fault: str | None = None) -> subprocess.Complete
     if fault:
         env["LARGETRAIN_FAULT"] = fault
     logs = out / f"logs-{len(list(out.glob('logs-*')))}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
-           "-m", "largetrain_core.training", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        f"--log-dir={logs}",
+        "-m",
+        "largetrain_core.training",
+        str(path),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
     (logs / "torchrun.log").write_text(proc.stdout + proc.stderr)
     proc.logs = logs
@@ -80,13 +102,19 @@ def test_preempted_training_saves_the_step_it_reached_and_resumes_bitwise(shards
     errors = rank_errors(proc.logs)
     assert {e["rank"] for e in errors if e.get("preempted")} == {0, 1}, errors
     text, retry = describe_failure(proc.returncode, errors)
-    assert retry and text.startswith("training preempted") and "stopped after step 4 and saved checkpoint step-000004" in text
+    assert (
+        retry
+        and text.startswith("training preempted")
+        and "stopped after step 4 and saved checkpoint step-000004" in text
+    )
 
     proc = _torchrun(cfg, fault="sigterm_after_step:6")
     assert proc.returncode != 0
     assert "resumed from" in proc.stderr and "step-000004 at step 4" in proc.stderr
-    assert ("preempted (SIGTERM) after step 6: preemption save skipped, checkpoint step-000006 is 0 step(s) old"
-            in proc.stderr), proc.stderr[-3000:]
+    assert (
+        "preempted (SIGTERM) after step 6: preemption save skipped, checkpoint step-000006 is 0 step(s) old"
+        in proc.stderr
+    ), proc.stderr[-3000:]
     assert describe_failure(proc.returncode, rank_errors(proc.logs))[1]
 
     proc = _torchrun(cfg)
@@ -115,4 +143,5 @@ def test_preemption_settings_change_neither_the_config_hash_nor_the_data_version
     assert other.config_hash() == cfg.config_hash() and other.to_dict() != cfg.to_dict()
     assert {"preemption_save", "preemption_min_new_steps", "preemption_grace_seconds"} <= NOT_VERSIONED
     assert cfg.with_settings(preemption_grace_seconds=0).problems(cuda=False) == [
-        "checkpointing.preemption_grace_seconds must be > 0, not 0"]
+        "checkpointing.preemption_grace_seconds must be > 0, not 0"
+    ]

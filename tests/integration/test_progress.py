@@ -28,7 +28,12 @@ def test_progress_follows_the_metrics_file_as_it_grows(tmp_path):
 
 
 def test_durations_read_as_people_write_them():
-    assert [duration(s) for s in (4.4, 59.6, 190, 3600 + 5 * 60 + 10)] == ["4 s", "1 min 0 s", "3 min 10 s", "1 h 05 min"]
+    assert [duration(s) for s in (4.4, 59.6, 190, 3600 + 5 * 60 + 10)] == [
+        "4 s",
+        "1 min 0 s",
+        "3 min 10 s",
+        "1 h 05 min",
+    ]
 
 
 def test_a_finished_training_shows_no_eta(tmp_path):
@@ -56,22 +61,36 @@ def test_training_progress_is_observed_on_the_asset_while_it_trains(tmp_path, ti
     upstream.parent.mkdir(parents=True)
     upstream.write_text(json.dumps({"path": str(tiny_shards), "data_version": "tiny", "stats": {}}))
     steps = 200
-    train = {"model": {"preset": "llama-tiny"}, "schedule": {"max_steps": steps, "warmup_steps": 2, "micro_batch_size": 4},
-             "optimizer": {"learning_rate": 5e-3}, "checkpointing": {"save_steps": steps}, "tracking": {"logging_steps": steps}}
+    train = {
+        "model": {"preset": "llama-tiny"},
+        "schedule": {"max_steps": steps, "warmup_steps": 2, "micro_batch_size": 4},
+        "optimizer": {"learning_rate": 5e-3},
+        "checkpointing": {"save_steps": steps},
+        "tracking": {"logging_steps": steps},
+    }
     resources = {**defs.resources, "launcher": TorchrunLauncher(nproc_per_node=2, progress_seconds=0.5)}
     with DagsterInstance.ephemeral() as instance:
-        result = materialize(lineage_assets(), selection=[AssetKey("base_checkpoint")], resources=resources, instance=instance,
-                             run_config={"ops": {"base_checkpoint": {"config": train}}})
+        result = materialize(
+            lineage_assets(),
+            selection=[AssetKey("base_checkpoint")],
+            resources=resources,
+            instance=instance,
+            run_config={"ops": {"base_checkpoint": {"config": train}}},
+        )
         assert result.success
         records = instance.fetch_observations(AssetKey("base_checkpoint"), limit=1000).records
         (materialized,) = instance.fetch_materializations(AssetKey("base_checkpoint"), limit=1).records
-        logged = [e.user_message for e in instance.all_logs(result.run_id) if "training progress: step" in e.user_message]
+        logged = [
+            e.user_message for e in instance.all_logs(result.run_id) if "training progress: step" in e.user_message
+        ]
     records = sorted(records, key=lambda r: r.storage_id)
     assert len(records) >= 2, "a 200-step training shows its progress more than once"
     md = [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records]
     assert [m["step"] for m in md] == sorted({m["step"] for m in md})  # one per new step, increasing
     assert all(m["total_steps"] == steps and 1 <= m["step"] <= steps and m["tokens_per_s"] > 0 for m in md)
-    assert all(m["progress_percent"] == round(100 * m["step"] / steps, 1) and m["loss"] == round(m["loss"], 3) for m in md)
+    assert all(
+        m["progress_percent"] == round(100 * m["step"] / steps, 1) and m["loss"] == round(m["loss"], 3) for m in md
+    )
     assert "eta_s" in md[-1] and all(r.run_id == result.run_id for r in records)
     # written while the training ran: before the ranks wrote the summary and before the materialization
     summary = Path(read_handle(root, AssetKey("base_checkpoint"))["path"]) / "summary.json"
@@ -86,8 +105,18 @@ def test_training_progress_is_observed_on_the_asset_while_it_trains(tmp_path, ti
 def test_progress_is_observed_on_the_one_asset_a_step_materializes():
     """progress_asset: the asset (and partition) of a single-asset step, the one selected asset of a
     subsettable multi-asset; None for a step of several assets and for an op."""
-    from dagster import (AssetKey, AssetOut, DagsterInstance, Output, StaticPartitionsDefinition, asset, job,
-                         materialize, multi_asset, op)
+    from dagster import (
+        AssetKey,
+        AssetOut,
+        DagsterInstance,
+        Output,
+        StaticPartitionsDefinition,
+        asset,
+        job,
+        materialize,
+        multi_asset,
+        op,
+    )
 
     from largetrain_dagster.progress import progress_asset
 
@@ -120,5 +149,9 @@ def test_progress_is_observed_on_the_one_asset_a_step_materializes():
         assert materialize([both], selection=[AssetKey("right")], instance=instance).success
         assert materialize([parted], partition_key="p2", instance=instance).success
         assert plain_job.execute_in_process(instance=instance).success
-    assert seen == {"single": (AssetKey("single"), None), "parted": (AssetKey("parted"), "p2"),
-                    "both": [None, (AssetKey("right"), None)], "op": None}
+    assert seen == {
+        "single": (AssetKey("single"), None),
+        "parted": (AssetKey("parted"), "p2"),
+        "both": [None, (AssetKey("right"), None)],
+        "op": None,
+    }

@@ -23,7 +23,6 @@ from largetrain_dagster.summary import render
 from helpers.lineage import materialize_lineage
 
 
-
 def _tickets(n: int) -> list[dict]:
     return [json.loads(line) for line in TICKETS.read_text().splitlines()[:n]]
 
@@ -43,11 +42,15 @@ def test_a_wrong_text_field_names_the_fields_the_records_have_in_every_format(tm
     stats, cfg, rejected = _ingest(jsonl, tmp_path, text_field="body")
     msg = rejection_error(stats, cfg, rejected)
     # the whole file is one record: said so, with the reason and the setting to change
-    assert msg.startswith("1 of 1 records rejected, more than max_rejected_fraction=0.05; by file: tickets.jsonl (1). "
-                          "1 file rejected as a whole, each counted as one record however many lines it has. ")
-    assert (f"1 x no string field 'body' on any line: the first {UNREADABLE_PREFIX} non-empty lines lack it (the rest "
-            "was not read); line 1: the record has fields id, category, text; set raw_corpus text_field to the one "
-            "holding the text (first: tickets.jsonl (whole file))") in msg
+    assert msg.startswith(
+        "1 of 1 records rejected, more than max_rejected_fraction=0.05; by file: tickets.jsonl (1). "
+        "1 file rejected as a whole, each counted as one record however many lines it has. "
+    )
+    assert (
+        f"1 x no string field 'body' on any line: the first {UNREADABLE_PREFIX} non-empty lines lack it (the rest "
+        "was not read); line 1: the record has fields id, category, text; set raw_corpus text_field to the one "
+        "holding the text (first: tickets.jsonl (whole file))"
+    ) in msg
     assert "is it JSON Lines?" not in msg
 
     table = pa.Table.from_pylist(records)
@@ -63,19 +66,21 @@ def test_a_wrong_text_field_names_the_fields_the_records_have_in_every_format(tm
         sub.mkdir()
         stats, cfg, rejected = _ingest(d / name, sub, text_field="body")
         msg = rejection_error(stats, cfg, rejected)
-        assert (f"1 x no column 'body': the file has columns id, category, text; set raw_corpus text_field to the one "
-                f"holding the text (first: {name} (whole file))") in msg, msg
+        assert (
+            f"1 x no column 'body': the file has columns id, category, text; set raw_corpus text_field to the one "
+            f"holding the text (first: {name} (whole file))"
+        ) in msg, msg
 
 
 def test_top_reasons_most_frequent_first_with_counts_and_first_line(tmp_path):
     records = [json.dumps(r) for r in _tickets(40)]
-    records[5] = "{not json"                                  # invalid JSON, twice, at different columns
+    records[5] = "{not json"  # invalid JSON, twice, at different columns
     records[12] = "   {broken"
-    records[9] = '{"id": "x", "text": "ok" "more"}'            # invalid JSON of another kind
+    records[9] = '{"id": "x", "text": "ok" "more"}'  # invalid JSON of another kind
     records[20] = json.dumps({"id": "T9", "txt": "a typo"})  # text field missing, twice
     records[25] = json.dumps({"id": "T8", "txt": "another"})
-    records[30] = "[1, 2]"                                    # not an object
-    records[33] = json.dumps({"id": "T7", "text": 12})        # not a string
+    records[30] = "[1, 2]"  # not an object
+    records[33] = json.dumps({"id": "T7", "text": 12})  # not a string
     src = tmp_path / "c.jsonl"
     src.write_text("\n".join(records) + "\n")
     stats, cfg, rejected = _ingest(src, tmp_path, max_rejected_fraction=0.0)
@@ -83,32 +88,45 @@ def test_top_reasons_most_frequent_first_with_counts_and_first_line(tmp_path):
     reasons = rejection_reasons(rejected, top=10)
     # most frequent first; a tie in the order met
     assert [(r["records"], r["first"]) for r in reasons] == [
-        (2, "c.jsonl:6"), (2, "c.jsonl:21"), (1, "c.jsonl:10"), (1, "c.jsonl:31"), (1, "c.jsonl:34")]
+        (2, "c.jsonl:6"),
+        (2, "c.jsonl:21"),
+        (1, "c.jsonl:10"),
+        (1, "c.jsonl:31"),
+        (1, "c.jsonl:34"),
+    ]
     assert reasons[0]["reason"] == "invalid JSON: Expecting property name enclosed in double quotes at column 2"
-    assert reasons[1]["reason"] == ("no string field 'text': the record has fields id, txt; "
-                                    "set raw_corpus text_field to the one holding the text")
+    assert reasons[1]["reason"] == (
+        "no string field 'text': the record has fields id, txt; set raw_corpus text_field to the one holding the text"
+    )
     assert reasons[3]["reason"] == "no string field 'text': the line is a JSON array, not an object"
     assert reasons[4]["reason"] == "no string field 'text': it is a JSON number"
     msg = rejection_error(stats, cfg, rejected)
-    assert msg == ("7 of 40 records rejected, more than max_rejected_fraction=0.0; by file: c.jsonl (7). Top reasons: "
-                   "2 x invalid JSON: Expecting property name enclosed in double quotes at column 2 (first: c.jsonl:6); "
-                   "2 x no string field 'text': the record has fields id, txt; set raw_corpus text_field to the one "
-                   "holding the text (first: c.jsonl:21); 1 x invalid JSON: Expecting ',' delimiter at column 26 "
-                   "(first: c.jsonl:10); 2 more reasons.")
+    assert msg == (
+        "7 of 40 records rejected, more than max_rejected_fraction=0.0; by file: c.jsonl (7). Top reasons: "
+        "2 x invalid JSON: Expecting property name enclosed in double quotes at column 2 (first: c.jsonl:6); "
+        "2 x no string field 'text': the record has fields id, txt; set raw_corpus text_field to the one "
+        "holding the text (first: c.jsonl:21); 1 x invalid JSON: Expecting ',' delimiter at column 26 "
+        "(first: c.jsonl:10); 2 more reasons."
+    )
     # the same fault at another column is the same reason
     src.write_text("\n".join(["{not json", "  {not json", json.dumps({"text": "fine"})]) + "\n")
     sub = tmp_path / "again"
     sub.mkdir()
     stats, cfg, rejected = _ingest(src, sub)
     assert describe_rejections(rejected) == (
-        "Top reasons: 2 x invalid JSON: Expecting property name enclosed in double quotes at column 2 (first: c.jsonl:1).")
+        "Top reasons: 2 x invalid JSON: Expecting property name enclosed in double quotes at column 2 (first: c.jsonl:1)."
+    )
 
 
 def _run(tmp_path, corpus: Path, raw: dict):
     defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
-    cfg = {"ops": {"domain__raw_corpus": {"config": {"path": str(corpus), **raw}},
-                   "domain__cleaned_text": {"config": {"gopher_quality": False, "gopher_repetition": False, "c4": False}},
-                   "domain__deduplicated_text": {"config": {"near": False}}}}
+    cfg = {
+        "ops": {
+            "domain__raw_corpus": {"config": {"path": str(corpus), **raw}},
+            "domain__cleaned_text": {"config": {"gopher_quality": False, "gopher_repetition": False, "c4": False}},
+            "domain__deduplicated_text": {"config": {"near": False}},
+        }
+    }
     instance = DagsterInstance.ephemeral()
     result = materialize_lineage(corpus_assets("domain"), defs.resources, instance, cfg, raise_on_error=False)
     logs = [e for r in result.results for e in instance.all_logs(r.run_id)]
@@ -131,10 +149,15 @@ def test_dagster_failure_says_why_and_a_successful_run_warns_and_the_summary_poi
 
     lines[3], lines[6] = "{cut off", json.dumps({"id": "T9", "message": "wrong key"})  # both in the first piece
     corpus.write_text("\n".join(lines) + "\n")
-    instance, result, logs = _run(tmp_path, corpus, {"max_rejected_fraction": 0.2})  # 2 of the 16 lines of partition 000
+    instance, result, logs = _run(
+        tmp_path, corpus, {"max_rejected_fraction": 0.2}
+    )  # 2 of the 16 lines of partition 000
     assert result.success
-    warnings = [e.user_message for e in logs if e.dagster_event is None and e.level == logging.WARNING
-                and "records rejected" in e.user_message]
+    warnings = [
+        e.user_message
+        for e in logs
+        if e.dagster_event is None and e.level == logging.WARNING and "records rejected" in e.user_message
+    ]
     assert len(warnings) == 1, warnings  # the one partition the file's rejected lines fell into
     w = warnings[0]
     assert "2 of " in w and "Top reasons: 1 x invalid JSON" in w and "(first: tickets.jsonl:4)" in w
@@ -143,7 +166,11 @@ def test_dagster_failure_says_why_and_a_successful_run_warns_and_the_summary_poi
     assert Path(path).name == "rejected.parquet" and pq.read_table(path).num_rows == 2
     dedup = result.asset_materializations_for_node("domain__deduplicated_text")[0].metadata
     assert dedup["rejected_files"].value == [path] and dedup["documents_rejected"].value == 2
-    raw = [m.metadata for m in result.asset_materializations_for_node("domain__raw_corpus") if "rejected_file" in m.metadata]
+    raw = [
+        m.metadata
+        for m in result.asset_materializations_for_node("domain__raw_corpus")
+        if "rejected_file" in m.metadata
+    ]
     assert len(raw) == 1 and raw[0]["rejected_reasons"].value in w
     text = render(instance)
     assert f"  rejected records (file, position, reason): {path}" in text

@@ -32,8 +32,10 @@ def test_rounded_keeps_four_significant_digits():
 
 
 def test_sample_generations_are_verbatim_text_blocks():
-    base = [{"prompt": "To be, or not to be,", "completion": " that is the 'question'\n  says he"},
-            {"prompt": "Code: ```x```", "completion": "``` and ```` fences\tinside"}]
+    base = [
+        {"prompt": "To be, or not to be,", "completion": " that is the 'question'\n  says he"},
+        {"prompt": "Code: ```x```", "completion": "``` and ```` fences\tinside"},
+    ]
     adapter = [{"prompt": b["prompt"], "completion": f"adapter {i}: \\n not a newline"} for i, b in enumerate(base)]
     md = generations_markdown(base, adapter)
     blocks = [t.content for t in MarkdownIt().parse(md) if t.type == "fence"]
@@ -46,8 +48,10 @@ def test_sample_generations_are_verbatim_text_blocks():
 def test_data_metadata_is_rounded_with_units(tmp_path):
     src = tmp_path / "corpus"
     src.mkdir()
-    vocab = ("the and of to river house field market road station train garden village king queen walks looks "
-             "talks waits runs quiet green small old empty morning").split()
+    vocab = (
+        "the and of to river house field market road station train garden village king queen walks looks "
+        "talks waits runs quiet green small old empty morning"
+    ).split()
     texts = [" ".join(random.Random(i).choices(vocab, k=60)) for i in range(25)]  # 25 distinct documents
     texts += texts[:3] + ["too short to keep", "also far too short"]  # 3 exact copies; 2 under Gopher's 50 words
     for i, text in enumerate(texts):
@@ -55,16 +59,27 @@ def test_data_metadata_is_rounded_with_units(tmp_path):
     (src / "bad.txt").write_bytes(b"\xff not utf-8\n")  # a rejected record
     defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
-        result = materialize_lineage(corpus_assets("domain")[:3], defs.resources, instance,
-                                     {"ops": {"domain__raw_corpus": {"config": {"path": str(src), "max_rejected_fraction": 0.5}}}})
+        result = materialize_lineage(
+            corpus_assets("domain")[:3],
+            defs.resources,
+            instance,
+            {"ops": {"domain__raw_corpus": {"config": {"path": str(src), "max_rejected_fraction": 0.5}}}},
+        )
         assert result.success
-        mats = {(e.asset_key.to_user_string(), e.partition): e.event_specific_data.materialization.metadata
-                for e in result.get_asset_materialization_events()}
+        mats = {
+            (e.asset_key.to_user_string(), e.partition): e.event_specific_data.materialization.metadata
+            for e in result.get_asset_materialization_events()
+        }
     floats = [(k, v.value) for md in mats.values() for k, v in md.items() if isinstance(v.value, float)]
     assert floats and all(significant_digits(x) <= 4 for _, x in floats), floats
 
     dedup = {k: v.value for k, v in mats[("domain/deduplicated_text", None)].items()}
-    assert (dedup["documents_input"], dedup["documents_rejected"], dedup["documents_filtered"], dedup["documents_duplicate"]) == (31, 1, 2, 3)
+    assert (
+        dedup["documents_input"],
+        dedup["documents_rejected"],
+        dedup["documents_filtered"],
+        dedup["documents_duplicate"],
+    ) == (31, 1, 2, 3)
     for outcome in ("kept", "filtered", "duplicate", "rejected"):
         assert dedup[f"{outcome}_percent"] == rounded(100 * dedup[f"documents_{outcome}"] / 31)
     assert dedup["kept_percent"] == 80.65  # 25 of 31
@@ -73,7 +88,9 @@ def test_data_metadata_is_rounded_with_units(tmp_path):
     assert sum(r["documents"] for r in raw) == 30 and sum(r["rejected"] for r in raw) == 1
     for r in raw:
         assert r["size_mib"] == rounded(r["bytes"] / 2**20)
-        assert r["rejected_percent"] == (rounded(100 * r["rejected"] / (r["documents"] + r["rejected"])) if r["documents"] + r["rejected"] else 0.0)
+        assert r["rejected_percent"] == (
+            rounded(100 * r["rejected"] / (r["documents"] + r["rejected"])) if r["documents"] + r["rejected"] else 0.0
+        )
     for pk in PARTITION_KEYS:
         c = {k: v.value for k, v in mats[("domain/cleaned_text", pk)].items()}
         assert c["kept_percent"] == (rounded(100 * c["kept"] / c["input"]) if c["input"] else 0.0)

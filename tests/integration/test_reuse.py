@@ -22,26 +22,52 @@ from largetrain_dagster.resources import read_handle
 from helpers.corpora import CORPORA, SHORT_RUN, corpus, tiny_run_config
 from helpers.lineage import materialize_lineage
 
-CHAIN = ["pretrain/raw_corpus", "pretrain/cleaned_text", "pretrain/deduplicated_text", "tokenizer", "pretrain/token_shards"]
+CHAIN = [
+    "pretrain/raw_corpus",
+    "pretrain/cleaned_text",
+    "pretrain/deduplicated_text",
+    "tokenizer",
+    "pretrain/token_shards",
+]
 # what pretrain/filtered_text (the text of pretrain/token_shards) also needs: the relevance classifier, trained on
 # the domain text (a few plays), and the evaluation sets; no relevance cut is set, so every genome document stays
-FILTER_INPUTS = ["domain/raw_corpus", "domain/cleaned_text", "domain/deduplicated_text", "relevance_classifier",
-                 "evaluation_sets", "pretrain/filtered_text"]
-RULES_OFF = {k: None for k in ("min_words", "max_words", "min_mean_word_length", "max_mean_word_length",
-                               "max_hash_word_ratio", "max_ellipsis_word_ratio", "max_bullet_lines_ratio",
-                               "max_ellipsis_lines_ratio", "min_alpha_word_fraction", "min_stop_words")}
+FILTER_INPUTS = [
+    "domain/raw_corpus",
+    "domain/cleaned_text",
+    "domain/deduplicated_text",
+    "relevance_classifier",
+    "evaluation_sets",
+    "pretrain/filtered_text",
+]
+RULES_OFF = {
+    k: None
+    for k in (
+        "min_words",
+        "max_words",
+        "min_mean_word_length",
+        "max_mean_word_length",
+        "max_hash_word_ratio",
+        "max_ellipsis_word_ratio",
+        "max_bullet_lines_ratio",
+        "max_ellipsis_lines_ratio",
+        "min_alpha_word_fraction",
+        "min_stop_words",
+    )
+}
 
 
 def run_config(cases: Path, **tokenizer) -> dict:
     """The genome case as the pretraining corpus, every quality rule off (the long run reaches the
     tokenizer whatever the rules say), a 300-id BPE and 64-token sequences."""
-    return {"ops": {
-        "pretrain__raw_corpus": {"config": {"path": str(cases / "genome_sequence.jsonl"), "id_field": "id"}},
-        "pretrain__cleaned_text": {"config": RULES_OFF},
-        "tokenizer": {"config": {"vocab_size": 300, **tokenizer}},
-        "pretrain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.25}},
-        "domain__raw_corpus": tiny_run_config(CORPORA)["ops"]["domain__raw_corpus"],
-    }}
+    return {
+        "ops": {
+            "pretrain__raw_corpus": {"config": {"path": str(cases / "genome_sequence.jsonl"), "id_field": "id"}},
+            "pretrain__cleaned_text": {"config": RULES_OFF},
+            "tokenizer": {"config": {"vocab_size": 300, **tokenizer}},
+            "pretrain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.25}},
+            "domain__raw_corpus": tiny_run_config(CORPORA)["ops"]["domain__raw_corpus"],
+        }
+    }
 
 
 def metadata(result, node: str) -> dict:
@@ -58,7 +84,9 @@ def genome(tmp_path_factory):
     root = tmp_path_factory.mktemp("genome") / "root"
     defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
-        result = materialize_lineage(lineage_assets(), defs.resources, instance, run_config(CASES), CHAIN + FILTER_INPUTS)
+        result = materialize_lineage(
+            lineage_assets(), defs.resources, instance, run_config(CASES), CHAIN + FILTER_INPUTS
+        )
     assert result.success
     return root, defs, result
 
@@ -109,8 +137,14 @@ def delete_shard(root):
     return path
 
 
-@pytest.mark.parametrize("damage,key", [(damage_tokenizer_json, "tokenizer"), (damage_stats_json, "pretrain/token_shards"),
-                                        (delete_shard, "pretrain/token_shards")])
+@pytest.mark.parametrize(
+    "damage,key",
+    [
+        (damage_tokenizer_json, "tokenizer"),
+        (damage_stats_json, "pretrain/token_shards"),
+        (delete_shard, "pretrain/token_shards"),
+    ],
+)
 def test_damaged_artefact_is_rebuilt_never_reused(genome, damage, key):
     root, defs, _ = genome
     before = handle(root, *key.split("/"))
@@ -123,8 +157,9 @@ def test_damaged_artefact_is_rebuilt_never_reused(genome, damage, key):
     after = handle(root, *key.split("/"))
     assert after["path"] == before["path"] and verify_manifest(Path(after["path"])) == []
     # the rebuilt directory holds what the first build wrote, and is reused from now on
-    assert {k: v for k, v in after["stats"].items() if k not in ("seconds", "rebuilt_because")} == \
-        {k: v for k, v in before["stats"].items() if k != "seconds"}
+    assert {k: v for k, v in after["stats"].items() if k not in ("seconds", "rebuilt_because")} == {
+        k: v for k, v in before["stats"].items() if k != "seconds"
+    }
     assert metadata(rematerialize(defs, [key]), key.replace("/", "__"))["reused"] is True
 
 
@@ -136,11 +171,24 @@ def test_damaged_training_output_is_trained_again(genome):
     from largetrain_core.model import load_model
 
     root, defs, _ = genome  # one training rank
-    train = {"model": {"preset": "llama-tiny"}, "schedule": {"max_steps": 4, "warmup_steps": 1, "micro_batch_size": 2},
-             "checkpointing": {"save_steps": 4}, "tracking": {"logging_steps": 2}, "parallelism": {"zero_stage": 1},
-             **SHORT_RUN}
-    flat = {"preset": "llama-tiny", "max_steps": 4, "warmup_steps": 1, "micro_batch_size": 2, "save_steps": 4,
-            "logging_steps": 2, "zero_stage": 1, **SHORT_RUN["health"]}
+    train = {
+        "model": {"preset": "llama-tiny"},
+        "schedule": {"max_steps": 4, "warmup_steps": 1, "micro_batch_size": 2},
+        "checkpointing": {"save_steps": 4},
+        "tracking": {"logging_steps": 2},
+        "parallelism": {"zero_stage": 1},
+        **SHORT_RUN,
+    }
+    flat = {
+        "preset": "llama-tiny",
+        "max_steps": 4,
+        "warmup_steps": 1,
+        "micro_batch_size": 2,
+        "save_steps": 4,
+        "logging_steps": 2,
+        "zero_stage": 1,
+        **SHORT_RUN["health"],
+    }
 
     def materialize_base(config=train):
         from helpers import CASES
@@ -155,7 +203,9 @@ def test_damaged_training_output_is_trained_again(genome):
 
     first = materialize_base(flat)
     moved = [m for m in first["warnings"] if "settings written without their sections" in m]
-    assert moved and "max_steps -> schedule.max_steps" in moved[0] and "zero_stage -> parallelism.zero_stage" in moved[0]
+    assert (
+        moved and "max_steps -> schedule.max_steps" in moved[0] and "zero_stage -> parallelism.zero_stage" in moved[0]
+    )
     again = materialize_base()
     assert first["reused"] is False and again["reused"] is True and again["data_version"] == first["data_version"]
     assert not any("without their sections" in m for m in again["warnings"])
@@ -219,8 +269,24 @@ def test_interrupting_a_tokenizer_materialization_ends_its_training(genome, tmp_
     cfg.write_text(yaml.safe_dump({"ops": {"tokenizer": ops["tokenizer"]}}))
     env = {**os.environ, "LARGETRAIN_ROOT": str(root), "DAGSTER_HOME": str(home)}
     dagster = str(Path(sys.executable).with_name("dagster"))
-    proc = subprocess.Popen([dagster, "asset", "materialize", "-m", "largetrain_dagster.definitions", "--select", "tokenizer",
-                             "-c", str(cfg)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            dagster,
+            "asset",
+            "materialize",
+            "-m",
+            "largetrain_dagster.definitions",
+            "--select",
+            "tokenizer",
+            "-c",
+            str(cfg),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     marker = f"largetrain_core.tokenizer {root}"  # the training child's command line: its output lies under root
     try:
         deadline = time.monotonic() + 300

@@ -53,15 +53,22 @@ def _materialize_as_the_cli(tmp_path, monkeypatch, keys: list[str], run_config: 
     with instance_for_test() as instance:
         error, success = None, False
         try:
-            with execute_job(job, instance, run_config=run_config, tags={"dagster/partition": "000"},
-                             asset_selection=[AssetKey.from_user_string(k) for k in keys]) as result:
+            with execute_job(
+                job,
+                instance,
+                run_config=run_config,
+                tags={"dagster/partition": "000"},
+                asset_selection=[AssetKey.from_user_string(k) for k in keys],
+            ) as result:
                 success = result.success
         except DagsterUserCodeExecutionError as e:  # the in-process executor raises a resource's failure
             error = e
         (run,) = instance.get_runs()
         logs = [e.user_message for e in instance.all_logs(run.run_id) if e.dagster_event is None]
-        done = {e.dagster_event.asset_key.to_user_string()
-                for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)}
+        done = {
+            e.dagster_event.asset_key.to_user_string()
+            for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+        }
         return success, logs, done, error
 
 
@@ -88,14 +95,22 @@ def test_a_misspelled_step_fails_the_run_before_any_work(tmp_path, monkeypatch, 
 def test_unselected_steps_config_is_allowed_and_logged_once(tmp_path, monkeypatch, cases):
     """One recipe file for every run: the keys of steps the run does not select are allowed, and the
     run log says once (not once per step) that this run does not use them."""
-    cfg = {"ops": {"domain__raw_corpus": {"config": {"path": str(_corpus(tmp_path, cases))}},
-                   "domain__cleaned_text": {"config": {"gopher_quality": False}},
-                   "tokenizer": {"config": {"vocab_size": 512}}, "pretrain__cleaned_text": {"config": {"c4": True}}}}
-    ok, logs, done, error = _materialize_as_the_cli(tmp_path, monkeypatch, ["domain/raw_corpus", "domain/cleaned_text"], cfg)
+    cfg = {
+        "ops": {
+            "domain__raw_corpus": {"config": {"path": str(_corpus(tmp_path, cases))}},
+            "domain__cleaned_text": {"config": {"gopher_quality": False}},
+            "tokenizer": {"config": {"vocab_size": 512}},
+            "pretrain__cleaned_text": {"config": {"c4": True}},
+        }
+    }
+    ok, logs, done, error = _materialize_as_the_cli(
+        tmp_path, monkeypatch, ["domain/raw_corpus", "domain/cleaned_text"], cfg
+    )
     assert ok and error is None and done == {"domain/raw_corpus", "domain/cleaned_text"}
     assert [m for m in logs if "not used by it" in m] == [
         "run config for steps outside this run, not used by it: pretrain__cleaned_text, tokenizer "
-        "(they apply to the runs that select those steps)"]
+        "(they apply to the runs that select those steps)"
+    ]
 
 
 def test_the_demo_driver_refuses_a_misspelled_step_instead_of_cutting_it():
@@ -104,8 +119,10 @@ def test_the_demo_driver_refuses_a_misspelled_step_instead_of_cutting_it():
     from largetrain_dagster.demo import job_config
 
     cfg = {"ops": {"domain__raw_corpus": {"config": {"path": "x"}}, "lora_adapter": {"config": {}}}, "execution": {}}
-    assert job_config(cfg, {"domain__raw_corpus"}, STEPS) == {"ops": {"domain__raw_corpus": {"config": {"path": "x"}}},
-                                                              "execution": {}}
+    assert job_config(cfg, {"domain__raw_corpus"}, STEPS) == {
+        "ops": {"domain__raw_corpus": {"config": {"path": "x"}}},
+        "execution": {},
+    }
     with pytest.raises(RunConfigError, match="'domain/raw_corpus': write 'domain__raw_corpus'"):
         job_config({"ops": {"domain/raw_corpus": {}}}, {"domain__raw_corpus"}, STEPS)
 
@@ -114,7 +131,10 @@ def test_the_demo_driver_takes_a_graph_backed_assets_key():
     """GraphQL lists a graph-backed asset's ops as graph.op; its run config key is the graph's name."""
     from largetrain_dagster.demo import config_nodes, job_config
 
-    ops = ["pretrain__token_shards.pretrain__token_shards_plan", "pretrain__token_shards.pretrain__token_shards_assemble"]
+    ops = [
+        "pretrain__token_shards.pretrain__token_shards_plan",
+        "pretrain__token_shards.pretrain__token_shards_assemble",
+    ]
     nodes = config_nodes(ops)
     assert nodes == {*ops, "pretrain__token_shards"}
     cfg = {"ops": {"pretrain__token_shards": {"config": {"seq_len": 64}}}}

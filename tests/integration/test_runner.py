@@ -55,8 +55,15 @@ def test_a_failing_step_stops_the_whole_tree(tmp_path):
 
     @asset
     def stopped(context):
-        run_process(context, [sys.executable, "-c", CHILD, "hang", str(pid_file)], tmp_path / "child.log", "the child",
-                    grace_seconds=5, on_tick=give_up, tick_seconds=0.1)
+        run_process(
+            context,
+            [sys.executable, "-c", CHILD, "hang", str(pid_file)],
+            tmp_path / "child.log",
+            "the child",
+            grace_seconds=5,
+            on_tick=give_up,
+            tick_seconds=0.1,
+        )
 
     t0 = time.monotonic()
     with DagsterInstance.ephemeral() as instance:

@@ -41,10 +41,27 @@ from largetrain_core.executors.spark.session import session
 KERNEL = REPO / ".largetrain" / "corpora" / "linux-doc"
 CASES_DIR = CASES
 DATA = TESTS / "data"
-CASES = ["bom_crlf.jsonl", "lone_surrogate.jsonl", "invalid_utf8.txt", "nul_bytes.txt", "tiny_docs.jsonl",
-         "unicode_variants.jsonl", "null_ids.jsonl", "mixed_parquet", "upper_case_suffixes", "parquet_invalid_utf8.parquet", "genome_sequence.jsonl",
-         "unicode_space_lines.txt", "misnamed_compressed", "deep_nesting.jsonl", "huge_integer.jsonl", "utf16_text"]
-QUALITY = QualityConfig(gopher_repetition=True, c4=True, languages=("en",))  # language_id and PII on: the same columns and counts
+CASES = [
+    "bom_crlf.jsonl",
+    "lone_surrogate.jsonl",
+    "invalid_utf8.txt",
+    "nul_bytes.txt",
+    "tiny_docs.jsonl",
+    "unicode_variants.jsonl",
+    "null_ids.jsonl",
+    "mixed_parquet",
+    "upper_case_suffixes",
+    "parquet_invalid_utf8.parquet",
+    "genome_sequence.jsonl",
+    "unicode_space_lines.txt",
+    "misnamed_compressed",
+    "deep_nesting.jsonl",
+    "huge_integer.jsonl",
+    "utf16_text",
+]
+QUALITY = QualityConfig(
+    gopher_repetition=True, c4=True, languages=("en",)
+)  # language_id and PII on: the same columns and counts
 PARTITIONS = 2
 
 
@@ -64,14 +81,30 @@ def corpus(tmp_path_factory) -> Path:
         (root / "cases").mkdir(parents=True, exist_ok=True)
         (shutil.copytree if (CASES_DIR / c).is_dir() else shutil.copy)(CASES_DIR / c, root / "cases" / c)
     # the same record ids in two files of one partition, one early and one late in corpus order
-    late = next(f"kernel/zz_ids_{i}.jsonl" for i in range(100)
-                if partition_of(f"kernel/zz_ids_{i}.jsonl", PARTITIONS) == partition_of("cases/ids.jsonl", PARTITIONS))
+    late = next(
+        f"kernel/zz_ids_{i}.jsonl"
+        for i in range(100)
+        if partition_of(f"kernel/zz_ids_{i}.jsonl", PARTITIONS) == partition_of("cases/ids.jsonl", PARTITIONS)
+    )
     for rel, texts in (("cases/ids.jsonl", ("first", "second")), (late, ("third", "fourth"))):
-        (root / rel).write_text("".join(json.dumps({"id": f"r{k}", "text": f"The {t} record of the mill and the river, "
-                                                    "with enough words in it to pass the quality rules of the Gopher paper. " * 6})
-                                        + "\n" for k, t in enumerate(texts)))
-    german = [json.loads(line)["text"] for line in (DATA / "language_id.jsonl").open(encoding="utf-8")
-              if '"language": "de", "kind": "paragraph"' in line]
+        (root / rel).write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "id": f"r{k}",
+                        "text": f"The {t} record of the mill and the river, "
+                        "with enough words in it to pass the quality rules of the Gopher paper. " * 6,
+                    }
+                )
+                + "\n"
+                for k, t in enumerate(texts)
+            )
+        )
+    german = [
+        json.loads(line)["text"]
+        for line in (DATA / "language_id.jsonl").open(encoding="utf-8")
+        if '"language": "de", "kind": "paragraph"' in line
+    ]
     (root / "cases" / "german.txt").write_text("\n\n".join(german * 3), encoding="utf-8")  # removed: reason language
     originals = sorted((root / "kernel" / "process").glob("*.txt"))[:12]
     for i, f in enumerate(originals):
@@ -91,7 +124,9 @@ def _chain_local(corpus: Path, out: Path) -> dict:
         raw, cleaned = out / f"raw{p}", out / f"clean{p}"
         raw.mkdir(parents=True)
         cleaned.mkdir()
-        res["raw"].append((raw, ingest(ReaderConfig(str(corpus), id_field="id", partition=p, partitions=PARTITIONS), raw)))
+        res["raw"].append(
+            (raw, ingest(ReaderConfig(str(corpus), id_field="id", partition=p, partitions=PARTITIONS), raw))
+        )
         res["clean"].append((cleaned, clean_corpus(raw, cleaned, QUALITY)))
     (out / "dd").mkdir()
     res["dd"] = (out / "dd", deduplicate([d for d, _ in res["clean"]], out / "dd", DedupConfig()))
@@ -104,7 +139,12 @@ def _chain_spark(spark, corpus: Path, out: Path) -> dict:
         raw, cleaned = out / f"raw{p}", out / f"clean{p}"
         raw.mkdir(parents=True)
         cleaned.mkdir()
-        res["raw"].append((raw, spark_ingest(spark, ReaderConfig(str(corpus), id_field="id", partition=p, partitions=PARTITIONS), raw)))
+        res["raw"].append(
+            (
+                raw,
+                spark_ingest(spark, ReaderConfig(str(corpus), id_field="id", partition=p, partitions=PARTITIONS), raw),
+            )
+        )
         res["clean"].append((cleaned, spark_clean(spark, raw, cleaned, QUALITY)))
     (out / "dd").mkdir()
     res["dd"] = (out / "dd", spark_deduplicate(spark, [d for d, _ in res["clean"]], out / "dd", DedupConfig()))

@@ -60,8 +60,9 @@ def _backfill(root: str, executor: DataExecutor, run_config: dict) -> None:
     """domain raw_corpus and cleaned_text of each partition, then deduplicated_text, on ``executor``."""
     defs = build_definitions(root=root, wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
-        runs = materialize_lineage(corpus_assets("domain"), {**defs.resources, "executor": executor}, instance, run_config,
-                                   partitions=KEYS)
+        runs = materialize_lineage(
+            corpus_assets("domain"), {**defs.resources, "executor": executor}, instance, run_config, partitions=KEYS
+        )
         assert runs.success
         assert len(runs.results) == 3  # one run per partition, then the global step
         for m in runs.get_asset_materialization_events():
@@ -82,8 +83,11 @@ RUN_RECORDS = ("stats.json", "_manifest.json", "_COMMITTED.json")
 
 def _version_files(root: Path) -> dict[str, bytes]:
     """Every data file of every version of the domain chain under ``root`` (relative path -> bytes)."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / "domain").rglob("*"))
-            if p.is_file() and p.name not in RUN_RECORDS}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted((root / "domain").rglob("*"))
+        if p.is_file() and p.name not in RUN_RECORDS
+    }
 
 
 def test_backfill_with_spark_through_materialize_on_local_disk_and_on_s3(tmp_path, monkeypatch, s3_bucket):
@@ -106,16 +110,24 @@ def test_backfill_with_spark_through_materialize_on_local_disk_and_on_s3(tmp_pat
 
     fsys, bucket = fs.filesystem(s3_bucket)
     plays = sorted(p for p in PLAYS.rglob("*") if p.is_file())
-    fsys.put([str(p) for p in plays], [f"{bucket}/corpora/shakespeare/{p.relative_to(PLAYS).as_posix()}" for p in plays])
+    fsys.put(
+        [str(p) for p in plays], [f"{bucket}/corpora/shakespeare/{p.relative_to(PLAYS).as_posix()}" for p in plays]
+    )
     s3_root = fs.join(s3_bucket, "largetrain")
-    cluster = DataExecutor(name="spark", master="local-cluster[2,1,1024]",
-                           conf={"spark.executorEnv.LARGETRAIN_CACHE": str(executor_cache)})
-    _backfill(s3_root, cluster, {"ops": {"domain__raw_corpus": {"config": {"path": fs.join(s3_bucket, "corpora", "shakespeare")}}}})
+    cluster = DataExecutor(
+        name="spark", master="local-cluster[2,1,1024]", conf={"spark.executorEnv.LARGETRAIN_CACHE": str(executor_cache)}
+    )
+    _backfill(
+        s3_root,
+        cluster,
+        {"ops": {"domain__raw_corpus": {"config": {"path": fs.join(s3_bucket, "corpora", "shakespeare")}}}},
+    )
 
     fsys.get(f"{bucket}/largetrain/", str(tmp_path / "bucket"), recursive=True)
     versions = sorted(p.parent for p in (tmp_path / "bucket" / "domain").rglob("_COMMITTED.json"))
-    assert len(versions) == 5 and all(verify_manifest(fs.join(s3_root, v.relative_to(tmp_path / "bucket").as_posix())) == []
-                                      for v in versions)
+    assert len(versions) == 5 and all(
+        verify_manifest(fs.join(s3_root, v.relative_to(tmp_path / "bucket").as_posix())) == [] for v in versions
+    )
     local, bucket_files = _version_files(root), _version_files(tmp_path / "bucket")
     assert sorted(local) == sorted(bucket_files)  # same data versions, same files
     assert [rel for rel in local if local[rel] != bucket_files[rel]] == []
@@ -135,21 +147,37 @@ def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(t
     process group and every descendant; no JVM (driver, executor) and no PySpark worker survives;
     nothing is published."""
     root = str(tmp_path / "root")
-    env = {**os.environ, "LARGETRAIN_ROOT": root, "DAGSTER_HOME": str(tmp_path / "home"), "LARGETRAIN_DATA_PARTITIONS": "2",
-           "LARGETRAIN_SPARK_MASTER": "local[2]"}
+    env = {
+        **os.environ,
+        "LARGETRAIN_ROOT": root,
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "LARGETRAIN_DATA_PARTITIONS": "2",
+        "LARGETRAIN_SPARK_MASTER": "local[2]",
+    }
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     (tmp_path / "root" / "corpora").mkdir(parents=True)
     (tmp_path / "root" / "corpora" / "shakespeare").symlink_to(PLAYS)
     cli = [DAGSTER, "asset", "materialize", "-m", "largetrain_dagster.definitions"]
     for p, (key, variable) in enumerate(zip(KEYS, ("LARGETRAIN_EXECUTOR", "LARGETRAIN_ENGINE"))):
-        m = subprocess.run([*cli, "--select", "domain/raw_corpus,domain/cleaned_text", "--partition", key],
-                           cwd=REPO, env={**env, variable: "spark"}, capture_output=True, text=True, timeout=600)
+        m = subprocess.run(
+            [*cli, "--select", "domain/raw_corpus,domain/cleaned_text", "--partition", key],
+            cwd=REPO,
+            env={**env, variable: "spark"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         out = m.stdout + m.stderr
         assert m.returncode == 0, out[-3000:]
         assert "RUN_SUCCESS" in out and "executor spark:" in out and "on local[2]" in out
-        assert ("LARGETRAIN_ENGINE is deprecated: set LARGETRAIN_EXECUTOR=spark instead" in out) == (variable == "LARGETRAIN_ENGINE")
-        assert "Spark stage 0 [raw_corpus: read files]: " in out and f"[{Cleaning.description}, MinHash signatures]: " in out
+        assert ("LARGETRAIN_ENGINE is deprecated: set LARGETRAIN_EXECUTOR=spark instead" in out) == (
+            variable == "LARGETRAIN_ENGINE"
+        )
+        assert (
+            "Spark stage 0 [raw_corpus: read files]: " in out
+            and f"[{Cleaning.description}, MinHash signatures]: " in out
+        )
         handle = read_handle(tmp_path / "root", AssetKey(["domain", "cleaned_text"]), key)
         assert handle["stats"]["executor"]["executor"] == "spark"
         raw, local = tmp_path / f"raw{p}", tmp_path / f"clean{p}"
@@ -160,16 +188,32 @@ def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(t
         assert _docs(Path(handle["path"])).equals(_docs(local))
 
     cfg = tmp_path / "run.json"
-    cfg.write_text(json.dumps({"ops": {"pretrain__raw_corpus": {"config": {"path": str(REPO / ".largetrain" / "corpora" / "linux-doc")}}}}))
-    env |= {"LARGETRAIN_EXECUTOR": "spark", "LARGETRAIN_SPARK_MASTER": "local-cluster[1,1,1024]", "LARGETRAIN_SPARK_CONF": json.dumps({"spark.largetrain.bytesPerTask": "1"})}
+    cfg.write_text(
+        json.dumps(
+            {"ops": {"pretrain__raw_corpus": {"config": {"path": str(REPO / ".largetrain" / "corpora" / "linux-doc")}}}}
+        )
+    )
+    env |= {
+        "LARGETRAIN_EXECUTOR": "spark",
+        "LARGETRAIN_SPARK_MASTER": "local-cluster[1,1,1024]",
+        "LARGETRAIN_SPARK_CONF": json.dumps({"spark.largetrain.bytesPerTask": "1"}),
+    }
     log = open(tmp_path / "dagster.log", "w")  # noqa: SIM115 (closed in the finally below)
-    proc = subprocess.Popen([*cli, "--select", "pretrain/raw_corpus", "--partition", KEYS[1], "-c", str(cfg)], cwd=REPO,
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [*cli, "--select", "pretrain/raw_corpus", "--partition", KEYS[1], "-c", str(cfg)],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:  # wait for the executor JVM and its Python workers
             mine = _ours(root)
-            if any("CoarseGrainedExecutorBackend" in c for c in mine.values()) and any("pyspark.daemon" in c for c in mine.values()):
+            if any("CoarseGrainedExecutorBackend" in c for c in mine.values()) and any(
+                "pyspark.daemon" in c for c in mine.values()
+            ):
                 break
             time.sleep(0.2)
         assert proc.poll() is None, (tmp_path / "dagster.log").read_text()[-3000:]

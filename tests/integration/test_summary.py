@@ -15,16 +15,17 @@ from largetrain_dagster.tokenizer import tokenizer
 from helpers.lineage import materialize_lineage
 
 
-
 def test_sample_generations_one_line_each_control_characters_escaped(tmp_path):
     base = [{"prompt": f"Where is my {i}", "completion": f" order?\nIt was\tdue {'x' * (i * 40)}"} for i in range(4)]
     adapter = [{"prompt": b["prompt"], "completion": f" parcel\r\n#{i}\x1b[31m"} for i, b in enumerate(base)]
     (tmp_path / "samples.json").write_text(json.dumps({"base": base, "adapter": adapter}))
     lines = _samples({"path": str(tmp_path), "config": {"max_new_tokens": 24}})
-    assert lines[:4] == ["sample generations (greedy, at most 24 new tokens):",
-                         "  prompt 'Where is my 0'",
-                         "    base:           ' order?\\nIt was\\tdue '",
-                         "    base + adapter: ' parcel\\r\\n#0\\x1b[31m'"]
+    assert lines[:4] == [
+        "sample generations (greedy, at most 24 new tokens):",
+        "  prompt 'Where is my 0'",
+        "    base:           ' order?\\nIt was\\tdue '",
+        "    base + adapter: ' parcel\\r\\n#0\\x1b[31m'",
+    ]
     assert len(lines) == 1 + 3 * 3 + 1 and lines[-1] == f"  ... 1 more prompts in {tmp_path / 'samples.json'}"
     assert all("\n" not in line and "\x1b" not in line for line in lines)
     long = lines[8]  # prompt 2's base continuation: 80 x, cut
@@ -40,24 +41,37 @@ def test_tiny_validation_split_is_warned_in_the_run_log_metadata_and_summary(tmp
     assets = [*corpus_assets("pretrain"), *corpus_assets("domain"), tokenizer, *token_shards_asset("domain")]
     raw = {"config": {"path": str(corpus)}}
     quality = {"config": {"gopher_quality": False, "gopher_repetition": False}}
-    cfg = {"ops": {"pretrain__raw_corpus": raw, "domain__raw_corpus": raw, "pretrain__cleaned_text": quality,
-                   "domain__cleaned_text": quality, "tokenizer": {"config": {"vocab_size": 300}},
-                   "domain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.05}}}}
+    cfg = {
+        "ops": {
+            "pretrain__raw_corpus": raw,
+            "domain__raw_corpus": raw,
+            "pretrain__cleaned_text": quality,
+            "domain__cleaned_text": quality,
+            "tokenizer": {"config": {"vocab_size": 300}},
+            "domain__token_shards": {"config": {"seq_len": 64, "validation_fraction": 0.05}},
+        }
+    }
     with DagsterInstance.ephemeral() as instance:
         result = materialize_lineage(assets, defs.resources, instance, cfg)
         assert result.success
-        warnings = [e.user_message for r in result.results for e in instance.all_logs(r.run_id)
-                    if e.dagster_event is None and e.level == logging.WARNING and "token_shards" in e.user_message]
+        warnings = [
+            e.user_message
+            for r in result.results
+            for e in instance.all_logs(r.run_id)
+            if e.dagster_event is None and e.level == logging.WARNING and "token_shards" in e.user_message
+        ]
         (md,) = [m.metadata for m in result.asset_materializations_for_node("domain__token_shards")]
         summary = render(instance)
     n = md["validation_sequences"].value
     assert 0 < n < MIN_VALIDATION_SEQUENCES
     (w,) = warnings
     assert w == md["validation_warning"].value
-    assert w.startswith(f"domain/token_shards: the validation split is tiny: {n} sequences "
-                        f"({md['validation_tokens'].value:,} tokens, {md['validation_documents'].value} documents), under "
-                        f"{MIN_VALIDATION_SEQUENCES}; the validation loss and held-out perplexity on it are noisy. "
-                        "token_shards `validation_fraction` (now 0.05) enlarges it: about ")
+    assert w.startswith(
+        f"domain/token_shards: the validation split is tiny: {n} sequences "
+        f"({md['validation_tokens'].value:,} tokens, {md['validation_documents'].value} documents), under "
+        f"{MIN_VALIDATION_SEQUENCES}; the validation loss and held-out perplexity on it are noisy. "
+        "token_shards `validation_fraction` (now 0.05) enlarges it: about "
+    )
     assert f"  WARNING: {w}" in summary
 
 

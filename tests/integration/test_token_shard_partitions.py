@@ -9,8 +9,13 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, materialize
 
 from largetrain_core.shards import TokenShards, build_token_shards
 from largetrain_core.stages.base import Artifact, StageRun
-from largetrain_core.stages.token_shards import (TokenShardsSettings, intact, token_shard_partition,
-                                                 token_shard_partitions, token_shards)
+from largetrain_core.stages.token_shards import (
+    TokenShardsSettings,
+    intact,
+    token_shard_partition,
+    token_shard_partitions,
+    token_shards,
+)
 from largetrain_dagster.partitions import DATA_PARTITIONS, shards_text
 from largetrain_dagster.resources import HandleIOManager, Storage
 from largetrain_dagster.shards import token_shards_asset
@@ -20,9 +25,9 @@ SETTINGS = TokenShardsSettings(seq_len=8, validation_fraction=0.2, seed=1, seque
 
 
 def _corpus(tmp_path: Path, sentences, parts: int = 6) -> Path:
-    docs = [(f"doc-{i:02d}", " ".join(sentences[i * 4:i * 4 + 2 + i % 5])) for i in range(48)]
+    docs = [(f"doc-{i:02d}", " ".join(sentences[i * 4 : i * 4 + 2 + i % 5])) for i in range(48)]
     step = len(docs) // parts
-    return write_parts(tmp_path / "dedup", [docs[k:k + step] for k in range(0, len(docs), step)])
+    return write_parts(tmp_path / "dedup", [docs[k : k + step] for k in range(0, len(docs), step)])
 
 
 def _rows(d: Path, split: str) -> list:
@@ -70,19 +75,33 @@ def test_the_asset_tokenizes_each_partition_in_a_step_of_its_own(tmp_path, bpe_d
     root = tmp_path / "root"
     (root / "_handles" / "pretrain").mkdir(parents=True)
     text_key = shards_text("pretrain")  # the text the pretraining shards are made of (filtered_text)
-    (root / "_handles" / "pretrain" / f"{text_key}.json").write_text(json.dumps(
-        {"path": str(src), "data_version": "text-v1", "stats": {}}))
-    (root / "_handles" / "tokenizer.json").write_text(json.dumps({"path": str(bpe_dir), "data_version": "tok-v1", "stats": {}}))
+    (root / "_handles" / "pretrain" / f"{text_key}.json").write_text(
+        json.dumps({"path": str(src), "data_version": "text-v1", "stats": {}})
+    )
+    (root / "_handles" / "tokenizer.json").write_text(
+        json.dumps({"path": str(bpe_dir), "data_version": "tok-v1", "stats": {}})
+    )
     from dagster import AssetSpec
 
-    upstream = [AssetSpec(AssetKey(["pretrain", text_key])).with_io_manager_key("handles"),
-                AssetSpec(AssetKey("tokenizer")).with_io_manager_key("handles")]  # materialized elsewhere: their handles
-    config = {"ops": {"pretrain__token_shards": {"config": {"seq_len": 8, "validation_fraction": 0.2, "seed": 1,
-                                                            "sequences_per_shard": 5}}}}
+    upstream = [
+        AssetSpec(AssetKey(["pretrain", text_key])).with_io_manager_key("handles"),
+        AssetSpec(AssetKey("tokenizer")).with_io_manager_key("handles"),
+    ]  # materialized elsewhere: their handles
+    config = {
+        "ops": {
+            "pretrain__token_shards": {
+                "config": {"seq_len": 8, "validation_fraction": 0.2, "seed": 1, "sequences_per_shard": 5}
+            }
+        }
+    }
     with DagsterInstance.ephemeral() as instance:
-        result = materialize([*upstream, *token_shards_asset("pretrain")], instance=instance, run_config=config,
-                             resources={"storage": Storage(root=str(root)), "handles": HandleIOManager(root=str(root))},
-                             selection=[AssetKey(["pretrain", "token_shards"])])
+        result = materialize(
+            [*upstream, *token_shards_asset("pretrain")],
+            instance=instance,
+            run_config=config,
+            resources={"storage": Storage(root=str(root)), "handles": HandleIOManager(root=str(root))},
+            selection=[AssetKey(["pretrain", "token_shards"])],
+        )
         assert result.success
         steps = sorted({e.step_key for e in result.all_events if e.event_type == DagsterEventType.STEP_SUCCESS})
     n = len(DATA_PARTITIONS.get_partition_keys())

@@ -35,8 +35,16 @@ def torchrun(cfg: TrainConfig, tmp: Path, nproc: int = 2, fault: str | None = No
     env.pop("LARGETRAIN_FAULT", None)
     if fault:
         env["LARGETRAIN_FAULT"] = fault
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "largetrain_core.training", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "largetrain_core.training",
+        str(path),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
     (Path(cfg.output_dir) / f"torchrun-{fault or 'run'}.log").write_text(proc.stdout + proc.stderr)
     if fault:
@@ -52,13 +60,16 @@ def test_validate_names_what_to_change():
     with pytest.raises(ValueError, match="needs model.base_model"):
         TrainConfig.from_settings(output_dir="o", train_shards="s", mode="lora").validate(cuda=False)
     with pytest.raises(ValueError, match="offload_optimizer needs zero_stage 1, 2 or 3"):
-        TrainConfig.from_settings(output_dir="o", train_shards="s", zero_stage=0, offload_optimizer=True).validate(cuda=False)
+        TrainConfig.from_settings(output_dir="o", train_shards="s", zero_stage=0, offload_optimizer=True).validate(
+            cuda=False
+        )
     with pytest.raises(ValueError, match="zero_stage must be"):
         TrainConfig.from_settings(output_dir="o", train_shards="s", zero_stage=4).validate(cuda=False)
     TrainConfig.from_settings(output_dir="o", train_shards="s", precision="fp16").validate(cuda=True)
     with pytest.raises(ValueError, match="adapter_name must be an identifier"):
-        TrainConfig.from_settings(output_dir="o", train_shards="s", mode="lora", base_model="b",
-                                  lora={"adapter_name": "my adapter"}).validate(cuda=False)
+        TrainConfig.from_settings(
+            output_dir="o", train_shards="s", mode="lora", base_model="b", lora={"adapter_name": "my adapter"}
+        ).validate(cuda=False)
     with pytest.raises(ValueError, match="merge_export applies to mode 'lora' only"):
         TrainConfig.from_settings(output_dir="o", train_shards="s", lora={"merge_export": True}).validate(cuda=False)
     with pytest.raises(ValueError, match="peak_flops must be > 0"):
@@ -113,9 +124,21 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base_dir = tmp_path / "base"
-    cfg = TrainConfig.from_settings(output_dir=str(base_dir), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                      micro_batch_size=4, max_steps=30, learning_rate=5e-3, warmup_steps=3, save_steps=10,
-                      save_total_limit=2, logging_steps=10, report_to=[], tokenizer=str(shards))
+    cfg = TrainConfig.from_settings(
+        output_dir=str(base_dir),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=2,
+        micro_batch_size=4,
+        max_steps=30,
+        learning_rate=5e-3,
+        warmup_steps=3,
+        save_steps=10,
+        save_total_limit=2,
+        logging_steps=10,
+        report_to=[],
+        tokenizer=str(shards),
+    )
     torchrun(cfg, tmp_path)
     rows = [json.loads(x) for x in (base_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 31))
@@ -134,10 +157,22 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
     assert tok.eos_token == "<|endoftext|>"
 
     lora_dir = tmp_path / "lora"
-    lcfg = TrainConfig.from_settings(output_dir=str(lora_dir), train_shards=str(shards), mode="lora", base_model=str(base_dir / "model"),
-                       zero_stage=2, activation_checkpointing=True, micro_batch_size=4, max_steps=8, learning_rate=1e-2,
-                       warmup_steps=1, save_steps=4, logging_steps=4, report_to=[],
-                       lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.0, "target_modules": None, "adapter_name": "default"})
+    lcfg = TrainConfig.from_settings(
+        output_dir=str(lora_dir),
+        train_shards=str(shards),
+        mode="lora",
+        base_model=str(base_dir / "model"),
+        zero_stage=2,
+        activation_checkpointing=True,
+        micro_batch_size=4,
+        max_steps=8,
+        learning_rate=1e-2,
+        warmup_steps=1,
+        save_steps=4,
+        logging_steps=4,
+        report_to=[],
+        lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.0, "target_modules": None, "adapter_name": "default"},
+    )
     lcfg = TrainConfig.from_dict(lcfg.to_dict())
     torchrun(lcfg, tmp_path)
     weights = load_file(lora_dir / "adapter" / "adapter_model.safetensors")
@@ -152,10 +187,24 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
 
 
 def _resume_cfg(out: Path, shards: Path, report_to: list[str] = ()) -> TrainConfig:
-    return TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                       precision="fp32", activation_checkpointing=False, micro_batch_size=2, max_steps=8, learning_rate=5e-3,
-                       warmup_steps=2, save_steps=3, save_total_limit=3, logging_steps=4, report_to=list(report_to),
-                       run_name="crashed", tokenizer=str(shards))
+    return TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=2,
+        precision="fp32",
+        activation_checkpointing=False,
+        micro_batch_size=2,
+        max_steps=8,
+        learning_rate=5e-3,
+        warmup_steps=2,
+        save_steps=3,
+        save_total_limit=3,
+        logging_steps=4,
+        report_to=list(report_to),
+        run_name="crashed",
+        tokenizer=str(shards),
+    )
 
 
 def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
@@ -209,7 +258,11 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
     client = MlflowClient(tracking_uri=ml["tracking_uri"])
     assert [r.info.run_id for r in client.search_runs([ml["experiment_id"]])] == [ml["run_id"]]
     run = client.get_run(ml["run_id"])
-    assert run.info.status == "FINISHED" and run.info.run_name == "crashed" and run.data.params["checkpointing.save_steps"] == "3"
+    assert (
+        run.info.status == "FINISHED"
+        and run.info.run_name == "crashed"
+        and run.data.params["checkpointing.save_steps"] == "3"
+    )
     # steps 4-6 were logged again after each resume, with bitwise the same losses
     history = {(m.step, m.value) for m in client.get_metric_history(ml["run_id"], "loss")}
     assert history == {(step, got[step]["loss"]) for step in range(1, 9)}
@@ -224,10 +277,22 @@ def test_gradient_accumulation_equals_larger_micro_batch(shards, tmp_path):
     outs = {}
     for mb, ga in ((4, 1), (2, 2)):
         out = tmp_path / f"mb{mb}-ga{ga}"
-        cfg = TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                          activation_checkpointing=False, micro_batch_size=mb, gradient_accumulation_steps=ga,
-                          max_steps=4, learning_rate=5e-3, warmup_steps=1, save_steps=4, save_total_limit=1,
-                          report_to=[], tokenizer=str(shards))
+        cfg = TrainConfig.from_settings(
+            output_dir=str(out),
+            train_shards=str(shards),
+            preset="llama-tiny",
+            zero_stage=2,
+            activation_checkpointing=False,
+            micro_batch_size=mb,
+            gradient_accumulation_steps=ga,
+            max_steps=4,
+            learning_rate=5e-3,
+            warmup_steps=1,
+            save_steps=4,
+            save_total_limit=1,
+            report_to=[],
+            tokenizer=str(shards),
+        )
         torchrun(cfg, tmp_path)
         outs[(mb, ga)] = out
     m1, m2 = metrics(outs[(4, 1)]), metrics(outs[(2, 2)])
@@ -259,9 +324,21 @@ def test_zero3_exports_consolidated_safetensors(shards, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "z3"
-    cfg = TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=3,
-                      activation_checkpointing=True, micro_batch_size=2, max_steps=3, learning_rate=5e-3, warmup_steps=1,
-                      save_steps=3, save_total_limit=1, report_to=[], tokenizer=str(shards))
+    cfg = TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=3,
+        activation_checkpointing=True,
+        micro_batch_size=2,
+        max_steps=3,
+        learning_rate=5e-3,
+        warmup_steps=1,
+        save_steps=3,
+        save_total_limit=1,
+        report_to=[],
+        tokenizer=str(shards),
+    )
     torchrun(cfg, tmp_path)
     saved = load_file(out / "model" / "model.safetensors")
     live = get_fp32_state_dict_from_zero_checkpoint(str(out / "checkpoints"), tag="step-000003")
@@ -299,8 +376,9 @@ def pretrained_gpt2(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("someones_gpt2")
     bos, eos = someones_tokenizer(src)
     torch.manual_seed(7)
-    GPT2LMHeadModel(GPT2Config(vocab_size=320, n_positions=64, n_embd=64, n_layer=2, n_head=2,
-                               bos_token_id=bos, eos_token_id=eos)).save_pretrained(src)
+    GPT2LMHeadModel(
+        GPT2Config(vocab_size=320, n_positions=64, n_embd=64, n_layer=2, n_head=2, bos_token_id=bos, eos_token_id=eos)
+    ).save_pretrained(src)
     return src
 
 
@@ -329,10 +407,22 @@ def test_import_pretrained_then_lora_resume_named_adapter_and_merged_export(pret
     assert "another vocabulary" in tokenizer_mismatch(base, TokenShards(shards, "train").manifest, shards)
 
     out = tmp_path / "lora"
-    cfg = TrainConfig.from_settings(output_dir=str(out), train_shards=str(dom), mode="lora", base_model=str(base), zero_stage=2,
-                      activation_checkpointing=True, micro_batch_size=2, max_steps=6, learning_rate=1e-2, warmup_steps=1,
-                      save_steps=3, logging_steps=3, report_to=[],
-                      lora={"r": 4, "lora_alpha": 8.0, "adapter_name": "shakespeare", "merge_export": True})
+    cfg = TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(dom),
+        mode="lora",
+        base_model=str(base),
+        zero_stage=2,
+        activation_checkpointing=True,
+        micro_batch_size=2,
+        max_steps=6,
+        learning_rate=1e-2,
+        warmup_steps=1,
+        save_steps=3,
+        logging_steps=3,
+        report_to=[],
+        lora={"r": 4, "lora_alpha": 8.0, "adapter_name": "shakespeare", "merge_export": True},
+    )
     cfg = TrainConfig.from_dict(cfg.to_dict())
     torchrun(cfg, tmp_path, fault="after_step:4")
     before_crash = metrics(out)[4]["loss"]
@@ -370,17 +460,39 @@ def test_two_nodes_on_loopback(shards, tmp_path):
         port = s.getsockname()[1]
     out = tmp_path / "two_nodes"
     out.mkdir()
-    cfg = TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                      activation_checkpointing=False, micro_batch_size=2, max_steps=4, learning_rate=5e-3, warmup_steps=1,
-                      save_steps=4, save_total_limit=1, report_to=[], tokenizer=str(shards))
+    cfg = TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=2,
+        activation_checkpointing=False,
+        micro_batch_size=2,
+        max_steps=4,
+        learning_rate=5e-3,
+        warmup_steps=1,
+        save_steps=4,
+        save_total_limit=1,
+        report_to=[],
+        tokenizer=str(shards),
+    )
     path = out / "config.json"
     path.write_text(json.dumps(cfg.to_dict()))
     cmds = launch_commands(str(path), ["127.0.0.1", "127.0.0.1"], 1, port=port, python=sys.executable)
     assert cmds["hostfile"] == "127.0.0.1 slots=1\n"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("LARGETRAIN_FAULT", None)
-    procs = [subprocess.Popen(shlex.split(c), env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True) for c in cmds["torchrun"]]
+    procs = [
+        subprocess.Popen(
+            shlex.split(c),
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for c in cmds["torchrun"]
+    ]
     try:
         logs = [p.communicate(timeout=300)[0] for p in procs]
     finally:
@@ -401,16 +513,22 @@ def test_launcher_stop_reaches_ranks_in_their_own_sessions(tmp_path):
     must still be stopped by stop_process_group (here a stand-in agent with one such child)."""
     from largetrain_core.processes import stop_process_group
 
-    code = ("import subprocess, sys, time\n"
-            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
-            "print(c.pid, flush=True)\n"
-            "time.sleep(300)\n")
+    code = (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
     agent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
     child = int(agent.stdout.readline())
     assert os.getpgid(child) != os.getpgid(agent.pid)
     stop_process_group(agent, grace_seconds=5)
     assert agent.poll() is not None
-    state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{child}").exists() else "gone"
+    state = (
+        Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if Path(f"/proc/{child}").exists()
+        else "gone"
+    )
     assert state in ("Z", "X", "gone"), state
 
 
@@ -419,9 +537,14 @@ def test_launch_commands_and_mfu_inputs():
     from largetrain_core.training.flops import cpu_peak_flops, model_flops_per_token
 
     c = launch_commands("cfg.json", ["n0", "n1", "n1"], 8, port=1234, rdzv_backend="c10d")
-    assert c["torchrun"][2].startswith("python -m torch.distributed.run --nnodes 3 --rdzv_backend c10d --rdzv_endpoint n0:1234")
+    assert c["torchrun"][2].startswith(
+        "python -m torch.distributed.run --nnodes 3 --rdzv_backend c10d --rdzv_endpoint n0:1234"
+    )
     assert c["hostfile"] == "n0 slots=8\nn1 slots=8\n"
-    assert "--hostfile hostfile --master_addr n0 --master_port 1234 --module largetrain_core.training cfg.json" in c["deepspeed"]
+    assert (
+        "--hostfile hostfile --master_addr n0 --master_port 1234 --module largetrain_core.training cfg.json"
+        in c["deepspeed"]
+    )
     s = launch_commands("cfg.json", ["a", "b"], 4)["torchrun"]
     assert "--node_rank 1 --master_addr a --master_port 29500" in s[1]
     assert "--standalone" in launch_commands("cfg.json", ["a"], 2)["torchrun"][0]
@@ -457,21 +580,31 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained_gpt2, tmp_path):
     corpora = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"
     if not (corpora / "shakespeare").is_dir() or not (corpora / "linux-doc").is_dir():
         pytest.fail(f"real corpora missing at {corpora}: run `make corpora`")
-    lora = {"schedule": {"max_steps": 8, "warmup_steps": 1, "micro_batch_size": 2}, "optimizer": {"learning_rate": 1e-2},
-            "checkpointing": {"save_steps": 4}, "tracking": {"logging_steps": 2}, "lora": {"r": 4, "lora_alpha": 8.0},
-            **SHORT_RUN}
-    run_config = {"ops": {
-        "pretrain__raw_corpus": {"config": {"path": str(corpora / "linux-doc" / "admin-guide"), "max_documents": 3}},
-        "domain__raw_corpus": {"config": {"path": str(corpora / "shakespeare" / "comedies"), "max_documents": 1}},
-        "tokenizer": {"config": {"pretrained_model": str(pretrained)}},
-        "pretrain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
-        "domain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
-        "base_checkpoint": {"config": {"pretrained_model": str(pretrained)}},
-        "lora_adapter": {"config": lora},
-        "evaluation": {"config": {"max_sequences": 4, "prompts": ["Good morrow"], "max_new_tokens": 4}},
-    }}
-    defs = build_definitions(root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="offline",
-                             report_to=["wandb", "mlflow"])
+    lora = {
+        "schedule": {"max_steps": 8, "warmup_steps": 1, "micro_batch_size": 2},
+        "optimizer": {"learning_rate": 1e-2},
+        "checkpointing": {"save_steps": 4},
+        "tracking": {"logging_steps": 2},
+        "lora": {"r": 4, "lora_alpha": 8.0},
+        **SHORT_RUN,
+    }
+    run_config = {
+        "ops": {
+            "pretrain__raw_corpus": {
+                "config": {"path": str(corpora / "linux-doc" / "admin-guide"), "max_documents": 3}
+            },
+            "domain__raw_corpus": {"config": {"path": str(corpora / "shakespeare" / "comedies"), "max_documents": 1}},
+            "tokenizer": {"config": {"pretrained_model": str(pretrained)}},
+            "pretrain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
+            "domain__token_shards": {"config": {"seq_len": 32, "validation_fraction": 0.1}},
+            "base_checkpoint": {"config": {"pretrained_model": str(pretrained)}},
+            "lora_adapter": {"config": lora},
+            "evaluation": {"config": {"max_sequences": 4, "prompts": ["Good morrow"], "max_new_tokens": 4}},
+        }
+    }
+    defs = build_definitions(
+        root=str(tmp_path / "root"), nproc_per_node=2, wandb_mode="offline", report_to=["wandb", "mlflow"]
+    )
     with DagsterInstance.ephemeral() as instance:
         result = materialize_lineage(lineage_assets(), defs.resources, instance, run_config)
         assert result.success
@@ -493,14 +626,22 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained_gpt2, tmp_path):
         assert adapter["steps"] == 8 and adapter["training_curves_png"].endswith("loss_curve.png")
         assert adapter["lora_target_modules"] == "c_attn, c_fc, c_proj"
         assert json.loads((Path(adapter["output"]) / "adapter_config.json").read_text())["fan_in_fan_out"] is True
-        lora_b = {k: v for k, v in load_file(Path(adapter["output"]) / "adapter_model.safetensors").items() if "lora_B" in k}
-        assert len(lora_b) == 4 * 2 and all(v.abs().sum() > 0 for v in lora_b.values())  # attn c_attn, c_proj; mlp c_fc, c_proj
+        lora_b = {
+            k: v for k, v in load_file(Path(adapter["output"]) / "adapter_model.safetensors").items() if "lora_B" in k
+        }
+        assert len(lora_b) == 4 * 2 and all(
+            v.abs().sum() > 0 for v in lora_b.values()
+        )  # attn c_attn, c_proj; mlp c_fc, c_proj
         # what an engineer reads first: the curves inline, then rounded numbers with their units
         png = Path(adapter["training_curves_png"]).read_bytes()
-        assert adapter["training_curves"] == \
-            f"![training and validation loss, learning rate](data:image/png;base64,{base64.b64encode(png).decode()})"
+        assert (
+            adapter["training_curves"]
+            == f"![training and validation loss, learning rate](data:image/png;base64,{base64.b64encode(png).decode()})"
+        )
         summary = json.loads((Path(adapter["path"]) / "summary.json").read_text())
-        assert adapter["first_loss"] == round(summary["first_loss"], 3) and adapter["eval_loss"] == round(summary["eval_loss"], 3)
+        assert adapter["first_loss"] == round(summary["first_loss"], 3) and adapter["eval_loss"] == round(
+            summary["eval_loss"], 3
+        )
         assert adapter["mfu_percent"] == round(100 * summary["mfu"], 1)
         assert adapter["peak_tflops"] == round(summary["peak_flops"] / 1e12, 3)
         assert "mfu" not in adapter and "peak_flops" not in adapter  # only the rounded, unit-named numbers
@@ -516,15 +657,23 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained_gpt2, tmp_path):
         run = client.get_run(adapter["mlflow_run_id"])
         assert run.info.status == "FINISHED" and run.info.run_name == f"lora_adapter-{adapter['data_version']}"
         assert run.data.params["mode"] == "lora" and run.data.params["lora.r"] == "4"
-        assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")) == \
-            [(r["step"], r["loss"]) for r in read_metrics(out / "metrics.jsonl")]
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")) == [
+            (r["step"], r["loss"]) for r in read_metrics(out / "metrics.jsonl")
+        ]
         # the plot's other series reach the tracker too: the learning rate and every evaluation
         for series in ("lr", "eval_loss", "eval_perplexity"):
-            assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, series)) == \
-                [(r["step"], r[series]) for r in read_metrics(out / "metrics.jsonl") if series in r], series
-        assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == [8]  # eval_steps 50 > 8 steps
-        assert "adapter/adapter_model.safetensors" in {a.path for a in client.list_artifacts(run.info.run_id, "adapter")}
-        assert_logged_with_card(Path(adapter["output"]), json.loads((out / "trackers.json").read_text()), tmp_path / "logged")
+            assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, series)) == [
+                (r["step"], r[series]) for r in read_metrics(out / "metrics.jsonl") if series in r
+            ], series
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == [
+            8
+        ]  # eval_steps 50 > 8 steps
+        assert "adapter/adapter_model.safetensors" in {
+            a.path for a in client.list_artifacts(run.info.run_id, "adapter")
+        }
+        assert_logged_with_card(
+            Path(adapter["output"]), json.loads((out / "trackers.json").read_text()), tmp_path / "logged"
+        )
         assert client.get_run(run.info.run_id).info.status == "FINISHED"  # again, after the adapter was logged to it
         ev = md("evaluation")
         assert ev["adapter_domain_perplexity"] > 1 and "Good morrow" in ev["sample_generations"]
@@ -546,8 +695,13 @@ def test_trackers_continue_their_runs_after_a_restart(tmp_path, monkeypatch, cap
     out.mkdir()
     (out / "model").mkdir()
     (out / "model" / "config.json").write_text("{}")
-    cfg = TrainConfig.from_settings(output_dir=str(out), train_shards="-", report_to=["wandb", "mlflow", "dagster_pipes"],
-                      run_name="restarted", wandb=WandbSettings(project="p"))
+    cfg = TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards="-",
+        report_to=["wandb", "mlflow", "dagster_pipes"],
+        run_name="restarted",
+        wandb=WandbSettings(project="p"),
+    )
     cfg = TrainConfig.from_dict(cfg.to_dict())
     records = []
     for start, steps in ((1, (1, 2)), (2, (2, 3))):  # the second start redoes step 2, as after a crash
@@ -583,9 +737,12 @@ def test_trackers_continue_their_runs_after_a_restart(tmp_path, monkeypatch, cap
 
 
 def test_unknown_tracker_is_refused():
-    with pytest.raises(ValueError, match=r"report_to must list distinct trackers among \['dagster_pipes', 'mlflow', 'wandb'\]"):
-        preflight.check_config(TrainConfig.from_settings(output_dir="o", train_shards="s", report_to=["tensorboard"]),
-                               cuda=False)
+    with pytest.raises(
+        ValueError, match=r"report_to must list distinct trackers among \['dagster_pipes', 'mlflow', 'wandb'\]"
+    ):
+        preflight.check_config(
+            TrainConfig.from_settings(output_dir="o", train_shards="s", report_to=["tensorboard"]), cuda=False
+        )
     with pytest.raises(ValueError, match="unknown training config lora keys \\['rank'\\]"):
         TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "lora": {"rank": 4}})
 
@@ -613,10 +770,24 @@ def test_evaluation_during_training_leaves_the_training_bitwise_unchanged(shards
     outs = {}
     for strategy in ("no", "steps"):
         out = tmp_path / f"eval-{strategy}"
-        cfg = TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), mode="lora", base_model=str(tiny_base),
-                          zero_stage=2, activation_checkpointing=False, micro_batch_size=2, max_steps=7,
-                          learning_rate=1e-2, warmup_steps=1, save_steps=7, eval_strategy=strategy, eval_steps=2,
-                          eval_max_sequences=5, report_to=[], lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.2})
+        cfg = TrainConfig.from_settings(
+            output_dir=str(out),
+            train_shards=str(shards),
+            mode="lora",
+            base_model=str(tiny_base),
+            zero_stage=2,
+            activation_checkpointing=False,
+            micro_batch_size=2,
+            max_steps=7,
+            learning_rate=1e-2,
+            warmup_steps=1,
+            save_steps=7,
+            eval_strategy=strategy,
+            eval_steps=2,
+            eval_max_sequences=5,
+            report_to=[],
+            lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.2},
+        )
         torchrun(TrainConfig.from_dict(cfg.to_dict()), tmp_path)
         outs[strategy] = out
     off, on = metrics(outs["no"]), metrics(outs["steps"])
@@ -648,7 +819,9 @@ def test_evaluation_during_training_leaves_the_training_bitwise_unchanged(shards
     # LoRA's MFU counts no weight gradient for the frozen base: 4N + 2N_trainable + 12LHS
     n, k = summary["parameters"], summary["trainable_parameters"]
     assert summary["flops_per_token"] == 4 * n + 2 * k + 12 * 2 * 64 * _manifest(shards)["seq_len"]
-    assert summary["mfu_formula"].startswith("MFU = tokens/s x FLOPs/token / peak FLOP/s; FLOPs/token = 4N + 2N_trainable")
+    assert summary["mfu_formula"].startswith(
+        "MFU = tokens/s x FLOPs/token / peak FLOP/s; FLOPs/token = 4N + 2N_trainable"
+    )
     png = Path(summary["loss_curve"])
     assert png.name == "loss_curve.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -659,10 +832,24 @@ def test_early_stopping_ends_the_run_and_a_resume_keeps_it_ended(shards, tmp_pat
     checkpoint there and the model exported; the best validation loss is still the lowest one. Started
     again (resume auto), it resumes the stopped state from that checkpoint and trains no further step."""
     out = tmp_path / "early"
-    cfg = TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                      activation_checkpointing=False, micro_batch_size=2, max_steps=20, learning_rate=5e-3,
-                      warmup_steps=1, save_steps=10, eval_steps=1, eval_max_sequences=4, early_stopping_patience=2,
-                      early_stopping_threshold=100.0, report_to=[], tokenizer=str(shards))
+    cfg = TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=2,
+        activation_checkpointing=False,
+        micro_batch_size=2,
+        max_steps=20,
+        learning_rate=5e-3,
+        warmup_steps=1,
+        save_steps=10,
+        eval_steps=1,
+        eval_max_sequences=4,
+        early_stopping_patience=2,
+        early_stopping_threshold=100.0,
+        report_to=[],
+        tokenizer=str(shards),
+    )
     proc = torchrun(cfg, tmp_path)
     assert "early stopping at step 3" in proc.stderr
     rows = metrics(out)
@@ -671,7 +858,9 @@ def test_early_stopping_ends_the_run_and_a_resume_keeps_it_ended(shards, tmp_pat
     best = min(rows.values(), key=lambda r: r["eval_loss"])
     assert summary["stopped_early"] and summary["steps"] == 3
     assert (summary["best_eval_loss"], summary["best_eval_step"]) == (best["eval_loss"], best["step"])
-    assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists() and (out / "model" / "model.safetensors").exists()
+    assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists() and (
+        out / "model" / "model.safetensors"
+    ).exists()
 
     proc = torchrun(cfg, tmp_path)
     assert "step-000003 at step 3" in proc.stderr
@@ -690,7 +879,10 @@ def test_evaluation_settings_are_checked():
         TrainConfig.from_settings(**{**base, "eval_steps": 0}).validate(cuda=False)
     # evaluation changes no weight unless early stopping acts on it
     plain = TrainConfig.from_settings(**base)
-    assert TrainConfig.from_settings(**{**base, "eval_steps": 7, "eval_strategy": "no"}).config_hash() == plain.config_hash()
+    assert (
+        TrainConfig.from_settings(**{**base, "eval_steps": 7, "eval_strategy": "no"}).config_hash()
+        == plain.config_hash()
+    )
     assert TrainConfig.from_settings(**{**base, "early_stopping_patience": 3}).config_hash() != plain.config_hash()
 
 
@@ -704,10 +896,22 @@ def test_evaluation_under_zero3_with_uneven_shares(shards, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "z3eval"
-    cfg = TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=3,
-                      activation_checkpointing=False, micro_batch_size=2, max_steps=2, learning_rate=5e-3,
-                      warmup_steps=1, save_steps=2, eval_steps=1, eval_max_sequences=5, report_to=[],
-                      tokenizer=str(shards))
+    cfg = TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=3,
+        activation_checkpointing=False,
+        micro_batch_size=2,
+        max_steps=2,
+        learning_rate=5e-3,
+        warmup_steps=1,
+        save_steps=2,
+        eval_steps=1,
+        eval_max_sequences=5,
+        report_to=[],
+        tokenizer=str(shards),
+    )
     torchrun(cfg, tmp_path)
     rows = metrics(out)
     assert all("eval_loss" in rows[s] for s in (1, 2))
@@ -723,6 +927,7 @@ def test_evaluation_under_zero3_with_uneven_shares(shards, tmp_path):
 # COMPLETE.json last, a killed run resumed on a fresh node (an empty local cache) from the bucket's newest
 # complete checkpoint, bitwise as on local disk.
 
+
 def _torchrun_on_node(cfg, tmp: Path, cache: Path, fault: str | None = None) -> subprocess.CompletedProcess:
     """The entry point under torchrun (2 ranks) with the local cache ``cache`` (a node of its own)."""
     path = tmp / f"config-{cache.name}.json"
@@ -731,8 +936,16 @@ def _torchrun_on_node(cfg, tmp: Path, cache: Path, fault: str | None = None) -> 
     env.pop("LARGETRAIN_FAULT", None)
     if fault:
         env["LARGETRAIN_FAULT"] = fault
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "largetrain_core.training", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "largetrain_core.training",
+        str(path),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900, start_new_session=True)
     (tmp / f"torchrun-{cache.name}.log").write_text(proc.stdout + proc.stderr)
     if fault:
@@ -780,7 +993,9 @@ def test_a_training_in_a_bucket_resumes_on_a_fresh_node_bitwise(shards, tmp_path
     assert complete == ["step-000003", "step-000006", "step-000008"]  # save_total_limit 3, in the bucket too
 
 
-def test_two_nodes_in_a_bucket_keep_only_save_total_limit_checkpoints_on_each_node(shards, tmp_path, s3_bucket, monkeypatch):
+def test_two_nodes_in_a_bucket_keep_only_save_total_limit_checkpoints_on_each_node(
+    shards, tmp_path, s3_bucket, monkeypatch
+):
     """Two torchrun agents on 127.0.0.1 (--nnodes 2, one rank each), each a node with a local cache of its own,
     output_dir in the bucket, ZeRO-2, a checkpoint at every one of 4 steps, save_total_limit 1: every node
     uploads its own files (rank 1's optimizer partition comes from node 1), and each node keeps locally only
@@ -795,9 +1010,21 @@ def test_two_nodes_in_a_bucket_keep_only_save_total_limit_checkpoints_on_each_no
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = fs.join(s3_bucket, "root", "base_checkpoint", "v1")
-    cfg = TrainConfig.from_settings(output_dir=out, train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                                    activation_checkpointing=False, micro_batch_size=2, max_steps=4, learning_rate=5e-3,
-                                    warmup_steps=1, save_steps=1, save_total_limit=1, report_to=[], tokenizer=str(shards))
+    cfg = TrainConfig.from_settings(
+        output_dir=out,
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=2,
+        activation_checkpointing=False,
+        micro_batch_size=2,
+        max_steps=4,
+        learning_rate=5e-3,
+        warmup_steps=1,
+        save_steps=1,
+        save_total_limit=1,
+        report_to=[],
+        tokenizer=str(shards),
+    )
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg.to_dict()))
     cmds = launch_commands(str(path), ["127.0.0.1", "127.0.0.1"], 1, port=port, python=sys.executable)
@@ -806,8 +1033,17 @@ def test_two_nodes_in_a_bucket_keep_only_save_total_limit_checkpoints_on_each_no
     for cmd, cache in zip(cmds["torchrun"], caches):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "LARGETRAIN_CACHE": str(cache), "PYTHONPATH": str(REPO)}
         env.pop("LARGETRAIN_FAULT", None)
-        procs.append(subprocess.Popen(shlex.split(cmd), env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                shlex.split(cmd),
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
     try:
         logs = [p.communicate(timeout=600)[0] for p in procs]
     finally:

@@ -27,6 +27,7 @@ from helpers.lineage import step_events, step_failure
 from helpers.training import assert_logged_with_card, metrics
 from helpers.corpora import PRETRAIN_SHARDS_KEYS, pretrain_shards_ops
 
+
 def _tiny_base(directory: Path, vocab: int, max_positions: int = 64, eos_id: int = 0) -> Path:
     """A tiny Llama saved as a Hugging Face directory: the llama-tiny preset, tie_word_embeddings true
     (lm_head.weight is model.embed_tokens.weight)."""
@@ -39,7 +40,9 @@ def _tiny_base(directory: Path, vocab: int, max_positions: int = 64, eos_id: int
 
 
 def test_config_errors_name_the_valid_choices():
-    with pytest.raises(ValueError, match="preset must be one of llama-tiny, llama-3m, llama-20m, llama-125m, not 'llama-7b'"):
+    with pytest.raises(
+        ValueError, match="preset must be one of llama-tiny, llama-3m, llama-20m, llama-125m, not 'llama-7b'"
+    ):
         TrainConfig.from_settings(output_dir="o", train_shards="s", preset="llama-7b").validate(cuda=False)
     with pytest.raises(ValueError, match=r"max_steps \(20\) is below warmup_steps \(50;.*at most 20 \(e\.g\. 2"):
         TrainConfig.from_settings(output_dir="o", train_shards="s", max_steps=20, warmup_steps=50).validate(cuda=False)
@@ -84,19 +87,28 @@ def test_inputs_that_cannot_work_are_refused_before_training(shards, tmp_path): 
     base = _tiny_base(tmp_path / "base", 320)
 
     def lora(model, **settings) -> TrainConfig:
-        return TrainConfig.from_settings(output_dir=str(tmp_path / "o"), train_shards=str(shards), mode="lora",
-                                         base_model=str(model), lora=settings)
+        return TrainConfig.from_settings(
+            output_dir=str(tmp_path / "o"), train_shards=str(shards), mode="lora", base_model=str(model), lora=settings
+        )
 
-    with pytest.raises(ValueError, match=f"max_position_embeddings=16 positions, the shards .* seq_len={m['seq_len']} "
-                                         "tokens: re-materialize the token shards with seq_len <= 16"):
+    with pytest.raises(
+        ValueError,
+        match=f"max_position_embeddings=16 positions, the shards .* seq_len={m['seq_len']} "
+        "tokens: re-materialize the token shards with seq_len <= 16",
+    ):
         preflight.check(lora(short), cuda=False)
     preflight.check(lora(base), cuda=False)  # the default targets (decoder linear layers) are fine
-    with pytest.raises(ValueError, match=r"lm_head shares its weight with model\.embed_tokens\.weight.*Remove \['lm_head'\]"):
+    with pytest.raises(
+        ValueError, match=r"lm_head shares its weight with model\.embed_tokens\.weight.*Remove \['lm_head'\]"
+    ):
         preflight.check(lora(base, target_modules=["q_proj", "lm_head"]), cuda=False)
     with pytest.raises(ValueError, match=r"model\.embed_tokens shares its weight with lm_head\.weight"):
         preflight.check(lora(base, target_modules=["embed_tokens"]), cuda=False)
-    with pytest.raises(ValueError, match=r"\['qproj'\] match no module of the base model; its adaptable linear layers "
-                                         r"are \['down_proj', 'gate_proj', 'k_proj'"):
+    with pytest.raises(
+        ValueError,
+        match=r"\['qproj'\] match no module of the base model; its adaptable linear layers "
+        r"are \['down_proj', 'gate_proj', 'k_proj'",
+    ):
         preflight.check(lora(base, target_modules=["qproj", "v_proj"]), cuda=False)
     untied = tmp_path / "untied"
     model = build_model("llama-tiny", 320, 64, eos_id=0, seed=3)
@@ -108,16 +120,25 @@ def test_inputs_that_cannot_work_are_refused_before_training(shards, tmp_path): 
     from transformers import GPT2Config
 
     gpt2 = tmp_path / "gpt2"
-    GPT2Config(vocab_size=320, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0).save_pretrained(gpt2)
+    GPT2Config(
+        vocab_size=320, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    ).save_pretrained(gpt2)
     preflight.check(lora(gpt2), cuda=False)
-    with pytest.raises(ValueError, match=r"\['q_proj', 'v_proj'\] match no module of the base model; its adaptable linear layers "
-                                         r"are \['c_attn', 'c_fc', 'c_proj'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"\['q_proj', 'v_proj'\] match no module of the base model; its adaptable linear layers "
+        r"are \['c_attn', 'c_fc', 'c_proj'\]",
+    ):
         preflight.check(lora(gpt2, target_modules=["q_proj", "v_proj"]), cuda=False)
     preflight.check(lora(gpt2, target_modules=["c_attn", "c_proj"]), cuda=False)
     half = tmp_path / "o" / "checkpoints" / "step-000002"
     half.mkdir(parents=True)
-    cfg = TrainConfig.from_settings(output_dir=str(tmp_path / "o"), train_shards=str(shards), resume_from_checkpoint=str(half))
-    with pytest.raises(ValueError, match="resume_from_checkpoint .*step-000002 is not a complete checkpoint: no COMPLETE.json"):
+    cfg = TrainConfig.from_settings(
+        output_dir=str(tmp_path / "o"), train_shards=str(shards), resume_from_checkpoint=str(half)
+    )
+    with pytest.raises(
+        ValueError, match="resume_from_checkpoint .*step-000002 is not a complete checkpoint: no COMPLETE.json"
+    ):
         preflight.check(cfg, cuda=False)
 
 
@@ -147,10 +168,13 @@ def test_merged_export_is_verified_against_base_plus_adapter(shards, tmp_path): 
         model.save_pretrained(tmp_path / name)
         final = tmp_path / f"merged-{name}"
         if name == "tied":
-            with pytest.raises(ValueError, match=r"merged export of .* refused: its logits differ from base \+ adapter by "
-                                                 r"[0-9.e+-]+ \(max relative\) on a probe batch of 2 x 32 tokens, more than "
-                                                 r"1e-05; the adapter changes modules whose weight is tied to another's: "
-                                                 r"lm_head with model\.embed_tokens\.weight"):
+            with pytest.raises(
+                ValueError,
+                match=r"merged export of .* refused: its logits differ from base \+ adapter by "
+                r"[0-9.e+-]+ \(max relative\) on a probe batch of 2 x 32 tokens, more than "
+                r"1e-05; the adapter changes modules whose weight is tied to another's: "
+                r"lm_head with model\.embed_tokens\.weight",
+            ):
                 export_merged(base, tmp_path / name, "default", final, probe)
             assert not final.exists() and not final.with_name(f".tmp-{final.name}").exists()
             # its advice, "load it with PEFT on the base model instead of merging", gives base + adapter
@@ -174,8 +198,17 @@ def _torchrun(config: dict, path: Path, nproc: int, log_dir: Path | None = None)
     path.write_text(json.dumps(config))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("LARGETRAIN_FAULT", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           *(["--log-dir", str(log_dir)] if log_dir else []), "-m", "largetrain_core.training", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        *(["--log-dir", str(log_dir)] if log_dir else []),
+        "-m",
+        "largetrain_core.training",
+        str(path),
+    ]
     return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
 
 
@@ -187,9 +220,22 @@ def test_zero2_checkpoint_of_two_ranks_resumes_on_one_through_the_universal_form
     and steps 4..8 give bitwise the losses and grad norms of the 2-rank run (the Adam moments were
     restored exactly); the summary says where it resumed from and at which world size that was written."""
     two = tmp_path / "two_ranks"
-    cfg = TrainConfig.from_settings(output_dir=str(two), train_shards=str(shards), preset="llama-tiny", zero_stage=2, precision="fp32",
-                      activation_checkpointing=False, micro_batch_size=2, max_steps=8, learning_rate=5e-3, warmup_steps=2,
-                      save_steps=3, save_total_limit=3, report_to=[], tokenizer=str(shards)).to_dict()
+    cfg = TrainConfig.from_settings(
+        output_dir=str(two),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=2,
+        precision="fp32",
+        activation_checkpointing=False,
+        micro_batch_size=2,
+        max_steps=8,
+        learning_rate=5e-3,
+        warmup_steps=2,
+        save_steps=3,
+        save_total_limit=3,
+        report_to=[],
+        tokenizer=str(shards),
+    ).to_dict()
     proc = _torchrun(cfg, tmp_path / "two.json", 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     step3 = two / "checkpoints" / "step-000003"
@@ -197,8 +243,11 @@ def test_zero2_checkpoint_of_two_ranks_resumes_on_one_through_the_universal_form
     assert (marker["world_size"], marker["zero_stage"]) == (2, 2)
 
     one = tmp_path / "one_rank"
-    proc = _torchrun({**cfg, "output_dir": str(one), "gradient_accumulation_steps": 2, "resume_from_checkpoint": str(step3)},
-                     tmp_path / "one.json", 1)
+    proc = _torchrun(
+        {**cfg, "output_dir": str(one), "gradient_accumulation_steps": 2, "resume_from_checkpoint": str(step3)},
+        tmp_path / "one.json",
+        1,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{step3} was written by 2 ranks, this run has 1: loading it through DeepSpeed's universal" in proc.stderr
     universal = one / "checkpoints" / "universal" / "step-000003"
@@ -240,9 +289,20 @@ def test_rank_errors_name_type_message_rank_and_file(shards, tmp_path):  # noqa:
     marks rank 0's as a consequence and says: not retried. Its advice followed (resume_from_checkpoint
     never), the training runs."""
     out = tmp_path / "run"
-    cfg = TrainConfig.from_settings(output_dir=str(out), train_shards=str(shards), preset="llama-tiny", zero_stage=2,
-                      activation_checkpointing=False, micro_batch_size=2, max_steps=2, learning_rate=5e-3, warmup_steps=1,
-                      save_steps=2, report_to=[], tokenizer=str(shards)).to_dict()
+    cfg = TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=2,
+        activation_checkpointing=False,
+        micro_batch_size=2,
+        max_steps=2,
+        learning_rate=5e-3,
+        warmup_steps=1,
+        save_steps=2,
+        report_to=[],
+        tokenizer=str(shards),
+    ).to_dict()
     assert _torchrun(cfg, tmp_path / "a.json", 2).returncode == 0
     ckpt = out / "checkpoints" / "step-000002"
     _damage(ckpt, 1)
@@ -289,22 +349,36 @@ def test_training_failures_through_dagster(tmp_path):
     defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="offline", report_to=["wandb", "mlflow"])
     assets = lineage_assets()
     ops = pretrain_shards_ops(CORPORA)
-    train = deep_merge(tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], {
-        "schedule": {"max_steps": 4, "warmup_steps": 1}, "checkpointing": {"save_steps": 2, "save_total_limit": 5},
-        "tracking": {"logging_steps": 2}})
+    train = deep_merge(
+        tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],
+        {
+            "schedule": {"max_steps": 4, "warmup_steps": 1},
+            "checkpointing": {"save_steps": 2, "save_total_limit": 5},
+            "tracking": {"logging_steps": 2},
+        },
+    )
 
     def base(instance, config: dict):
-        return materialize_lineage(assets, defs.resources, instance, {"ops": {"base_checkpoint": {"config": config}}},
-                                   ["base_checkpoint"], raise_on_error=False)
+        return materialize_lineage(
+            assets,
+            defs.resources,
+            instance,
+            {"ops": {"base_checkpoint": {"config": config}}},
+            ["base_checkpoint"],
+            raise_on_error=False,
+        )
 
     with DagsterInstance.ephemeral() as instance:
-        prep = materialize_lineage(assets, defs.resources, instance, {"ops": ops},
-                                   PRETRAIN_SHARDS_KEYS)
+        prep = materialize_lineage(assets, defs.resources, instance, {"ops": ops}, PRETRAIN_SHARDS_KEYS)
         assert prep.success
 
-        for bad, expected in ((
-                {"preset": "llama-7b"}, "preset must be one of llama-tiny, llama-3m, llama-20m, llama-125m, not 'llama-7b'"), (
-                {"max_steps": 5, "warmup_steps": 50}, "max_steps (5) is below warmup_steps (50;")):
+        for bad, expected in (
+            (
+                {"preset": "llama-7b"},
+                "preset must be one of llama-tiny, llama-3m, llama-20m, llama-125m, not 'llama-7b'",
+            ),
+            ({"max_steps": 5, "warmup_steps": 50}, "max_steps (5) is below warmup_steps (50;"),
+        ):
             result = base(instance, {**train, **bad})
             assert not result.success
             description, _ = step_failure(result)
@@ -313,8 +387,9 @@ def test_training_failures_through_dagster(tmp_path):
         assert not (root / "base_checkpoint").exists()  # nothing was written, no process started
 
         tok = Path(read_handle(root, AssetKey("tokenizer"))["path"])
-        vocab = json.loads((Path(read_handle(root, AssetKey(["pretrain", "token_shards"]))["path"]) / "manifest.json")
-                           .read_text())["vocab_size"]
+        vocab = json.loads(
+            (Path(read_handle(root, AssetKey(["pretrain", "token_shards"]))["path"]) / "manifest.json").read_text()
+        )["vocab_size"]
         short = _tiny_base(tmp_path / "short_model", vocab, max_positions=16)
         for f in ("tokenizer.json", "tokenizer_config.json"):
             if (tok / f).exists():
@@ -322,10 +397,15 @@ def test_training_failures_through_dagster(tmp_path):
         result = base(instance, {"pretrained_model": str(tmp_path / "no_such_model")})
         description, _ = step_failure(result)
         assert f"MissingArtefactError: {tmp_path / 'no_such_model'}: missing" in description
-        assert "Not retried" in description and "STEP_UP_FOR_RETRY" not in step_events(instance, result.run_id, "base_checkpoint")
+        assert "Not retried" in description and "STEP_UP_FOR_RETRY" not in step_events(
+            instance, result.run_id, "base_checkpoint"
+        )
         result = base(instance, {"pretrained_model": str(short)})
         description, _ = step_failure(result)
-        assert "whose max_position_embeddings is 16, but pretrain/token_shards hold sequences of seq_len=64 tokens" in description
+        assert (
+            "whose max_position_embeddings is 16, but pretrain/token_shards hold sequences of seq_len=64 tokens"
+            in description
+        )
         assert "STEP_UP_FOR_RETRY" not in step_events(instance, result.run_id, "base_checkpoint")
         assert not (root / "base_checkpoint").exists()
 
@@ -351,7 +431,10 @@ def test_training_failures_through_dagster(tmp_path):
         assert not failed.success
         description, meta = step_failure(failed)
         assert "1 rank(s) raised an error. Not retried" in description
-        assert f"rank 1: _pickle.UnpicklingError: invalid load key, 'x'. while loading the checkpoint {step2}" in description
+        assert (
+            f"rank 1: _pickle.UnpicklingError: invalid load key, 'x'. while loading the checkpoint {step2}"
+            in description
+        )
         assert f"[file: {step2}]" in description
         assert meta["retryable"] is False and meta["torchrun_exit"] == "exit code 1"
         own = [e for e in meta["rank_errors"] if not e["transient"]]
@@ -385,21 +468,49 @@ def test_cancelled_training_ends_its_mlflow_run_killed(tmp_path):
     ops = pretrain_shards_ops(CORPORA)
     with DagsterInstance.ephemeral() as instance:  # the shards: the CLI run reads them from the root's handles
         defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled", report_to=[])
-        assert materialize_lineage(lineage_assets(), defs.resources, instance, {"ops": ops},
-                                   PRETRAIN_SHARDS_KEYS).success
-    train = {**tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"], "max_steps": 1_000_000, "warmup_steps": 1,
-             "save_steps": 1_000_000, "logging_steps": 1, "eval_strategy": "no"}
+        assert materialize_lineage(
+            lineage_assets(), defs.resources, instance, {"ops": ops}, PRETRAIN_SHARDS_KEYS
+        ).success
+    train = {
+        **tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],
+        "max_steps": 1_000_000,
+        "warmup_steps": 1,
+        "save_steps": 1_000_000,
+        "logging_steps": 1,
+        "eval_strategy": "no",
+    }
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump({"ops": {"base_checkpoint": {"config": train}}}))
-    env = {**os.environ, "LARGETRAIN_ROOT": str(root), "DAGSTER_HOME": str(home), "LARGETRAIN_NPROC": "1",
-           "LARGETRAIN_REPORT_TO": "mlflow", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "LARGETRAIN_ROOT": str(root),
+        "DAGSTER_HOME": str(home),
+        "LARGETRAIN_NPROC": "1",
+        "LARGETRAIN_REPORT_TO": "mlflow",
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("MLFLOW_TRACKING_URI", None)
     dagster = str(Path(sys.executable).with_name("dagster"))
     log = tmp_path / "dagster.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([dagster, "asset", "materialize", "-m", "largetrain_dagster.definitions", "--select",
-                                 "base_checkpoint", "-c", str(cfg)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                dagster,
+                "asset",
+                "materialize",
+                "-m",
+                "largetrain_dagster.definitions",
+                "--select",
+                "base_checkpoint",
+                "-c",
+                str(cfg),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     marker = str(root / "base_checkpoint")  # in the command line of torchrun and of its rank
     try:
         deadline = time.monotonic() + 300
@@ -437,14 +548,25 @@ def test_k8s_pods_write_error_files_on_the_shared_volume():
     from largetrain_dagster.k8s import K8sTorchrunLauncher
 
     launcher = K8sTorchrunLauncher(nnodes=2)
-    cmd = launcher.pod_manifest("/data/lora_adapter/v1/train_config.json", "abcdef123456", "lora_adapter", 1)[
-        "spec"]["containers"][0]["command"]
+    cmd = launcher.pod_manifest("/data/lora_adapter/v1/train_config.json", "abcdef123456", "lora_adapter", 1)["spec"][
+        "containers"
+    ][0]["command"]
     assert "--log-dir=/data/lora_adapter/v1/torchelastic/lora-adapter-abcdef123456" in cmd
-    assert cmd[-3:] == ["-m", "largetrain_core.training", "/data/lora_adapter/v1/train_config.json"]  # a torchrun option
+    assert cmd[-3:] == [
+        "-m",
+        "largetrain_core.training",
+        "/data/lora_adapter/v1/train_config.json",
+    ]  # a torchrun option
 
 
-@pytest.mark.parametrize("exc, transient", [(ValueError("bad"), False), (ConnectionResetError("peer"), True),
-                                            (SignalException("stopped", sigval=signal.SIGTERM), True)])
+@pytest.mark.parametrize(
+    "exc, transient",
+    [
+        (ValueError("bad"), False),
+        (ConnectionResetError("peer"), True),
+        (SignalException("stopped", sigval=signal.SIGTERM), True),
+    ],
+)
 def test_transient_means_a_consequence(exc, transient):
     """Only errors that another process's end causes are transient, and a SIGTERM from outside
     (launch.raise_on_sigterm); a ValueError never is."""

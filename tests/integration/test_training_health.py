@@ -34,7 +34,11 @@ CHECK = "loss_finite_and_decreasing"
 
 def _check(result):
     (evaluation,) = [e for e in result.get_asset_check_evaluations() if e.check_name == CHECK]
-    return evaluation.passed, evaluation.description or "", {k: getattr(v, "value", v) for k, v in evaluation.metadata.items()}
+    return (
+        evaluation.passed,
+        evaluation.description or "",
+        {k: getattr(v, "value", v) for k, v in evaluation.metadata.items()},
+    )
 
 
 def _messages(instance, result) -> list[str]:
@@ -50,17 +54,23 @@ def test_training_health_through_dagster(tmp_path):
     tiny = {k: v for k, v in tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"].items() if k != "health"}
 
     def base(instance, config: dict):
-        return materialize_lineage(assets, defs.resources, instance, {"ops": {"base_checkpoint": {"config": config}}},
-                                   ["base_checkpoint"], raise_on_error=False)
+        return materialize_lineage(
+            assets,
+            defs.resources,
+            instance,
+            {"ops": {"base_checkpoint": {"config": config}}},
+            ["base_checkpoint"],
+            raise_on_error=False,
+        )
 
     with DagsterInstance.ephemeral() as instance:
-        assert materialize_lineage(assets, defs.resources, instance, {"ops": ops},
-                                   PRETRAIN_SHARDS_KEYS).success
+        assert materialize_lineage(assets, defs.resources, instance, {"ops": ops}, PRETRAIN_SHARDS_KEYS).success
 
         # a learning rate far too high: the gradient norms are infinite from the 4th step on
         # (the warnings of a kind after the first three held back for an hour: at most three shown)
-        diverged = base(instance, deep_merge(tiny, {"optimizer": {"learning_rate": 1000.0},
-                                                    "health": {"warning_interval_s": 3600}}))
+        diverged = base(
+            instance, deep_merge(tiny, {"optimizer": {"learning_rate": 1000.0}, "health": {"warning_interval_s": 3600}})
+        )
         assert not diverged.success
         passed, description, md = _check(diverged)
         assert not passed
@@ -93,7 +103,9 @@ def test_training_health_through_dagster(tmp_path):
         refused = base(instance, short)
         assert not refused.success
         passed, description, _ = _check(refused)
-        assert not passed and ("health.min_loss_decrease" in description or "health.min_nats_below_uniform" in description)
+        assert not passed and (
+            "health.min_loss_decrease" in description or "health.min_nats_below_uniform" in description
+        )
         accepted = base(instance, deep_merge(short, SHORT_RUN))
         assert accepted.success and _check(accepted)[0]
         (materialized,) = accepted.asset_materializations_for_node("base_checkpoint")
@@ -110,17 +122,40 @@ def test_uniform_prediction_fails_even_as_a_short_run(shards, tmp_path):
         model.model.norm.weight.zero_()
     model.save_pretrained(tmp_path / "flat_base")
     out = tmp_path / "lora"
-    cfg = TrainConfig.from_dict({
-        "output_dir": str(out), "train_shards": str(shards), "mode": "lora",
-        "model": {"base_model": str(tmp_path / "flat_base")},
-        "schedule": {"max_steps": 4, "warmup_steps": 1, "micro_batch_size": 2}, "optimizer": {"learning_rate": 1e-2},
-        "checkpointing": {"save_steps": 4}, "evaluation": {"eval_strategy": "no"}, "tracking": {"report_to": []},
-        "lora": {"r": 2, "lora_alpha": 4.0}})
+    cfg = TrainConfig.from_dict(
+        {
+            "output_dir": str(out),
+            "train_shards": str(shards),
+            "mode": "lora",
+            "model": {"base_model": str(tmp_path / "flat_base")},
+            "schedule": {"max_steps": 4, "warmup_steps": 1, "micro_batch_size": 2},
+            "optimizer": {"learning_rate": 1e-2},
+            "checkpointing": {"save_steps": 4},
+            "evaluation": {"eval_strategy": "no"},
+            "tracking": {"report_to": []},
+            "lora": {"r": 2, "lora_alpha": 4.0},
+        }
+    )
     config = tmp_path / "lora.json"
     config.write_text(json.dumps(cfg.to_dict()))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m",
-                           "largetrain_core.training", str(config)], env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO,
-                          capture_output=True, text=True, timeout=600, start_new_session=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=1",
+            "-m",
+            "largetrain_core.training",
+            str(config),
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["vocab_size"] == vocab and summary["skipped_steps"] == 0
@@ -128,5 +163,8 @@ def test_uniform_prediction_fails_even_as_a_short_run(shards, tmp_path):
         verdict = judge_metrics(out / "metrics.jsonl", summary["vocab_size"], settings)
         assert not verdict.passed
         assert verdict.numbers["mean_loss_last_10pct"] == pytest.approx(math.log(vocab), abs=1e-4)
-        assert any(f"below ln(vocabulary size {vocab})" in p for p in verdict.problems) or settings.min_nats_below_uniform == 0
+        assert (
+            any(f"below ln(vocabulary size {vocab})" in p for p in verdict.problems)
+            or settings.min_nats_below_uniform == 0
+        )
         assert any("not below the first by health.min_loss_decrease" in p for p in verdict.problems)

@@ -33,8 +33,10 @@ def accepted(cfg: dict, inputs: bool = False) -> None:
 
 def test_config_advice_followed_is_accepted():
     # "use 'auto' or 'fp32'"
-    refused({"precision": "fp16"}, "precision fp16 needs CUDA: DeepSpeed's CPU accelerator does not support fp16; "
-                                   "use 'auto' or 'fp32'")
+    refused(
+        {"precision": "fp16"},
+        "precision fp16 needs CUDA: DeepSpeed's CPU accelerator does not support fp16; use 'auto' or 'fp32'",
+    )
     accepted({"precision": "auto"}), accepted({"precision": "fp32"})
     # "needs zero_stage 1, 2 or 3"
     refused({"offload_optimizer": True, "zero_stage": 0}, "offload_optimizer needs zero_stage 1, 2 or 3")
@@ -44,8 +46,10 @@ def test_config_advice_followed_is_accepted():
     refused({"mode": "lora"}, "mode 'lora' needs model.base_model")
     accepted({"mode": "lora", "base_model": "b"})
     # "set warmup_steps to at most 20 (e.g. 2, ...) or raise max_steps"
-    refused({"max_steps": 20, "warmup_steps": 50}, "set warmup_steps to at most 20 (e.g. 2, a tenth of max_steps) or "
-                                                   "raise max_steps")
+    refused(
+        {"max_steps": 20, "warmup_steps": 50},
+        "set warmup_steps to at most 20 (e.g. 2, a tenth of max_steps) or raise max_steps",
+    )
     accepted({"max_steps": 20, "warmup_steps": 20}), accepted({"max_steps": 20, "warmup_steps": 2})
     accepted({"max_steps": 50, "warmup_steps": 50})
     # "set it to false for pretraining"
@@ -75,9 +79,10 @@ def test_listed_choices_are_accepted():
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("advice_docs")
-    texts = [" ".join(english_sentences(300)[i:i + 30]) for i in range(0, 300, 10)]
-    pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts),
-                  "text": texts}).write_parquet(out / "part-00000.parquet")
+    texts = [" ".join(english_sentences(300)[i : i + 30]) for i in range(0, 300, 10)]
+    pl.DataFrame(
+        {"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts), "text": texts}
+    ).write_parquet(out / "part-00000.parquet")
     return out
 
 
@@ -104,34 +109,52 @@ def test_input_advice_followed_is_accepted(docs, bpe_dir, make_word_tokenizer, t
     vocab = json.loads((s32 / "manifest.json").read_text())["vocab_size"]
     # "re-materialize the token shards with seq_len <= 16, or use a base model with longer positions"
     short = base(tmp_path / "short", vocab, positions=16)
-    refused(lora(s32, short), "re-materialize the token shards with seq_len <= 16, or use a base model with longer "
-                              "positions", inputs=True)
+    refused(
+        lora(s32, short),
+        "re-materialize the token shards with seq_len <= 16, or use a base model with longer positions",
+        inputs=True,
+    )
     accepted(lora(shards(docs, bpe_dir, tmp_path / "s16", seq_len=16), short), inputs=True)
     accepted(lora(s32, base(tmp_path / "long", vocab, positions=64)), inputs=True)
     # "tokenize with the base model's tokenizer": a base whose embedding is smaller, with its own tokenizer
     words = sorted({w for t in english_sentences(300) for w in t.split()})
     small = base(make_word_tokenizer(tmp_path / "small", words), len(words) + 1)
-    refused(lora(s32, small), f"token ids up to {vocab - 1} do not fit the base model's vocabulary of {len(words) + 1}: "
-                              "tokenize with the base model's tokenizer", inputs=True)
+    refused(
+        lora(s32, small),
+        f"token ids up to {vocab - 1} do not fit the base model's vocabulary of {len(words) + 1}: "
+        "tokenize with the base model's tokenizer",
+        inputs=True,
+    )
     accepted(lora(shards(docs, small, tmp_path / "s_small"), small), inputs=True)
     # tied weights: "Remove ['lm_head'] from lora.target_modules, or adapt a copy of the base model saved with
     # tie_word_embeddings false"
     tied = base(tmp_path / "tied", vocab)
-    refused(lora(s32, tied, lora={"target_modules": ["q_proj", "lm_head"]}),
-            "Remove ['lm_head'] from lora.target_modules, or adapt a copy of the base model saved with "
-            "tie_word_embeddings false", inputs=True)
+    refused(
+        lora(s32, tied, lora={"target_modules": ["q_proj", "lm_head"]}),
+        "Remove ['lm_head'] from lora.target_modules, or adapt a copy of the base model saved with "
+        "tie_word_embeddings false",
+        inputs=True,
+    )
     accepted(lora(s32, tied, lora={"target_modules": ["q_proj"]}), inputs=True)
-    accepted(lora(s32, base(tmp_path / "untied", vocab, tied=False), lora={"target_modules": ["q_proj", "lm_head"]}),
-             inputs=True)
+    accepted(
+        lora(s32, base(tmp_path / "untied", vocab, tied=False), lora={"target_modules": ["q_proj", "lm_head"]}),
+        inputs=True,
+    )
     # a target that matches nothing: "its adaptable linear layers are [...]", one of them accepted
-    refused(lora(s32, tied, lora={"target_modules": ["qproj"]}), "its adaptable linear layers are ['down_proj', "
-                                                                 "'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']",
-            inputs=True)
+    refused(
+        lora(s32, tied, lora={"target_modules": ["qproj"]}),
+        "its adaptable linear layers are ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']",
+        inputs=True,
+    )
     accepted(lora(s32, tied, lora={"target_modules": ["o_proj"]}), inputs=True)
     # "make the shards with validation_fraction > 0 or set eval_strategy 'no'", before anything is launched
     s0 = shards(docs, bpe_dir, tmp_path / "s0", validation_fraction=0.0)
-    refused({"train_shards": str(s0)}, "the validation split holds no sequence, so there is nothing to evaluate on; "
-                                       "make the shards with validation_fraction > 0 or set eval_strategy 'no'", inputs=True)
+    refused(
+        {"train_shards": str(s0)},
+        "the validation split holds no sequence, so there is nothing to evaluate on; "
+        "make the shards with validation_fraction > 0 or set eval_strategy 'no'",
+        inputs=True,
+    )
     accepted({"train_shards": str(s0), "eval_strategy": "no"}, inputs=True)
     accepted({"train_shards": str(s32)}, inputs=True)
 
@@ -158,7 +181,8 @@ def test_tokenizer_beyond_the_embedding_is_refused_with_the_fix_that_works(tmp_p
         "(config.json vocab_size): ids 300..301 ('<tool>', '</tool>') have no embedding. Resize the embedding to the "
         "tokenizer and save the model again (transformers: m = AutoModelForCausalLM.from_pretrained(d); "
         f"m.resize_token_embeddings(len(AutoTokenizer.from_pretrained(d))); m.save_pretrained(d), with d = {str(src)!r}), "
-        "or use a tokenizer whose ids all fit its 300 rows")
+        "or use a tokenizer whose ids all fit its 300 rows"
+    )
     with pytest.raises(ValueError) as e:
         import_pretrained(src, tmp_path / "imported")
     assert str(e.value) == problem and not (tmp_path / "imported").exists()

@@ -14,6 +14,7 @@ def _build(calls: list):
         (tmp / "part-00000.parquet").write_bytes(b"0123456789")
         (tmp / "notes.txt").write_text(str(tmp / "notes.txt"))
         return {"documents": 3, "file": str(tmp / "notes.txt")}
+
     return build
 
 

@@ -18,8 +18,14 @@ from largetrain_core.readers import ReaderConfig
 from largetrain_core.rules import GROUPS
 
 DEFAULT = QualityConfig()
-OFF = QualityConfig(min_words=None, max_words=None, min_mean_word_length=None, max_mean_word_length=None,
-                    min_alpha_word_fraction=None, min_stop_words=None)
+OFF = QualityConfig(
+    min_words=None,
+    max_words=None,
+    min_mean_word_length=None,
+    max_mean_word_length=None,
+    min_alpha_word_fraction=None,
+    min_stop_words=None,
+)
 
 # 16 words, 59 characters: mean 3.69; stop words "the", "and", "to"; every word has a letter.
 SENT = "The quick brown fox jumps over the lazy dog and then runs to the old mill."
@@ -35,7 +41,7 @@ VOCAB = [f"w{i:03d}x" for i in range(1000)]  # 5-character distinct words
 
 
 def distinct(n: int, start: int = 0) -> str:
-    return " ".join(VOCAB[start:start + n])
+    return " ".join(VOCAB[start : start + n])
 
 
 def run(texts, cfg):
@@ -56,8 +62,18 @@ def words(n: int) -> str:
 
 
 def test_normalize_removes_and_counts_controls_fixes_line_ends_and_composes():
-    df = pl.DataFrame({"text": ["a\x00b\x00c", "x\r\ny\rz\n", "cafe\u0301", "\ufb01ne\tok\n", "bell\x07\x1b\x7fend",
-                                "\x0b\x0c\x0e\x1f"]})
+    df = pl.DataFrame(
+        {
+            "text": [
+                "a\x00b\x00c",
+                "x\r\ny\rz\n",
+                "cafe\u0301",
+                "\ufb01ne\tok\n",
+                "bell\x07\x1b\x7fend",
+                "\x0b\x0c\x0e\x1f",
+            ]
+        }
+    )
     out = normalize(df)
     assert out["text"].to_list() == ["abc", "x\ny\nz\n", "caf\u00e9", "\ufb01ne\tok\n", "bellend", ""]
     assert out["nul_removed"].to_list() == [2, 0, 0, 0, 0, 0]
@@ -99,7 +115,11 @@ def test_mean_word_length_boundaries():
     assert (10 * 3 + 10 * 3 + 20 * 15 + 20 * 12) / 60 == 10.0
     high = exactly_10 + "m"  # one more character: 601 / 60
     assert reasons([exactly_3, low, exactly_10, high]) == [
-        None, "gopher_mean_word_length_low", None, "gopher_mean_word_length_high"]
+        None,
+        "gopher_mean_word_length_low",
+        None,
+        "gopher_mean_word_length_high",
+    ]
 
 
 def test_alpha_word_fraction_boundary():
@@ -110,7 +130,11 @@ def test_alpha_word_fraction_boundary():
     # "_" is not a letter; "___" is punctuation-only, so it is no word for the word count (64 words remain)
     underscores = " ".join(SENT_WORDS * 4 + ["___"] * 17)  # 64 / 81 = 0.79
     assert reasons([at_80, below, mixed, underscores]) == [
-        None, "gopher_alpha_word_fraction", None, "gopher_alpha_word_fraction"]
+        None,
+        "gopher_alpha_word_fraction",
+        None,
+        "gopher_alpha_word_fraction",
+    ]
 
 
 def test_stop_words_need_two_distinct_case_sensitive_whole_tokens():
@@ -120,14 +144,20 @@ def test_stop_words_need_two_distinct_case_sensitive_whole_tokens():
     """
     no_stops = "quick brown fox jumps over lazy dog near old mill " * 6
     one_once = no_stops + "the "
-    one_repeated = no_stops + "the " * 5          # 5 occurrences, 1 distinct: dropped
+    one_repeated = no_stops + "the " * 5  # 5 occurrences, 1 distinct: dropped
     substrings_only = no_stops + "theory another bother tooth offer "
-    two_upper = no_stops + "The AND"               # case-sensitive: neither counts
-    with_punct = no_stops + "the, and."            # whitespace tokens "the," and "and." are no stop words
+    two_upper = no_stops + "The AND"  # case-sensitive: neither counts
+    with_punct = no_stops + "the, and."  # whitespace tokens "the," and "and." are no stop words
     two_distinct = no_stops + "the and"
     assert reasons([no_stops, one_once, one_repeated, substrings_only, two_upper, with_punct, two_distinct]) == [
-        "gopher_stop_words", "gopher_stop_words", "gopher_stop_words", "gopher_stop_words", "gopher_stop_words",
-        "gopher_stop_words", None]
+        "gopher_stop_words",
+        "gopher_stop_words",
+        "gopher_stop_words",
+        "gopher_stop_words",
+        "gopher_stop_words",
+        "gopher_stop_words",
+        None,
+    ]
     # with the spaCy-like tokenization punctuation is split off, so "the," and "and." count
     spacy = replace(DEFAULT, words="spacy_like")
     assert reasons([with_punct, one_repeated], spacy) == [None, "gopher_stop_words"]
@@ -181,7 +211,12 @@ def test_tiny_docs_case_all_filtered_with_reason(cases, tmp_path):
     assert totals["filtered_by_reason"] == {"empty": 2, "gopher_min_words": 3}
     filtered = pl.read_parquet(cleaned / "filtered.parquet")
     assert dict(zip(filtered["doc_id"], filtered["reason"])) == {
-        "t0": "empty", "t1": "empty", "t2": "gopher_min_words", "t3": "gopher_min_words", "t4": "gopher_min_words"}
+        "t0": "empty",
+        "t1": "empty",
+        "t2": "gopher_min_words",
+        "t3": "gopher_min_words",
+        "t4": "gopher_min_words",
+    }
     assert sum(pl.read_parquet(p).height for p in cleaned.glob("part-*.parquet")) == 0
 
 
@@ -189,8 +224,12 @@ def test_clean_corpus_counts_and_keeps_input_order(tmp_path: Path):
     raw, cleaned = tmp_path / "raw", tmp_path / "cleaned"
     raw.mkdir(), cleaned.mkdir()
     texts = [words(64), "", "hi", SENT * 4 + "\r\n", "to be of an " * 15, words(70) + "\x00"]
-    pl.DataFrame({"doc_id": ["d0", "d1", "d2"], "source": ["s"] * 3, "text": texts[:3]}).write_parquet(raw / "part-00000.parquet")
-    pl.DataFrame({"doc_id": ["d3", "d4", "d5"], "source": ["s"] * 3, "text": texts[3:]}).write_parquet(raw / "part-00001.parquet")
+    pl.DataFrame({"doc_id": ["d0", "d1", "d2"], "source": ["s"] * 3, "text": texts[:3]}).write_parquet(
+        raw / "part-00000.parquet"
+    )
+    pl.DataFrame({"doc_id": ["d3", "d4", "d5"], "source": ["s"] * 3, "text": texts[3:]}).write_parquet(
+        raw / "part-00001.parquet"
+    )
     totals = clean_corpus(raw, cleaned, DEFAULT)
     assert totals["input"] == 6 and totals["kept"] == 3 and totals["filtered"] == 3
     assert totals["filtered_by_reason"] == {"empty": 1, "gopher_mean_word_length_low": 1, "gopher_min_words": 1}
@@ -199,27 +238,35 @@ def test_clean_corpus_counts_and_keeps_input_order(tmp_path: Path):
     assert kept["doc_id"].to_list() == ["d0", "d3", "d5"]
     assert kept["text"].to_list() == [words(64), SENT * 4 + "\n", words(70)]
     assert totals["bytes_kept"] == sum(len(t.encode()) for t in kept["text"].to_list())
-    assert set(kept.columns) == {"doc_id", "source", "text", "language", "language_score", *(f"pii_{k}" for k in PII_KINDS)}
+    assert set(kept.columns) == {
+        "doc_id",
+        "source",
+        "text",
+        "language",
+        "language_score",
+        *(f"pii_{k}" for k in PII_KINDS),
+    }
 
 
 def test_punctuation_only_tokens_do_not_count_as_words():
     """datatrove 0.10.1 GopherQualityFilter counts words and mean length over non_symbol_words (tokens
     with a character outside its PUNCTUATION_SET), even with a whitespace tokenizer."""
-    base = words(48)                                   # 48 words: too short
-    padded = base + " -- :: === ** |" * 4              # 20 punctuation-only tokens: still 48 words
+    base = words(48)  # 48 words: too short
+    padded = base + " -- :: === ** |" * 4  # 20 punctuation-only tokens: still 48 words
     assert reasons([base, padded]) == ["gopher_min_words", "gopher_min_words"]
     long_words = "the and " + "extraordinarily " * 58  # mean length 14.5 over words
     # 200 "-" tokens would pull the mean under 10 if they counted
     assert reasons([long_words + "- " * 200], replace(DEFAULT, max_bullet_lines_ratio=None)) == [
-        "gopher_mean_word_length_high"]
+        "gopher_mean_word_length_high"
+    ]
 
 
 def test_spacy_like_keeps_dash_runs_as_one_token_as_spacy():
     """spaCy 3.8 blank("en") tokenizes "-----" as one token but "=====" as five (checked by hand);
     datatrove's alphabetic share divides by all tokens, so rst underlines weigh accordingly."""
     spacy = replace(DEFAULT, words="spacy_like")
-    dashes = words(64) + "\n----------" * 8      # 64 alphabetic of 72 tokens: passes
-    equals = words(64) + "\n==========" * 8      # 64 of 144 tokens: fails
+    dashes = words(64) + "\n----------" * 8  # 64 alphabetic of 72 tokens: passes
+    equals = words(64) + "\n==========" * 8  # 64 of 144 tokens: fails
     assert reasons([dashes, equals], spacy) == [None, "gopher_alpha_word_fraction"]
 
 
@@ -235,9 +282,19 @@ def test_duplicate_lines_and_paragraphs_by_count_and_by_characters():
     # paragraphs: 2 of 3 equal -> 1/3 > 0.3 duplicate paragraphs (checked before lines)
     paras = "\n\n".join([distinct(4, 0), distinct(4, 0), distinct(4, 10)])
     assert run([lines4, lines3, paras], REP)["reason"].to_list() == [
-        "gopher_dup_line_fraction", "gopher_dup_line_char_fraction", "gopher_dup_para_fraction"]
-    no_line_rules = replace(REP, dup_line_fraction=None, dup_line_char_fraction=None, dup_para_fraction=None,
-                            dup_para_char_fraction=None, **NO_TOP, **NO_DUP)
+        "gopher_dup_line_fraction",
+        "gopher_dup_line_char_fraction",
+        "gopher_dup_para_fraction",
+    ]
+    no_line_rules = replace(
+        REP,
+        dup_line_fraction=None,
+        dup_line_char_fraction=None,
+        dup_para_fraction=None,
+        dup_para_char_fraction=None,
+        **NO_TOP,
+        **NO_DUP,
+    )
     assert run([lines4, lines3, paras], no_line_rules)["reason"].to_list() == [None, None, None]
 
 
@@ -247,7 +304,9 @@ def test_top_ngram_is_count_times_spaced_length_of_the_most_frequent():
     assert len(doc) == 83
     # 15/83 = 0.18 < 0.20: passes 2-gram; the 3-gram "ab cd ab" occurs twice = 16 chars, 0.193 > 0.18
     assert run([doc], replace(REP, **NO_DUP))["reason"].to_list() == ["gopher_top_3_gram"]
-    assert run([doc], replace(REP, **{**NO_DUP, **NO_TOP, "top_2_gram_char_fraction": 0.18}))["reason"].to_list() == ["gopher_top_2_gram"]
+    assert run([doc], replace(REP, **{**NO_DUP, **NO_TOP, "top_2_gram_char_fraction": 0.18}))["reason"].to_list() == [
+        "gopher_top_2_gram"
+    ]
 
 
 def test_duplicate_ngrams_use_datatrove_greedy_count():
@@ -273,8 +332,16 @@ SENTS = "This is the first sentence. Here is another one! And a third one? Then 
 
 
 def test_c4_keeps_only_good_lines_and_counts_removed():
-    doc = "\n".join(["  " + SENTS + "  ", "A heading", "enable javascript to see this page.",
-                     "Read our privacy policy today.", "cite this [1] and that [edit].", "trailing dots here..."])
+    doc = "\n".join(
+        [
+            "  " + SENTS + "  ",
+            "A heading",
+            "enable javascript to see this page.",
+            "Read our privacy policy today.",
+            "cite this [1] and that [edit].",
+            "trailing dots here...",
+        ]
+    )
     out = run([doc], C4)
     assert out["reason"].to_list() == [None]
     assert out["text"].to_list() == [SENTS + "\ncite this  and that ."]
@@ -287,7 +354,11 @@ def test_c4_document_rules_first_failure_wins():
     few = "Only one sentence in this document."
     js_curly = "Enable javascript { here please.\n" + SENTS  # the javascript line goes before the curly check
     assert run([lorem, curly, few, js_curly], C4)["reason"].to_list() == [
-        "c4_lorem_ipsum", "c4_curly_bracket", "c4_too_few_sentences", None]
+        "c4_lorem_ipsum",
+        "c4_curly_bracket",
+        "c4_too_few_sentences",
+        None,
+    ]
     assert run([curly], replace(C4, c4_curly_bracket=False))["reason"].to_list() == ["c4_lorem_ipsum"]
 
 
@@ -298,18 +369,33 @@ def test_c4_sentences_not_ended_by_ellipsis_or_letter_abbreviation():
     abbrev = three + "\nWe use it e.g. maximum two measurements per second."
     ellipsis = three + "\nA multiplier of 125, like 125ms, 250ms ... 31875ms."
     five = three + "\nThen a fourth one. And a fifth."
-    assert run([abbrev, ellipsis, five], C4)["reason"].to_list() == ["c4_too_few_sentences", "c4_too_few_sentences", None]
+    assert run([abbrev, ellipsis, five], C4)["reason"].to_list() == [
+        "c4_too_few_sentences",
+        "c4_too_few_sentences",
+        None,
+    ]
 
 
 def test_other_gopher_quality_rules():
     base = distinct(60)
     hashes = base + " #" * 7  # 7 '#' / 67 words > 0.1
     bullets = "\n".join(["- item " + VOCAB[i] for i in range(10)] + [base])  # 10/11 > 0.9
-    ellipsis_lines = "\n".join([VOCAB[i] + "..." for i in range(4)] + [base] * 6)  # 4/10 > 0.3 (and 4 '...' / 64 words < 0.1)
-    cfg = replace(OFF, max_hash_word_ratio=0.1, max_ellipsis_word_ratio=0.1, max_bullet_lines_ratio=0.9,
-                  max_ellipsis_lines_ratio=0.3)
+    ellipsis_lines = "\n".join(
+        [VOCAB[i] + "..." for i in range(4)] + [base] * 6
+    )  # 4/10 > 0.3 (and 4 '...' / 64 words < 0.1)
+    cfg = replace(
+        OFF,
+        max_hash_word_ratio=0.1,
+        max_ellipsis_word_ratio=0.1,
+        max_bullet_lines_ratio=0.9,
+        max_ellipsis_lines_ratio=0.3,
+    )
     assert run([hashes, bullets, ellipsis_lines, base], cfg)["reason"].to_list() == [
-        "gopher_hash_ratio", "gopher_bullet_lines", "gopher_ellipsis_lines", None]
+        "gopher_hash_ratio",
+        "gopher_bullet_lines",
+        "gopher_ellipsis_lines",
+        None,
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ the registry
@@ -318,8 +404,11 @@ ONLY = {g.name: replace(QualityConfig(gopher_quality=False), **{g.name: True}) f
 FIVE = SENTS + "\n"  # five sentences on one kept C4 line
 # every registered rule: (its group, a document that fails it[, settings that leave it alone in its group]);
 # a rule added to a group needs its case here
-GERMAN = next(r["text"] for r in map(json.loads, (TESTS / "data" / "language_id.jsonl").open())
-              if r["language"] == "de" and r["kind"] == "paragraph")
+GERMAN = next(
+    r["text"]
+    for r in map(json.loads, (TESTS / "data" / "language_id.jsonl").open())
+    if r["language"] == "de" and r["kind"] == "paragraph"
+)
 RULE_CASES = {
     "language": ("language_id", GERMAN, {"languages": ("en",)}),
     "gopher_min_words": ("gopher_quality", words(48)),
@@ -333,16 +422,30 @@ RULE_CASES = {
     "gopher_alpha_word_fraction": ("gopher_quality", " ".join(SENT_WORDS * 3 + ["1234"] * 13)),
     "gopher_stop_words": ("gopher_quality", "quick brown fox jumps over lazy dog near old mill " * 6),
     "gopher_dup_para_fraction": ("gopher_repetition", "\n\n".join([distinct(4, 0), distinct(4, 0), distinct(4, 10)])),
-    "gopher_dup_para_char_fraction": ("gopher_repetition", "\n\n".join([distinct(20), distinct(20), distinct(3, 30), distinct(3, 40)])),
-    "gopher_dup_line_fraction": ("gopher_repetition", "\n".join([distinct(3, 0)] * 5 + [distinct(3, 3 * i) for i in range(1, 6)])),
-    "gopher_dup_line_char_fraction": ("gopher_repetition", "\n".join([distinct(3, 0)] * 4 + [distinct(3, 3 * i) for i in range(1, 7)])),
+    "gopher_dup_para_char_fraction": (
+        "gopher_repetition",
+        "\n\n".join([distinct(20), distinct(20), distinct(3, 30), distinct(3, 40)]),
+    ),
+    "gopher_dup_line_fraction": (
+        "gopher_repetition",
+        "\n".join([distinct(3, 0)] * 5 + [distinct(3, 3 * i) for i in range(1, 6)]),
+    ),
+    "gopher_dup_line_char_fraction": (
+        "gopher_repetition",
+        "\n".join([distinct(3, 0)] * 4 + [distinct(3, 3 * i) for i in range(1, 7)]),
+    ),
     "gopher_top_2_gram": ("gopher_repetition", " ".join(["ab cd"] * 4 + VOCAB[:11])),
     "gopher_top_3_gram": ("gopher_repetition", " ".join(["ab cd"] * 3 + VOCAB[:11])),
     "gopher_top_4_gram": ("gopher_repetition", " ".join(["ab cd ef gh"] * 2 + VOCAB[:12])),
     # one repeated n-gram: 5n of 30n - 1 characters (> 0.15); shorter repeats and top n-grams would fail first
-    **{f"gopher_dup_{n}_gram_char_fraction": ("gopher_repetition", " ".join(VOCAB[200:200 + n] * 2 + VOCAB[:3 * n]),
-                                              {**NO_TOP, **NO_DUP, f"dup_{n}_gram_char_fraction": 0.15 - 0.01 * (n - 5)})
-       for n in range(5, 11)},
+    **{
+        f"gopher_dup_{n}_gram_char_fraction": (
+            "gopher_repetition",
+            " ".join(VOCAB[200 : 200 + n] * 2 + VOCAB[: 3 * n]),
+            {**NO_TOP, **NO_DUP, f"dup_{n}_gram_char_fraction": 0.15 - 0.01 * (n - 5)},
+        )
+        for n in range(5, 11)
+    },
     "c4_max_word_length": ("c4", FIVE + "A line with a " + "x" * 1001 + " word."),
     "c4_terminal_punctuation": ("c4", FIVE + "A line without an end"),
     "c4_min_words_per_line": ("c4", FIVE + "Two words."),
@@ -431,7 +534,9 @@ BLANK_LINE_DOCS = [
 ]
 
 
-@pytest.mark.parametrize("space", [" ", "\t", "\u2003\u2003", "\u00a0", "\u3000", "\u2009\u202f", "\u2028", "\u0085", "\u1680"])
+@pytest.mark.parametrize(
+    "space", [" ", "\t", "\u2003\u2003", "\u00a0", "\u3000", "\u2009\u202f", "\u2028", "\u0085", "\u1680"]
+)
 def test_a_line_of_any_unicode_whitespace_is_a_blank_line_in_every_rule(space):
     """Filling every empty line with Unicode White_Space characters changes no rule's decision, no C4 text."""
     import re
@@ -446,7 +551,9 @@ def test_a_line_of_any_unicode_whitespace_is_a_blank_line_in_every_rule(space):
             kept = a["reason"].is_null()
             assert a["text"].filter(kept).to_list() == b["text"].filter(kept).to_list()
             assert kept.any() or cfg.gopher_quality
-    assert run(spaced, DEFAULT)["text"].to_list() == spaced  # the training text keeps its lines; only the rules read them blank
+    assert (
+        run(spaced, DEFAULT)["text"].to_list() == spaced
+    )  # the training text keeps its lines; only the rules read them blank
 
 
 def test_the_rules_leave_no_reference_cycle_holding_a_batch():

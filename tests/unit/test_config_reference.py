@@ -17,13 +17,16 @@ DOC = REPO / "docs" / "CONFIG.md"
 
 def test_committed_reference_is_up_to_date():
     assert DOC.read_text() == render(), (
-        "docs/CONFIG.md is out of date: python -m largetrain_dagster.config_reference > docs/CONFIG.md")
+        "docs/CONFIG.md is out of date: python -m largetrain_dagster.config_reference > docs/CONFIG.md"
+    )
 
 
 def test_every_step_and_field_is_described():
     named = {n for _, names, _ in steps() for n in names}
     configurable = {step for step, cls in map(step_config, [*lineage_assets(), optimization_report]) if cls is not None}
-    assert named == configurable and {"domain__raw_corpus", "lora_adapter", "evaluation", "optimization_report"} <= named
+    assert (
+        named == configurable and {"domain__raw_corpus", "lora_adapter", "evaluation", "optimization_report"} <= named
+    )
     for name, _, cls in steps():
         rows = field_rows(cls)
         assert rows, name
@@ -54,4 +57,6 @@ def test_the_resources_example_is_a_run_config_the_jobs_accept():
     example = yaml.safe_load(block)
     resolved = validate_run_config(defs.resolve_job_def("lineage"), example)["resources"]["trackers"]["config"]
     assert resolved["report_to"] == ["wandb", "mlflow"] and resolved["mlflow"]["tracking_uri"] == "sqlite:///mlruns.db"
-    assert resolved["wandb"]["mode"] == defs.resources["trackers"].wandb.mode  # the fields left out keep the deployment's values
+    assert (
+        resolved["wandb"]["mode"] == defs.resources["trackers"].wandb.mode
+    )  # the fields left out keep the deployment's values

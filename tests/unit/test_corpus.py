@@ -68,16 +68,25 @@ def test_lone_surrogate_rejected_with_file_line_reason_and_rest_survives_parquet
 
 
 def test_surrogates_and_bad_bytes_everywhere_are_rejected_not_crashing(tmp_path):
-    (tmp_path / "pair.jsonl").write_text('{"id": "emoji", "text": "smile \\ud83d\\ude00 ok"}\n'
-                                         '{"id": "\\udc80", "text": "bad id"}\n'
-                                         '{"id": "c", "text": "lone \\ud800"}\n')
+    (tmp_path / "pair.jsonl").write_text(
+        '{"id": "emoji", "text": "smile \\ud83d\\ude00 ok"}\n'
+        '{"id": "\\udc80", "text": "bad id"}\n'
+        '{"id": "c", "text": "lone \\ud800"}\n'
+    )
     (tmp_path / "raw.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\nnot json\n[1, 2]\n{"other": 1}\n')
     (tmp_path / "surrogate.txt").write_bytes(b"encoded surrogate \xed\xa0\x80 here")  # CESU-style, not UTF-8
     docs, rej = read_all(tmp_path, id_field="id")
-    assert docs.column("text").to_pylist() == ["smile \U0001F600 ok", "fine"]
+    assert docs.column("text").to_pylist() == ["smile \U0001f600 ok", "fine"]
     got = {(r["source"], r["position"]) for r in rej.to_pylist()}
-    assert got == {("pair.jsonl", 2), ("pair.jsonl", 3), ("raw.jsonl", 2), ("raw.jsonl", 3), ("raw.jsonl", 4),
-                   ("raw.jsonl", 5), ("surrogate.txt", 18)}
+    assert got == {
+        ("pair.jsonl", 2),
+        ("pair.jsonl", 3),
+        ("raw.jsonl", 2),
+        ("raw.jsonl", 3),
+        ("raw.jsonl", 4),
+        ("raw.jsonl", 5),
+        ("surrogate.txt", 18),
+    }
     reasons = {(r["source"], r["position"]): r["reason"] for r in rej.to_pylist()}
     assert "invalid UTF-8" in reasons[("raw.jsonl", 2)]
     assert "invalid JSON" in reasons[("raw.jsonl", 3)]
@@ -91,8 +100,9 @@ def test_invalid_utf8_rejected_with_file_byte_offset_and_reason(cases, tmp_path)
     assert data[:46] == b"Kernel notes written in a legacy encoding: caf" and data[46] == 0xE9
     docs, rej = read_all(cases / "invalid_utf8.txt")
     assert docs.num_rows == 0  # never decoded with replacement
-    assert rej.to_pylist() == [{"source": "invalid_utf8.txt", "position": 46,
-                                "reason": "invalid UTF-8 at byte 46: invalid continuation byte"}]
+    assert rej.to_pylist() == [
+        {"source": "invalid_utf8.txt", "position": 46, "reason": "invalid UTF-8 at byte 46: invalid continuation byte"}
+    ]
     out = tmp_path / "raw"
     out.mkdir()
     stats = ingest(ReaderConfig(str(cases / "invalid_utf8.txt")), out)
@@ -104,16 +114,25 @@ def test_nul_bytes_are_read_as_is(cases):
     docs, rej = read_all(cases / "nul_bytes.txt")
     assert rej.num_rows == 0
     assert docs.column("text").to_pylist() == [
-        "This document has a NUL\x00 byte inside a sentence, and another\x00 here.\n"]
+        "This document has a NUL\x00 byte inside a sentence, and another\x00 here.\n"
+    ]
 
 
 def test_mixed_parquet_text_read_from_every_file(cases, tmp_path):
     docs, rej = read_all(cases / "mixed_parquet")
     assert rej.num_rows == 0
-    assert docs.column("text").to_pylist() == ["first file, first row", "first file, second row",
-                                               "second file, first row", "second file, second row"]
-    assert docs.column("doc_id").to_pylist() == ["part-0.parquet:0", "part-0.parquet:1",
-                                                 "part-1.parquet:0", "part-1.parquet:1"]
+    assert docs.column("text").to_pylist() == [
+        "first file, first row",
+        "first file, second row",
+        "second file, first row",
+        "second file, second row",
+    ]
+    assert docs.column("doc_id").to_pylist() == [
+        "part-0.parquet:0",
+        "part-0.parquet:1",
+        "part-1.parquet:0",
+        "part-1.parquet:1",
+    ]
     assert docs.schema == DOC_SCHEMA
     out = tmp_path / "raw"
     out.mkdir()
@@ -129,8 +148,11 @@ def test_parquet_bad_files_and_rows_are_rejected(tmp_path):
     docs, rej = read_all(tmp_path, id_field="id")
     assert docs.column("doc_id").to_pylist() == ["1", "3"]
     assert docs.column("text").to_pylist() == ["a", "c"]
-    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [("a.parquet", 1), ("b.parquet", -1),
-                                                                        ("c.parquet", -1)]
+    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [
+        ("a.parquet", 1),
+        ("b.parquet", -1),
+        ("c.parquet", -1),
+    ]
     assert "no column 'text'" in rej.column("reason")[1].as_py()
     assert "cannot open Parquet file" in rej.column("reason")[2].as_py()
 
@@ -173,8 +195,9 @@ def forty_docs(tmp_path) -> Path:
     src = tmp_path / "src"
     src.mkdir()
     write_jsonl(src / "a.jsonl", [{"id": f"d{i:02d}", "text": f"document number {i}"} for i in range(25)])
-    write_jsonl(src / "b.jsonl", [{"id": f"d{i:02d}", "text": f"document number {i}"} for i in range(25, 40)]
-                + ["{broken"])
+    write_jsonl(
+        src / "b.jsonl", [{"id": f"d{i:02d}", "text": f"document number {i}"} for i in range(25, 40)] + ["{broken"]
+    )
     return src
 
 
@@ -235,11 +258,19 @@ def test_label_field_jsonl_and_parquet(tmp_path):
 
     d = tmp_path / "c"
     d.mkdir()
-    write_jsonl(d / "a.jsonl", [{"text": "one", "y": "pos"}, {"text": "two"}, {"text": "three", "y": 1},
-                                {"text": "four", "y": None}, {"text": "five", "y": True}])
+    write_jsonl(
+        d / "a.jsonl",
+        [
+            {"text": "one", "y": "pos"},
+            {"text": "two"},
+            {"text": "three", "y": 1},
+            {"text": "four", "y": None},
+            {"text": "five", "y": True},
+        ],
+    )
     pq.write_table(pa.table({"text": ["six", "seven"], "y": [3, None]}), d / "b.parquet")
-    pq.write_table(pa.table({"text": ["eight"]}), d / "c.parquet")   # no label column: null
-    (d / "d.txt").write_text("nine")                                   # text files carry no label
+    pq.write_table(pa.table({"text": ["eight"]}), d / "c.parquet")  # no label column: null
+    (d / "d.txt").write_text("nine")  # text files carry no label
     docs, rej = read_all(d, label_field="y")
     assert rej.num_rows == 0 and docs.schema == LABELLED_DOC_SCHEMA
     assert docs.column("text").to_pylist() == ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -253,15 +284,33 @@ def test_label_column_survives_clean_and_dedup(tmp_path):
     from largetrain_core.clean import QualityConfig, clean_corpus
     from largetrain_core.dedup import deduplicate
 
-    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "same words here", "y": "a"}, {"text": "same words here", "y": "b"},
-                                              {"text": "other words there", "y": "c"}])
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {"text": "same words here", "y": "a"},
+            {"text": "same words here", "y": "b"},
+            {"text": "other words there", "y": "c"},
+        ],
+    )
     raw, clean, dedup = (tmp_path / n for n in ("raw", "clean", "dedup"))
     for p in (raw, clean, dedup):
         p.mkdir()
     ingest(ReaderConfig(str(src), label_field="y"), raw)
-    off = {k: None for k in ("min_words", "max_words", "min_mean_word_length", "max_mean_word_length",
-                             "max_hash_word_ratio", "max_ellipsis_word_ratio", "max_bullet_lines_ratio",
-                             "max_ellipsis_lines_ratio", "min_alpha_word_fraction", "min_stop_words")}
+    off = {
+        k: None
+        for k in (
+            "min_words",
+            "max_words",
+            "min_mean_word_length",
+            "max_mean_word_length",
+            "max_hash_word_ratio",
+            "max_ellipsis_word_ratio",
+            "max_bullet_lines_ratio",
+            "max_ellipsis_lines_ratio",
+            "min_alpha_word_fraction",
+            "min_stop_words",
+        )
+    }
     clean_corpus(raw, clean, QualityConfig(**off, language_id=False, redact_pii=False))  # no columns of their own
     deduplicate(clean, dedup)
     out = pl.read_parquet(dedup / "part-00000.parquet")
@@ -348,13 +397,26 @@ def test_a_file_name_that_is_not_utf8_becomes_a_rejected_record(tmp_path):
     with open(os.path.join(os.fsencode(src), b"caf\xe9.txt"), "w") as f:
         f.write("the name is Latin-1\n")
     for partitions in (1, 4):
-        docs = pa.concat_tables([b.documents for i in range(partitions)
-                                 for b in read_corpus(ReaderConfig(str(src), partition=i, partitions=partitions))])
-        rej = pa.concat_tables([b.rejected for i in range(partitions)
-                                for b in read_corpus(ReaderConfig(str(src), partition=i, partitions=partitions))])
+        docs = pa.concat_tables(
+            [
+                b.documents
+                for i in range(partitions)
+                for b in read_corpus(ReaderConfig(str(src), partition=i, partitions=partitions))
+            ]
+        )
+        rej = pa.concat_tables(
+            [
+                b.rejected
+                for i in range(partitions)
+                for b in read_corpus(ReaderConfig(str(src), partition=i, partitions=partitions))
+            ]
+        )
         assert docs.column("doc_id").to_pylist() == ["good.txt"]
         assert rej.column("source").to_pylist() == ["caf\\xe9.txt"]
-        assert rej.column("position").to_pylist() == [-1] and "file name is not valid UTF-8" in rej.column("reason")[0].as_py()
+        assert (
+            rej.column("position").to_pylist() == [-1]
+            and "file name is not valid UTF-8" in rej.column("reason")[0].as_py()
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,8 +478,10 @@ def test_a_gzip_stream_under_a_plain_jsonl_name_is_read_by_its_magic_bytes(cases
     assert docs.column("doc_id").to_pylist()[:2] == ["z0", "z1"]
     assert len(set(docs.column("doc_id").to_pylist())) == 403
     # a compressed single file is never split: one partition holds it whole
-    per = [read_all(cases / "misnamed_compressed" / "archive_part.jsonl", partition=p, partitions=3)[0].num_rows
-           for p in range(3)]
+    per = [
+        read_all(cases / "misnamed_compressed" / "archive_part.jsonl", partition=p, partitions=3)[0].num_rows
+        for p in range(3)
+    ]
     assert sorted(per) == [0, 0, 400]
 
 
@@ -442,7 +506,8 @@ def test_unreadable_lines_after_a_readable_one_are_rejected_one_by_one(tmp_path)
     docs, rej = read_all(tmp_path)
     assert docs.column("text").to_pylist() == ["first", "last", "third line"]
     assert [(r["source"], r["position"]) for r in rej.to_pylist()] == (
-        [("a.jsonl", i) for i in range(2, 152)] + [("b.jsonl", 1), ("b.jsonl", 2)])
+        [("a.jsonl", i) for i in range(2, 152)] + [("b.jsonl", 1), ("b.jsonl", 2)]
+    )
 
 
 def test_the_failure_message_names_the_files_that_caused_the_rejections(tmp_path):
@@ -459,11 +524,13 @@ def test_the_failure_message_names_the_files_that_caused_the_rejections(tmp_path
     stats = ingest(cfg, out)
     assert stats["rejected_by_file"] == {"half.jsonl": 2, "latin1.txt": 1}
     msg = rejection_error(stats, cfg)
-    assert msg == ("3 of 14 records rejected, more than max_rejected_fraction=0.05; "
-                   "by file: half.jsonl (2), latin1.txt (1)")
+    assert msg == (
+        "3 of 14 records rejected, more than max_rejected_fraction=0.05; by file: half.jsonl (2), latin1.txt (1)"
+    )
     assert rejection_error(stats, cfg, out / "rejected.parquet") == msg + (
         ". Top reasons: 2 x invalid JSON: Expecting property name enclosed in double quotes at column 2 (first: "
-        "half.jsonl:2); 1 x invalid UTF-8 at byte 3: unexpected end of data (first: latin1.txt).")
+        "half.jsonl:2); 1 x invalid UTF-8 at byte 3: unexpected end of data (first: latin1.txt)."
+    )
     assert rejection_error(stats, ReaderConfig(str(src), max_rejected_fraction=0.25)) is None
 
 
@@ -475,8 +542,13 @@ def test_parquet_invalid_utf8_case_two_documents_one_rejected_row(cases):
     docs, rej = read_all(cases / "parquet_invalid_utf8.parquet")
     assert docs.column("text").to_pylist() == ["first fine document", "third fine document"]
     assert docs.column("doc_id").to_pylist() == ["parquet_invalid_utf8.parquet:0", "parquet_invalid_utf8.parquet:2"]
-    assert rej.to_pylist() == [{"source": "parquet_invalid_utf8.parquet", "position": 1,
-                                "reason": "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte"}]
+    assert rej.to_pylist() == [
+        {
+            "source": "parquet_invalid_utf8.parquet",
+            "position": 1,
+            "reason": "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte",
+        }
+    ]
 
 
 RAW_VALUES = [b"good one", b"caf\xe9 latin-1", None, b"good two"]
@@ -509,22 +581,27 @@ LAYOUTS = ["string", "large_string", "dictionary", "binary", "large_binary"]
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_parquet_layout_keeps_good_rows_and_rejects_bad_ones(tmp_path, layout, dictionary_pages):
     ids = pa.Array.from_buffers(pa.string(), 4, pa.array([b"i0", b"i1", b"i2", b"\xff"], pa.binary()).buffers())
-    pq.write_table(pa.table({"text": _text_array(layout), "id": ids, "other": [1, 2, 3, 4]}), tmp_path / "t.parquet",
-                   use_dictionary=dictionary_pages)
+    pq.write_table(
+        pa.table({"text": _text_array(layout), "id": ids, "other": [1, 2, 3, 4]}),
+        tmp_path / "t.parquet",
+        use_dictionary=dictionary_pages,
+    )
     docs, rej = read_all(tmp_path / "t.parquet")
     assert docs.column("text").to_pylist() == ["good one"] and docs.column("doc_id").to_pylist() == ["i0"]
     assert [(r["position"], r["reason"]) for r in rej.to_pylist()] == [
         (1, "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte"),
         (2, "row 2: text is null"),
-        (3, "row 3: id: invalid UTF-8 at byte 0: invalid start byte")]
+        (3, "row 3: id: invalid UTF-8 at byte 0: invalid start byte"),
+    ]
 
 
 def test_a_text_column_that_is_not_text_is_one_rejected_record(tmp_path):
     pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "numbers.parquet")
     docs, rej = read_all(tmp_path)
     assert docs.num_rows == 0
-    assert rej.to_pylist() == [{"source": "numbers.parquet", "position": -1,
-                                "reason": "column 'text' is int64, not a string or binary column"}]
+    assert rej.to_pylist() == [
+        {"source": "numbers.parquet", "position": -1, "reason": "column 'text' is int64, not a string or binary column"}
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,12 +614,26 @@ def test_null_empty_and_missing_ids_get_the_same_fallback(cases, tmp_path):
     ids = docs.column("doc_id").to_pylist()
     assert ids == ["null_ids.jsonl:1", "null_ids.jsonl:2", "a1", "null_ids.jsonl:4"]
     assert "None" not in ids and len(set(ids)) == 4
-    write_jsonl(tmp_path / "e.jsonl", [{"id": "", "text": "empty id"}, {"id": 7, "text": "number id"},
-                                       {"id": None, "text": "null id"}, {"text": "no id"}])
+    write_jsonl(
+        tmp_path / "e.jsonl",
+        [
+            {"id": "", "text": "empty id"},
+            {"id": 7, "text": "number id"},
+            {"id": None, "text": "null id"},
+            {"text": "no id"},
+        ],
+    )
     pq.write_table(pa.table({"text": ["a", "b", "c"], "id": ["", None, "x"]}), tmp_path / "p.parquet")
     docs, _ = read_all(tmp_path)
-    assert docs.column("doc_id").to_pylist() == ["e.jsonl:1", "7", "e.jsonl:3", "e.jsonl:4",
-                                                 "p.parquet:0", "p.parquet:1", "x"]
+    assert docs.column("doc_id").to_pylist() == [
+        "e.jsonl:1",
+        "7",
+        "e.jsonl:3",
+        "e.jsonl:4",
+        "p.parquet:0",
+        "p.parquet:1",
+        "x",
+    ]
     # id_field null: always the file and position, whatever the records hold
     docs, _ = read_all(cases / "null_ids.jsonl", id_field=None)
     assert docs.column("doc_id").to_pylist() == [f"null_ids.jsonl:{i}" for i in (1, 2, 3, 4)]
@@ -551,7 +642,9 @@ def test_null_empty_and_missing_ids_get_the_same_fallback(cases, tmp_path):
 def test_a_repeated_id_is_renamed_and_counted(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    write_jsonl(src / "a.jsonl", [{"id": "x", "text": "one"}, {"id": "x", "text": "two"}, {"id": "a.txt", "text": "three"}])
+    write_jsonl(
+        src / "a.jsonl", [{"id": "x", "text": "one"}, {"id": "x", "text": "two"}, {"id": "a.txt", "text": "three"}]
+    )
     pq.write_table(pa.table({"text": ["four"], "id": ["x"]}), src / "b.parquet")
     (src / "a.txt").write_text("five: a text file named like an earlier record's id")
     out = tmp_path / "raw"
@@ -561,7 +654,10 @@ def test_a_repeated_id_is_renamed_and_counted(tmp_path):
     assert ids == ["x", "x@a.jsonl:2", "a.txt", "a.txt@a.txt", "x@b.parquet:0"]  # files in sorted order
     assert stats["renamed_ids"] == 3
     assert pl.read_parquet(out / "renamed_ids.parquet").rows() == [
-        ("x@a.jsonl:2", "x", "a.jsonl", 2), ("a.txt@a.txt", "a.txt", "a.txt", 0), ("x@b.parquet:0", "x", "b.parquet", 0)]
+        ("x@a.jsonl:2", "x", "a.jsonl", 2),
+        ("a.txt@a.txt", "a.txt", "a.txt", 0),
+        ("x@b.parquet:0", "x", "b.parquet", 0),
+    ]
 
 
 def test_ids_repeating_across_partitions_are_found(tmp_path):
@@ -597,8 +693,11 @@ def test_ids_repeating_across_partitions_are_found_in_any_number_of_hash_ranges(
         dirs.append(tmp_path / f"p{p}")
         dirs[-1].mkdir()
         ingest(ReaderConfig(str(src), batch_size=7), dirs[-1])  # several part files per partition
-    expected = [("a3", ["0: f0.jsonl", "1: f1.jsonl", "2: f2.jsonl"]), ("x", ["0: f0.jsonl", "1: f1.jsonl"]),
-                ("y", ["0: f0.jsonl", "1: f1.jsonl"])]  # in corpus order of their first occurrence
+    expected = [
+        ("a3", ["0: f0.jsonl", "1: f1.jsonl", "2: f2.jsonl"]),
+        ("x", ["0: f0.jsonl", "1: f1.jsonl"]),
+        ("y", ["0: f0.jsonl", "1: f1.jsonl"]),
+    ]  # in corpus order of their first occurrence
     for rows_per_pass in (1, 4, 1 << 22):  # 64, 16 and 1 hash ranges
         repeated, clash = duplicate_ids(dirs, ["0", "1", "2"], rows_per_pass=rows_per_pass, spill_dir=tmp_path)
         assert repeated == 3 and clash.rows() == expected
@@ -633,7 +732,9 @@ def test_one_uncompressed_jsonl_file_is_split_at_line_boundaries(tmp_path):
         assert [i for d, _ in parts for i in d.column("doc_id").to_pylist()] == whole.column("doc_id").to_pylist()
         assert [t for d, _ in parts for t in d.column("text").to_pylist()] == whole.column("text").to_pylist()
         assert [r for _, j in parts for r in j.to_pylist()] == whole_rej.to_pylist()
-        assert len({fingerprint(path, p, n) for p in range(n)}) == 1  # the file's content; the partition is in the version
+        assert (
+            len({fingerprint(path, p, n) for p in range(n)}) == 1
+        )  # the file's content; the partition is in the version
 
 
 def test_one_parquet_file_is_split_by_row_groups(tmp_path):

@@ -9,8 +9,17 @@ import polars as pl
 import pytest
 
 from helpers import TESTS
-from largetrain_core.decontamination import (N, build_index, decontaminate_parts, load_index, ngram_hashes,
-                                             normalized_words, overlaps, read_benchmark, scan)
+from largetrain_core.decontamination import (
+    N,
+    build_index,
+    decontaminate_parts,
+    load_index,
+    ngram_hashes,
+    normalized_words,
+    overlaps,
+    read_benchmark,
+    scan,
+)
 
 BENCH = TESTS / "data" / "eval_benchmark.jsonl"
 ITEMS = [json.loads(line) for line in BENCH.open()]
@@ -52,7 +61,7 @@ def test_one_word_changed_in_every_13_gram_is_no_match(index):
     words[9] = "overwrite"  # the item has 22 words: each of its ten 13-grams holds word 9
     text = " ".join(words) + " " + ITEMS[0]["answer"]
     w = normalized_words(pl.Series([text]))[0].to_list()
-    assert all("overwrite" in w[i:i + N] for i in range(len(w) - N + 1))
+    assert all("overwrite" in w[i : i + N] for i in range(len(w) - N + 1))
     assert scan(_docs([text]), index).height == 0
 
 
@@ -70,14 +79,23 @@ def test_remove_or_report_and_the_saved_index(index, tmp_path):
     src, out, rep = tmp_path / "src", tmp_path / "out", tmp_path / "rep"
     for d in (src, out, rep):
         d.mkdir()
-    _docs([FILLER, FILLER + ITEMS[0]["prompt"] + " " + ITEMS[0]["answer"], FILLER * 2]).write_parquet(src / "part-00000.parquet")
+    _docs([FILLER, FILLER + ITEMS[0]["prompt"] + " " + ITEMS[0]["answer"], FILLER * 2]).write_parquet(
+        src / "part-00000.parquet"
+    )
     _docs([ITEMS[2]["prompt"]]).with_columns(doc_id=pl.lit("e0")).write_parquet(src / "part-00001.parquet")
     (tmp_path / "idx").mkdir()
     index.save(tmp_path / "idx")
     again = load_index(tmp_path / "idx")
     stats = decontaminate_parts([src], out, again)
-    assert stats == {"input": 4, "kept": 2, "filtered": 2, "filtered_by_reason": {"contaminated": 2}, "contaminated": 2,
-                     "contaminated_by_set": {"eval_benchmark": 2}, "too_short_items": 1}
+    assert stats == {
+        "input": 4,
+        "kept": 2,
+        "filtered": 2,
+        "filtered_by_reason": {"contaminated": 2},
+        "contaminated": 2,
+        "contaminated_by_set": {"eval_benchmark": 2},
+        "too_short_items": 1,
+    }
     assert pl.read_parquet(sorted(out.glob("part-*.parquet")))["doc_id"].to_list() == ["d0", "d2"]
     report = pl.read_parquet(out / "contaminated.parquet")
     assert report.select("doc_id", "item_id").rows() == [("d1", "q1"), ("e0", "q3")]

@@ -16,8 +16,14 @@ from largetrain_core.readers import ReaderConfig
 from largetrain_core.dedup import exact_dedup, key_hashes
 from helpers.parts import write_parts
 
-OFF = QualityConfig(min_words=None, max_words=None, min_mean_word_length=None, max_mean_word_length=None,
-                    min_alpha_word_fraction=None, min_stop_words=None)
+OFF = QualityConfig(
+    min_words=None,
+    max_words=None,
+    min_mean_word_length=None,
+    max_mean_word_length=None,
+    min_alpha_word_fraction=None,
+    min_stop_words=None,
+)
 SENT = "The quick brown fox jumps over the lazy dog and then runs to the old mill. "
 
 
@@ -41,7 +47,9 @@ def test_unicode_variants_case_is_one_cluster(cases, tmp_path):
     assert stats == {"input": 3, "kept": 1, "duplicate": 2, "clusters": 1}
     assert kept["doc_id"].to_list() == ["u0"]
     # the kept copy is training text: NFC, with its original spacing and case, not the dedup key
-    assert kept["text"].to_list() == ["The caf\u00e9 on Rue Lepic opens at nine,   and the cr\u00e8me br\u00fbl\u00e9e sells out by noon."]
+    assert kept["text"].to_list() == [
+        "The caf\u00e9 on Rue Lepic opens at nine,   and the cr\u00e8me br\u00fbl\u00e9e sells out by noon."
+    ]
     assert dups["doc_id"].to_list() == ["u1", "u2"]
     assert dups["duplicate_of"].to_list() == ["u0", "u0"]
     key = "the caf\u00e9 on rue lepic opens at nine, and the cr\u00e8me br\u00fbl\u00e9e sells out by noon."
@@ -72,7 +80,13 @@ def test_first_copy_in_corpus_order_kept_whatever_the_part_split(tmp_path):
         assert stats == {"input": 10, "kept": 4, "duplicate": 6, "clusters": 4}
         assert kept["doc_id"].to_list() == ["d0", "d1", "d2", "d3"]
         assert dict(zip(dups["doc_id"], dups["duplicate_of"])) == {
-            "d4": "d0", "d5": "d1", "d6": "d2", "d7": "d3", "d8": "d0", "d9": "d1"}
+            "d4": "d0",
+            "d5": "d1",
+            "d6": "d2",
+            "d7": "d3",
+            "d8": "d0",
+            "d9": "d1",
+        }
     assert one[2].equals(three[2])
 
 
@@ -115,24 +129,33 @@ def chain(tmp_path) -> tuple[Path, Path, Path, dict]:
     src = tmp_path / "src"
     src.mkdir()
     (src / "broken.txt").write_bytes(b"legacy caf\xe9")  # rejected: not UTF-8
-    (src / "docs.jsonl").write_text("\n".join([
-        json.dumps({"id": "g1", "text": SENT * 4}),  # kept
-        # duplicate of g1 (case and spacing only); its stop words stay lower case, as the Gopher
-        # stop-word rule is case-sensitive (datatrove 0.10.1)
-        json.dumps({"id": "g2", "text": (SENT * 4).replace("quick brown fox", "QUICK BROWN FOX").replace(" ", "  ")}),
-        json.dumps({"id": "f1", "text": "hi"}),  # filtered: gopher_min_words
-        "{not json",  # rejected
-        json.dumps({"id": "g3", "text": "A different text about the river and the hills, " * 8}),  # kept
-        json.dumps({"id": "f2", "text": "   "}),  # filtered: empty
-        '{"id": "s", "text": "lone \\udc80"}',  # rejected
-    ]) + "\n")
+    (src / "docs.jsonl").write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "g1", "text": SENT * 4}),  # kept
+                # duplicate of g1 (case and spacing only); its stop words stay lower case, as the Gopher
+                # stop-word rule is case-sensitive (datatrove 0.10.1)
+                json.dumps(
+                    {"id": "g2", "text": (SENT * 4).replace("quick brown fox", "QUICK BROWN FOX").replace(" ", "  ")}
+                ),
+                json.dumps({"id": "f1", "text": "hi"}),  # filtered: gopher_min_words
+                "{not json",  # rejected
+                json.dumps({"id": "g3", "text": "A different text about the river and the hills, " * 8}),  # kept
+                json.dumps({"id": "f2", "text": "   "}),  # filtered: empty
+                '{"id": "s", "text": "lone \\udc80"}',  # rejected
+            ]
+        )
+        + "\n"
+    )
     (src / "notes.txt").write_text("Notes on\x00 the mill and the river, written down by hand. " * 8)  # kept
     raw, cleaned, dd = tmp_path / "raw", tmp_path / "cleaned", tmp_path / "dedup"
     for d in (raw, cleaned, dd):
         d.mkdir()
-    counts = {"ingest": ingest(ReaderConfig(str(src), id_field="id", batch_size=2), raw),
-              "clean": clean_corpus(raw, cleaned, QualityConfig()),
-              "dedup": exact_dedup(cleaned, dd)}
+    counts = {
+        "ingest": ingest(ReaderConfig(str(src), id_field="id", batch_size=2), raw),
+        "clean": clean_corpus(raw, cleaned, QualityConfig()),
+        "dedup": exact_dedup(cleaned, dd),
+    }
     return raw, cleaned, dd, counts
 
 
@@ -146,9 +169,17 @@ def test_chain_counts_balance(chain):
     assert read_parts(dd)["doc_id"].to_list() == ["g1", "g3", "notes.txt"]
     assert pl.read_parquet(dd / "duplicates.parquet")["duplicate_of"].to_list() == ["g1"]
     acc = corpus_accounting(raw, cleaned, dd)
-    assert acc == {"input": 9, "kept": 3, "filtered": 2, "duplicate": 1, "rejected": 3, "repeats": 0, "repeated_documents": 0,
-                   "balanced": True,
-                   "problems": []}
+    assert acc == {
+        "input": 9,
+        "kept": 3,
+        "filtered": 2,
+        "duplicate": 1,
+        "rejected": 3,
+        "repeats": 0,
+        "repeated_documents": 0,
+        "balanced": True,
+        "problems": [],
+    }
     assert acc["kept"] + acc["filtered"] + acc["duplicate"] + acc["rejected"] == acc["input"]
 
 
@@ -204,7 +235,7 @@ def test_global_step_same_clusters_in_any_number_of_hash_ranges(tmp_path):
     from largetrain_core.dedup import DedupConfig, cluster_signatures, deduplicate
 
     words = [f"w{i:03d}" for i in range(400)]
-    base = [" ".join(words[k:k + 60]) for k in range(0, 300, 20)]  # 15 texts, neighbours overlap by 40 words
+    base = [" ".join(words[k : k + 60]) for k in range(0, 300, 20)]  # 15 texts, neighbours overlap by 40 words
     rows = []
     for i, text in enumerate(base):
         rows.append((f"b{i}", text))
@@ -221,7 +252,8 @@ def test_global_step_same_clusters_in_any_number_of_hash_ranges(tmp_path):
     full = cluster_signatures(sig)
     assert stats["duplicate_exact"] and stats["duplicate_near"]
     assert dict(zip(full["row"], full["cluster_id"])) == {
-        r: root for r, root in _naive_clusters(sig, DedupConfig().bands).items() if r != root}
+        r: root for r, root in _naive_clusters(sig, DedupConfig().bands).items() if r != root
+    }
     for rows_per_pass in (1, 3, 16):  # 64, 32 and 4 hash ranges, spilled to disk
         assert cluster_signatures(sig, rows_per_pass=rows_per_pass, spill_dir=tmp_path).equals(full)
     assert not list(tmp_path.glob("dedup-spill-*"))
@@ -243,7 +275,10 @@ def test_exact_duplicate_recount_is_the_same_in_any_number_of_hash_ranges(tmp_pa
     assert naive == ["c0", "c1", "c2", "c3"]
     for rows_per_pass in (1, 5, 1 << 22):  # 64, 8 and 1 hash ranges
         assert count_exact_duplicates(src, examples=3, rows_per_pass=rows_per_pass, spill_dir=tmp_path) == (
-            len(rows), 4, naive[:3])
+            len(rows),
+            4,
+            naive[:3],
+        )
     assert not list(tmp_path.glob("hash-ranges-*"))
 
 
@@ -254,13 +289,15 @@ def test_signatures_made_per_partition_leave_the_global_step_only_clustering(tmp
     from largetrain_core.dedup import DedupConfig, SIGNATURES, deduplicate, write_partition_signatures
 
     words = [f"w{i:03d}" for i in range(300)]
-    texts = [" ".join(words[k:k + 40]) for k in range(0, 200, 10)]
+    texts = [" ".join(words[k : k + 40]) for k in range(0, 200, 10)]
     rows = [(f"d{i}", t) for i, t in enumerate(texts)]
     rows += [("x0", texts[3].upper()), ("n0", texts[5].replace(words[60], "zzz")), ("x1", texts[0] + "  ")]
     dirs = [write_parts(tmp_path / "p0", [rows[:8], rows[8:12]]), write_parts(tmp_path / "p1", [rows[12:]])]
     (tmp_path / "global").mkdir()
     computed = deduplicate(dirs, tmp_path / "global", DedupConfig())
-    assert (tmp_path / "global" / SIGNATURES).exists() and computed["duplicate_exact"] >= 1 and computed["duplicate"] >= 2
+    assert (
+        (tmp_path / "global" / SIGNATURES).exists() and computed["duplicate_exact"] >= 1 and computed["duplicate"] >= 2
+    )
     for d in dirs:
         write_partition_signatures(d, DedupConfig())
     (tmp_path / "clusters").mkdir()
@@ -292,9 +329,14 @@ def test_cleaned_text_computes_the_signatures_and_deduplicated_text_only_cluster
     root, ex = tmp_path / "root", LocalExecutor()
     raw, cleaned = {}, {}
     for pk in ("0", "1"):
-        r = raw_corpus(ReaderConfig(str(src), partition=int(pk), partitions=2), StageRun(root, ("c", "raw_corpus"), pk, executor=ex))
+        r = raw_corpus(
+            ReaderConfig(str(src), partition=int(pk), partitions=2),
+            StageRun(root, ("c", "raw_corpus"), pk, executor=ex),
+        )
         raw[pk] = r
-        cleaned[pk] = cleaned_text(OFF, r, StageRun(root, ("c", "cleaned_text"), pk, executor=ex), dedup=DedupConfig(ngram=3))
+        cleaned[pk] = cleaned_text(
+            OFF, r, StageRun(root, ("c", "cleaned_text"), pk, executor=ex), dedup=DedupConfig(ngram=3)
+        )
         assert (cleaned[pk].path / SIGNATURES / "settings.json").exists() and cleaned[pk].stats["dedup"]["ngram"] == 3
     result = deduplicated_text(True, raw, cleaned, StageRun(root, ("c", "deduplicated_text"), executor=ex))
     assert result.checks["accounting"].passed and not (result.path / SIGNATURES).exists()  # only clustered

@@ -70,9 +70,16 @@ def test_make_targets():
     `make test` and `make dev`, and docs/guides/spark.md's `pip install -e '.[spark]'` (which `make test`
     runs), dry-run by make (-n: the commands printed, none run) in a copy of the Makefile without a
     virtualenv: each target reaches the command the docs say it runs."""
-    documented = {c.split()[1] for doc, section in (("README.md", "Two commands"), ("README.md", "The lineage in the web UI"),
-                                                    ("docs/guides/web-ui-and-cli.md", "The web UI"))
-                  for b in section_blocks(doc, section, "sh") for c in commands(b)}
+    documented = {
+        c.split()[1]
+        for doc, section in (
+            ("README.md", "Two commands"),
+            ("README.md", "The lineage in the web UI"),
+            ("docs/guides/web-ui-and-cli.md", "The web UI"),
+        )
+        for b in section_blocks(doc, section, "sh")
+        for c in commands(b)
+    }
     assert documented == {"demo", "test", "dev"}
     expected = {  # what each target must run (README, docs/guides/web-ui-and-cli.md)
         "demo": ["scripts/fetch_corpora.sh", "-m largetrain_dagster.demo -c configs/demo.yaml -w workspace.yaml --log"],
@@ -80,7 +87,9 @@ def test_make_targets():
         "dev": ["dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000"],
     }
     for target in sorted(documented):
-        r = subprocess.run(["make", "-n", target, "VENV=/nonexistent-venv"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["make", "-n", target, "VENV=/nonexistent-venv"], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 0, r.stderr
         for needle in expected[target]:
             assert needle in r.stdout, f"make {target} does not run {needle!r}:\n{r.stdout}"
@@ -95,8 +104,10 @@ def test_spark_settings(monkeypatch):
     from largetrain_dagster.executor import DataExecutor
 
     settings = {}
-    blocks_ = [*section_blocks("docs/guides/spark.md", "Running on Spark", "sh"),
-               *section_blocks("docs/guides/spark.md", "Pointing it at an existing cluster", "sh")]
+    blocks_ = [
+        *section_blocks("docs/guides/spark.md", "Running on Spark", "sh"),
+        *section_blocks("docs/guides/spark.md", "Pointing it at an existing cluster", "sh"),
+    ]
     for b in blocks_:
         for command in commands(b):
             for word in shlex.split(command):

@@ -32,13 +32,18 @@ def test_executors_are_found_by_name_and_implement_the_interface():
         load("ray")
     # the submitting process imports no pyspark: only the Spark application does
     code = "import sys; from largetrain_core.executors.base import load; load('spark'); print('pyspark' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_the_local_executor_meets_the_contract(corpus, tmp_path):
     check_executor(LocalExecutor(), corpus, tmp_path / "out")
     # the corpus exercises every outcome: kept, filtered, duplicate (exact and near)
-    filtered = [pl.read_parquet(tmp_path / "out" / "reference" / f"clean{p}" / "filtered.parquet").height for p in (0, 1)]
+    filtered = [
+        pl.read_parquet(tmp_path / "out" / "reference" / f"clean{p}" / "filtered.parquet").height for p in (0, 1)
+    ]
     dups = pl.read_parquet(tmp_path / "out" / "reference" / "dd" / "duplicates.parquet")
     assert sum(filtered) > 0 and set(dups["kind"]) == {"exact", "near"}
     assert len(part_files(tmp_path / "out" / "reference" / "dd")) > 0
@@ -71,7 +76,10 @@ def test_the_resource_reads_the_environment_and_the_old_name_with_a_warning(monk
     monkeypatch.setenv("LARGETRAIN_SPARK_CONF", '{"spark.executor.cores": 2}')
     with caplog.at_level(logging.WARNING):
         settings = DataExecutor.from_env().to_core()
-    assert (settings.name, settings.conf) == ("spark", {"spark.executor.cores": "2"}) and "deprecated" not in caplog.text
+    assert (settings.name, settings.conf) == (
+        "spark",
+        {"spark.executor.cores": "2"},
+    ) and "deprecated" not in caplog.text
     monkeypatch.delenv("LARGETRAIN_EXECUTOR")
     monkeypatch.setenv("LARGETRAIN_ENGINE", "spark")
     with caplog.at_level(logging.WARNING):

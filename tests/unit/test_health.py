@@ -16,8 +16,15 @@ SHORT_RUN = HealthSettings(min_loss_decrease=0.0, min_nats_below_uniform=0.0)
 
 
 def rows(losses, grad_norms=None, skipped=()):
-    return [{"step": i + 1, "loss": loss, "grad_norm": 1.0 if grad_norms is None else grad_norms[i],
-             "step_skipped": i + 1 in skipped} for i, loss in enumerate(losses)]
+    return [
+        {
+            "step": i + 1,
+            "loss": loss,
+            "grad_norm": 1.0 if grad_norms is None else grad_norms[i],
+            "step_skipped": i + 1 in skipped,
+        }
+        for i, loss in enumerate(losses)
+    ]
 
 
 def test_a_healthy_run_passes_and_each_cause_is_named():
@@ -29,15 +36,21 @@ def test_a_healthy_run_passes_and_each_cause_is_named():
     # frozen at the uniform level, a hair under the first loss: what passed before
     frozen = judge(rows([6.245] + [math.log(vocab)] * 19), vocab, HealthSettings())
     assert not frozen.passed
-    assert any("is 0.0000 nats below ln(vocabulary size 512) = 6.2383" in p and "health.min_nats_below_uniform 0.5" in p
-               for p in frozen.problems), frozen.problems
+    assert any(
+        "is 0.0000 nats below ln(vocabulary size 512) = 6.2383" in p and "health.min_nats_below_uniform 0.5" in p
+        for p in frozen.problems
+    ), frozen.problems
     assert any("not below the first by health.min_loss_decrease 5%" in p for p in frozen.problems)
 
     skipping = judge(rows([6.25 - 0.1 * i for i in range(20)], skipped=range(4, 21)), vocab, HealthSettings())
     assert not skipping.passed and skipping.numbers["skipped_steps"] == 17
-    assert skipping.problems == [("17 of 20 steps (85%, from step 4) were skipped for a gradient overflow (17) or had a "
-                                  "non-finite gradient norm (0): more than health.max_skipped_fraction 0.1; the training "
-                                  "diverged (lower the learning rate)")]
+    assert skipping.problems == [
+        (
+            "17 of 20 steps (85%, from step 4) were skipped for a gradient overflow (17) or had a "
+            "non-finite gradient norm (0): more than health.max_skipped_fraction 0.1; the training "
+            "diverged (lower the learning rate)"
+        )
+    ]
 
     norms = [1.0] * 3 + [math.inf] * 17
     exploded = judge(rows([6.2, 6.1, 6.0] + [2e6] * 17, norms), vocab, HealthSettings())
@@ -58,8 +71,9 @@ def test_the_short_run_override_lowers_the_margins_not_the_rules():
     assert judge(short, 512, SHORT_RUN).passed
     assert not judge(rows([6.2383] * 4), 512, SHORT_RUN).passed
     assert not judge(rows([6.24, 6.20, 6.15, 6.10], skipped={2, 3}), 512, SHORT_RUN).passed
-    assert TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "health": {"min_loss_decrease": 0}}).health \
-        == HealthSettings(min_loss_decrease=0.0)
+    assert TrainConfig.from_dict(
+        {"output_dir": "o", "train_shards": "s", "health": {"min_loss_decrease": 0}}
+    ).health == HealthSettings(min_loss_decrease=0.0)
     flat = TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "min_nats_below_uniform": 0})
     assert flat.health.min_nats_below_uniform == 0
 
@@ -71,8 +85,9 @@ def test_health_settings_change_neither_the_config_hash_nor_the_data_version():
     other = cfg.with_settings(min_loss_decrease=0.0, min_nats_below_uniform=0.0, max_skipped_fraction=0.5)
     assert other.config_hash() == cfg.config_hash()
     assert versioned(other, ()) == versioned(cfg, ())
-    problems = TrainConfig(output_dir="o", train_shards="s", health=HealthSettings(max_skipped_fraction=2,
-                                                                                 min_loss_decrease=-1)).problems(False)
+    problems = TrainConfig(
+        output_dir="o", train_shards="s", health=HealthSettings(max_skipped_fraction=2, min_loss_decrease=-1)
+    ).problems(False)
     assert "health.max_skipped_fraction must be in [0, 1], not 2" in problems
     assert "health.min_loss_decrease must be in [0, 1), not -1" in problems
 
@@ -105,6 +120,11 @@ def test_rank_warnings_are_rate_limited(caplog):
         assert warnings.warn("skipped-step", "step 12 skipped") is False
         warnings.flush()
     messages = [r.getMessage() for r in caplog.records]
-    assert messages == ["step 1 skipped", "step 2 skipped", "step 3 skipped", "step 10: loss nan",
-                        "step 11 skipped (7 more skipped-step warnings held back since the last one)",
-                        "1 more skipped-step warnings held back (12 in all)"]
+    assert messages == [
+        "step 1 skipped",
+        "step 2 skipped",
+        "step 3 skipped",
+        "step 10: loss nan",
+        "step 11 skipped (7 more skipped-step warnings held back since the last one)",
+        "1 more skipped-step warnings held back (12 in all)",
+    ]

@@ -50,19 +50,28 @@ def test_training_pods_render_with_gpus_and_one_rendezvous(monkeypatch):
 
 def test_data_prep_partition_steps_run_as_separate_k8s_jobs():
     import kubernetes
-    from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job, get_k8s_job_name
+    from dagster_k8s.job import (
+        DagsterK8sJobConfig,
+        UserDefinedDagsterK8sConfig,
+        construct_dagster_k8s_job,
+        get_k8s_job_name,
+    )
 
     from largetrain_dagster.k8s import build_k8s_definitions, data_prep_executor_config
 
     defs = build_k8s_definitions(root="/data", image="registry.example/largetrain:1")
     job = defs.resolve_job_def("landed_partitions_k8s")
     assert job.executor_def.name == "k8s"
-    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {"landed/raw_corpus", "landed/cleaned_text"}
+    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {
+        "landed/raw_corpus",
+        "landed/cleaned_text",
+    }
     assert job.partitions_def is not None and job.partitions_def.name == "landed_batches"
     data_job = defs.resolve_job_def("data_partitions_k8s")
     assert data_job.executor_def.name == "k8s"
     assert {k.to_user_string() for k in data_job.asset_layer.executable_asset_keys} == {
-        f"{r}/{n}" for r in ("pretrain", "domain") for n in ("raw_corpus", "cleaned_text")}
+        f"{r}/{n}" for r in ("pretrain", "domain") for n in ("raw_corpus", "cleaned_text")
+    }
     assert data_job.partitions_def.get_partition_keys() == PARTITION_KEYS
     assert type(defs.resources["launcher"]).__name__ == "K8sTorchrunLauncher"
 
@@ -74,23 +83,37 @@ def test_data_prep_partition_steps_run_as_separate_k8s_jobs():
     checked = process_config(k8s_job_executor.config_schema.config_type, executor_cfg)
     assert checked.success, checked.errors
     # ... and the Job it creates for the step of one partition runs `dagster api execute_step` in its own pod.
-    jc = DagsterK8sJobConfig(job_image="registry.example/largetrain:1", dagster_home="/opt/dagster/home",
-                             volume_mounts=executor_cfg["volume_mounts"], volumes=executor_cfg["volumes"],
-                             env_vars=executor_cfg["env_vars"])
+    jc = DagsterK8sJobConfig(
+        job_image="registry.example/largetrain:1",
+        dagster_home="/opt/dagster/home",
+        volume_mounts=executor_cfg["volume_mounts"],
+        volumes=executor_cfg["volumes"],
+        env_vars=executor_cfg["env_vars"],
+    )
     name = get_k8s_job_name("run1234", "landed__cleaned_text")
-    k8s_job = construct_dagster_k8s_job(jc, ["dagster", "api", "execute_step", "{}"], name,
-                                        UserDefinedDagsterK8sConfig.from_dict(executor_cfg["step_k8s_config"]),
-                                        pod_name=f"{name}-pod", component="step_worker")
+    k8s_job = construct_dagster_k8s_job(
+        jc,
+        ["dagster", "api", "execute_step", "{}"],
+        name,
+        UserDefinedDagsterK8sConfig.from_dict(executor_cfg["step_k8s_config"]),
+        pod_name=f"{name}-pod",
+        component="step_worker",
+    )
     assert isinstance(k8s_job, kubernetes.client.V1Job)
     manifest = kubernetes.client.ApiClient().sanitize_for_serialization(k8s_job)
-    assert kubernetes.client.ApiClient()._ApiClient__deserialize(yaml.safe_load(yaml.safe_dump(manifest)), "V1Job") == k8s_job
+    assert (
+        kubernetes.client.ApiClient()._ApiClient__deserialize(yaml.safe_load(yaml.safe_dump(manifest)), "V1Job")
+        == k8s_job
+    )
     (c,) = k8s_job.spec.template.spec.containers
     assert c.resources.limits == {"cpu": "4", "memory": "16Gi"} and c.args[:3] == ["dagster", "api", "execute_step"]
     assert c.image == "registry.example/largetrain:1"
     assert any(e.name == "LARGETRAIN_ROOT" and e.value == "/data" for e in c.env)
     assert any(e.name == "LARGETRAIN_DATA_PARTITIONS" and e.value == str(len(PARTITION_KEYS)) for e in c.env)
-    assert any(v.persistent_volume_claim and v.persistent_volume_claim.claim_name == "largetrain-storage"
-               for v in k8s_job.spec.template.spec.volumes)
+    assert any(
+        v.persistent_volume_claim and v.persistent_volume_claim.claim_name == "largetrain-storage"
+        for v in k8s_job.spec.template.spec.volumes
+    )
 
 
 def test_with_an_object_store_root_pods_share_no_volume_and_read_the_bucket(monkeypatch):
@@ -109,8 +132,14 @@ def test_with_an_object_store_root_pods_share_no_volume_and_read_the_bucket(monk
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio.storage.svc:9000")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak-this-secret")
     root = "s3://team-bucket/largetrain"
-    launcher = K8sTorchrunLauncher(image="registry.example/largetrain:1", nnodes=2, nproc_per_node=8, gpus_per_node=8,
-                                   storage_root=root, cache_size="800Gi")
+    launcher = K8sTorchrunLauncher(
+        image="registry.example/largetrain:1",
+        nnodes=2,
+        nproc_per_node=8,
+        gpus_per_node=8,
+        storage_root=root,
+        cache_size="800Gi",
+    )
     cfg = f"{root}/base_checkpoint/abc/train_config.json"
     objs = launcher.render(cfg, "0f9e8d7c-6b5a-4321-8765-0123456789ab", "base_checkpoint")
     api = kubernetes.client.ApiClient()
@@ -133,12 +162,21 @@ def test_with_an_object_store_root_pods_share_no_volume_and_read_the_bucket(monk
     executor_cfg = data_prep_executor_config(root, "largetrain", "largetrain-storage")
     checked = process_config(k8s_job_executor.config_schema.config_type, executor_cfg)
     assert checked.success, checked.errors
-    jc = DagsterK8sJobConfig(job_image="registry.example/largetrain:1", dagster_home="/opt/dagster/home",
-                             volume_mounts=executor_cfg["volume_mounts"], volumes=executor_cfg["volumes"],
-                             env_vars=executor_cfg["env_vars"])
-    job = construct_dagster_k8s_job(jc, ["dagster", "api", "execute_step", "{}"], "dagster-step-1",
-                                    UserDefinedDagsterK8sConfig.from_dict(executor_cfg["step_k8s_config"]),
-                                    pod_name="dagster-step-1-pod", component="step_worker")
+    jc = DagsterK8sJobConfig(
+        job_image="registry.example/largetrain:1",
+        dagster_home="/opt/dagster/home",
+        volume_mounts=executor_cfg["volume_mounts"],
+        volumes=executor_cfg["volumes"],
+        env_vars=executor_cfg["env_vars"],
+    )
+    job = construct_dagster_k8s_job(
+        jc,
+        ["dagster", "api", "execute_step", "{}"],
+        "dagster-step-1",
+        UserDefinedDagsterK8sConfig.from_dict(executor_cfg["step_k8s_config"]),
+        pod_name="dagster-step-1-pod",
+        component="step_worker",
+    )
     assert "do-not-leak-this-secret" not in json.dumps(api.sanitize_for_serialization(job))
     spec = job.spec.template.spec
     (c,) = spec.containers
@@ -153,12 +191,22 @@ def _step_job(executor_cfg: dict, image: str = "registry.example/largetrain:1"):
     """The Kubernetes Job that k8s_job_executor, configured with ``executor_cfg``, creates for one step."""
     from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 
-    jc = DagsterK8sJobConfig(job_image=image, dagster_home="/opt/dagster/home", volume_mounts=executor_cfg["volume_mounts"],
-                             volumes=executor_cfg["volumes"], env_vars=executor_cfg["env_vars"],
-                             service_account_name=executor_cfg.get("service_account_name"))
-    return construct_dagster_k8s_job(jc, ["dagster", "api", "execute_step", "{}"], "dagster-step-1",
-                                     UserDefinedDagsterK8sConfig.from_dict(executor_cfg["step_k8s_config"]),
-                                     pod_name="dagster-step-1-pod", component="step_worker")
+    jc = DagsterK8sJobConfig(
+        job_image=image,
+        dagster_home="/opt/dagster/home",
+        volume_mounts=executor_cfg["volume_mounts"],
+        volumes=executor_cfg["volumes"],
+        env_vars=executor_cfg["env_vars"],
+        service_account_name=executor_cfg.get("service_account_name"),
+    )
+    return construct_dagster_k8s_job(
+        jc,
+        ["dagster", "api", "execute_step", "{}"],
+        "dagster-step-1",
+        UserDefinedDagsterK8sConfig.from_dict(executor_cfg["step_k8s_config"]),
+        pod_name="dagster-step-1-pod",
+        component="step_worker",
+    )
 
 
 def test_code_locations_data_prep_step_pods_follow_the_storage_root(monkeypatch):
@@ -212,7 +260,9 @@ def test_code_locations_data_prep_step_pods_follow_the_storage_root(monkeypatch)
     cfg = defs.resolve_job_def("data_partitions_k8s").executor_def.apply_config_mapping({}).value["config"]
     spec = _step_job(cfg).spec.template.spec
     assert spec.service_account_name is None
-    assert [v.persistent_volume_claim.claim_name for v in spec.volumes if v.persistent_volume_claim] == ["largetrain-storage"]
+    assert [v.persistent_volume_claim.claim_name for v in spec.volumes if v.persistent_volume_claim] == [
+        "largetrain-storage"
+    ]
     (c,) = spec.containers
     assert [m.mount_path for m in c.volume_mounts if m.name == "storage"] == ["/data"]
     env = {e.name: e.value for e in c.env}
@@ -226,11 +276,14 @@ def test_training_pods_get_the_preemption_grace_period_of_the_training():
     from largetrain_core.training.config import TrainConfig
     from largetrain_dagster.k8s import K8sTorchrunLauncher
 
-    cfg = TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "checkpointing": {"preemption_grace_seconds": 89.5}})
+    cfg = TrainConfig.from_dict(
+        {"output_dir": "o", "train_shards": "s", "checkpointing": {"preemption_grace_seconds": 89.5}}
+    )
     launcher = K8sTorchrunLauncher(nnodes=2, kill_grace_seconds=10)
     run_id = "0f9e8d7c-6b5a-4321-8765-0123456789ab"
-    pods = launcher.render("/data/b/train_config.json", run_id, "base_checkpoint",
-                           grace_seconds=cfg.checkpointing.preemption_grace_seconds)["pods"]
+    pods = launcher.render(
+        "/data/b/train_config.json", run_id, "base_checkpoint", grace_seconds=cfg.checkpointing.preemption_grace_seconds
+    )["pods"]
     for pod in pods:
         assert pod.spec.termination_grace_period_seconds == 90
         assert {e.name: e.value for e in pod.spec.containers[0].env}["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "90"

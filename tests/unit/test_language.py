@@ -118,8 +118,9 @@ def test_short_text_setting_judges_short_documents_by_their_top_label():
     assert kept_plain < kept_lenient == right  # every short text labelled sv is kept, whatever its score
     # a long text is judged by the threshold, whatever the setting
     para = [r["text"] for r in ROWS if r["language"] == "sv" and r["kind"] == "paragraph"]
-    assert apply_rules(pl.DataFrame({"text": para}), replace(cfg, languages=("da",), language_short_text_chars=40)
-                       )["reason"].to_list() == ["language", "language"]
+    assert apply_rules(pl.DataFrame({"text": para}), replace(cfg, languages=("da",), language_short_text_chars=40))[
+        "reason"
+    ].to_list() == ["language", "language"]
 
 
 def test_unknown_language_codes_fail_with_the_code_to_write():
@@ -135,8 +136,9 @@ def test_clean_corpus_keeps_the_language_columns_and_counts_reason_language(tmp_
     raw, out = tmp_path / "raw", tmp_path / "out"
     raw.mkdir(), out.mkdir()
     rows = _kind("paragraph")
-    pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(rows))], "source": ["s"] * len(rows),
-                  "text": [r["text"] for r in rows]}).write_parquet(raw / "part-00000.parquet")
+    pl.DataFrame(
+        {"doc_id": [f"d{i}" for i in range(len(rows))], "source": ["s"] * len(rows), "text": [r["text"] for r in rows]}
+    ).write_parquet(raw / "part-00000.parquet")
     totals = clean_corpus(raw, out, replace(ONLY_LID, languages=("en",), redact_pii=False))
     assert totals["kept"] == 2 and totals["filtered_by_reason"] == {"language": 22}
     kept = pl.read_parquet(out / "part-00000.parquet")

@@ -31,8 +31,10 @@ def saved(tmp_path_factory, bpe_dir):
     model = build_model("llama-tiny", info.vocab_size, 32, info.eos_id)
     model.save_pretrained(str(root / "model"), safe_serialization=True)
     save_hf_tokenizer(info, root / "model")
-    peft = get_peft_model(build_model("llama-tiny", info.vocab_size, 32, info.eos_id),
-                          LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    peft = get_peft_model(
+        build_model("llama-tiny", info.vocab_size, 32, info.eos_id),
+        LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]),
+    )
     peft.save_pretrained(str(root / "adapter"))
     return root
 
@@ -70,7 +72,9 @@ def test_truncated_model_file_is_named(saved, tmp_path, name):
 def test_missing_model_weights_are_named(saved, tmp_path):
     d = copy_of(saved / "model", tmp_path / "model")
     (d / "model.safetensors").unlink()
-    with pytest.raises(MissingArtefactError, match=f"^{d / 'model.safetensors'}: missing; expected safetensors weights"):
+    with pytest.raises(
+        MissingArtefactError, match=f"^{d / 'model.safetensors'}: missing; expected safetensors weights"
+    ):
         load_model(d)
 
 
@@ -88,7 +92,8 @@ def test_truncated_files_read_by_the_shard_builder_are_named(saved, tmp_path, se
     docs = tmp_path / "docs"
     docs.mkdir()
     pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(sentences))], "text": sentences}).write_parquet(
-        docs / "part-00000.parquet")
+        docs / "part-00000.parquet"
+    )
     tok = copy_of(saved / "model", tmp_path / "tok")
     out = tmp_path / "shards"
     out.mkdir()
@@ -99,7 +104,9 @@ def test_truncated_files_read_by_the_shard_builder_are_named(saved, tmp_path, se
     with pytest.raises(ArtefactError, match=f"^{docs / 'part-00000.parquet'}: not a valid Parquet part file"):
         build_token_shards(docs, tok, tmp_path / "again", seq_len=16)
     truncate(tok / "tokenizer.json", 0.9)
-    with pytest.raises(ArtefactError, match=f"^{tok / 'tokenizer.json'}: not a valid Hugging Face tokenizers tokenizer.json"):
+    with pytest.raises(
+        ArtefactError, match=f"^{tok / 'tokenizer.json'}: not a valid Hugging Face tokenizers tokenizer.json"
+    ):
         build_token_shards(docs, tok, tmp_path / "again", seq_len=16)
     truncate(out / "manifest.json")
     with pytest.raises(ArtefactError, match=f"^{out / 'manifest.json'}: not valid JSON"):

@@ -26,31 +26,69 @@ SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "v
 GQA = {**SMALL, "num_key_value_heads": 2}
 # architecture -> (tiny config, the linear layers of its decoder block as its transformers modeling code names them)
 ARCHITECTURES = {
-    "llama": (lambda: transformers.LlamaConfig(**GQA), ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]),
-    "gpt2": (lambda: transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=64,
-                                              bos_token_id=0, eos_token_id=0), ["c_attn", "c_fc", "c_proj"]),
-    "gpt_neox": (lambda: transformers.GPTNeoXConfig(**SMALL), ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]),
-    "opt": (lambda: transformers.OPTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, ffn_dim=64,
-                                           vocab_size=64, word_embed_proj_dim=32),
-            ["fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"]),
-    "qwen2": (lambda: transformers.Qwen2Config(**GQA), ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]),
-    "qwen3": (lambda: transformers.Qwen3Config(**GQA, head_dim=16),
-              ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]),
-    "mistral": (lambda: transformers.MistralConfig(**GQA), ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]),
-    "gemma": (lambda: transformers.GemmaConfig(**GQA, head_dim=16),
-              ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]),
+    "llama": (
+        lambda: transformers.LlamaConfig(**GQA),
+        ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
+    ),
+    "gpt2": (
+        lambda: transformers.GPT2Config(
+            n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=64, bos_token_id=0, eos_token_id=0
+        ),
+        ["c_attn", "c_fc", "c_proj"],
+    ),
+    "gpt_neox": (
+        lambda: transformers.GPTNeoXConfig(**SMALL),
+        ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"],
+    ),
+    "opt": (
+        lambda: transformers.OPTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            ffn_dim=64,
+            vocab_size=64,
+            word_embed_proj_dim=32,
+        ),
+        ["fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"],
+    ),
+    "qwen2": (
+        lambda: transformers.Qwen2Config(**GQA),
+        ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
+    ),
+    "qwen3": (
+        lambda: transformers.Qwen3Config(**GQA, head_dim=16),
+        ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
+    ),
+    "mistral": (
+        lambda: transformers.MistralConfig(**GQA),
+        ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
+    ),
+    "gemma": (
+        lambda: transformers.GemmaConfig(**GQA, head_dim=16),
+        ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
+    ),
     "phi": (lambda: transformers.PhiConfig(**SMALL), ["dense", "fc1", "fc2", "k_proj", "q_proj", "v_proj"]),
-    "falcon": (lambda: transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64),
-               ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]),
-    "bloom": (lambda: transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=2, vocab_size=64),
-              ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]),
-    "gptj": (lambda: transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=2, vocab_size=64, rotary_dim=8),
-             ["fc_in", "fc_out", "k_proj", "out_proj", "q_proj", "v_proj"]),
+    "falcon": (
+        lambda: transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64),
+        ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"],
+    ),
+    "bloom": (
+        lambda: transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=2, vocab_size=64),
+        ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"],
+    ),
+    "gptj": (
+        lambda: transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=2, vocab_size=64, rotary_dim=8),
+        ["fc_in", "fc_out", "k_proj", "out_proj", "q_proj", "v_proj"],
+    ),
     # GPT-2's names on nn.Linear layers: fan_in_fan_out follows the layer type, not the name
-    "gpt_bigcode": (lambda: transformers.GPTBigCodeConfig(n_embd=32, n_layer=2, n_head=2, vocab_size=64),
-                    ["c_attn", "c_fc", "c_proj"]),
-    "mpt": (lambda: transformers.MptConfig(d_model=32, n_layers=2, n_heads=2, vocab_size=64),
-            ["Wqkv", "down_proj", "out_proj", "up_proj"]),
+    "gpt_bigcode": (
+        lambda: transformers.GPTBigCodeConfig(n_embd=32, n_layer=2, n_head=2, vocab_size=64),
+        ["c_attn", "c_fc", "c_proj"],
+    ),
+    "mpt": (
+        lambda: transformers.MptConfig(d_model=32, n_layers=2, n_heads=2, vocab_size=64),
+        ["Wqkv", "down_proj", "out_proj", "up_proj"],
+    ),
 }
 
 
@@ -77,8 +115,11 @@ def test_default_targets_are_every_linear_layer_of_the_decoder_blocks(arch):
     blocks = tuple(f"base_model.model.{b}." for b in decoder_blocks(model))
     assert adapted and all(n.startswith(blocks) for n in adapted)
     assert sorted({n.rsplit(".", 1)[-1] for n in adapted}) == expected
-    assert len(adapted) == 2 * sum(1 for n, _ in model.named_modules() if n.startswith(blocks[0][len("base_model.model."):])
-                                   and n.rsplit(".", 1)[-1] in expected)
+    assert len(adapted) == 2 * sum(
+        1
+        for n, _ in model.named_modules()
+        if n.startswith(blocks[0][len("base_model.model.") :]) and n.rsplit(".", 1)[-1] in expected
+    )
     for name, p in peft_model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)
@@ -107,14 +148,17 @@ def test_nothing_to_adapt_by_default_is_refused_naming_what_lora_can_adapt():
     model = _NothingLinear()
     assert decoder_blocks(model) == ["layers.0", "layers.1"]
     assert adaptable_modules(model) == {"conv": ["Conv1d"], "embed": ["Embedding"]}
-    msg = "no nn.Linear or Conv1D layer inside its 2 decoder blocks of _NothingLinear to adapt by default; set " \
-          "lora.target_modules to some of the modules LoRA can adapt: conv (Conv1d), embed (Embedding)"
+    msg = (
+        "no nn.Linear or Conv1D layer inside its 2 decoder blocks of _NothingLinear to adapt by default; set "
+        "lora.target_modules to some of the modules LoRA can adapt: conv (Conv1d), embed (Embedding)"
+    )
     with pytest.raises(ValueError) as e:
         lora_target_modules(model)
     assert str(e.value) == msg
     assert target_problems(model, LoraSettings()) == [msg]
     assert target_problems(model, LoraSettings(target_modules=["proj"])) == [
-        "lora.target_modules ['proj'] match no module of the base model; LoRA can adapt conv (Conv1d), embed (Embedding)"]
+        "lora.target_modules ['proj'] match no module of the base model; LoRA can adapt conv (Conv1d), embed (Embedding)"
+    ]
     # following the advice: a module it names is accepted, and PEFT adapts it in both blocks
     assert target_problems(model, LoraSettings(target_modules=["conv"])) == []
     inject_adapter_in_model(LoraConfig(r=2, target_modules=["conv"]), model)

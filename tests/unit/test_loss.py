@@ -49,9 +49,10 @@ def test_held_out_perplexity_is_exp_of_the_same_loss(tmp_path, bpe_dir, sentence
 
     docs = tmp_path / "docs"
     docs.mkdir()
-    texts = [" ".join(sentences[i:i + 12]) for i in range(0, 240, 4)]
-    pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts),
-                  "text": texts}).write_parquet(docs / "part-00000.parquet")
+    texts = [" ".join(sentences[i : i + 12]) for i in range(0, 240, 4)]
+    pl.DataFrame(
+        {"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts), "text": texts}
+    ).write_parquet(docs / "part-00000.parquet")
     out = tmp_path / "shards"
     out.mkdir()
     build_token_shards(docs, bpe_dir, out, seq_len=32, validation_fraction=0.1)

@@ -15,7 +15,11 @@ from largetrain_core.pii import NAMES, iban_ok, luhn, redact
 MUST = [
     ("Write to jane.doe@gmail.com today.", "Write to <EMAIL> today.", "email"),
     ("Maintainer: Linus <torvalds@linux-foundation.org>", "Maintainer: Linus <<EMAIL>>", "email"),
-    ("see https://lore.kernel.org/lkml/2019.14-1-mcroce@redhat.com/", "see https://lore.kernel.org/lkml/<EMAIL>/", "email"),
+    (
+        "see https://lore.kernel.org/lkml/2019.14-1-mcroce@redhat.com/",
+        "see https://lore.kernel.org/lkml/<EMAIL>/",
+        "email",
+    ),
     ("ping 8.8.8.8 -c 1", "ping <IP_ADDRESS> -c 1", "ipv4"),
     ("dest=23.215.104.193:80", "dest=<IP_ADDRESS>:80", "ipv4"),
     ("the server at 9.53.216.11.", "the server at <IP_ADDRESS>.", "ipv4"),
@@ -34,26 +38,29 @@ MUST = [
     ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key = <SECRET>", "secret"),
     ("token ghp_" + "A1b2" * 9 + " end", "token <SECRET> end", "secret"),
     ("slack xoxb-123456789012-abcdefABCDEF ok", "slack <SECRET> ok", "secret"),
-    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----\nafter",
-     "<SECRET>\nafter", "secret"),
+    (
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----\nafter",
+        "<SECRET>\nafter",
+        "secret",
+    ),
 ]
 
 KEEP = [
-    "Linux version 2.6.18.1 and 1.2.3.4.5 and v1.2.3.4",             # versions
+    "Linux version 2.6.18.1 and 1.2.3.4.5 and v1.2.3.4",  # versions
     "See section 5.2.11.1 and sections 4.4.6.4 and 8.12.1.4 of the spec",  # section numbers
-    "2.1.1.2 Timestamp types",                                        # a heading's number
-    "uGuru 2.0.0.0 ~ 2.0.4.2 (KV8-PRO)",                              # a network-like version, a range
-    "mount 192.168.1.1 and 10.0.0.10 and 127.0.0.1 and 192.0.2.7",    # private, loopback, documentation
-    "fe80::1 and 2001:db8::1 and fd00::7 and std::vector and a::b",   # link-local, documentation, ULA IPv6, C++
+    "2.1.1.2 Timestamp types",  # a heading's number
+    "uGuru 2.0.0.0 ~ 2.0.4.2 (KV8-PRO)",  # a network-like version, a range
+    "mount 192.168.1.1 and 10.0.0.10 and 127.0.0.1 and 192.0.2.7",  # private, loopback, documentation
+    "fe80::1 and 2001:db8::1 and fd00::7 and std::vector and a::b",  # link-local, documentation, ULA IPv6, C++
     "commit 3f2a9c1b4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f90 at 0xffffffff81000000",  # git and hex hashes
-    "released on 2023-01-15 at 12:30:45, build 20230115123045",        # dates, times, timestamps
+    "released on 2023-01-15 at 12:30:45, build 20230115123045",  # dates, times, timestamps
     "the number 4111111111111112 fails Luhn, 1234 5678 9012 3456 too",  # card-like, bad checksum
-    "DE89 3704 0044 0532 0130 01 is no IBAN",                          # bad mod-97
-    "mailto foo@example.com and bar@host.test and root@localhost",     # reserved names, no domain
+    "DE89 3704 0044 0532 0130 01 is no IBAN",  # bad mod-97
+    "mailto foo@example.com and bar@host.test and root@localhost",  # reserved names, no domain
     "offsets +12345678 and range 100-200 and phone-like 12.34.56.78.90",
     "echo +192.168.0.100 > /sys/class/net/bond0/bonding/arp_ip_target",  # a signed address, no phone
-    "cpu1 2515 1274 1229 12 0 2509 6 0",                               # a table of counts
-    "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----",       # a public key is no secret
+    "cpu1 2515 1274 1229 12 0 2509 6 0",  # a table of counts
+    "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----",  # a public key is no secret
 ]
 
 
@@ -96,7 +103,9 @@ def test_clean_corpus_redacts_kept_documents_and_counts_beside_the_accounting(tm
     raw.mkdir(), out.mkdir()
     prose = "The mill and the river are on the old road to the town, and we walk there. " * 8
     texts = [prose + "Mail me: ann@gmail.com or call +44 20 7946 0958.", prose, "too short, ann@gmail.com"]
-    pl.DataFrame({"doc_id": ["a", "b", "c"], "source": ["s"] * 3, "text": texts}).write_parquet(raw / "part-00000.parquet")
+    pl.DataFrame({"doc_id": ["a", "b", "c"], "source": ["s"] * 3, "text": texts}).write_parquet(
+        raw / "part-00000.parquet"
+    )
     totals = clean_corpus(raw, out, QualityConfig())
     assert (totals["input"], totals["kept"], totals["filtered"]) == (3, 2, 1)  # redaction removes nothing
     assert totals["pii_email"] == 1 and totals["pii_phone"] == 1 and totals["pii_documents"] == 1

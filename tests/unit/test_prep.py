@@ -16,7 +16,7 @@ VOCAB = [f"w{i:03d}x" for i in range(1000)]  # 5-character distinct words
 
 
 def distinct(n: int, start: int = 0) -> str:
-    return " ".join(VOCAB[start:start + n])
+    return " ".join(VOCAB[start : start + n])
 
 
 # ------------------------------------------------------------------------------------------------ near dedup
@@ -25,8 +25,10 @@ def distinct(n: int, start: int = 0) -> str:
 def _write(d, rows):
     d.mkdir(parents=True, exist_ok=True)
     for i, part in enumerate(rows):
-        pl.DataFrame({"doc_id": [r[0] for r in part], "source": ["s"] * len(part), "text": [r[1] for r in part]},
-                     schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8}).write_parquet(d / f"part-{i:05d}.parquet")
+        pl.DataFrame(
+            {"doc_id": [r[0] for r in part], "source": ["s"] * len(part), "text": [r[1] for r in part]},
+            schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8},
+        ).write_parquet(d / f"part-{i:05d}.parquet")
     return d
 
 
@@ -39,8 +41,10 @@ def test_near_duplicates_across_partitions_and_tiny_docs(tmp_path):
     a = distinct(200)
     a_edit = a.replace(VOCAB[100], "changed", 1)  # one word of 200 differs: Jaccard of 5-gram sets ~ 0.95
     b = distinct(200, 300)
-    rows = [[("a", a), ("b", b)] + [(f"t{i}", VOCAB[i]) for i in range(20)],  # 20 distinct one-word docs
-            [("b2", b.upper().replace(" ", "\n")), ("a2", a_edit), ("t0bis", VOCAB[0]), ("p", "!!! ???")]]
+    rows = [
+        [("a", a), ("b", b)] + [(f"t{i}", VOCAB[i]) for i in range(20)],  # 20 distinct one-word docs
+        [("b2", b.upper().replace(" ", "\n")), ("a2", a_edit), ("t0bis", VOCAB[0]), ("p", "!!! ???")],
+    ]
     src = _write(tmp_path / "in", rows)
     out = tmp_path / "out"
     out.mkdir()
@@ -81,11 +85,18 @@ def test_outcomes_per_reason_sum_to_input_with_zst_reader(tmp_path):
     good = "The mill stands by the river and the wind turns it. " * 10
     # "d" differs from "k" in case only (an exact duplicate under the case-folded key); its stop words
     # stay lower case, as the Gopher stop-word rule is case-sensitive (datatrove)
-    lines = [json.dumps({"id": "k", "text": good}), json.dumps({"id": "d", "text": good.replace("mill", "MILL").replace("wind", "WIND")}),
-             json.dumps({"id": "f", "text": "hi"}), "{broken", json.dumps({"id": "e", "text": ""})]
+    lines = [
+        json.dumps({"id": "k", "text": good}),
+        json.dumps({"id": "d", "text": good.replace("mill", "MILL").replace("wind", "WIND")}),
+        json.dumps({"id": "f", "text": "hi"}),
+        "{broken",
+        json.dumps({"id": "e", "text": ""}),
+    ]
     (src / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(("\n".join(lines) + "\n").encode()))
     (src / "bad.jsonl.zst").write_bytes(b"not zstd at all")  # no zstd magic: read as plain, not one JSON line
-    docs = [d for b in read_corpus(ReaderConfig(str(src), id_field="id")) for d in b.documents.column("doc_id").to_pylist()]
+    docs = [
+        d for b in read_corpus(ReaderConfig(str(src), id_field="id")) for d in b.documents.column("doc_id").to_pylist()
+    ]
     assert docs == ["k", "d", "f", "e"]
     raw, cleaned, dd = (tmp_path / n for n in ("raw", "cleaned", "dd"))
     for d in (raw, cleaned, dd):
@@ -94,8 +105,14 @@ def test_outcomes_per_reason_sum_to_input_with_zst_reader(tmp_path):
     clean_corpus(raw, cleaned, QualityConfig())
     deduplicate(cleaned, dd)
     t = outcome_table(raw, cleaned, dd)
-    assert t.rows() == [("duplicate", "exact", 1), ("filtered", "empty", 1), ("filtered", "gopher_min_words", 1),
-                        ("kept", None, 1), ("rejected", "invalid JSON", 1), ("rejected", "no readable JSON line", 1)]
+    assert t.rows() == [
+        ("duplicate", "exact", 1),
+        ("filtered", "empty", 1),
+        ("filtered", "gopher_min_words", 1),
+        ("kept", None, 1),
+        ("rejected", "invalid JSON", 1),
+        ("rejected", "no readable JSON line", 1),
+    ]
     assert t["documents"].sum() == corpus_accounting(raw, cleaned, dd)["input"] == 6
     assert "| **total** | | **6** |" in markdown_table(t)
 
@@ -107,7 +124,7 @@ def test_minhash_is_exact_min_whatever_the_block_size():
     from largetrain_core.dedup import DedupConfig, _permutations, _permute_min
 
     rng = np.random.default_rng(0)
-    sdoc = np.sort(rng.integers(0, 7, size=50)).astype(np.int64)     # doc 7 (and any unlucky one) has no shingle
+    sdoc = np.sort(rng.integers(0, 7, size=50)).astype(np.int64)  # doc 7 (and any unlucky one) has no shingle
     h = rng.integers(0, 2**64, size=50, dtype=np.uint64)
     a, b = _permutations(DedupConfig(bands=2, rows=3))
     expect = np.full((8, 6), np.iinfo(np.uint64).max, dtype=np.uint64)

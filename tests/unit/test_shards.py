@@ -22,7 +22,6 @@ from largetrain_core.tokenizer import EOS_TOKEN
 from helpers.parts import write_parts
 
 
-
 def is_validation(doc_id: str, fraction: float, seed: int) -> bool:
     """The documented split rule, written out here independently of the module."""
     return xxhash.xxh64_intdigest(doc_id.encode(), seed) / 2**64 < fraction
@@ -65,7 +64,12 @@ def test_short_docs_with_seq_len_beyond_the_whole_stream(short_docs, tmp_path):
     out.mkdir()
     m = build_token_shards(raw, tok, out, seq_len=20, validation_fraction=0.0)
     train = m["splits"]["train"]
-    assert (train["sequences"], train["shards"], train["dropped_remainder_tokens"], train["document_tokens"]) == (0, [], 9, 9)
+    assert (train["sequences"], train["shards"], train["dropped_remainder_tokens"], train["document_tokens"]) == (
+        0,
+        [],
+        9,
+        9,
+    )
     shards = TokenShards(out, "train")
     assert len(shards) == 0
     with pytest.raises(ValueError):
@@ -78,12 +82,21 @@ def test_short_docs_with_seq_len_beyond_the_whole_stream(short_docs, tmp_path):
 
 @pytest.fixture
 def built(tmp_path, bpe_dir, sentences):
-    docs = [(f"doc-{i:02d}", " ".join(sentences[i * 7:(i + 1) * 7 - i % 5])) for i in range(30)]
+    docs = [(f"doc-{i:02d}", " ".join(sentences[i * 7 : (i + 1) * 7 - i % 5])) for i in range(30)]
     src = write_parts(tmp_path / "dedup", [docs[:11], docs[11:12], docs[12:]])
     out = tmp_path / "shards"
     out.mkdir()
-    m = build_token_shards(src, bpe_dir, out, seq_len=16, validation_fraction=0.3, seed=1, sequences_per_shard=3,
-                           batch_documents=4, source_data_version="v123")
+    m = build_token_shards(
+        src,
+        bpe_dir,
+        out,
+        seq_len=16,
+        validation_fraction=0.3,
+        seed=1,
+        sequences_per_shard=3,
+        batch_documents=4,
+        source_data_version="v123",
+    )
     return docs, out, m
 
 
@@ -96,8 +109,14 @@ def expected_stream(docs, tokenizer_json: Path, val: bool) -> list[list[int]]:
     eos = tok.token_to_id(EOS_TOKEN)
     units = []
     for part in PARTS:
-        units.append([t for doc_id, text in docs[part] if is_validation(doc_id, 0.3, 1) == val
-                      for t in tok.encode(text, add_special_tokens=False).ids + [eos]])
+        units.append(
+            [
+                t
+                for doc_id, text in docs[part]
+                if is_validation(doc_id, 0.3, 1) == val
+                for t in tok.encode(text, add_special_tokens=False).ids + [eos]
+            ]
+        )
     return units
 
 
@@ -107,10 +126,10 @@ def packed(units: list[list[int]], window: int) -> tuple[list[list[int]], int]:
     windows, tails = [], []
     for u in units:
         n = len(u) // window
-        windows += [u[i * window:(i + 1) * window] for i in range(n)]
-        tails += u[n * window:]
+        windows += [u[i * window : (i + 1) * window] for i in range(n)]
+        tails += u[n * window :]
     n = len(tails) // window
-    return windows + [tails[i * window:(i + 1) * window] for i in range(n)], len(tails) - n * window
+    return windows + [tails[i * window : (i + 1) * window] for i in range(n)], len(tails) - n * window
 
 
 @pytest.mark.parametrize("split", ["train", "validation"])
@@ -164,8 +183,13 @@ def test_shards_are_arrow_ipc_readable_by_pyarrow_and_polars(built):
     table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
     assert table.schema.field("input_ids").type == pa.list_(pa.uint16(), 17)
     meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
-    assert meta == {"seq_len": "16", "dtype": "uint16", "eos_id": str(m["eos_id"]), "vocab_size": "300",
-                    "tokenizer_sha256": m["tokenizer_sha256"]}
+    assert meta == {
+        "seq_len": "16",
+        "dtype": "uint16",
+        "eos_id": str(m["eos_id"]),
+        "vocab_size": "300",
+        "tokenizer_sha256": m["tokenizer_sha256"],
+    }
     # polars 1.x: memory_map=True (its default); polars 2 dropped the parameter and always maps local files
     kw = {"memory_map": True} if "memory_map" in inspect.signature(pl.read_ipc).parameters else {}
     df = pl.read_ipc(path, **kw)
@@ -174,8 +198,9 @@ def test_shards_are_arrow_ipc_readable_by_pyarrow_and_polars(built):
     assert df.schema["input_ids"] == pl.Array(pl.UInt16, 17)
     shards = TokenShards(out, "train")
     assert np.array_equal(df["input_ids"].to_numpy(), shards.take(range(entry["sequences"])))
-    assert np.array_equal(np.asarray(table.column(0).combine_chunks().flatten()).reshape(-1, 17),
-                          shards.take(range(entry["sequences"])))
+    assert np.array_equal(
+        np.asarray(table.column(0).combine_chunks().flatten()).reshape(-1, 17), shards.take(range(entry["sequences"]))
+    )
 
 
 def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
@@ -352,7 +377,7 @@ def _partitioned(src: Path, tok: Path, root: Path, n: int, packing) -> tuple[Pat
 def test_the_same_sequences_in_the_same_order_for_any_partition_count(tmp_path, bpe_dir, sentences):
     from largetrain_core.shards import Packing
 
-    docs = [(f"doc-{i:02d}", " ".join(sentences[(i * 5) % 200:(i * 5) % 200 + 3 + i % 6])) for i in range(40)]
+    docs = [(f"doc-{i:02d}", " ".join(sentences[(i * 5) % 200 : (i * 5) % 200 + 3 + i % 6])) for i in range(40)]
     cuts = [0, 3, 4, 13, 14, 26, 40]  # 6 part files of 3, 1, 9, 1, 12 and 14 documents
     src = write_parts(tmp_path / "in", [docs[a:b] for a, b in zip(cuts, cuts[1:])])
     for i, f in enumerate(sorted(src.glob("part-*.parquet"))):  # up-sampling weights in some parts
@@ -362,8 +387,17 @@ def test_the_same_sequences_in_the_same_order_for_any_partition_count(tmp_path, 
     packing = Packing(seq_len=7, validation_fraction=0.25, seed=2, sequences_per_shard=4, batch_documents=3)
     one = tmp_path / "one"
     one.mkdir()
-    whole = build_token_shards(src, bpe_dir, one, seq_len=7, validation_fraction=0.25, seed=2, sequences_per_shard=4,
-                               batch_documents=3, source_data_version="v1")
+    whole = build_token_shards(
+        src,
+        bpe_dir,
+        one,
+        seq_len=7,
+        validation_fraction=0.25,
+        seed=2,
+        sequences_per_shard=4,
+        batch_documents=3,
+        source_data_version="v1",
+    )
     assert whole["splits"]["train"]["repeat_copies"] > 0 and whole["splits"]["validation"]["sequences"] > 0
     counts = lambda m: {s: {k: v for k, v in d.items() if k != "shards"} for s, d in m["splits"].items()}  # noqa: E731
     for n in (2, 3, 8):  # 8 partitions of 6 part files: some are empty
@@ -374,16 +408,19 @@ def test_the_same_sequences_in_the_same_order_for_any_partition_count(tmp_path, 
             assert _all(out, split) == _all(one, split), (n, split)
         # the global step wrote the tails' windows only; the rest are the partitions' files, where they lie
         files = [e["file"] for e in m["splits"]["train"]["shards"]]
-        assert {f.split("/")[0] for f in files if "/" in f} == {".."} and all("tail" in f for f in files if "/" not in f)
-        assert sorted(p.name for p in out.glob("*.arrow")) == sorted(f for f in files + [
-            e["file"] for e in m["splits"]["validation"]["shards"]] if "/" not in f)
+        assert {f.split("/")[0] for f in files if "/" in f} == {".."} and all(
+            "tail" in f for f in files if "/" not in f
+        )
+        assert sorted(p.name for p in out.glob("*.arrow")) == sorted(
+            f for f in files + [e["file"] for e in m["splits"]["validation"]["shards"]] if "/" not in f
+        )
 
 
 def test_partitions_that_do_not_fit_together_are_refused(tmp_path, bpe_dir, sentences):
     from largetrain_core.shards import Packing, assemble_token_shards, tokenize_partition
     from largetrain_core.storage import ArtefactError
 
-    docs = [(f"d{i}", " ".join(sentences[i * 3:i * 3 + 5])) for i in range(12)]
+    docs = [(f"d{i}", " ".join(sentences[i * 3 : i * 3 + 5])) for i in range(12)]
     src = write_parts(tmp_path / "in", [docs[:4], docs[4:8], docs[8:]])
     packing = Packing(seq_len=5, validation_fraction=0.2)
     dirs = [tmp_path / f"p{i}" for i in range(3)]
@@ -417,7 +454,8 @@ def test_the_smallest_hash_goes_to_validation_whatever_the_partitioning(tmp_path
     whole = build_token_shards(src, tok, one, seq_len=2, validation_fraction=fraction)
     assert (whole["splits"]["train"]["documents"], whole["splits"]["validation"]["documents"]) == (2, 1)
     assert sorted(p.name for p in one.glob("*.arrow") if not p.name.startswith("tails-")) == sorted(
-        e["file"] for s in whole["splits"].values() for e in s["shards"])  # the first packing's files are gone
+        e["file"] for s in whole["splits"].values() for e in s["shards"]
+    )  # the first packing's files are gone
     out, m, _ = _partitioned(src, tok, tmp_path, 2, Packing(seq_len=2, validation_fraction=fraction))
     for split in ("train", "validation"):
         assert _all(out, split) == _all(one, split)
@@ -430,7 +468,9 @@ def test_the_smallest_hash_goes_to_validation_whatever_the_partitioning(tmp_path
 
 
 @pytest.mark.parametrize("base,dtype,arrow_type", [(65_536, np.uint32, pa.uint32()), (65_535, np.uint16, pa.uint16())])
-def test_vocabulary_size_sets_the_dtype_and_every_id_round_trips(tmp_path, make_word_tokenizer, base, dtype, arrow_type):
+def test_vocabulary_size_sets_the_dtype_and_every_id_round_trips(
+    tmp_path, make_word_tokenizer, base, dtype, arrow_type
+):
     tok = make_word_tokenizer(tmp_path / "tok", [f"w{i}" for i in range(base)])
     eos = base  # the added special token takes the next id
     top = [base - 1 - i for i in range(8)]  # the highest base ids
@@ -454,8 +494,9 @@ def test_vocabulary_size_sets_the_dtype_and_every_id_round_trips(tmp_path, make_
 # the distributed sampler
 
 
-def global_stream(num_samples: int, micro_batch: int, world_size: int, steps: int, seed: int = 5,
-                  start_step: int = 0) -> list[list[np.ndarray]]:
+def global_stream(
+    num_samples: int, micro_batch: int, world_size: int, steps: int, seed: int = 5, start_step: int = 0
+) -> list[list[np.ndarray]]:
     """indices[step][rank] for a run of ``steps`` micro-steps (every rank consumes micro_batch per step)."""
     samplers = [DistributedSampler(num_samples, seed=seed, rank=r, world_size=world_size) for r in range(world_size)]
     per_step = micro_batch * world_size
@@ -476,7 +517,7 @@ def test_ranks_together_read_each_epoch_exactly_once(num_samples, micro_batch, w
     assert len(stream) >= epochs * num_samples
     perms = [DistributedSampler(num_samples, seed=5).permutation(e) for e in range(epochs)]
     for e in range(epochs):
-        chunk = stream[e * num_samples:(e + 1) * num_samples]
+        chunk = stream[e * num_samples : (e + 1) * num_samples]
         assert sorted(chunk) == list(range(num_samples))
         assert chunk == perms[e].tolist()  # the global stream is the seeded permutation of each epoch
 
@@ -514,8 +555,9 @@ def test_different_seeds_give_different_orders():
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "largetrain_core.shards", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "largetrain_core.shards", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_inspect(built, tmp_path):

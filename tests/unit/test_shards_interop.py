@@ -27,7 +27,7 @@ DOC_SHARDS = '".largetrain/domain/token_shards/DATA_VERSION"'
 @pytest.fixture
 def shard_dir(tmp_path, bpe_dir, sentences):
     """Documents of uneven length (many span two windows) over three part files; several shards per split."""
-    docs = [(f"doc-{i:02d}", " ".join(sentences[i * 5:(i + 1) * 5 - i % 4])) for i in range(40)]
+    docs = [(f"doc-{i:02d}", " ".join(sentences[i * 5 : (i + 1) * 5 - i % 4])) for i in range(40)]
     src = write_parts(tmp_path / "dedup", [docs[:15], docs[15:16], docs[16:]])
     out = tmp_path / "shards"
     out.mkdir()
@@ -46,8 +46,11 @@ def complete_documents(docs, bpe_dir: Path, validation: bool, window: int = 17) 
     eos = tok.token_to_id("<|endoftext|>")
     found = []  # (document, its tokens in its part's tail)
     for part in PARTS:
-        mine = [tok.encode(t, add_special_tokens=False).ids + [eos] for d, t in docs[part]
-                if (xxhash.xxh64_intdigest(d.encode(), 3) < 0.25 * 2**64) == validation]
+        mine = [
+            tok.encode(t, add_special_tokens=False).ids + [eos]
+            for d, t in docs[part]
+            if (xxhash.xxh64_intdigest(d.encode(), 3) < 0.25 * 2**64) == validation
+        ]
         tail_start, pos = sum(len(d) for d in mine) // window * window, 0
         for d in mine:
             found.append((d, max(0, pos + len(d) - max(pos, tail_start))))
@@ -67,8 +70,13 @@ def test_hdf5_export_reads_back_with_h5py(shard_dir, bpe_dir, tmp_path, split):
     shards = TokenShards(out, split)
     manifest = json.loads((out / "manifest.json").read_text())
     target = tmp_path / "h5" / f"{split}.h5"
-    r = subprocess.run([sys.executable, "-m", "largetrain_core.shards", "export-hdf5", str(out), str(target), "--split", split],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "largetrain_core.shards", "export-hdf5", str(out), str(target), "--split", split],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert not list(target.parent.glob(".*.tmp"))  # written under a temporary name, then renamed
@@ -89,11 +97,18 @@ def test_hdf5_export_reads_back_with_h5py(shard_dir, bpe_dir, tmp_path, split):
     s = manifest["splits"][split]
     assert attrs["dropped_partial_tokens"] == s["document_tokens"] - s["dropped_remainder_tokens"] - len(tokens)
 
-    assert (attrs["split"], attrs["seq_len"], attrs["dtype"], attrs["eos_id"], attrs["vocab_size"]) == (split, 16, "uint16", manifest["eos_id"], 300)
+    assert (attrs["split"], attrs["seq_len"], attrs["dtype"], attrs["eos_id"], attrs["vocab_size"]) == (
+        split,
+        16,
+        "uint16",
+        manifest["eos_id"],
+        300,
+    )
     assert attrs["bos_id"] == -1 and attrs["tokenizer_sha256"] == manifest["tokenizer_sha256"]
     assert attrs["format"] == manifest["format"] and attrs["validation_fraction"] == 0.25 and attrs["seed"] == 3
-    assert [attrs[k] for k in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens")] == \
-        [s[k] for k in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens")]
+    assert [attrs[k] for k in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens")] == [
+        s[k] for k in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens")
+    ]
     assert json.loads(attrs["manifest_json"]) == manifest
 
 

@@ -22,14 +22,15 @@ from largetrain_core.tokenizer import train_bpe
 from helpers.parts import write_parts
 
 
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     root = tmp_path_factory.mktemp("io")
     docs = root / "docs"
     docs.mkdir()
     texts = [f"document {i} says the quick brown fox number {i * 7} jumps over the lazy dog" for i in range(200)]
-    pl.DataFrame({"doc_id": [f"d{i}" for i in range(200)], "source": ["s"] * 200, "text": texts}).write_parquet(docs / "part-00000.parquet")
+    pl.DataFrame({"doc_id": [f"d{i}" for i in range(200)], "source": ["s"] * 200, "text": texts}).write_parquet(
+        docs / "part-00000.parquet"
+    )
     train_bpe([texts], 300, root / "tok")
     out = root / "shards"
     out.mkdir()
@@ -64,8 +65,11 @@ def train_documents(root: Path) -> list[list[int]]:
     tok = Tokenizer.from_file(str(root / "tok" / "tokenizer.json"))
     eos = json.loads((root / "shards" / "manifest.json").read_text())["eos_id"]
     df = pl.read_parquet(root / "docs" / "part-00000.parquet")
-    return [tok.encode(t, add_special_tokens=False).ids + [eos] for d, t in zip(df["doc_id"], df["text"])
-            if xxhash.xxh64_intdigest(d.encode(), 0) >= 0.1 * 2**64]
+    return [
+        tok.encode(t, add_special_tokens=False).ids + [eos]
+        for d, t in zip(df["doc_id"], df["text"])
+        if xxhash.xxh64_intdigest(d.encode(), 0) >= 0.1 * 2**64
+    ]
 
 
 def whole_documents_in_stream(documents: list[list[int]], total: int) -> list[list[int]]:
@@ -78,8 +82,20 @@ def whole_documents_in_stream(documents: list[list[int]], total: int) -> list[li
 def test_megatron_export_writes_the_documents_under_the_whole_prefix(small, tmp_path, prefix):
     shards = TokenShards(small / "shards", "train")
     stream = shards.take(range(len(shards))).reshape(-1)
-    r = subprocess.run([sys.executable, "-m", "largetrain_core.shards", "export-megatron", str(small / "shards"),
-                        str(tmp_path / "mega" / prefix)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "largetrain_core.shards",
+            "export-megatron",
+            str(small / "shards"),
+            str(tmp_path / "mega" / prefix),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     # Megatron appends .bin/.idx to the prefix: wiki.en_text_document.bin, not wiki.bin
@@ -91,9 +107,14 @@ def test_megatron_export_writes_the_documents_under_the_whole_prefix(small, tmp_
     assert doc_idx.tolist() == list(range(len(expected) + 1))
     tokens = sum(len(d) for d in expected)
     assert np.concatenate(seqs).tolist() == stream[:tokens].tolist()  # the tokens training reads, in order
-    assert info == {"documents": len(expected), "tokens": tokens, "dropped_partial_tokens": len(stream) - tokens,
-                    "dtype": "uint16", "bin": str(tmp_path / "mega" / f"{prefix}.bin"),
-                    "idx": str(tmp_path / "mega" / f"{prefix}.idx")}
+    assert info == {
+        "documents": len(expected),
+        "tokens": tokens,
+        "dropped_partial_tokens": len(stream) - tokens,
+        "dtype": "uint16",
+        "bin": str(tmp_path / "mega" / f"{prefix}.bin"),
+        "idx": str(tmp_path / "mega" / f"{prefix}.idx"),
+    }
     assert 0 < info["dropped_partial_tokens"] < max(len(d) for d in expected)
     assert (tmp_path / "mega" / f"{prefix}.bin").stat().st_size == tokens * 2
 
@@ -150,13 +171,23 @@ def test_megatron_core_reads_the_export_and_its_gpt_dataset_samples_whole_docume
     shards = TokenShards(small / "shards", "train")
     documents = whole_documents_in_stream(train_documents(small), len(shards) * (shards.seq_len + 1))
     indexed = IndexedDataset(prefix)
-    assert len(indexed) == info["documents"] == len(documents) and indexed.document_indices.tolist() == list(range(len(documents) + 1))
+    assert len(indexed) == info["documents"] == len(documents) and indexed.document_indices.tolist() == list(
+        range(len(documents) + 1)
+    )
     assert [indexed[i].tolist() for i in range(len(indexed))] == documents
 
     eos = shards.manifest["eos_id"]
-    config = GPTDatasetConfig(random_seed=1234, sequence_length=shards.seq_len, blend=([prefix], None), split="1,0,0",
-                              tokenizer=_megatron_tokenizer(small / "shards"), reset_position_ids=False,
-                              reset_attention_mask=False, eod_mask_loss=False, path_to_cache=str(tmp_path / "cache"))
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=shards.seq_len,
+        blend=([prefix], None),
+        split="1,0,0",
+        tokenizer=_megatron_tokenizer(small / "shards"),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        path_to_cache=str(tmp_path / "cache"),
+    )
     train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()
     assert valid is None and test is None
     assert len(train) == (info["tokens"] - 1) // shards.seq_len  # one epoch of the documents' tokens
@@ -192,7 +223,11 @@ def test_megatron_export_of_a_uint32_vocabulary_reads_back_in_megatron_core(tmp_
     info = export_megatron(out, "train", tmp_path / "m" / "words")
     indexed = IndexedDataset(str(tmp_path / "m" / "words"))
     assert info["dtype"] == "int32" and indexed.index.dtype == np.int32
-    assert [indexed[i].tolist() for i in range(len(indexed))] == [[69999, 1, 2, 70_000], [5, 69998, 70_000], [7, 70_000]]
+    assert [indexed[i].tolist() for i in range(len(indexed))] == [
+        [69999, 1, 2, 70_000],
+        [5, 69998, 70_000],
+        [7, 70_000],
+    ]
 
 
 WRITER = textwrap.dedent("""
@@ -211,8 +246,13 @@ WRITER = textwrap.dedent("""
 
 def kill_writer_when(docs: Path, tok: Path, final: Path, ready) -> None:
     """Start WRITER in its own process group; SIGKILL the group once ``ready(proc)`` returns."""
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(docs), str(tok), str(final)],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(docs), str(tok), str(final)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         ready(proc)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -241,7 +281,9 @@ def test_writer_killed_mid_shard_leaves_nothing_a_reader_accepts(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
     texts = ["word " * 400 + str(i) for i in range(4000)]
-    pl.DataFrame({"doc_id": [str(i) for i in range(4000)], "source": ["s"] * 4000, "text": texts}).write_parquet(docs / "part-00000.parquet")
+    pl.DataFrame({"doc_id": [str(i) for i in range(4000)], "source": ["s"] * 4000, "text": texts}).write_parquet(
+        docs / "part-00000.parquet"
+    )
     train_bpe([texts[:50]], 300, tmp_path / "tok")
     final = tmp_path / "out" / "v1"
 

@@ -114,7 +114,7 @@ def test_loaders_name_the_file_and_what_was_expected(tmp_path):
         read_json(path, "handle")
     with pytest.raises(ArtefactError, match=f"{path}: not a valid thing .*ZeroDivisionError"):
         with loading(path, "thing"):
-            1 / 0
+            1 / 0  # noqa: B018
     with pytest.raises(KeyboardInterrupt):  # an interrupt is not turned into a file error
         with loading(path, "thing"):
             raise KeyboardInterrupt
@@ -188,8 +188,10 @@ def test_a_version_on_an_in_memory_store(tmp_path, monkeypatch):
 
 
 def test_paths_relative_to_a_url_root():
-    handle = {"path": "s3://b/root/stage/v1", "stats": {"out": "s3://b/root/stage/v1/model", "elsewhere": "s3://other/x",
-                                                         "local": "/data/root/x"}}
+    handle = {
+        "path": "s3://b/root/stage/v1",
+        "stats": {"out": "s3://b/root/stage/v1/model", "elsewhere": "s3://other/x", "local": "/data/root/x"},
+    }
     stored = storage.relative_to_root(handle, "s3://b/root/")
     assert stored["path"] == "stage/v1" and stored["stats"]["out"] == "stage/v1/model"
     assert stored["stats"]["elsewhere"] == "s3://other/x" and stored["stats"]["local"] == "/data/root/x"

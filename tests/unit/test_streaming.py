@@ -76,9 +76,10 @@ def test_a_file_is_fetched_once_by_concurrent_readers_and_checked(tmp_path, mem)
 def _shards(tmp_path, bpe_dir, sentences, per_shard: int) -> tuple:
     docs = tmp_path / "docs"
     docs.mkdir()
-    texts = [" ".join(sentences[i:i + 12]) for i in range(0, 280, 2)]
-    pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts),
-                  "text": texts}).write_parquet(docs / "part-00000.parquet")
+    texts = [" ".join(sentences[i : i + 12]) for i in range(0, 280, 2)]
+    pl.DataFrame(
+        {"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts), "text": texts}
+    ).write_parquet(docs / "part-00000.parquet")
     url = "memory://shards-unit/token_shards/v1"
     with atomic_dir(url) as out:
         build_token_shards(docs, bpe_dir, out, seq_len=16, validation_fraction=0.1, sequences_per_shard=per_shard)
@@ -101,7 +102,7 @@ def test_streamed_shards_read_as_the_local_ones(tmp_path, bpe_dir, sentences, me
     assert len(there) == len(here) > 64 and len(there.shard_sizes) > 4 and there.remote
     order = np.random.default_rng(0).permutation(len(here))
     for i in range(0, len(order), 8):
-        assert np.array_equal(there.take(order[i:i + 8]), here.take(order[i:i + 8]))
+        assert np.array_equal(there.take(order[i : i + 8]), here.take(order[i : i + 8]))
     assert np.array_equal(there[3], here[3])
     assert there.cache.peak_bytes() <= bound_shards * size
     assert there.max_open == (len(there.shard_sizes) if holds == "all" else 1)
@@ -142,9 +143,9 @@ def test_the_window_shuffle_is_a_pure_function_of_seed_and_epoch():
         order = np.random.Generator(np.random.PCG64([1, epoch])).permutation(len(sizes))
         at = 0
         for w in range(0, len(sizes), 2):  # each window reads exactly its shards' sequences, then the next begins
-            group = order[w:w + 2]
+            group = order[w : w + 2]
             n = sum(sizes[g] for g in group)
-            assert set(perm[at:at + n].tolist()) == {i for g in group for i in range(starts[g], starts[g + 1])}
+            assert set(perm[at : at + n].tolist()) == {i for g in group for i in range(starts[g], starts[g + 1])}
             at += n
     assert not np.array_equal(s.permutation(0), s.permutation(1))
     assert np.array_equal(DistributedSampler(25, seed=1).permutation(0), DistributedSampler(25, seed=1).permutation(0))

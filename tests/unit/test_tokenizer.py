@@ -40,8 +40,10 @@ def test_train_bpe_vocab_eos_and_file(bpe_dir, sentences):
     assert max(ids) < info.vocab_size
 
 
-@pytest.mark.parametrize("text", ["The cat walks to the river.", "Zebras \u00e9t\u00e9 \U0001F600 \u65e5\u672c\u8a9e",
-                                  "tab\tnew\nline\x00nul", ""])
+@pytest.mark.parametrize(
+    "text",
+    ["The cat walks to the river.", "Zebras \u00e9t\u00e9 \U0001f600 \u65e5\u672c\u8a9e", "tab\tnew\nline\x00nul", ""],
+)
 def test_byte_level_bpe_round_trips_any_text(bpe_dir, text):
     tok = Tokenizer.from_file(str(bpe_dir / "tokenizer.json"))
     ids = tok.encode(text, add_special_tokens=False).ids
@@ -63,8 +65,9 @@ def test_encode_documents_appends_eos(bpe_dir):
     assert doc[:-1].tolist() == tok.encode(text, add_special_tokens=False).ids
     assert (doc == info.eos_id).sum() == 1
     docs = encode_documents(tok, info, ["A dog.", "", "My sister."])
-    assert [d.tolist() for d in docs] == [tok.encode(t, add_special_tokens=False).ids + [info.eos_id]
-                                          for t in ["A dog.", "", "My sister."]]
+    assert [d.tolist() for d in docs] == [
+        tok.encode(t, add_special_tokens=False).ids + [info.eos_id] for t in ["A dog.", "", "My sister."]
+    ]
     assert docs[1].tolist() == [info.eos_id]
 
 
@@ -81,8 +84,12 @@ def test_literal_eos_text_inside_a_document_is_not_a_document_boundary(bpe_dir):
 
 
 def test_bos_and_eos_from_tokenizer_config(tmp_path, make_word_tokenizer):
-    d = make_word_tokenizer(tmp_path, ["hello", "world"], specials=("<s>", "</s>"),
-                            config={"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}})
+    d = make_word_tokenizer(
+        tmp_path,
+        ["hello", "world"],
+        specials=("<s>", "</s>"),
+        config={"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}},
+    )
     info = load_tokenizer_info(d)
     assert (info.bos_id, info.eos_id, info.vocab_size) == (2, 3, 4)
     tok = Tokenizer.from_file(str(info.path))
@@ -146,22 +153,29 @@ def test_genome_sequence_run_is_cut_before_training_and_counted(cases, tmp_path)
     assert max(len(t) for t in texts) > 300_000
     info, stats = train_bpe([texts[:2], texts[2:]], 512, tmp_path)
     # one run (the 300,000 letters) longer than MAX_PRETOKEN_CHARS: cut, counted; the rest untouched
-    assert stats == {"documents": 4, "characters": sum(map(len, texts)), "long_runs_split": 1,
-                     "max_pretoken_chars": MAX_PRETOKEN_CHARS}
+    assert stats == {
+        "documents": 4,
+        "characters": sum(map(len, texts)),
+        "long_runs_split": 1,
+        "max_pretoken_chars": MAX_PRETOKEN_CHARS,
+    }
     tok = Tokenizer.from_file(str(info.path))
     assert max(len(tok.decode([i])) for i in range(info.vocab_size) if i != info.eos_id) <= MAX_PRETOKEN_CHARS
     for text in texts:  # the saved tokenizer encodes the uncut run and gives it back
         assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
 
 
-@pytest.mark.parametrize("text,runs", [
-    ("abcde fghij", 0),  # runs of exactly the bound are not cut
-    ("abcdef ghij", 1),  # a run of letters one longer
-    ("x" + " " * 6 + "y", 1),  # whitespace
-    ("x\u2003\u2003\u2003\n\n\u3000y", 1),  # Unicode White_Space (EM SPACE, ideographic space)
-    ("ab-12_cd,ef!", 1),  # non-whitespace of mixed classes
-    ("aaaaaaaaaaa bbbbbbbbbbbbbbbbb", 2),
-])
+@pytest.mark.parametrize(
+    "text,runs",
+    [
+        ("abcde fghij", 0),  # runs of exactly the bound are not cut
+        ("abcdef ghij", 1),  # a run of letters one longer
+        ("x" + " " * 6 + "y", 1),  # whitespace
+        ("x\u2003\u2003\u2003\n\n\u3000y", 1),  # Unicode White_Space (EM SPACE, ideographic space)
+        ("ab-12_cd,ef!", 1),  # non-whitespace of mixed classes
+        ("aaaaaaaaaaa bbbbbbbbbbbbbbbbb", 2),
+    ],
+)
 def test_every_run_longer_than_max_pretoken_chars_is_counted(tmp_path, text, runs):
     info, stats = train_bpe([[text] * 3], 260, tmp_path, min_frequency=1, max_pretoken_chars=5)
     assert stats["long_runs_split"] == 3 * runs
@@ -270,16 +284,20 @@ def test_training_sample_is_seeded_bounded_and_the_same_whatever_the_part_files(
     assert 0.24 < sample.fraction < 0.26
     stats: dict = {}
     drawn = [t for batch in sample.texts(stats, batch=7) for t in batch]
-    expected = [f"text {i} " + "x" * (i * 7 % 180) for i in range(300)
-                if xxhash.xxh3_64_intdigest(f"d{i}".encode(), 3) / 2**64 < sample.fraction]
+    expected = [
+        f"text {i} " + "x" * (i * 7 % 180)
+        for i in range(300)
+        if xxhash.xxh3_64_intdigest(f"d{i}".encode(), 3) / 2**64 < sample.fraction
+    ]
     assert drawn == expected and stats == {"corpus_documents": 300, "sampled_documents": len(expected)}
     assert 0.15 * exact < sum(len(t) for t in drawn) < 0.35 * exact  # about max_bytes
     other = training_sample(_sample_parts(tmp_path / "b", [1, 2, 299]), max_bytes=exact // 4, seed=3)
     assert [t for b in other.texts() for t in b] == drawn  # other part files, the same sample
     assert [t for b in training_sample(parts, max_bytes=exact // 4, seed=4).texts() for t in b] != drawn
     whole = training_sample(parts, max_bytes=10 * exact)  # under the bound: every document, in order
-    assert whole.fraction == 1.0 and [t for b in whole.texts() for t in b] == [r for i in range(300) for r in
-                                                                                 [f"text {i} " + "x" * (i * 7 % 180)]]
+    assert whole.fraction == 1.0 and [t for b in whole.texts() for t in b] == [
+        r for i in range(300) for r in [f"text {i} " + "x" * (i * 7 % 180)]
+    ]
     assert training_sample(parts, max_bytes=None).fraction == 1.0
     with pytest.raises(ValueError, match="max_training_bytes"):
         training_sample(parts, max_bytes=0)
@@ -292,6 +310,9 @@ def test_text_bytes_of_a_dictionary_encoded_part_is_measured(tmp_path):
     from largetrain_core.tokenizer import text_bytes
 
     texts = ["the same text, again"] * 500 + ["one more"]
-    pq.write_table(pa.table({"doc_id": [str(i) for i in range(len(texts))], "text": texts}),
-                   tmp_path / "part-00000.parquet", use_dictionary=True)
+    pq.write_table(
+        pa.table({"doc_id": [str(i) for i in range(len(texts))], "text": texts}),
+        tmp_path / "part-00000.parquet",
+        use_dictionary=True,
+    )
     assert text_bytes([tmp_path / "part-00000.parquet"]) == sum(len(t) for t in texts)

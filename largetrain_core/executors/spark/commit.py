@@ -36,7 +36,9 @@ TASKS = "spark-tasks"  # the tasks' scratch directories, under each node's LARGE
 
 def _attempt_name(item: int) -> str:
     ctx = TaskContext.get()
-    return (f"{ctx.stageId()}-{ctx.partitionId()}-{ctx.attemptNumber()}-{ctx.taskAttemptId()}" if ctx else "driver") + f"-{item}"
+    return (
+        f"{ctx.stageId()}-{ctx.partitionId()}-{ctx.attemptNumber()}-{ctx.taskAttemptId()}" if ctx else "driver"
+    ) + f"-{item}"
 
 
 def attempt_dir(out_dir: str, item: int) -> Path:

@@ -30,12 +30,17 @@ def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m
         """One job: materializes the round's edges and tests the fixed point, a set of stars (no node
         is a leaf twice, none both a leaf and a centre); the candidate pairs often are one already.
         Returns the stars' ``leaves`` (edges) and ``centres`` at the fixed point, else None."""
-        nodes = (e.select(u.alias("n"), F.lit(1).alias("leaf"), F.lit(0).alias("centre"))
-                 .unionByName(e.select(v.alias("n"), F.lit(0).alias("leaf"), F.lit(1).alias("centre")))
-                 .groupBy("n").agg(F.sum("leaf").alias("l"), F.sum("centre").alias("c")))
-        check = nodes.agg(F.sum("l").alias("edges"), F.sum(F.when((F.col("l") > 1) | ((F.col("l") > 0) & (F.col("c") > 0)), 1)
-                                                            .otherwise(0)).alias("bad"),
-                          F.sum(F.when(F.col("c") > 0, 1).otherwise(0)).alias("centres")).first()
+        nodes = (
+            e.select(u.alias("n"), F.lit(1).alias("leaf"), F.lit(0).alias("centre"))
+            .unionByName(e.select(v.alias("n"), F.lit(0).alias("leaf"), F.lit(1).alias("centre")))
+            .groupBy("n")
+            .agg(F.sum("leaf").alias("l"), F.sum("centre").alias("c"))
+        )
+        check = nodes.agg(
+            F.sum("l").alias("edges"),
+            F.sum(F.when((F.col("l") > 1) | ((F.col("l") > 0) & (F.col("c") > 0)), 1).otherwise(0)).alias("bad"),
+            F.sum(F.when(F.col("c") > 0, 1).otherwise(0)).alias("centres"),
+        ).first()
         log(f"connected components: round {rnd}, {check['edges'] or 0} edges, {check['bad'] or 0} nodes not in a star")
         return None if check["bad"] else {"leaves": int(check["edges"] or 0), "centres": int(check["centres"] or 0)}
 
@@ -45,12 +50,21 @@ def connected_components(edges: DataFrame, log: Callable[[str], None] = lambda m
             return e, found
         both = e.select(u.alias("x"), v.alias("y")).unionByName(e.select(v.alias("x"), u.alias("y")))
         m = both.groupBy("x").agg(F.least(F.min("y"), F.col("x")).alias("m"))
-        large = both.join(m, "x").where(F.col("y") > F.col("x")).select(F.col("y").alias("u"), F.col("m").alias("v")).distinct()
+        large = (
+            both.join(m, "x")
+            .where(F.col("y") > F.col("x"))
+            .select(F.col("y").alias("u"), F.col("m").alias("v"))
+            .distinct()
+        )
         m2 = large.groupBy("u").agg(F.min("v").alias("m"))
-        small = (large.join(m2, "u").where(v != F.col("m")).select(v.alias("u"), F.col("m").alias("v"))
-                 .unionByName(m2.select("u", F.col("m").alias("v"))).distinct()).persist(StorageLevel.MEMORY_AND_DISK)
+        small = (
+            large.join(m2, "u")
+            .where(v != F.col("m"))
+            .select(v.alias("u"), F.col("m").alias("v"))
+            .unionByName(m2.select("u", F.col("m").alias("v")))
+            .distinct()
+        ).persist(StorageLevel.MEMORY_AND_DISK)
         small.count()  # computed from the cached edges of this round before they are dropped
         e.unpersist()
         e = small
     raise RuntimeError("connected components did not converge in 200 rounds")
-

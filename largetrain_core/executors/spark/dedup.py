@@ -28,8 +28,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from largetrain_core import fs
-from largetrain_core.dedup import (ASSIGNMENT_SCHEMA, DUP_SCHEMA, DedupConfig, band_column, partition_signatures,
-                                   same_value_edges, write_kept, write_signatures)
+from largetrain_core.dedup import (
+    ASSIGNMENT_SCHEMA,
+    DUP_SCHEMA,
+    DedupConfig,
+    band_column,
+    partition_signatures,
+    same_value_edges,
+    write_kept,
+    write_signatures,
+)
 from largetrain_core.executors.spark.commit import Uploads, attempt, check_outputs, input_location, publish, task_input
 from largetrain_core.executors.spark.components import connected_components
 from largetrain_core.executors.spark.progress import Progress
@@ -46,9 +54,12 @@ def _signature_rows(t: pa.Table, first: int, part: int, cfg: DedupConfig) -> Ite
     """A signature table (dedup.signature_table) as the rows of the Spark signature frame: its global
     rows from ``first``, its part, and the uint64 hashes as int64 (the same bits; Spark has no uint64)."""
     n = t.num_rows
-    cols = {"row": pa.array(np.arange(first, first + n, dtype=np.int64)), "part": pa.array(np.full(n, part, np.int64)),
-            "doc_id": t.column("doc_id").cast(pa.string()),
-            "key_hash": pa.array(t.column("key_hash").to_numpy().view(np.int64))}
+    cols = {
+        "row": pa.array(np.arange(first, first + n, dtype=np.int64)),
+        "part": pa.array(np.full(n, part, np.int64)),
+        "doc_id": t.column("doc_id").cast(pa.string()),
+        "key_hash": pa.array(t.column("key_hash").to_numpy().view(np.int64)),
+    }
     cols["n_words"] = t.column("n_words") if cfg.near else pa.array(np.zeros(n, np.int64))
     for b in range(cfg.bands if cfg.near else 0):
         cols[band_column(b)] = pa.array(t.column(band_column(b)).to_numpy().view(np.int64))
@@ -89,8 +100,9 @@ def signature_frame(spark: SparkSession, signature_files: list[Path], cfg: Dedup
     return df.mapInArrow(partial(_read_signatures_task, {"dedup": cfg, "runs": runs}), _signature_schema(cfg))
 
 
-def duplicates(sig: DataFrame, cfg: DedupConfig,
-               log: Callable[[str], None] = lambda m: None) -> tuple[DataFrame, dict, DataFrame]:
+def duplicates(
+    sig: DataFrame, cfg: DedupConfig, log: Callable[[str], None] = lambda m: None
+) -> tuple[DataFrame, dict, DataFrame]:
     """The global step on Spark: from the signature frame (persisted by the caller) to one row per
     duplicate: part, row (global), doc_id, cluster_id (the kept copy's row), duplicate_of (its doc_id),
     kind ("exact" when the key hashes are equal, else "near"), key_hash (int64 bits), not persisted
@@ -101,10 +113,22 @@ def duplicates(sig: DataFrame, cfg: DedupConfig,
     caller unpersists them after its action on the duplicates."""
     stars, found = connected_components(candidate_edges(sig, cfg), log)
     member = sig.select(F.col("row").alias("u"), "part", "doc_id", "key_hash")
-    root = sig.select(F.col("row").alias("v"), F.col("doc_id").alias("duplicate_of"), F.col("key_hash").alias("root_key"))
-    dups = stars.join(member, "u").join(root, "v").select(
-        "part", F.col("u").alias("row"), "doc_id", F.col("v").alias("cluster_id"), "duplicate_of",
-        F.when(F.col("key_hash") == F.col("root_key"), F.lit("exact")).otherwise(F.lit("near")).alias("kind"), "key_hash")
+    root = sig.select(
+        F.col("row").alias("v"), F.col("doc_id").alias("duplicate_of"), F.col("key_hash").alias("root_key")
+    )
+    dups = (
+        stars.join(member, "u")
+        .join(root, "v")
+        .select(
+            "part",
+            F.col("u").alias("row"),
+            "doc_id",
+            F.col("v").alias("cluster_id"),
+            "duplicate_of",
+            F.when(F.col("key_hash") == F.col("root_key"), F.lit("exact")).otherwise(F.lit("near")).alias("kind"),
+            "key_hash",
+        )
+    )
     return dups, {"duplicate": found["leaves"], "clusters": found["centres"]}, stars
 
 
@@ -115,8 +139,10 @@ def global_step_settings(spark: SparkSession, documents: int, cfg: DedupConfig):
     own (here 17 jobs instead of 5 for the kernel docs, about 2 s of driver round trips); the shuffle
     partitions are set from the document count and AQE does not coalesce persisted plans; the joins
     are planned statically (broadcast below spark.sql.autoBroadcastJoinThreshold)."""
-    settings = {"spark.sql.shuffle.partitions": str(shuffle_partitions(spark, documents, cfg)),
-                "spark.sql.adaptive.enabled": "false"}
+    settings = {
+        "spark.sql.shuffle.partitions": str(shuffle_partitions(spark, documents, cfg)),
+        "spark.sql.adaptive.enabled": "false",
+    }
     previous = {k: spark.conf.get(k) for k in settings}
     for k, v in settings.items():
         spark.conf.set(k, v)
@@ -155,10 +181,14 @@ def candidate_edges(sig: DataFrame, cfg: DedupConfig) -> DataFrame:
     for documents with words, one of its band hashes. One shuffle, hash-partitioned on (band, hash),
     no sort; each partition's groups found in numpy (:func:`_edges_task`)."""
     hashes = [F.col("key_hash")] + ([F.col(band_column(b)) for b in range(cfg.bands)] if cfg.near else [])
-    exploded = sig.select("row", F.posexplode(F.when(F.col("n_words") > 0, F.array(*hashes))
-                                              .otherwise(F.array(F.col("key_hash")))).alias("band", "h"))
+    exploded = sig.select(
+        "row",
+        F.posexplode(F.when(F.col("n_words") > 0, F.array(*hashes)).otherwise(F.array(F.col("key_hash")))).alias(
+            "band", "h"
+        ),
+    )
     parts = int(sig.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-    return (exploded.repartition(parts, "band", "h").mapInArrow(_edges_task, "u long, v long").distinct())
+    return exploded.repartition(parts, "band", "h").mapInArrow(_edges_task, "u long, v long").distinct()
 
 
 def _by_part_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -191,19 +221,28 @@ def _write_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
                     d = pl.read_parquet(f).sort("row")
             else:
                 d = pl.DataFrame(schema=ASSIGNMENT_SCHEMA)
-            d = d.with_columns(pl.col("row") - first, pl.col("key_hash").cast(pl.Int64).reinterpret(signed=False)).select(*ASSIGNMENT_SCHEMA)
+            d = d.with_columns(
+                pl.col("row") - first, pl.col("key_hash").cast(pl.Int64).reinterpret(signed=False)
+            ).select(*ASSIGNMENT_SCHEMA)
             with task_input(location, tmp) as path:
                 frame = write_kept(path, d, tmp / "part.parquet")
                 rows = pq.ParquetFile(path).metadata.num_rows
             frame.write_parquet(tmp / "dups.parquet")
             publish(spec, tmp / "part.parquet", f"part-{i:05d}.parquet")
             publish(spec, tmp / "dups.parquet", f"_dups/{i:05d}.parquet")
-        yield manifest_batch(i, {"input": rows, "duplicate": frame.height,
-                                  "duplicate_exact": int((frame["kind"] == "exact").sum())})
+        yield manifest_batch(
+            i, {"input": rows, "duplicate": frame.height, "duplicate_exact": int((frame["kind"] == "exact").sum())}
+        )
 
 
-def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = DedupConfig(),
-                progress: Progress | None = None, uploads: Uploads | None = None) -> dict:
+def deduplicate(
+    spark: SparkSession,
+    in_dir: Path | list[Path],
+    out_dir: Path,
+    cfg: DedupConfig = DedupConfig(),
+    progress: Progress | None = None,
+    uploads: Uploads | None = None,
+) -> dict:
     """dedup.deduplicate on Spark: the same kept part files, ``duplicates.parquet`` rows (kept copy,
     cluster id, kind) and counts, and ``signatures/`` when the partitions carry none of their own
     (dedup.partition_signatures: then their files are read, not computed); the clustering distributed
@@ -227,12 +266,20 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
     items = [(i, json.dumps([input_location(p), int(firsts[i])])) for i, p in enumerate(parts)]
     sizes = [p.stat().st_size for p in parts]
     with global_step_settings(spark, n, cfg):
-        runs_df, runs = plan_runs(spark, [(i, json.dumps([input_location(f), int(firsts[i])])) for i, f in enumerate(given)]
-                                  if given else items, sizes)
-        progress.describe("deduplicated_text: " + ("the partitions' MinHash signatures" if given else "MinHash signatures"))
-        sig = (runs_df.mapInArrow(partial(_read_signatures_task if given else _signature_task, {**spec, "runs": runs}),
-                                  _signature_schema(cfg)).persist(StorageLevel.MEMORY_AND_DISK))
-        log(f"signatures of {n} documents in {len(parts)} parts, {spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")
+        runs_df, runs = plan_runs(
+            spark,
+            [(i, json.dumps([input_location(f), int(firsts[i])])) for i, f in enumerate(given)] if given else items,
+            sizes,
+        )
+        progress.describe(
+            "deduplicated_text: " + ("the partitions' MinHash signatures" if given else "MinHash signatures")
+        )
+        sig = runs_df.mapInArrow(
+            partial(_read_signatures_task if given else _signature_task, {**spec, "runs": runs}), _signature_schema(cfg)
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        log(
+            f"signatures of {n} documents in {len(parts)} parts, {spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions"
+        )
         progress.describe("deduplicated_text: candidate pairs (shuffle on band, hash) and connected components")
         dups, found, stars = duplicates(sig, cfg, log)
         progress.describe("deduplicated_text: duplicates by part")
@@ -245,22 +292,46 @@ def deduplicate(spark: SparkSession, in_dir: Path | list[Path], out_dir: Path, c
         stars.unpersist()
         sig.unpersist()
         runs.destroy()
-    manifest = run_tasks(spark, items, sizes, _write_task, {**spec, "with_duplicates": set(by_part)},
-                         "deduplicated_text: write kept documents", progress)
-    check_outputs(out_dir, {**{out_dir / f"part-{i:05d}.parquet": s["input"] - s["duplicate"] for i, s in manifest},
-                      **{out_dir / "_dups" / f"{i:05d}.parquet": s["duplicate"] for i, s in manifest},
-                      **({} if given else {out_dir / "signatures" / f"part-{i:05d}.parquet": counts[i]
-                                           for i in range(len(parts))})}, uploads)
+    manifest = run_tasks(
+        spark,
+        items,
+        sizes,
+        _write_task,
+        {**spec, "with_duplicates": set(by_part)},
+        "deduplicated_text: write kept documents",
+        progress,
+    )
+    check_outputs(
+        out_dir,
+        {
+            **{out_dir / f"part-{i:05d}.parquet": s["input"] - s["duplicate"] for i, s in manifest},
+            **{out_dir / "_dups" / f"{i:05d}.parquet": s["duplicate"] for i, s in manifest},
+            **(
+                {}
+                if given
+                else {out_dir / "signatures" / f"part-{i:05d}.parquet": counts[i] for i in range(len(parts))}
+            ),
+        },
+        uploads,
+    )
     written = sum(s["duplicate"] for _, s in manifest)
     if written != found["duplicate"]:
         raise RuntimeError(f"Spark wrote {written} duplicates, the connected components found {found['duplicate']}")
-    _concat_parquet([out_dir / "_dups" / f"{i:05d}.parquet" for i, _ in manifest], out_dir / "duplicates.parquet",
-                    pl.DataFrame(schema=DUP_SCHEMA).to_arrow().schema)
+    _concat_parquet(
+        [out_dir / "_dups" / f"{i:05d}.parquet" for i, _ in manifest],
+        out_dir / "duplicates.parquet",
+        pl.DataFrame(schema=DUP_SCHEMA).to_arrow().schema,
+    )
     shutil.rmtree(out_dir / "_dups")
     shutil.rmtree(out_dir / "_by_part")
     exact = sum(s["duplicate_exact"] for _, s in manifest)
-    return {"input": n, "kept": n - found["duplicate"], **found, "duplicate_exact": exact,
-            "duplicate_near": found["duplicate"] - exact}
+    return {
+        "input": n,
+        "kept": n - found["duplicate"],
+        **found,
+        "duplicate_exact": exact,
+        "duplicate_near": found["duplicate"] - exact,
+    }
 
 
 def _concat_parquet(files: list[Path], out: Path, schema: pa.Schema) -> None:
@@ -270,4 +341,3 @@ def _concat_parquet(files: list[Path], out: Path, schema: pa.Schema) -> None:
             t = pq.read_table(f)
             if t.num_rows:
                 w.write_table(t.cast(schema))
-

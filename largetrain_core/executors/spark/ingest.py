@@ -38,9 +38,22 @@ def _ingest_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         if spec["whole"]:  # one file, or a piece of one: read as the local engine reads it
             stats = local_ingest(spec["config"], tmp / "out")
         else:  # the run's files, each named by its path relative to the corpus root (the local engine's ids)
-            base = spec["base"] if fs.is_url(spec["base"]) else Path(spec["base"])  # a URL: read through largetrain_core.fs
-            listed = Scan([Source(fs.join(base, rel) if fs.is_url(base) else base / rel, rel, reader_for(Path(rel).name),
-                                  size=spec["sizes"].get(rel)) for rel in rels], [], base)
+            base = (
+                spec["base"] if fs.is_url(spec["base"]) else Path(spec["base"])
+            )  # a URL: read through largetrain_core.fs
+            listed = Scan(
+                [
+                    Source(
+                        fs.join(base, rel) if fs.is_url(base) else base / rel,
+                        rel,
+                        reader_for(Path(rel).name),
+                        size=spec["sizes"].get(rel),
+                    )
+                    for rel in rels
+                ],
+                [],
+                base,
+            )
             stats = local_ingest(spec["config"], tmp / "out", listed)
         stats["part_rows"] = []
         for j, part in enumerate(part_files(tmp / "out")):
@@ -51,8 +64,13 @@ def _ingest_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     yield manifest_batch(chunk, stats)
 
 
-def ingest(spark: SparkSession, config: ReaderConfig, out_dir: Path, progress: Progress | None = None,
-           uploads: Uploads | None = None) -> dict:
+def ingest(
+    spark: SparkSession,
+    config: ReaderConfig,
+    out_dir: Path,
+    progress: Progress | None = None,
+    uploads: Uploads | None = None,
+) -> dict:
     """corpus.ingest on Spark: the same documents (ids, order, text), rejected records, renamed ids and
     counts. Part files are cut per chunk of files, so their boundaries (not their contents in order)
     can differ from the local engine's.
@@ -64,13 +82,22 @@ def ingest(spark: SparkSession, config: ReaderConfig, out_dir: Path, progress: P
     out_dir, progress, uploads = Path(out_dir), progress or Progress(spark), uploads or Uploads()
     listed = scan(config.path, config.partition, config.partitions)
     stats = start_ingest(listed, out_dir)
-    one_file = (len(listed.sources) == 1 and str(listed.sources[0].path).rstrip("/") == str(config.path).rstrip("/")
-                if fs.is_url(config.path) else Path(config.path).is_file())
+    one_file = (
+        len(listed.sources) == 1 and str(listed.sources[0].path).rstrip("/") == str(config.path).rstrip("/")
+        if fs.is_url(config.path)
+        else Path(config.path).is_file()
+    )
     whole = one_file or any(src.piece for src in listed.sources)
     rels = [src.rel for src in listed.sources]
     sizes = [src.size if src.size is not None else fs.size(src.path) for src in listed.sources]
-    spec = {"config": config, "out": str(out_dir), "url": uploads.url, "base": str(listed.base), "whole": whole,
-            "sizes": dict(zip(rels, sizes))}
+    spec = {
+        "config": config,
+        "out": str(out_dir),
+        "url": uploads.url,
+        "base": str(listed.base),
+        "whole": whole,
+        "sizes": dict(zip(rels, sizes)),
+    }
     if whole:  # one task: the file (or its piece) is read as one stream
         items, sizes = ([(0, json.dumps(rels))] if rels else []), sizes[:1]
     else:
@@ -80,10 +107,22 @@ def ingest(spark: SparkSession, config: ReaderConfig, out_dir: Path, progress: P
             shutil.rmtree(out_dir / d, ignore_errors=True)
             (out_dir / d).mkdir()
         manifest = run_tasks(spark, items, sizes, _ingest_task, spec, "raw_corpus: read files", progress)
-        check_outputs(out_dir, {**{out_dir / "_chunks" / f"{chunk:06d}-{j:05d}.parquet": n
-                                   for chunk, s in manifest for j, n in enumerate(s["part_rows"])},
-                                **{out_dir / "_chunks" / f"{chunk:06d}-{name}.parquet": -1
-                                   for chunk, _ in manifest for name in ("rejected", "renamed_ids")}}, uploads)
+        check_outputs(
+            out_dir,
+            {
+                **{
+                    out_dir / "_chunks" / f"{chunk:06d}-{j:05d}.parquet": n
+                    for chunk, s in manifest
+                    for j, n in enumerate(s["part_rows"])
+                },
+                **{
+                    out_dir / "_chunks" / f"{chunk:06d}-{name}.parquet": -1
+                    for chunk, _ in manifest
+                    for name in ("rejected", "renamed_ids")
+                },
+            },
+            uploads,
+        )
         if len(manifest) < 2 or not _ids_repeat(out_dir / "_chunks"):
             break
         items = [(0, json.dumps(rels))]  # ids repeat across chunks: read as the local engine does, in one stream
@@ -120,4 +159,3 @@ def _ids_repeat(chunks: Path) -> bool:
 
 def _text_bytes(table: pa.Table) -> int:
     return int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0) if table.num_rows else 0
-

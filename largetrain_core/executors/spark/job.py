@@ -44,7 +44,9 @@ def run_stage(spark: SparkSession, stage: str, args: dict, progress: Progress, u
     if stage == "map_parts":
         return map_parts(spark, decode_step(args["step"]), Path(args["in_dir"]), out, progress, uploads)
     if stage == "deduplicate":
-        return deduplicate(spark, [Path(d) for d in args["in_dirs"]], out, DedupConfig(**args["dedup"]), progress, uploads)
+        return deduplicate(
+            spark, [Path(d) for d in args["in_dirs"]], out, DedupConfig(**args["dedup"]), progress, uploads
+        )
     raise ValueError(f"unknown stage {stage!r}: one of {STAGES}")
 
 
@@ -70,13 +72,20 @@ def main(argv: list[str]) -> int:
         stack.callback(spark.stop)
         sc = spark.sparkContext
         started = time.perf_counter() - t0
-        log(f"Spark {spark.version} application {sc.applicationId} on {sc.master} "
-            f"(default parallelism {sc.defaultParallelism}), session started in {started:.1f} s")
+        log(
+            f"Spark {spark.version} application {sc.applicationId} on {sc.master} "
+            f"(default parallelism {sc.defaultParallelism}), session started in {started:.1f} s"
+        )
         uploads = Uploads(job["args"].get("out_url"))
         with progress(spark, log) as steps:
             stats = run_stage(spark, job["stage"], job["args"], steps, uploads)
-        meta = {"spark_application_id": sc.applicationId, "spark_master": sc.master, "spark_version": spark.version,
-                "spark_default_parallelism": sc.defaultParallelism, "spark_session_start_seconds": round(started, 3)}
+        meta = {
+            "spark_application_id": sc.applicationId,
+            "spark_master": sc.master,
+            "spark_version": spark.version,
+            "spark_default_parallelism": sc.defaultParallelism,
+            "spark_session_start_seconds": round(started, 3),
+        }
         write_json_atomic(Path(job["stats"]), {"stats": stats, "spark": meta, "uploaded": uploads.objects})
         if pipes:
             pipes.report_custom_message(meta)

@@ -36,8 +36,14 @@ def _map_parts_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[p
         yield manifest_batch(i, counts)
 
 
-def map_parts(spark: SparkSession, step: PartStep, in_dir: Path, out_dir: Path,
-              progress: Progress | None = None, uploads: Uploads | None = None) -> dict:
+def map_parts(
+    spark: SparkSession,
+    step: PartStep,
+    in_dir: Path,
+    out_dir: Path,
+    progress: Progress | None = None,
+    uploads: Uploads | None = None,
+) -> dict:
     """parts.map_parts on Spark, one task per run of part files: the same part files (byte for byte),
     ``filtered.parquet`` (same rows in order) and counts. The tasks read the parts of a version at a URL
     from there, and put their files under ``uploads.url`` when given (commit module docstring)."""
@@ -48,12 +54,22 @@ def map_parts(spark: SparkSession, step: PartStep, in_dir: Path, out_dir: Path,
         (out_dir / d).mkdir()
     spec = {"step": step, "out": str(out_dir), "url": uploads.url}
     items = [(i, input_location(p)) for i, p in enumerate(parts)]
-    manifest = run_tasks(spark, items, [p.stat().st_size for p in parts], _map_parts_task, spec,
-                         step.description, progress)
-    check_outputs(out_dir, {**{out_dir / f"part-{i:05d}.parquet": s["kept"] for i, s in manifest},
-                      **{out_dir / "_filtered" / f"{i:05d}.parquet": s["filtered"] for i, s in manifest},
-                      **({out_dir / SIGNATURES / f"part-{i:05d}.parquet": s["kept"] for i, s in manifest}
-                         if signed is not None else {})}, uploads)
+    manifest = run_tasks(
+        spark, items, [p.stat().st_size for p in parts], _map_parts_task, spec, step.description, progress
+    )
+    check_outputs(
+        out_dir,
+        {
+            **{out_dir / f"part-{i:05d}.parquet": s["kept"] for i, s in manifest},
+            **{out_dir / "_filtered" / f"{i:05d}.parquet": s["filtered"] for i, s in manifest},
+            **(
+                {out_dir / SIGNATURES / f"part-{i:05d}.parquet": s["kept"] for i, s in manifest}
+                if signed is not None
+                else {}
+            ),
+        },
+        uploads,
+    )
     if signed is not None:
         write_signature_settings(out_dir, signed)
     totals = zero_counts(step)
@@ -64,7 +80,8 @@ def map_parts(spark: SparkSession, step: PartStep, in_dir: Path, out_dir: Path,
     return totals
 
 
-def clean(spark: SparkSession, in_dir: Path, out_dir: Path, cfg: QualityConfig, progress: Progress | None = None) -> dict:
+def clean(
+    spark: SparkSession, in_dir: Path, out_dir: Path, cfg: QualityConfig, progress: Progress | None = None
+) -> dict:
     """clean.clean_corpus on Spark (:func:`map_parts` of clean.Cleaning)."""
     return map_parts(spark, Cleaning(cfg), in_dir, out_dir, progress)
-

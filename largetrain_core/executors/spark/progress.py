@@ -53,12 +53,17 @@ def progress(spark: SparkSession, log: Callable[[str], None], every: float = 1.0
                     state = (info.numCompletedTasks, info.numActiveTasks, info.numFailedTasks)
                     if (sid in active or info.numCompletedTasks) and seen.get(sid) != state:
                         failed = f", {info.numFailedTasks} failed (retried)" if info.numFailedTasks else ""
-                        log(f"Spark stage {sid} [{step}]: {info.numCompletedTasks}/{info.numTasks} tasks done, "
-                            f"{info.numActiveTasks} running{failed}")
+                        log(
+                            f"Spark stage {sid} [{step}]: {info.numCompletedTasks}/{info.numTasks} tasks done, "
+                            f"{info.numActiveTasks} running{failed}"
+                        )
                         seen[sid] = state
                     if sid not in active and (info.numCompletedTasks >= info.numTasks or job.status != "RUNNING"):
-                        log(f"Spark stage {sid} finished ({info.numTasks} tasks)" if sid in seen
-                            else f"Spark stage {sid} [{step}]: skipped (its output was reused)")
+                        log(
+                            f"Spark stage {sid} finished ({info.numTasks} tasks)"
+                            if sid in seen
+                            else f"Spark stage {sid} [{step}]: skipped (its output was reused)"
+                        )
                         ended.add(sid)
 
     def poll():

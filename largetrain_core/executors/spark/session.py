@@ -31,12 +31,24 @@ def session(master: str | None = None, app_name: str = "largetrain-prep", conf: 
     settings: dict[str, str] = {}
     if effective.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                         "spark.ui.enabled": "false", **LOCAL_JVM_CONF})
+        settings.update(
+            {
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.ui.enabled": "false",
+                **LOCAL_JVM_CONF,
+            }
+        )
     cores = str((conf or {}).get("spark.executor.cores", "1"))
-    settings.update({"spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
-                     "spark.executorEnv.POLARS_MAX_THREADS": cores, "spark.executorEnv.OMP_NUM_THREADS": cores,
-                     "spark.sql.execution.arrow.maxRecordsPerBatch": "1024", "spark.ui.showConsoleProgress": "false"})
+    settings.update(
+        {
+            "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
+            "spark.executorEnv.POLARS_MAX_THREADS": cores,
+            "spark.executorEnv.OMP_NUM_THREADS": cores,
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "1024",
+            "spark.ui.showConsoleProgress": "false",
+        }
+    )
     if os.environ.get("PYTHONPATH"):
         settings["spark.executorEnv.PYTHONPATH"] = os.environ["PYTHONPATH"]
     settings.update({k: str(v) for k, v in (conf or {}).items()})
@@ -51,4 +63,3 @@ def _submitted_master() -> str:
     args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
     m = re.search(r"--master\s+(\S+)", args)
     return m.group(1) if m else ""
-

@@ -32,8 +32,10 @@ from largetrain_core.storage import direct_url, record_uploaded
 # JVM settings for local* masters: short-lived single-machine applications start and finish faster
 # with the C1 compiler only and the serial collector (here about 40% less wall time per asset); the
 # JVMs do little work of their own (the rules run in Python workers)
-LOCAL_JVM_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-                  "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+LOCAL_JVM_CONF = {
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+}
 JOB = Path(__file__).resolve().parent / "job.py"
 
 
@@ -59,7 +61,9 @@ class SparkExecutor(Executor):
         return self.submit("map_parts", {"in_dir": str(in_dir), "step": encode_step(step)}, out_dir)
 
     def deduplicate(self, in_dirs: list[Path], out_dir: Path, cfg: DedupConfig) -> dict:
-        return self.submit("deduplicate", {"in_dirs": [str(d) for d in in_dirs], "dedup": dataclasses.asdict(cfg)}, out_dir)
+        return self.submit(
+            "deduplicate", {"in_dirs": [str(d) for d in in_dirs], "dedup": dataclasses.asdict(cfg)}, out_dir
+        )
 
     def command(self, job_file: Path, stage: str) -> list[str]:
         """The spark-submit command line of one stage's job. Raises ExecutorError when there is no spark-submit."""
@@ -69,14 +73,27 @@ class SparkExecutor(Executor):
         if not submit:
             spec = find_spec("pyspark")
             if spec is None or not spec.origin:
-                raise ExecutorError("executor spark needs pyspark: pip install -e '.[spark]' (and Java 17: "
-                                    "scripts/install_system_deps.sh), or set spark_submit / SPARK_HOME")
+                raise ExecutorError(
+                    "executor spark needs pyspark: pip install -e '.[spark]' (and Java 17: "
+                    "scripts/install_system_deps.sh), or set spark_submit / SPARK_HOME"
+                )
             submit = str(Path(spec.origin).parent / "bin" / "spark-submit")
         conf = dict(self.settings.conf)
-        if self.settings.master.startswith("local"):  # the driver JVM starts before the job's session: its options go here
+        if self.settings.master.startswith(
+            "local"
+        ):  # the driver JVM starts before the job's session: its options go here
             conf = {**LOCAL_JVM_CONF, **conf}
         confs = [a for k, v in sorted(conf.items()) for a in ("--conf", f"{k}={v}")]
-        return [submit, "--master", self.settings.master, "--name", f"largetrain-{stage}", *confs, str(JOB), str(job_file)]
+        return [
+            submit,
+            "--master",
+            self.settings.master,
+            "--name",
+            f"largetrain-{stage}",
+            *confs,
+            str(JOB),
+            str(job_file),
+        ]
 
     def submit(self, stage: str, args: dict, out: Path) -> dict:
         """Run one stage as a Spark application; returns its counts plus the executor record (master,
@@ -86,12 +103,24 @@ class SparkExecutor(Executor):
         url = direct_url(out)  # a version at a URL: the tasks put their files there themselves
         try:
             job_file, stats_file, log_file = work / "job.json", work / "stats.json", work / "spark.log"
-            job_file.write_text(json.dumps({"stage": stage, "args": {**args, "out_dir": str(out), "out_url": url},
-                                            "stats": str(stats_file), "conf": self.settings.conf}, indent=1))
+            job_file.write_text(
+                json.dumps(
+                    {
+                        "stage": stage,
+                        "args": {**args, "out_dir": str(out), "out_url": url},
+                        "stats": str(stats_file),
+                        "conf": self.settings.conf,
+                    },
+                    indent=1,
+                )
+            )
             cmd = self.command(job_file, stage)
-            env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-                   "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
-                   "PYTHONUNBUFFERED": "1"}
+            env = {
+                **os.environ,
+                "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+                "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+                "PYTHONUNBUFFERED": "1",
+            }
             if self.settings.master.startswith("local"):
                 env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             self.log.info(f"executor spark: {' '.join(cmd)}")
@@ -100,12 +129,20 @@ class SparkExecutor(Executor):
             if code != 0 or not stats_file.exists():
                 lines = log_file.read_text(errors="replace").splitlines() if log_file.exists() else []
                 errors = [ln for ln in lines if "Error" in ln or "Exception" in ln]
-                raise ExecutorError(f"Spark {stage} exited with code {code}: {errors[-1] if errors else 'see the log'}\n"
-                                    "last lines of the Spark log:\n" + "\n".join(lines[-40:]))
+                raise ExecutorError(
+                    f"Spark {stage} exited with code {code}: {errors[-1] if errors else 'see the log'}\n"
+                    "last lines of the Spark log:\n" + "\n".join(lines[-40:])
+                )
             result = json.loads(stats_file.read_text())
             record_uploaded(out, result.get("uploaded") or {})
-            return {**result["stats"], **self.record(**result["spark"], spark_seconds=round(time.perf_counter() - t0, 3),
-                                                     **({"task_uploads": len(result["uploaded"])} if url else {}))}
+            return {
+                **result["stats"],
+                **self.record(
+                    **result["spark"],
+                    spark_seconds=round(time.perf_counter() - t0, 3),
+                    **({"task_uploads": len(result["uploaded"])} if url else {}),
+                ),
+            }
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -42,8 +42,15 @@ def plan_runs(spark: SparkSession, items: list[tuple[int, str]], sizes: list[int
     return spark.range(len(runs), numPartitions=len(runs)), spark.sparkContext.broadcast(runs)
 
 
-def run_tasks(spark: SparkSession, items: list[tuple[int, str]], sizes: list[int], task: Callable, spec: dict,
-              description: str, progress: Progress) -> list[tuple[int, dict]]:
+def run_tasks(
+    spark: SparkSession,
+    items: list[tuple[int, str]],
+    sizes: list[int],
+    task: Callable,
+    spec: dict,
+    description: str,
+    progress: Progress,
+) -> list[tuple[int, dict]]:
     """Run ``task(spec, batches)`` over the runs of ``items`` (mapInArrow) and collect each item's
     (item, stats), sorted by item."""
     if not items:
@@ -66,4 +73,3 @@ def items_of(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[in
 
 def manifest_batch(item: int, stats: dict) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"item": [item], "stats": [json.dumps(stats)]})
-
