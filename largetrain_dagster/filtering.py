@@ -19,6 +19,7 @@ from largetrain_dagster.artefacts import CODE_VERSIONS, materialize_stage, stage
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.corpus import _warn_removed_field
 from largetrain_dagster.executor import DataExecutor
+from largetrain_dagster import partitions
 from largetrain_dagster.partitions import FILTERED_ROLES  # noqa: F401 (the roles with a filtered_text step)
 from largetrain_dagster.resources import Storage
 
@@ -67,8 +68,16 @@ def relevance_classifier(
 
 def filtered_text_asset(role: str):
     """``<role>/filtered_text``: ``<role>/deduplicated_text`` decontaminated against ``evaluation_sets`` and
-    scored (and filtered) by ``relevance_classifier``; its blocking check ``accounting``."""
+    scored (and filtered) by ``relevance_classifier``; its blocking check ``accounting``. For a role made of
+    a mixture of corpora (partitions.CORPORA), the accounting reads every partition of every corpus
+    (``<role>/<corpus>/raw_corpus`` and ``cleaned_text``), as the mixture's deduplicated_text does."""
     key = [role, "filtered_text"]
+    names = partitions.CORPORA.get(role) or ()
+    chain = {
+        f"{kind}__{name}": AssetIn(key=[role, name, asset_name])
+        for name in names
+        for kind, asset_name in (("raw", "raw_corpus"), ("cleaned", "cleaned_text"))
+    } or {"raw": AssetIn(key=[role, "raw_corpus"]), "cleaned": AssetIn(key=[role, "cleaned_text"])}
 
     @asset(
         key=key,
@@ -80,8 +89,7 @@ def filtered_text_asset(role: str):
             "text": AssetIn(key=[role, "deduplicated_text"]),
             "classifier": AssetIn(key="relevance_classifier"),
             "sets": AssetIn(key="evaluation_sets"),
-            "raw": AssetIn(key=[role, "raw_corpus"]),
-            "cleaned": AssetIn(key=[role, "cleaned_text"]),
+            **chain,
         },
         check_specs=[
             AssetCheckSpec(
@@ -105,9 +113,15 @@ def filtered_text_asset(role: str):
         text: dict,
         classifier: dict,
         sets: dict,
-        raw: dict,
-        cleaned: dict,
+        **handles,
     ):
+        # handles: raw and cleaned, each {partition: handle}; for a mixture raw__<corpus> and cleaned__<corpus>,
+        # keyed <corpus>/<partition> here
+        def keyed(kind: str) -> dict:
+            if not names:
+                return {k: Artifact.of(h) for k, h in handles[kind].items()}
+            return {f"{n}/{k}": Artifact.of(h) for n in names for k, h in handles[f"{kind}__{n}"].items()}
+
         yield from materialize_stage(
             context,
             config,
@@ -116,8 +130,8 @@ def filtered_text_asset(role: str):
             Artifact.of(text),
             Artifact.of(classifier),
             Artifact.of(sets),
-            {k: Artifact.of(h) for k, h in raw.items()},
-            {k: Artifact.of(h) for k, h in cleaned.items()},
+            keyed("raw"),
+            keyed("cleaned"),
             stage_run(context, storage, executor),
             config.warn_removed_fraction,
         )

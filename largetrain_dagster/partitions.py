@@ -86,9 +86,9 @@ FILTERED_ROLES = ("pretrain",)
 
 
 def filters_text(role: str) -> bool:
-    """Whether ``role`` has a filtered_text step: a role of :data:`FILTERED_ROLES` made of one corpus (a
-    mixture of corpora, :data:`CORPORA`, is not filtered yet: its token_shards read its deduplicated_text)."""
-    return role in FILTERED_ROLES and not CORPORA.get(role)
+    """Whether ``role`` has a filtered_text step: a role of :data:`FILTERED_ROLES`, of one corpus or a
+    mixture of corpora (:data:`CORPORA`)."""
+    return role in FILTERED_ROLES
 
 
 def shards_text(role: str) -> str:

@@ -170,8 +170,9 @@ def filtered_text(
     of every score and of the kept ones), ``contaminated`` (documents sharing an n-gram, removed or
     not), ``contaminated_by_set``, ``too_short_items``, ``examples`` (the most relevant kept and least
     relevant removed documents, with their titles, and the contaminated ones with their items),
-    ``documents`` (the chain's accounting), ``corpus`` (deduplicated_text's, for the model cards) and
-    ``deduplicated_text`` (its data version). Check ``accounting``. Raises StageError for bad
+    ``documents`` (the chain's accounting), ``corpus`` (deduplicated_text's, for the model cards),
+    ``deduplicated_text`` (its data version) and, for a mixture, ``corpora`` (deduplicated_text's
+    counts per corpus, ``kept`` recounted here and ``kept_after_dedup``). Check ``accounting``. Raises StageError for bad
     settings. Warns (metadata ``removal_warning``) when more than ``warn_removed_fraction`` of the
     chain's input is gone."""
     problems = settings.problems()
@@ -214,6 +215,13 @@ def filtered_text(
             "examples": examples(text.path, out, removed),
         }
         stats["kept_percent"] = percent(stats["kept"], stats["input"])
+        if text.stats.get("corpora"):  # a mixture's corpora, for the token shards' weights, with what each kept here
+            kept = pl.scan_parquet(part_files(out)).group_by("corpus").len().collect() if stats["kept"] else None
+            by_corpus = dict(kept.iter_rows()) if kept is not None else {}
+            stats["corpora"] = {
+                c: {**counts, "kept_after_dedup": counts.get("kept"), "kept": by_corpus.get(c, 0)}
+                for c, counts in text.stats["corpora"].items()
+            }
         outcome_table(raw_dirs, cleaned_dirs, text.path, out).write_parquet(out / "outcomes.parquet")
         return stats
 

@@ -16,6 +16,8 @@ import json
 import shutil
 from pathlib import Path
 
+import polars as pl
+
 from dagster import AssetKey, DagsterInstance
 
 from helpers import TESTS
@@ -181,3 +183,71 @@ def test_an_item_declared_after_training_is_found_by_the_lineage_check_without_r
         assert {k: instance.get_latest_materialization_event(AssetKey(k)).run_id for k in trained_runs} == trained_runs
         assert _md(instance, "evaluation")["reused"]  # the evaluation itself is reused: only the check ran again
     shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_mixture_is_decontaminated_before_its_token_shards(tmp_path, monkeypatch):
+    """A pretraining role of two named corpora (as LARGETRAIN_PRETRAIN_CORPORA=tickets,more), the second holding
+    an item of tests/data/eval_benchmark.jsonl: pretrain/filtered_text removes that document (reason
+    contaminated), its blocking accounting check balances over every partition of both corpora, each corpus's
+    kept documents are counted, and the mixture's token shards are made of the filtered text."""
+    from dagster import materialize
+
+    from largetrain_dagster import partitions
+    from largetrain_dagster.partitions import DATA_PARTITIONS
+
+    monkeypatch.setitem(partitions.CORPORA, "pretrain", ("tickets", "more"))
+    assert partitions.shards_text("pretrain") == "filtered_text"
+
+    def jsonl(path, records):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in records))
+
+    planted = {"id": "planted-1", "text": "Help: I read that " + ITEMS[1]["prompt"] + " " + ITEMS[1]["answer"] + "."}
+    jsonl(tmp_path / "tickets" / "tickets.jsonl", TICKETS[:200])
+    jsonl(tmp_path / "more" / "more.jsonl", TICKETS[200:] + [planted])
+    jsonl(tmp_path / "billing.jsonl", [r for r in TICKETS if r["category"] == "billing"])
+    parted = [f"pretrain/{c}/{a}" for c in ("tickets", "more") for a in ("raw_corpus", "cleaned_text")]
+    parted += ["domain/raw_corpus", "domain/cleaned_text"]
+    rest = [*PREP[4:], "tokenizer", "pretrain/token_shards"]
+    ops = {
+        "pretrain__tickets__raw_corpus": {"config": {"path": str(tmp_path / "tickets")}},
+        "pretrain__more__raw_corpus": {"config": {"path": str(tmp_path / "more")}},
+        "domain__raw_corpus": {"config": {"path": str(tmp_path / "billing.jsonl")}},
+        **{f"{k.replace('/', '__')}": {"config": RULES_OFF} for k in parted if k.endswith("cleaned_text")},
+        "pretrain__deduplicated_text": {"config": {"near": False}},
+        "domain__deduplicated_text": {"config": {"near": False}},
+        "evaluation_sets": {"config": {"benchmark_files": [str(BENCH)]}},
+        "pretrain__filtered_text": {"config": {"warn_removed_fraction": None}},
+        "tokenizer": {"config": {"vocab_size": 300}},
+        "pretrain__token_shards": {
+            "config": {"seq_len": 32, "validation_fraction": 0.1, "mixture": {"tickets": 0.5, "more": 0.5}}
+        },
+    }
+    defs = build_definitions(root=str(tmp_path / "root"), wandb_mode="disabled")
+    assets = lineage_assets()
+
+    def run(keys, **kw):
+        config = {"ops": {op: c for op, c in ops.items() if op.replace("__", "/") in keys}}
+        keys = [AssetKey.from_user_string(k) for k in keys]
+        return materialize(assets, resources=defs.resources, instance=instance, selection=keys, run_config=config, **kw)
+
+    with DagsterInstance.ephemeral() as instance:
+        for pk in DATA_PARTITIONS.get_partition_keys():
+            assert run(parted, partition_key=pk).success
+        result = run(rest)
+        assert result.success
+        acc = _checks(result)[("pretrain/filtered_text", "accounting")]
+        assert acc.passed and acc.blocking
+        md = _md(instance, "pretrain", "filtered_text")
+        assert md["documents_input"] == 301 and md["removed_contaminated"] == 1 and md["removed_relevance"] == 0
+        assert md["examples"]["contaminated"][0]["doc_id"] == "more:planted-1"
+        handle = result.output_for_node("pretrain__filtered_text")
+        corpora = handle["stats"]["corpora"]
+        assert corpora["more"]["kept"] == corpora["more"]["kept_after_dedup"] - 1
+        assert corpora["tickets"]["kept"] == corpora["tickets"]["kept_after_dedup"] > 0
+        kept = pl.read_parquet(sorted(Path(handle["path"]).glob("part-*.parquet")), columns=["doc_id", "corpus"])
+        assert "more:planted-1" not in set(kept["doc_id"]) and set(kept["corpus"]) == {"tickets", "more"}
+        shards = result.output_for_node("pretrain__token_shards")
+        manifest = json.loads((Path(shards["path"]) / "manifest.json").read_text())
+        assert manifest["source_data_version"] == handle["data_version"]  # the shards read the filtered text
+        assert set(manifest["mixture"]["corpora"]) == {"tickets", "more"}

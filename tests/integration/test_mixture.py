@@ -146,17 +146,21 @@ def test_a_two_corpus_mixture_through_dagster(tmp_path, monkeypatch):
     """A pretraining role of two named corpora (support tickets, tests/data/support_tickets.jsonl, cut in two
     with one ticket in both): each its own raw_corpus and cleaned_text (its own reader and rules), one
     deduplicated_text across both (the shared ticket is a duplicate; ids prefixed by corpus; a corpus column),
-    token shards at 30/70 % weights in tokens, the shares in the metadata and the summary."""
+    filtered_text over the mixture, token shards at 30/70 % weights in tokens, the shares in the metadata and
+    the summary."""
     from dagster import AssetKey, AssetsDefinition, DagsterInstance, materialize
 
     from largetrain_dagster import partitions
     from largetrain_dagster.corpus import (
+        corpus_assets,
         mixture_chain,
         mixture_dedup_asset,
         no_exact_duplicates_check,
         partition_assets,
     )
     from largetrain_dagster.definitions import build_definitions
+    from largetrain_dagster.evaluation import evaluation_sets
+    from largetrain_dagster.filtering import filtered_text_asset, relevance_classifier
     from largetrain_dagster.partitions import DATA_PARTITIONS
     from largetrain_dagster.shards import token_shards_asset
     from largetrain_dagster.summary import render
@@ -173,11 +177,17 @@ def test_a_two_corpus_mixture_through_dagster(tmp_path, monkeypatch):
     (tmp_path / "b" / "other.jsonl").write_text(
         "\n".join(tickets[300:360]) + "\n" + json.dumps({**shared, "id": "copy-of-7"}) + "\n"
     )
+    (tmp_path / "domain.jsonl").write_text("\n".join(tickets[360:460]) + "\n")
     chains = [mixture_chain("pretrain", "tickets"), mixture_chain("pretrain", "other")]
-    parted = [a for c in chains for a in partition_assets(c)]
+    domain = corpus_assets("domain")  # the relevance classifier's positives, for pretrain/filtered_text
+    parted = [a for c in chains for a in partition_assets(c)] + domain[:2]
     rest = [
         mixture_dedup_asset("pretrain", chains),
         no_exact_duplicates_check(["pretrain", "deduplicated_text"]),
+        domain[2],
+        relevance_classifier,
+        evaluation_sets,
+        filtered_text_asset("pretrain"),
         tokenizer,
         *token_shards_asset("pretrain"),
     ]
@@ -190,6 +200,9 @@ def test_a_two_corpus_mixture_through_dagster(tmp_path, monkeypatch):
             "config": {**no_rules, "gopher_quality": True, "min_words": 3, "min_stop_words": None}
         },
         "pretrain__deduplicated_text": {"config": {"near": False}},
+        "domain__raw_corpus": {"config": {"path": str(tmp_path / "domain.jsonl")}},
+        "domain__cleaned_text": {"config": no_rules},
+        "domain__deduplicated_text": {"config": {"near": False}},
         "tokenizer": {"config": {"vocab_size": 300}},
         "pretrain__token_shards": {
             "config": {"seq_len": 32, "validation_fraction": 0.1, "mixture": {"tickets": 0.3, "other": 0.7}}
@@ -243,8 +256,9 @@ def test_a_two_corpus_mixture_through_dagster(tmp_path, monkeypatch):
 def test_the_mixture_recipe_commands(tmp_path):
     """docs/guides/your-data.md, "A mixture of corpora": its commands run as written (the Dagster CLI, one run
     per data partition, then the rest, then the summary) on configs/pretrain_mixture.yaml with the corpora cut
-    to a slice (a few kernel docs and plays per partition) and a small vocabulary and sequence length; the
-    summary reports each corpus's realised share, 70/30 to within one sequence."""
+    to a slice (a few kernel docs and plays per partition, the domain corpus too) and a small vocabulary and
+    sequence length; the mixture is filtered (pretrain/filtered_text) before its token shards; the summary
+    reports each corpus's realised share, 70/30 to within one sequence."""
     import os
     import subprocess
     import sys
@@ -263,6 +277,7 @@ def test_the_mixture_recipe_commands(tmp_path):
         "max_documents": 15,
     }
     ops["pretrain__plays__raw_corpus"]["config"] = {"path": str(corpora / "shakespeare"), "max_documents": 2}
+    ops["domain__raw_corpus"]["config"] = {"path": str(corpora / "shakespeare" / "comedies"), "max_documents": 2}
     ops["tokenizer"]["config"]["vocab_size"] = 400
     ops["pretrain__token_shards"]["config"]["seq_len"] = 64
     recipe = tmp_path / "pretrain_mixture.yaml"
@@ -289,6 +304,8 @@ def test_the_mixture_recipe_commands(tmp_path):
     line = next(x for x in run.stdout.splitlines() if "mixture, share of the train split's tokens" in x)
     assert "kernel_docs 70.0 % (target 70.0 %" in line or "kernel_docs 69." in line or "kernel_docs 70." in line, line
     manifest = json.loads(next((tmp_path / "lt" / "pretrain" / "token_shards").glob("*/manifest.json")).read_text())
+    (filtered,) = [d for d in (tmp_path / "lt" / "pretrain" / "filtered_text").iterdir() if d.is_dir()]
+    assert manifest["source_data_version"] == filtered.name  # the shards read the filtered mixture
     shares = manifest["mixture"]["corpora"]
     total = sum(r["sequences"] for r in shares.values())
     assert abs(shares["kernel_docs"]["realised_share"] - 0.7) <= 1 / total and shares["plays"]["sequences"] > 0
