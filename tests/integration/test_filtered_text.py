@@ -230,11 +230,11 @@ def test_title_is_the_first_line_of_words():
     assert title("# Billing\nrefund") == "Billing" and title("") == "" and len(title("x" * 200)) == 72
 
 
-def test_the_spark_executor_writes_what_the_local_one_writes(chain, tmp_path):
-    """The step on the Spark executor (spark-submit of each map_parts job to ``local[2]``, the scoring and the
-    reasons in its tasks) gives the same part files, byte for byte, the same filtered.parquet,
-    contaminated.parquet and outcomes, and the same counts as on the local executor, with a top fraction
-    (two jobs: scoring, then the cut)."""
+def test_the_spark_executor_writes_what_the_local_one_writes(chain, tmp_path, caplog):
+    """The step on the Spark executor (spark-submit to ``local[2]`` of the n-gram join with the evaluation
+    sets, then of each map_parts job, the join, the scoring and the reasons in its tasks) gives the same part
+    files, byte for byte, the same filtered.parquet, contaminated.parquet and outcomes, and the same counts as
+    on the local executor, with a top fraction (two map_parts jobs: scoring, then the cut)."""
     from largetrain_core.executors.base import ExecutorSettings
     from largetrain_core.executors.spark import SparkExecutor
 
@@ -252,8 +252,15 @@ def test_the_spark_executor_writes_what_the_local_one_writes(chain, tmp_path):
             log=logging.getLogger("test"),
             executor=executor,
         )
-        results[name] = filtered_text(settings, dedup, clf, sets, {"000": raw}, {"000": cleaned}, run)
+        with caplog.at_level(logging.INFO):
+            results[name] = filtered_text(settings, dedup, clf, sets, {"000": raw}, {"000": cleaned}, run)
     local, spark = results["local"], results["spark"]
+    submitted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("executor spark: ")]
+    assert [m.split("--name ", 1)[1].split()[0] for m in submitted] == [
+        "largetrain-find_contamination",
+        "largetrain-map_parts",
+        "largetrain-map_parts",
+    ]
     assert spark.stats["executor"]["executor"] == "spark" and local.stats["executor"]["executor"] == "local"
     assert [p.name for p in part_files(spark.path)] == [p.name for p in part_files(local.path)] != []
     for a, b in zip(part_files(local.path), part_files(spark.path)):

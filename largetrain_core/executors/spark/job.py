@@ -2,7 +2,8 @@
 
     spark-submit --master local[2] largetrain_core/executors/spark/job.py JOB.json
 
-JOB.json: ``{"stage": "ingest"|"map_parts"|"deduplicate", "args": {...}, "stats": PATH, "conf": {...}}``;
+JOB.json: ``{"stage": "ingest"|"map_parts"|"deduplicate"|"find_contamination", "args": {...}, "stats": PATH,
+"conf": {...}}``;
 the stage's counts are written to ``stats``, progress and Spark stage completion go to Dagster Pipes
 when the process was started by Dagster (else to stderr).
 """
@@ -23,6 +24,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from largetrain_core.dedup import DedupConfig  # noqa: E402
 from largetrain_core.executors.spark.commit import Uploads  # noqa: E402
+from largetrain_core.executors.spark.decontamination import find_contamination  # noqa: E402
 from largetrain_core.executors.spark.dedup import deduplicate  # noqa: E402
 from largetrain_core.executors.spark.ingest import ingest  # noqa: E402
 from largetrain_core.executors.spark.map_parts import map_parts  # noqa: E402
@@ -32,7 +34,7 @@ from largetrain_core.executors.spark.submit import decode_step  # noqa: E402
 from largetrain_core.readers import ReaderConfig  # noqa: E402
 from largetrain_core.storage import write_json_atomic  # noqa: E402
 
-STAGES = ("ingest", "map_parts", "deduplicate")
+STAGES = ("ingest", "map_parts", "deduplicate", "find_contamination")
 
 
 def run_stage(spark: SparkSession, stage: str, args: dict, progress: Progress, uploads: Uploads) -> dict:
@@ -46,6 +48,10 @@ def run_stage(spark: SparkSession, stage: str, args: dict, progress: Progress, u
     if stage == "deduplicate":
         return deduplicate(
             spark, [Path(d) for d in args["in_dirs"]], out, DedupConfig(**args["dedup"]), progress, uploads
+        )
+    if stage == "find_contamination":
+        return find_contamination(
+            spark, [Path(d) for d in args["in_dirs"]], Path(args["index_dir"]), Path(args["out_file"]), progress
         )
     raise ValueError(f"unknown stage {stage!r}: one of {STAGES}")
 

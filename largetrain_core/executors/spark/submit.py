@@ -49,7 +49,8 @@ def decode_step(text: str) -> PartStep:
 
 
 class SparkExecutor(Executor):
-    """raw_corpus, cleaned_text and deduplicated_text on Apache Spark (``settings.master``, ``settings.conf``)."""
+    """raw_corpus, cleaned_text, deduplicated_text and filtered_text's n-gram join on Apache Spark
+    (``settings.master``, ``settings.conf``)."""
 
     name = "spark"
     process_name = "the Spark application"
@@ -64,6 +65,10 @@ class SparkExecutor(Executor):
         return self.submit(
             "deduplicate", {"in_dirs": [str(d) for d in in_dirs], "dedup": dataclasses.asdict(cfg)}, out_dir
         )
+
+    def find_contamination(self, in_dirs: list[Path], index_dir: Path, out_file: Path) -> dict:
+        args = {"in_dirs": [str(d) for d in in_dirs], "index_dir": str(index_dir), "out_file": str(out_file)}
+        return self.submit("find_contamination", args, Path(out_file).parent)
 
     def command(self, job_file: Path, stage: str) -> list[str]:
         """The spark-submit command line of one stage's job. Raises ExecutorError when there is no spark-submit."""
