@@ -76,64 +76,32 @@ TIERS = ("unit", "integration", "e2e")
 
 
 @pytest.fixture(scope="session")
-def s3_server():
+def s3_server(tmp_path_factory):
     """A real S3 API server (moto's standalone server) on 127.0.0.1 for the session, in its own process.
 
     While it runs, the standard variables point every S3 client at it: AWS_ENDPOINT_URL (read by
     boto3 and by largetrain_core.fs), test credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY,
     AWS_DEFAULT_REGION. Yields the endpoint URL; the server is stopped and the variables restored after."""
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
+    proc = _serve(
+        "moto's S3 server",
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        f"{endpoint}/moto-api/",
+        tmp_path_factory.mktemp("moto") / "server.log",
     )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto server did not start on {endpoint} (exit {proc.poll()})") from None
-            time.sleep(0.2)
     env = {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": "testing-key-id",
         "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
         "AWS_DEFAULT_REGION": "us-east-1",
+        **dict.fromkeys(("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN")),  # unset while it runs
     }
-    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"]}
-    for k in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        os.environ.pop(k, None)
-    os.environ.update(env)
     try:
-        yield endpoint
+        with _environment(env):
+            yield endpoint
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _stop(proc)
 
 
 @pytest.fixture
