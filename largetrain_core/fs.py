@@ -183,7 +183,7 @@ def size(location: str | os.PathLike) -> int:
 
 def object_stamp(info: dict) -> str | None:
     """What changes whenever an object is rewritten, from its listing entry (``fs.info``/``find``): the
-    ETag (S3, Azure), the generation (GCS); None where the store gives neither."""
+    ETag (S3, Azure, GCS), else the generation (GCS) or the MD5; None where the store gives none."""
     for key in ("ETag", "etag", "generation", "md5Hash"):
         if info.get(key) not in (None, ""):
             return str(info[key])

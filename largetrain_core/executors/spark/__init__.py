@@ -1,4 +1,4 @@
-"""The Spark executor: raw_corpus, cleaned_text and deduplicated_text on Apache Spark with the outputs
+"""The Spark executor: raw_corpus, cleaned_text, deduplicated_text and filtered_text on Apache Spark with the outputs
 of the local executor (same documents in the same order, same rejected, filtered and duplicate
 records with the same reason codes, same counts), in the same on-disk layout. One implementation of
 every rule: Spark runs the core functions, it does not re-express them. Only the application's
@@ -15,6 +15,7 @@ By concern, one module each:
 * ``ingest``      raw_corpus: chunks of files read by the core reader
 * ``map_parts``   a per-document stage (cleaned_text's rules, any PartStep) part by part
 * ``dedup``       deduplicated_text: signatures, the shuffle on (band, hash), duplicates, kept documents
+* ``decontamination``  filtered_text's n-gram join with the evaluation sets, the index broadcast
 * ``components``  connected components by alternating large-star and small-star (Kiveris et al. 2014)
 * ``progress``    the step the driver is in and Spark stage progress, for the log
 """
