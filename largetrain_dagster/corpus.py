@@ -299,11 +299,7 @@ def mixture_dedup_asset(role: str, chains: list[Chain]):
     LARGETRAIN_<ROLE>_CORPORA's order, then partition, file, row); the kept documents carry their corpus
     name in a ``corpus`` column, for the token shards' weights."""
     names = [c.key[1] for c in chains]
-    ins = {
-        f"{kind}__{name}": AssetIn(key=[role, name, asset_name])
-        for name in names
-        for kind, asset_name in (("raw", "raw_corpus"), ("cleaned", "cleaned_text"))
-    }
+    ins = mixture_ins(role, names)
 
     @asset(
         key=[role, "deduplicated_text"],
@@ -331,17 +327,13 @@ def mixture_dedup_asset(role: str, chains: list[Chain]):
         executor: DataExecutor,
         **handles,
     ):
-        # handles: raw__<corpus> and cleaned__<corpus>, each {partition: handle}; keyed <corpus>/<partition> here
-        def keyed(kind):
-            return {f"{n}/{k}": Artifact.of(h) for n in names for k, h in handles[f"{kind}__{n}"].items()}
-
         yield from materialize_stage(
             context,
             config,
             dedup_stage,
             config.near,
-            keyed("raw"),
-            keyed("cleaned"),
+            by_corpus(handles, names, "raw"),
+            by_corpus(handles, names, "cleaned"),
             stage_run(context, storage, executor),
             config.balancing(),
             config.warn_removed_fraction,
@@ -350,6 +342,22 @@ def mixture_dedup_asset(role: str, chains: list[Chain]):
         )
 
     return deduplicated_text
+
+
+def mixture_ins(role: str, names) -> dict:
+    """The inputs of a step over every partition of every corpus of ``role``'s mixture: ``raw__<corpus>``
+    and ``cleaned__<corpus>`` (``<role>/<corpus>/raw_corpus`` and ``cleaned_text``)."""
+    return {
+        f"{kind}__{name}": AssetIn(key=[role, name, asset_name])
+        for name in names
+        for kind, asset_name in (("raw", "raw_corpus"), ("cleaned", "cleaned_text"))
+    }
+
+
+def by_corpus(handles: dict, names, kind: str) -> dict:
+    """The artifacts of :func:`mixture_ins`'s ``<kind>__<corpus>`` inputs (each {partition: handle}), keyed
+    ``<corpus>/<partition>``."""
+    return {f"{n}/{k}": Artifact.of(h) for n in names for k, h in handles[f"{kind}__{n}"].items()}
 
 
 def no_exact_duplicates_check(key: list[str]):

@@ -17,7 +17,7 @@ from largetrain_core.stages.filtered_text import filtered_text as filtered_stage
 from largetrain_core.stages.relevance_classifier import relevance_classifier as relevance_stage
 from largetrain_dagster.artefacts import CODE_VERSIONS, materialize_stage, stage_run
 from largetrain_dagster.configs import dagster_config
-from largetrain_dagster.corpus import _warn_removed_field
+from largetrain_dagster.corpus import _warn_removed_field, by_corpus, mixture_ins
 from largetrain_dagster.executor import DataExecutor
 from largetrain_dagster import partitions
 from largetrain_dagster.partitions import FILTERED_ROLES  # noqa: F401 (the roles with a filtered_text step)
@@ -73,11 +73,10 @@ def filtered_text_asset(role: str):
     (``<role>/<corpus>/raw_corpus`` and ``cleaned_text``), as the mixture's deduplicated_text does."""
     key = [role, "filtered_text"]
     names = partitions.CORPORA.get(role) or ()
-    chain = {
-        f"{kind}__{name}": AssetIn(key=[role, name, asset_name])
-        for name in names
-        for kind, asset_name in (("raw", "raw_corpus"), ("cleaned", "cleaned_text"))
-    } or {"raw": AssetIn(key=[role, "raw_corpus"]), "cleaned": AssetIn(key=[role, "cleaned_text"])}
+    chain = mixture_ins(role, names) or {
+        "raw": AssetIn(key=[role, "raw_corpus"]),
+        "cleaned": AssetIn(key=[role, "cleaned_text"]),
+    }
 
     @asset(
         key=key,
@@ -115,12 +114,11 @@ def filtered_text_asset(role: str):
         sets: dict,
         **handles,
     ):
-        # handles: raw and cleaned, each {partition: handle}; for a mixture raw__<corpus> and cleaned__<corpus>,
-        # keyed <corpus>/<partition> here
+        # handles: raw and cleaned, each {partition: handle}; for a mixture raw__<corpus> and cleaned__<corpus>
         def keyed(kind: str) -> dict:
-            if not names:
-                return {k: Artifact.of(h) for k, h in handles[kind].items()}
-            return {f"{n}/{k}": Artifact.of(h) for n in names for k, h in handles[f"{kind}__{n}"].items()}
+            if names:
+                return by_corpus(handles, names, kind)
+            return {k: Artifact.of(h) for k, h in handles[kind].items()}
 
         yield from materialize_stage(
             context,

@@ -107,17 +107,7 @@ def s3_server(tmp_path_factory):
 @pytest.fixture
 def s3_bucket(s3_server, request) -> str:
     """A new, empty bucket on :func:`s3_server`, named after the test; returns ``s3://<bucket>``."""
-    import re
-
-    import fsspec
-
-    name = (
-        re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-        + f"-{abs(hash(request.node.nodeid)) % 10**6}"
-    )
-    fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
-    fs.mkdir(name)
-    return f"s3://{name}"
+    return _new_bucket("s3", request)
 
 
 # gcsfs reads this when it is imported: its experimental zonal and hierarchical-namespace support asks Google's
@@ -272,14 +262,20 @@ def azure_server(tmp_path_factory):
 def bucket(request) -> str:
     """A new, empty bucket (an Azure container) on each object store's server in turn: ``s3://``,
     ``gs://``, ``az://`` + its name, made after the test's name."""
+    request.getfixturevalue(STORES[request.param])
+    return _new_bucket(request.param, request)
+
+
+def _new_bucket(store: str, request) -> str:
+    """Make a bucket on ``store``'s server (running, its variables set) named after the test: lower-case
+    letters, digits and single hyphens, as S3, GCS and Azure all take. Returns ``<store>://<name>``."""
     from largetrain_core import fs
 
-    request.getfixturevalue(STORES[request.param])
     name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", request.node.originalname.lower()))[:40].strip("-")
     name = f"{name}-{abs(hash(request.node.nodeid)) % 10**6}"
-    fsys, _ = fs.filesystem(f"{request.param}://{name}")
+    fsys, _ = fs.filesystem(f"{store}://{name}")
     fsys.mkdir(name)
-    return f"{request.param}://{name}"
+    return f"{store}://{name}"
 
 
 def pytest_collection_modifyitems(config, items):

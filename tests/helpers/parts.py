@@ -14,3 +14,10 @@ def write_parts(d: Path, parts: list[list[tuple[str, str]]]) -> Path:
             schema={"doc_id": pl.Utf8, "source": pl.Utf8, "text": pl.Utf8},
         ).write_parquet(d / f"part-{i:05d}.parquet")
     return d
+
+
+def sentence_docs(d: Path, sentences: list[str]) -> Path:
+    """``d/part-00000.parquet`` of 140 documents of 12 overlapping sentences each (``d0``, ``d1``, ...), enough
+    text for a few dozen short token sequences. Returns ``d``."""
+    texts = [" ".join(sentences[i : i + 12]) for i in range(0, 280, 2)]
+    return write_parts(d, [[(f"d{i}", t) for i, t in enumerate(texts)]])

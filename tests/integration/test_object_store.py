@@ -195,16 +195,11 @@ def test_token_shards_stream_from_the_store_through_the_cache(bucket, cache, tmp
     """A token shard directory committed to the store is streamed through a cache holding two shards: every
     sequence equals the local directory's, each fetched file is checked, and the cache stays within its bound."""
     import numpy as np
-    import polars as pl
 
+    from helpers.parts import sentence_docs
     from largetrain_core.shards import TokenShards, build_token_shards
 
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    texts = [" ".join(sentences[i : i + 12]) for i in range(0, 280, 2)]
-    pl.DataFrame(
-        {"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts), "text": texts}
-    ).write_parquet(docs / "part-00000.parquet")
+    docs = sentence_docs(tmp_path / "docs", sentences)
     url, local = fs.join(bucket, "token_shards", "v1"), tmp_path / "local"
     with atomic_dir(url) as out:
         build_token_shards(docs, bpe_dir, out, seq_len=16, validation_fraction=0.1, sequences_per_shard=16)

@@ -7,10 +7,10 @@ import time
 
 import fsspec
 import numpy as np
-import polars as pl
 import pytest
 import xxhash
 
+from helpers.parts import sentence_docs
 from largetrain_core.cache import CacheFullError, ShardCache, parse_bytes
 from largetrain_core.shards import DistributedSampler, TokenShards, build_token_shards
 from largetrain_core.storage import atomic_dir
@@ -74,12 +74,7 @@ def test_a_file_is_fetched_once_by_concurrent_readers_and_checked(tmp_path, mem)
 
 
 def _shards(tmp_path, bpe_dir, sentences, per_shard: int) -> tuple:
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    texts = [" ".join(sentences[i : i + 12]) for i in range(0, 280, 2)]
-    pl.DataFrame(
-        {"doc_id": [f"d{i}" for i in range(len(texts))], "source": ["t"] * len(texts), "text": texts}
-    ).write_parquet(docs / "part-00000.parquet")
+    docs = sentence_docs(tmp_path / "docs", sentences)
     url = "memory://shards-unit/token_shards/v1"
     with atomic_dir(url) as out:
         build_token_shards(docs, bpe_dir, out, seq_len=16, validation_fraction=0.1, sequences_per_shard=per_shard)

@@ -26,14 +26,14 @@ from largetrain_core.storage import part_files
 
 def _scan_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     index = spec["index"].value
-    for i, location in items_of(spec, batches):
-        scratch = Path(tempfile.mkdtemp(prefix="decontamination-", dir=cache_dir()))  # a part at a URL is fetched here
-        try:
+    scratch = Path(tempfile.mkdtemp(prefix="decontamination-", dir=cache_dir()))  # a part at a URL is fetched here
+    try:
+        for i, location in items_of(spec, batches):
             with task_input(location, scratch) as path:
                 found = scan(pl.read_parquet(path, columns=["doc_id", "source", "text"]), index)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        yield manifest_batch(i, {"matches": found.to_dicts()})
+            yield manifest_batch(i, {"matches": found.to_dicts()})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def find_contamination(
