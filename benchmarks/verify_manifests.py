@@ -1,4 +1,4 @@
-"""What verifying the artefacts before reuse costs: ``verify_manifest`` over every artefact directory of
+"""What verifying the artifacts before reuse costs: ``verify_manifest`` over every artifact directory of
 a storage root, in its default mode (what ``build_or_reuse`` and the handle IO manager run) and with
 ``full=True`` (every byte hashed), each timed.
 
@@ -6,7 +6,7 @@ a storage root, in its default mode (what ``build_or_reuse`` and the handle IO m
 
 ROOT: the storage root (default ``$LARGETRAIN_ROOT`` or ``.largetrain``), e.g. after ``make demo``.
 Every directory holding a ``_manifest.json`` is verified; the corpora, the landing directory and the
-Dagster home are not artefacts and hold none. ``bytes_hashed_default``: the bytes the default mode
+Dagster home are not artifacts and hold none. ``bytes_hashed_default``: the bytes the default mode
 reads (files up to FULL_CHECKSUM_MAX_BYTES whole, larger ones as SAMPLE_BLOCKS x SAMPLE_BLOCK, files
 whose mtime changed whole). Timings are the best of ``--repeats`` runs, so the files are in the page
 cache after the first one; ``first_run_seconds`` keeps the first run of each mode (cold only if the

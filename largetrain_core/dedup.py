@@ -66,7 +66,7 @@ class DedupConfig:
 
     chunk_shingles: shingles hashed per numpy block; two threads each hold one block (memory:
     2 * chunk_shingles * bands * rows * 8 bytes = 14.7 MiB at the defaults; 8192 keeps a block in a
-    typical L2/L3 cache, faster than the former 32768 with the same signatures) and one signature array per part."""
+    typical L2/L3 cache; the signatures do not depend on it) and one signature array per part."""
 
     near: bool = field(default=True, metadata=described("Also remove near duplicates (MinHash-LSH); else exact only."))
     ngram: int = field(default=5, metadata=described("Words per shingle (datatrove MinhashConfig default 5)."))

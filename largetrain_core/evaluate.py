@@ -22,7 +22,7 @@ from largetrain_core.training.loss import next_token_loss, targets
 
 def load_for_eval(model_dir: Path, adapter_dir: Path | None = None):
     """The HF model in ``model_dir`` (fp32, eval mode), with the PEFT adapter of ``adapter_dir`` applied if given.
-    Raises (Missing)ArtefactError naming a missing or damaged file (largetrain_core.model.load_model, load_adapter)."""
+    Raises (Missing)ArtifactError naming a missing or damaged file (largetrain_core.model.load_model, load_adapter)."""
     model = load_model(model_dir)
     if adapter_dir is not None:
         model = load_adapter(model, adapter_dir)

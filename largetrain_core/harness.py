@@ -642,7 +642,7 @@ def write_benchmark_card(model_dir: Path, results: dict, out_dir: Path, model_na
     the benchmark ``results`` (:func:`evaluate`'s dict) added: in the card's metadata as Hugging Face
     ``model-index`` results (huggingface_hub EvalResult: task, data set, metric, value, stderr in the
     metric's name) and as a section of text. The model directory itself is left as it is (another
-    asset's artefact); returns the card's path."""
+    asset's artifact); returns the card's path."""
     from huggingface_hub import EvalResult, ModelCard
 
     src = Path(model_dir) / "README.md"

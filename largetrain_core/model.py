@@ -59,7 +59,7 @@ def build_model(
 
 def check_safetensors(path: Path, what: str = "safetensors weights file") -> list[str]:
     """Open the safetensors file ``path`` (its header only: cheap) and return its tensor names.
-    Raises MissingArtefactError / ArtefactError naming the file when it is absent, cut short or garbled
+    Raises MissingArtifactError / ArtifactError naming the file when it is absent, cut short or garbled
     (safetensors checks that the header's offsets cover the file exactly)."""
     from safetensors import safe_open
 
@@ -83,7 +83,7 @@ def load_model(path: Path) -> PreTrainedModel:
     """Load a local Hugging Face causal-LM directory (config.json + safetensors weights) in fp32.
 
     Only safetensors weights are accepted (``use_safetensors=True``): no pickle is ever loaded.
-    Raises MissingArtefactError (a FileNotFoundError) or ArtefactError (a ValueError) naming the file
+    Raises MissingArtifactError (a FileNotFoundError) or ArtifactError (a ValueError) naming the file
     (config.json, the weights) that is missing or damaged, or the directory when transformers refuses it.
     """
     path = Path(path)
@@ -98,8 +98,8 @@ def load_model(path: Path) -> PreTrainedModel:
 
 def load_adapter(model: PreTrainedModel, adapter_dir: Path, adapter_name: str = "default"):
     """``peft.PeftModel.from_pretrained(model, adapter_dir, adapter_name=...)`` (safetensors weights only),
-    after checking adapter_config.json and adapter_model.safetensors: raises MissingArtefactError /
-    ArtefactError naming the file that is missing or damaged."""
+    after checking adapter_config.json and adapter_model.safetensors: raises MissingArtifactError /
+    ArtifactError naming the file that is missing or damaged."""
     from peft import PeftModel
 
     adapter_dir = Path(adapter_dir)
@@ -193,7 +193,7 @@ def tokenizer_mismatch(model_dir: Path, shards_manifest: dict, shards_tokenizer:
 
 def model_config(model_dir: Path):
     """The transformers config of the Hugging Face directory ``model_dir`` (its config.json, local only).
-    Raises MissingArtefactError / ArtefactError naming config.json when it is missing or not a model config."""
+    Raises MissingArtifactError / ArtifactError naming config.json when it is missing or not a model config."""
     from transformers import AutoConfig
 
     path = Path(model_dir) / "config.json"

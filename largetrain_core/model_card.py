@@ -6,7 +6,7 @@ adapter's card embeds its base model's lineage from there).
 written by huggingface_hub's ModelCard/ModelCardData, then Markdown). The lineage is a JSON object:
 
     kind            "base_model" or "lora_adapter"
-    data_version    the artefact's data version
+    data_version    the artifact's data version
     corpora         list of {role, source, provenance (the provenance file's fields, or null),
                     content_digests {partition: digest}, data_versions {asset: version, or {partition: version}},
                     documents {input, kept, filtered, duplicate, rejected}, shards {total_tokens, seq_len,

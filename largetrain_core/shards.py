@@ -77,14 +77,14 @@ import xxhash
 from largetrain_core import fs
 from largetrain_core.balance import COPIES
 from largetrain_core.digest import file_digest
-from largetrain_core.storage import ArtefactError, loading, part_files, read_json, write_json_atomic
+from largetrain_core.storage import ArtifactError, loading, part_files, read_json, write_json_atomic
 from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info, read_tokenizer
 
 FORMAT = "largetrain.token_shards/1"
 SPLITS = ("train", "validation")
 
 
-class ShardError(ArtefactError):
+class ShardError(ArtifactError):
     """A shard directory that does not match its manifest (the message names the file)."""
 
 
@@ -301,7 +301,7 @@ def tokenize_parts(
     :func:`assemble_token_shards` (shards, counts and per part windows and tail tokens of each stream;
     its smallest split hash). Memory: ``batch_documents`` documents and one open shard per stream.
     Raises ValueError naming the part on a ``copies`` value that is null or below 1, and in a mixture
-    on a missing ``corpus`` column or a corpus without a weight; ArtefactError naming a part that
+    on a missing ``corpus`` column or a corpus without a weight; ArtifactError naming a part that
     cannot be read."""
     info = load_tokenizer_info(tokenizer_path)
     tok = read_tokenizer(info.path)
@@ -487,7 +487,7 @@ def tokenize_partition(
 def _read_tokenized(d: Path) -> dict:
     summary = read_json(Path(d) / TOKENIZED, "summary of a tokenized partition (tokenized.json)")
     if not isinstance(summary, dict) or summary.get("format") != TOKENIZED_FORMAT:
-        raise ArtefactError(f"{Path(d) / TOKENIZED}: not a {TOKENIZED_FORMAT} summary")
+        raise ArtifactError(f"{Path(d) / TOKENIZED}: not a {TOKENIZED_FORMAT} summary")
     return summary
 
 
@@ -508,7 +508,7 @@ def assemble_token_shards(
     Split), the whole input is tokenized again here with the smallest-hash document in validation.
     ``final_dir``: where ``out_dir`` will lie when complete (a temporary directory renamed into place),
     the directory the manifest's paths are relative to. ``extra``: more manifest entries (the
-    documents' relevance score distribution). Returns the manifest. Raises ArtefactError when
+    documents' relevance score distribution). Returns the manifest. Raises ArtifactError when
     the partitions do not cover the input's part files exactly once, in order, with this tokenizer and
     these settings (naming the partition)."""
     out_dir = Path(out_dir)
@@ -521,7 +521,7 @@ def assemble_token_shards(
     for d, s in summaries:
         differs = {k: (s.get(k), v) for k, v in header.items() if s.get(k) != v}
         if differs or s["input_parts"] != len(parts) or s["first_part"] != expect:
-            raise ArtefactError(
+            raise ArtifactError(
                 f"{d / TOKENIZED}: partition {s.get('partition')} of {s.get('partitions')} does not fit "
                 f"the others: "
                 + (
@@ -533,7 +533,7 @@ def assemble_token_shards(
             )
         expect += s["parts"]
     if expect != len(parts):
-        raise ArtefactError(
+        raise ArtifactError(
             f"the partitions hold {expect} of the {len(parts)} part files of {in_dir}: tokenize every partition"
         )
     runs = [(d, r) for d, s in summaries for r in s["runs"]]

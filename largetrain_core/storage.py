@@ -1,4 +1,4 @@
-"""Where artefacts live, how a version is committed, and how a stored version is checked before it is trusted.
+"""Where artifacts live, how a version is committed, and how a stored version is checked before it is trusted.
 
 Layout (docs/ARCHITECTURE.md): ``<root>/<asset path>/<data_version>/``, where the root is a local
 directory or an object-store URL (``s3://bucket/prefix``, any fsspec URL; largetrain_core.fs).
@@ -73,12 +73,12 @@ SAMPLE_BLOCKS = 16
 LOCK_STALE_SECONDS = 120.0
 
 
-class ArtefactError(ValueError):
-    """A stored artefact that is damaged or not what its reader expects; the message names the file."""
+class ArtifactError(ValueError):
+    """A stored artifact that is damaged or not what its reader expects; the message names the file."""
 
 
-class MissingArtefactError(ArtefactError, FileNotFoundError):
-    """A stored artefact that is not there; the message names the path and what was expected."""
+class MissingArtifactError(ArtifactError, FileNotFoundError):
+    """A stored artifact that is not there; the message names the path and what was expected."""
 
 
 @contextlib.contextmanager
@@ -86,20 +86,20 @@ def loading(path: str | Path, what: str) -> Iterator[None]:
     """Run a third-party loader of ``path`` so that any failure names the file and what it should be.
 
     ``with loading(p, "a Hugging Face tokenizer.json"): Tokenizer.from_file(str(p))``: a missing
-    ``p`` (a local path or a URL) raises MissingArtefactError, any exception of the loader (a
-    truncated JSON, a safetensors header cut short, ...) ArtefactError ``"<path>: not a valid <what>
+    ``p`` (a local path or a URL) raises MissingArtifactError, any exception of the loader (a
+    truncated JSON, a safetensors header cut short, ...) ArtifactError ``"<path>: not a valid <what>
     (<type>: <message>)"``, chained to the original. KeyboardInterrupt and other BaseExceptions pass
     through unchanged.
     """
     shown = fs.redact(str(path))
     if not fs.exists(path):
-        raise MissingArtefactError(f"{shown}: missing; expected {what}")
+        raise MissingArtifactError(f"{shown}: missing; expected {what}")
     try:
         yield
-    except ArtefactError:
+    except ArtifactError:
         raise
     except Exception as e:
-        raise ArtefactError(
+        raise ArtifactError(
             f"{shown}: not a valid {what} ({type(e).__name__}: {fs.redact(str(e))}); damaged or "
             "incomplete: re-materialize the asset that wrote it"
         ) from e
@@ -107,7 +107,7 @@ def loading(path: str | Path, what: str) -> Iterator[None]:
 
 def read_json(path: str | Path, what: str) -> Any:
     """Parse the JSON file (or object, at a URL) ``path``; a missing, truncated or non-UTF-8 file raises
-    (Missing)ArtefactError naming it and ``what`` it should hold."""
+    (Missing)ArtifactError naming it and ``what`` it should hold."""
     with loading(path, what):
         return json.loads(fs.read_bytes(path))
 
@@ -536,7 +536,7 @@ def stored_location(path: str | Path) -> str:
 
 def committed_root(location: str) -> tuple[str, str]:
     """(the committed version holding ``location``, the path inside it): ``location`` itself when it has
-    a commit marker, else its nearest ancestor that has one. Raises MissingArtefactError when none of
+    a commit marker, else its nearest ancestor that has one. Raises MissingArtifactError when none of
     them is committed."""
     url = str(location).rstrip("/")
     fsys, path = fs.filesystem(url)
@@ -547,7 +547,7 @@ def committed_root(location: str) -> tuple[str, str]:
         path, name = path.rsplit("/", 1)
         url = url.rsplit("/", 1)[0]
         inside.append(name)
-    raise MissingArtefactError(
+    raise MissingArtifactError(
         f"{fs.redact(str(location))}: no committed version holds it (no {COMMIT} there or "
         "above): re-materialize the asset that wrote it"
     )
@@ -555,12 +555,12 @@ def committed_root(location: str) -> tuple[str, str]:
 
 def _open_committed(location: str) -> tuple[str, str, object, str, bytes]:
     """(version URL, the path inside it, its filesystem, its root path, its manifest's bytes) of the
-    committed version holding the URL ``location``. Raises ArtefactError naming the problems when the
-    version does not verify, MissingArtefactError when no committed version holds it."""
+    committed version holding the URL ``location``. Raises ArtifactError naming the problems when the
+    version does not verify, MissingArtifactError when no committed version holds it."""
     version, inside = committed_root(str(location))
     problems = _verify_remote(version)
     if problems:
-        raise ArtefactError(f"{fs.redact(version)} cannot be read: " + "; ".join(problems))
+        raise ArtifactError(f"{fs.redact(version)} cannot be read: " + "; ".join(problems))
     fsys, root = fs.filesystem(version)
     root = root.rstrip("/")
     return version, inside, fsys, root, fsys.cat_file(f"{root}/{MANIFEST}")
@@ -571,7 +571,7 @@ def local_copy(location: str | Path) -> Path:
     version, the version's working copy (:func:`mirror_path`), downloaded when missing or when it does
     not match the version's manifest, every file checked against its xxh3-128 before it is used.
 
-    Raises ArtefactError naming the problems when the version does not verify, MissingArtefactError
+    Raises ArtifactError naming the problems when the version does not verify, MissingArtifactError
     when no committed version holds ``location``."""
     if not fs.is_url(location):
         return fs.local_path(location)
@@ -591,7 +591,7 @@ def local_copy(location: str | Path) -> Path:
             for rel in rels:
                 entry = manifest["files"][rel]
                 if file_digest(tmp / rel) != entry["xxh3_128"]:
-                    raise ArtefactError(
+                    raise ArtifactError(
                         f"{fs.redact(version)}/{rel}: content differs from {MANIFEST} (xxh3-128 "
                         "checksum) while it was downloaded: re-materialize the asset that wrote it"
                     )
@@ -628,7 +628,7 @@ def local_files(location: str | Path, names: Iterable[str]) -> Path:
         fsys.get_file(f"{root}/{rel}", str(tmp))
         if file_digest(tmp) != entry["xxh3_128"]:
             tmp.unlink()
-            raise ArtefactError(
+            raise ArtifactError(
                 f"{fs.redact(version)}/{rel}: content differs from {MANIFEST} (xxh3-128 checksum) while it "
                 "was downloaded: re-materialize the asset that wrote it"
             )
@@ -642,12 +642,12 @@ def fetch_tree(location: str | Path) -> Path:
     downloaded into ``<cache>/downloads/<scheme>/<path>/``, and downloaded again only when one listing
     shows another file set, size or ETag than the copy was made from (recorded in the copy's
     ``.largetrain-listing.json``). For inputs such as ``pretrained_model``. Raises
-    MissingArtefactError when nothing is there."""
+    MissingArtifactError when nothing is there."""
     if not fs.is_url(location):
         return fs.local_path(location)
     try:
         return local_copy(location)
-    except MissingArtefactError:
+    except MissingArtifactError:
         pass
     fsys, root = fs.filesystem(str(location))
     root = root.rstrip("/")
@@ -657,7 +657,7 @@ def fetch_tree(location: str | Path) -> Path:
         if not p.endswith("/")
     }
     if not listing:
-        raise MissingArtefactError(f"{fs.redact(str(location))}: nothing there (no object under this prefix)")
+        raise MissingArtifactError(f"{fs.redact(str(location))}: nothing there (no object under this prefix)")
     out = cache_dir() / "downloads" / mirror_path(str(location)).relative_to(cache_dir() / "mirror")
     stamp = out / ".largetrain-listing.json"
     if (

@@ -64,7 +64,7 @@ import pyarrow.parquet as pq
 import xxhash
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from largetrain_core.storage import MissingArtefactError, loading, read_json
+from largetrain_core.storage import MissingArtifactError, loading, read_json
 
 EOS_TOKEN = "<|endoftext|>"
 MAX_PRETOKEN_CHARS = 1000  # the module doc says why
@@ -236,7 +236,7 @@ class TrainingSample:
 def training_sample(parts: list[Path], max_bytes: int | None = MAX_TRAINING_BYTES, seed: int = 0) -> TrainingSample:
     """The training sample of the documents of Parquet ``parts`` (doc_id, text) in corpus order: fraction
     min(1, ``max_bytes`` / :func:`text_bytes`); ``max_bytes`` None: every document. Raises ValueError when
-    ``max_bytes`` < 1, ArtefactError naming a part that cannot be read."""
+    ``max_bytes`` < 1, ArtifactError naming a part that cannot be read."""
     if max_bytes is not None and max_bytes < 1:
         raise ValueError(f"max_training_bytes must be >= 1 or null (no sample), got {max_bytes}")
     total = text_bytes(parts)
@@ -332,7 +332,7 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def read_tokenizer(path: Path) -> Tokenizer:
-    """``Tokenizer.from_file`` whose failures name the file: MissingArtefactError when absent, ArtefactError
+    """``Tokenizer.from_file`` whose failures name the file: MissingArtifactError when absent, ArtifactError
     when it is not a valid tokenizer.json (cut short, garbled)."""
     with loading(path, "Hugging Face tokenizers tokenizer.json"):
         return Tokenizer.from_file(str(path))
@@ -342,15 +342,15 @@ def load_tokenizer_info(path: Path) -> TokenizerInfo:
     """Read tokenizer.json (a file, or a directory holding it and optionally tokenizer_config.json).
 
     EOS is ``eos_token`` from tokenizer_config.json if present, else ``<|endoftext|>``; BOS is
-    ``bos_token`` from tokenizer_config.json if present. Raises MissingArtefactError (a
-    FileNotFoundError) when there is no tokenizer.json, ArtefactError (a ValueError) naming the file
+    ``bos_token`` from tokenizer_config.json if present. Raises MissingArtifactError (a
+    FileNotFoundError) when there is no tokenizer.json, ArtifactError (a ValueError) naming the file
     when tokenizer.json or tokenizer_config.json cannot be parsed, and ValueError when the EOS token
     is not in the vocabulary.
     """
     path = Path(path)
     tj = path / "tokenizer.json" if path.is_dir() else path
     if not tj.exists():
-        raise MissingArtefactError(f"{tj}: missing; expected a Hugging Face tokenizers tokenizer.json")
+        raise MissingArtifactError(f"{tj}: missing; expected a Hugging Face tokenizers tokenizer.json")
     tok = read_tokenizer(tj)
     eos, bos = EOS_TOKEN, None
     cfg_file = tj.parent / "tokenizer_config.json"

@@ -39,7 +39,7 @@ from largetrain_core.stages.deduplicated_text import balance_settings, exact_dup
 from largetrain_core.stages.deduplicated_text import deduplicated_text as dedup_stage
 from largetrain_core.stages.raw_corpus import raw_corpus as raw_stage
 from largetrain_dagster import partitions
-from largetrain_dagster.artefacts import CODE_VERSIONS, materialize_stage, metadata_values, stage_run
+from largetrain_dagster.artifacts import CODE_VERSIONS, materialize_stage, metadata_values, stage_run
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.executor import DataExecutor
 from largetrain_dagster.resources import Storage

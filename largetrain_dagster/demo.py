@@ -278,7 +278,7 @@ class RunView:
             part = f" [{ev['partition']}]" if ev.get("partition") else ""
             reused = any(e["label"] == "reused" and e.get("boolValue") for e in ev.get("metadataEntries", []))
             took = duration(timestamp - self.started.get(step, timestamp))
-            note = "reused an existing complete artefact" if reused else f"done in {took}"
+            note = "reused an existing complete artifact" if reused else f"done in {took}"
             self.say(f"  [green]✓[/green] {escape('/'.join(ev['assetKey']['path']) + part)}: {note}")
         elif kind == "ASSET_CHECK_EVALUATION":
             check = ev["evaluation"]

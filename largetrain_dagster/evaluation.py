@@ -15,7 +15,7 @@ from largetrain_core.stages.evaluation import EvaluationSettings, generations_ma
 from largetrain_core.stages.evaluation import evaluation as evaluation_stage
 from largetrain_core.stages.evaluation_sets import EvaluationSetsSettings, contamination_check
 from largetrain_core.stages.evaluation_sets import evaluation_sets as evaluation_sets_stage
-from largetrain_dagster.artefacts import CODE_VERSIONS, materialize_stage, metadata_values, stage_run
+from largetrain_dagster.artifacts import CODE_VERSIONS, materialize_stage, metadata_values, stage_run
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.resources import Storage
 

@@ -15,7 +15,7 @@ from largetrain_core.stages.base import Artifact
 from largetrain_core.stages.filtered_text import FilteredTextSettings
 from largetrain_core.stages.filtered_text import filtered_text as filtered_stage
 from largetrain_core.stages.relevance_classifier import relevance_classifier as relevance_stage
-from largetrain_dagster.artefacts import CODE_VERSIONS, materialize_stage, stage_run
+from largetrain_dagster.artifacts import CODE_VERSIONS, materialize_stage, stage_run
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.corpus import _warn_removed_field, by_corpus, mixture_ins
 from largetrain_dagster.executor import DataExecutor

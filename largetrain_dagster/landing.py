@@ -25,7 +25,7 @@ as many files of a few GB, e.g. C4's 1,024 JSONL.gz shards, so a file is the nat
 * Training assets have no automation condition: they start only when asked (or by the schedule in
   ``largetrain_dagster.schedules``, stopped by default).
 
-Artefacts: ``<root>/landed/<asset>/<partition>/<data version>/``; handles in
+Artifacts: ``<root>/landed/<asset>/<partition>/<data version>/``; handles in
 ``<root>/_handles/landed/<asset>/<partition>.json``.
 """
 

@@ -91,7 +91,7 @@ def write_card(
     imported: dict | None = None,
 ) -> list[Path]:
     """Write README.md + lineage.json into ``model_dir`` (kind ``base_model`` or ``lora_adapter``) unless a
-    card made by largetrain is already there (a reused artefact keeps the card of its first making).
+    card made by largetrain is already there (a reused artifact keeps the card of its first making).
     ``train_dir``: the training's output directory (train_config.json, summary.json); ``base_model``: the
     adapter's base model directory (its lineage.json); ``imported``: ``{from, content_digest}`` of an
     imported base model. Returns the files written (none when the card was there)."""

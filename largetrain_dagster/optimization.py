@@ -13,7 +13,7 @@ from dagster import AssetExecutionContext, AssetIn, Failure, MetadataValue, asse
 
 from largetrain_core.storage import data_version, write_json_atomic
 from largetrain_core.training.ablation import CHART, MODULE, REPORT, AblationConfig
-from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
+from largetrain_dagster.artifacts import CODE_VERSIONS, asset_output, build_or_reuse
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.resources import Storage, TorchrunLauncher
 

@@ -1,4 +1,4 @@
-"""Resources: where artefacts live, the handle IO manager, the training launcher, the trackers' settings."""
+"""Resources: where artifacts live, the handle IO manager, the training launcher, the trackers' settings."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from largetrain_core import fs
 from largetrain_core.launch import AGENT_ERROR_FILE, ENTRY_MODULE, describe_failure, launch_commands, rank_errors
 from largetrain_core.processes import exit_status
 from largetrain_core.storage import (
-    ArtefactError,
-    MissingArtefactError,
+    ArtifactError,
+    MissingArtifactError,
     mirror_path,
     read_json,
     relative_to_root,
@@ -44,7 +44,7 @@ from largetrain_dagster.runner import run_process
 
 class Storage(ConfigurableResource):
     """The storage root (docs/ARCHITECTURE.md, Lineage): a local directory, or an object-store URL
-    (``s3://bucket/prefix``, any fsspec URL: largetrain_core.fs). Artefacts go to
+    (``s3://bucket/prefix``, any fsspec URL: largetrain_core.fs). Artifacts go to
     ``<root>/<asset key path>/<data_version>/``.
 
     With a URL root, every step checks before its body runs that it can write there (one small object
@@ -60,7 +60,7 @@ class Storage(ConfigurableResource):
     root: str = Field(
         default=".largetrain",
         description=(
-            "Storage root: every artefact lies under <root>/<asset key path>/<data version>/. LARGETRAIN_ROOT "
+            "Storage root: every artifact lies under <root>/<asset key path>/<data version>/. LARGETRAIN_ROOT "
             "(default .largetrain under the working directory)."
         ),
     )
@@ -153,12 +153,12 @@ def read_handle(root: str | Path, key: AssetKey, partition: str | None = None) -
         return resolve_under(
             read_json(f, f"handle of {key.to_user_string()} (JSON: path, data_version, stats)"), _root(root)
         )
-    except MissingArtefactError:
+    except MissingArtifactError:
         return None
 
 
 # Which of `make demo` and the recipes (configs/*.yaml, docs/guides/your-data.md)
-# materialize an artefact that later runs build on; the other assets come from every recipe that needs them.
+# materialize an artifact that later runs build on; the other assets come from every recipe that needs them.
 MADE_BY = {
     "tokenizer": ("demo", 2, 3),
     "base_checkpoint": ("demo", 2, 3),
@@ -175,7 +175,7 @@ RECIPES = {2: "configs/pretrain_on_my_corpus.yaml", 3: "configs/import_hf_model.
 
 def not_materialized(key: AssetKey, root: str | Path, partition: str | None = None) -> str:
     """Why an input is missing and what makes it: the asset (and partition) to materialize, with the
-    CLI selection; for the artefacts that recipes build on (:data:`MADE_BY`), that `make demo` or
+    CLI selection; for the artifacts that recipes build on (:data:`MADE_BY`), that `make demo` or
     which recipe builds them; the storage root looked in and the LARGETRAIN_ROOT that sets it."""
     name = key.to_user_string()
     f = handle_file(root, key, partition)
@@ -238,9 +238,9 @@ class HandleIOManager(ConfigurableIOManager):
             handle = resolve_under(
                 read_json(f, f"handle of {what} (JSON: path, data_version, stats)"), _root(self.root)
             )
-        except MissingArtefactError:
+        except MissingArtifactError:
             raise Failure(not_materialized(key, self.root, partition)) from None
-        except ArtefactError as e:
+        except ArtifactError as e:
             raise Failure(f"{e}; re-materialize {what}") from e
         problems = verify_manifest(handle["path"])
         if problems:

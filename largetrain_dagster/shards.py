@@ -31,7 +31,7 @@ from largetrain_core.stages.token_shards import MIN_VALIDATION_SEQUENCES, TokenS
 from largetrain_core.stages.token_shards import ids_below_vocab, token_shard_partition, token_shard_partitions
 from largetrain_core.stages.token_shards import token_shards as shards_stage
 from largetrain_dagster import partitions as data_partitions
-from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, metadata_values
+from largetrain_dagster.artifacts import CODE_VERSIONS, asset_output, metadata_values
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.resources import Storage
 

@@ -6,7 +6,7 @@ from dagster import AssetExecutionContext, AssetIn, asset
 from largetrain_core.stages.base import Artifact
 from largetrain_core.stages.tokenizer import TOKENIZER_FILES, TokenizerSettings  # noqa: F401 (TOKENIZER_FILES: public)
 from largetrain_core.stages.tokenizer import tokenizer as tokenizer_stage
-from largetrain_dagster.artefacts import CODE_VERSIONS, materialize_stage, stage_run
+from largetrain_dagster.artifacts import CODE_VERSIONS, materialize_stage, stage_run
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.resources import Storage
 

@@ -50,7 +50,7 @@ from largetrain_core.training import health, preflight
 from largetrain_core.training.config import HEALTH, PREEMPTION, TRACKING, TrainConfig, sectioned
 from largetrain_core.training.plan import PlanSettings
 from largetrain_core.training.trackers import METRICS, RECORDS, log_outputs, read_metrics
-from largetrain_dagster.artefacts import CODE_VERSIONS, asset_output, build_or_reuse
+from largetrain_dagster.artifacts import CODE_VERSIONS, asset_output, build_or_reuse
 from largetrain_dagster.configs import dagster_config, deep_merge
 from largetrain_dagster.model_cards import write_card
 from largetrain_dagster.planning import plan_metadata, plan_training

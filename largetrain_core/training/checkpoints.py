@@ -89,8 +89,8 @@ def resume_point(setting: str, ckpt_root: Path) -> tuple[Path | None, list[str]]
 def mark_complete(
     ckpt: Path,
     step: int,
-    world_size: int | None = None,
-    zero_stage: int | None = None,
+    world_size: int,
+    zero_stage: int,
     files: dict | None = None,
     before_replace=None,
 ) -> None:
@@ -112,28 +112,20 @@ def mark_complete(
 
 def saved_topology(ckpt: Path) -> dict:
     """``{"world_size", "zero_stage"}`` of the run that wrote the complete checkpoint ``ckpt``, from its
-    ``COMPLETE.json``; for a marker written before these were recorded, the world size is the number of
-    DeepSpeed ZeRO partition files (``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``) and the stage None.
-    Raises ValueError naming the marker when it is missing or unreadable."""
+    ``COMPLETE.json``. Raises ValueError naming the marker when it is missing, unreadable or lacks them."""
     marker = ckpt / MARKER
     try:
         data = json.loads(marker.read_text())
-        files = data["files"]
-    except (OSError, ValueError, KeyError) as e:
+        return {"world_size": int(data["world_size"]), "zero_stage": int(data["zero_stage"])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{marker}: not a complete checkpoint's marker ({type(e).__name__}: {e})") from e
-    world = data.get("world_size")
-    if world is None:
-        ranks = {m.group(1) for f in files if (m := re.fullmatch(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f))}
-        world = len(ranks) or None
-    return {"world_size": world, "zero_stage": data.get("zero_stage")}
 
 
 def needs_universal(ckpt: Path, world_size: int, zero_stage: int) -> bool:
     """Whether resuming ``ckpt`` with ``world_size`` ranks needs the universal format: a ZeRO stage >= 1
     checkpoint (partitioned optimizer state) written by another number of ranks."""
     saved = saved_topology(ckpt)
-    stage = saved["zero_stage"] if saved["zero_stage"] is not None else zero_stage
-    return stage >= 1 and saved["world_size"] is not None and saved["world_size"] != world_size
+    return saved["zero_stage"] >= 1 and saved["world_size"] != world_size
 
 
 UNIVERSAL_MARKER = "UNIVERSAL.json"
@@ -162,7 +154,6 @@ def universal(ckpt: Path, ckpt_root: Path) -> Path:
     tmp = final.with_name(f".tmp-{ckpt.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    # inject_missing_state: checkpoints written before the client state carried universal_checkpoint_info
     with concerning(ckpt, "loading the checkpoint", SKIP_HINT):
         ds_to_universal.main(
             argparse.Namespace(
@@ -172,7 +163,7 @@ def universal(ckpt: Path, ckpt_root: Path) -> Path:
                 num_merge_workers=1,
                 keep_temp_folder=False,
                 strict=True,
-                inject_missing_state=True,
+                inject_missing_state=False,
             )
         )
     (tmp / UNIVERSAL_MARKER).write_text(json.dumps(source, indent=1))

@@ -97,7 +97,7 @@ def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings) ->
 
 def judge_metrics(metrics_file: Path, vocab_size: int | None, settings: HealthSettings) -> Verdict:
     """:func:`judge` of ``metrics_file`` (metrics.jsonl) read as trackers.read_metrics reads it: a step
-    run again after a resume counts once, with its last row. Raises ArtefactError naming the file
+    run again after a resume counts once, with its last row. Raises ArtifactError naming the file
     when it is missing or not JSON lines."""
     with loading(metrics_file, "training metrics (JSON lines with a step and a loss)"):
         rows = read_metrics(metrics_file)

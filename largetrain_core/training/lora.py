@@ -85,7 +85,7 @@ def fan_in_fan_out(model, targets: list[str]) -> bool:
 def meta_model(model_dir: Path):
     """The causal LM of the Hugging Face directory's ``config.json``, built on torch's meta device: its
     modules, parameter names and weight tying without reading or allocating any weight. Raises
-    (Missing)ArtefactError naming config.json when it is missing or damaged."""
+    (Missing)ArtifactError naming config.json when it is missing or damaged."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -1,4 +1,4 @@
-"""Where a run's params, per-step metrics and artefacts go: one small :class:`Tracker` interface and
+"""Where a run's params, per-step metrics and artifacts go: one small :class:`Tracker` interface and
 its implementations, chosen by ``TrainConfig.report_to``; rank 0 alone tracks.
 
 * ``metrics.jsonl`` (:class:`JsonlTracker`) is always written: the summary, the loss curve and the
@@ -89,7 +89,7 @@ def read_metrics(metrics_file: Path) -> list[dict]:
 
 
 class WandbTracker(Tracker):
-    """Weights & Biases (``config.tracking.wandb``): the config as the run's config, metrics per step, artefacts as
+    """Weights & Biases (``config.tracking.wandb``): the config as the run's config, metrics per step, artifacts as
     W&B artifacts (directories by reference, not copied). Offline runs are uploaded later with the
     record's ``sync_command``. ``mode: disabled`` tracks nothing."""
 
@@ -150,8 +150,8 @@ class WandbTracker(Tracker):
 
 
 def mlflow_location(config: TrainConfig) -> tuple[str, str | None]:
-    """(tracking URI, artefact location for a new experiment). The URI: ``config.tracking.mlflow.tracking_uri``,
-    else ``sqlite:///<output_dir>/../mlruns.db``. A SQLite store keeps its artefacts in
+    """(tracking URI, artifact location for a new experiment). The URI: ``config.tracking.mlflow.tracking_uri``,
+    else ``sqlite:///<output_dir>/../mlruns.db``. A SQLite store keeps its artifacts in
     ``mlartifacts/`` beside the database file (MLflow's default would be ``./mlruns`` under the
     working directory); for a database in the local working copy of an object-store root (the
     default there: the database needs a local file) at that URL, ``<root URL>/mlartifacts``; for
@@ -163,13 +163,13 @@ def mlflow_location(config: TrainConfig) -> tuple[str, str | None]:
         artifacts = stored_location(db.parent / "mlartifacts")  # a database in an object-store root's working copy:
         return uri, artifacts if "://" in artifacts else (
             db.parent / "mlartifacts"
-        ).as_uri()  # its artefacts go to the bucket
+        ).as_uri()  # its artifacts go to the bucket
     return uri, None
 
 
 class MlflowTracker(Tracker):
     """MLflow (``config.tracking.mlflow``): the config as params (nested keys joined by '.'), metrics per step,
-    artefacts copied into the run's artefact store (a directory under its own name), the summary as
+    artifacts copied into the run's artifact store (a directory under its own name), the summary as
     ``summary.json``; the run ends FINISHED, FAILED, or KILLED when the process was stopped from outside
     (a cancelled run), and is reopened (RUNNING) by a resume."""
 

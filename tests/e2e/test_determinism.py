@@ -2,7 +2,7 @@
 
 * the whole lineage materialized twice, over the same tiny corpus copied into two different
   directories (with other file times) and into two different storage roots, gives the same data
-  versions and byte-identical artefacts, except the files named in VARYING (each with why and what
+  versions and byte-identical artifacts, except the files named in VARYING (each with why and what
   is asserted of it instead);
 * a copied storage root reads its own files: the original removed, the copy materializes the steps
   downstream of what it holds, reusing every version;
@@ -232,7 +232,7 @@ def test_same_corpus_in_two_places_gives_the_same_lineage_bit_for_bit_and_a_copi
     assert set(versions["one"]) == expected
     assert versions["one"] == versions["two"]
 
-    # byte-identical artefacts, but for VARYING (asserted field by field)
+    # byte-identical artifacts, but for VARYING (asserted field by field)
     one, two = _files(roots["one"]), _files(roots["two"])
     assert one.keys() == two.keys()
     kinds = {
@@ -346,7 +346,7 @@ IN_BOTH_BUT = {
     "trackers.json": "the trackers' run records (MLflow's run ids)",
 }
 # MLflow's store: its database stays local (in the root's working copy under the cache with an object-store
-# root), its artefacts go under the root; run ids differ between any two runs
+# root), its artifacts go under the root; run ids differ between any two runs
 TRACKER_STORE = ("mlruns.db", "mlartifacts/")
 
 
@@ -409,7 +409,7 @@ def test_whole_lineage_on_an_s3_root_matches_local_disk(tmp_path, s3_bucket, mon
     )
     only_bucket = sorted(k for k in set(bucket) - set(local) if not k.startswith(TRACKER_STORE))
     assert only_local == [] and only_bucket == []
-    assert any(k.startswith("mlartifacts/") for k in bucket)  # MLflow's artefacts went to the bucket
+    assert any(k.startswith("mlartifacts/") for k in bucket)  # MLflow's artifacts went to the bucket
     for kind in ("cleaned_text/", "token_shards/", "tokenizer/", "base_checkpoint/", "lora_adapter/", "evaluation/"):
         assert any(k.startswith(kind) or f"/{kind}" in k for k in bucket), kind
     differing = []

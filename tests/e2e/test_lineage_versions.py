@@ -25,7 +25,7 @@ from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView
 from dagster._time import get_current_datetime
 
 from largetrain_core.storage import write_manifest
-from largetrain_dagster import artefacts
+from largetrain_dagster import artifacts
 from largetrain_dagster.definitions import build_definitions
 from helpers.lineage import PARTITION_KEYS, is_partitioned, materialize_lineage
 from helpers.corpora import CORPORA, corpus, tiny_run_config
@@ -82,7 +82,7 @@ def statuses(instance, assets) -> dict[str, StaleStatus]:
 def materialize_stale_until_fresh(instance, assets, resources, config) -> tuple[list[set[str]], dict[str, bool]]:
     """Materialize the STALE assets, again and again, until none is stale.
 
-    Returns the stale set of each round and, per asset materialized, whether it reused its artefact."""
+    Returns the stale set of each round and, per asset materialized, whether it reused its artifact."""
     rounds, reused = [], {}
     for _ in range(len(DATA_KEYS) + 1):
         stale = {k for k, s in statuses(instance, assets).items() if s == StaleStatus.STALE}
@@ -141,7 +141,7 @@ def test_config_and_code_changes_mark_exactly_downstream_stale(tmp_path, monkeyp
 
         # A cleaning rule changes (the code version of cleaned_text): both cleaned_text assets are stale,
         # then exactly their downstream; raw_corpus never reruns.
-        monkeypatch.setitem(artefacts.CODE_VERSIONS, "cleaned_text", artefacts.CODE_VERSIONS["cleaned_text"] + "-rule")
+        monkeypatch.setitem(artifacts.CODE_VERSIONS, "cleaned_text", artifacts.CODE_VERSIONS["cleaned_text"] + "-rule")
         new_assets, resources = data_assets(tmp_path / "root")
         st = statuses(instance, new_assets)
         assert {k for k, s in st.items() if s == StaleStatus.STALE} == {"pretrain/cleaned_text", "domain/cleaned_text"}

@@ -24,7 +24,7 @@ from helpers.lineage import PARTITION_KEYS, materialize_lineage
 
 def test_whole_lineage_materializes(tiny_lineage, tmp_path):
     """The session's lineage (tests/e2e/conftest.py): every asset and partition, the counts, the checks,
-    the model and adapter loadable; materialized again, every artefact is reused."""
+    the model and adapter loadable; materialized again, every artifact is reused."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -83,7 +83,7 @@ def test_whole_lineage_materializes(tiny_lineage, tmp_path):
     ids = torch.tensor([[1, 2, 3, 4]])
     assert torch.isfinite(tuned(ids).logits).all()
 
-    # Materializing again with the same config and inputs reuses every artefact (same data versions); in a
+    # Materializing again with the same config and inputs reuses every artifact (same data versions); in a
     # copy of the root, which the session's lineage must keep as it is
     again_root = tmp_path / "root"
     shutil.copytree(root, again_root, symlinks=True)

@@ -1,5 +1,5 @@
 """Issue 15: a step whose input was never materialized says what makes it (the asset to select,
-for the artefacts recipes build on: `make demo` or the recipe) and which storage root it looked in."""
+for the artifacts recipes build on: `make demo` or the recipe) and which storage root it looked in."""
 
 import os
 
@@ -28,7 +28,7 @@ def _failure(root, selection: list[str], **kw) -> str:
         ).strip()
 
 
-def test_a_missing_artefact_names_the_asset_the_recipes_that_make_it_and_the_root(tmp_path, monkeypatch):
+def test_a_missing_artifact_names_the_asset_the_recipes_that_make_it_and_the_root(tmp_path, monkeypatch):
     root = tmp_path / "fresh"
     monkeypatch.setenv("LARGETRAIN_ROOT", str(root))
     msg = _failure(root, ["pretrain/token_shards"])
@@ -50,7 +50,7 @@ def test_a_missing_artefact_names_the_asset_the_recipes_that_make_it_and_the_roo
     assert "--partition 000 --select 'domain/" in msg and "make demo" not in msg
 
 
-def test_every_named_recipe_file_exists_and_the_demo_artefacts_name_their_makers():
+def test_every_named_recipe_file_exists_and_the_demo_artifacts_name_their_makers():
     repo = str(REPO)
     assert all(os.path.exists(os.path.join(repo, f)) for f in RECIPES.values())
     msg = not_materialized(AssetKey("base_checkpoint"), "/nowhere")

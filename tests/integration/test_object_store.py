@@ -13,7 +13,7 @@ import time
 import pytest
 
 from largetrain_core import fs, storage
-from largetrain_core.storage import COMMIT, LOCK, MANIFEST, ArtefactError, atomic_dir, verify_manifest
+from largetrain_core.storage import COMMIT, LOCK, MANIFEST, ArtifactError, atomic_dir, verify_manifest
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_an_object_edited_after_its_commit_is_named(bucket, cache):
         f"{url}/part-00000.parquet: content differs from {MANIFEST} (xxh3-128 checksum; edited after "
         "the version was committed)"
     )
-    with pytest.raises(ArtefactError, match="part-00000.parquet: content differs"):
+    with pytest.raises(ArtifactError, match="part-00000.parquet: content differs"):
         storage.local_copy(url)
     fsys.pipe_file(f"{root}/extra.parquet", b"x")
     fsys.rm_file(f"{root}/model/config.json")
@@ -95,7 +95,7 @@ def test_a_writer_killed_mid_upload_leaves_nothing_trusted(bucket, cache, tmp_pa
     assert LOCK in left and "part-00000.parquet" in left and COMMIT not in left and MANIFEST not in left
     (problem,) = verify_manifest(url)
     assert problem.startswith(f"{url}/{COMMIT}: missing: the version was never committed")
-    with pytest.raises(storage.MissingArtefactError, match="no committed version holds it"):
+    with pytest.raises(storage.MissingArtifactError, match="no committed version holds it"):
         storage.local_copy(url)
     # the next run: the dead writer's lock is taken over (same host, process gone), its objects removed
     r = subprocess.run(

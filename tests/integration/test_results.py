@@ -7,7 +7,7 @@ import random
 from dagster import DagsterInstance
 from markdown_it import MarkdownIt
 
-from largetrain_dagster.artefacts import rounded, text_block
+from largetrain_dagster.artifacts import rounded, text_block
 from largetrain_dagster.corpus import corpus_assets
 from largetrain_dagster.definitions import build_definitions
 from largetrain_dagster.evaluation import generations_markdown

@@ -1,5 +1,5 @@
-"""Stored artefacts through Dagster: the genome case (one 300,000-letter run) through every data stage,
-damaged artefacts rebuilt instead of reused, damaged inputs and handles named, and the cancellation of
+"""Stored artifacts through Dagster: the genome case (one 300,000-letter run) through every data stage,
+damaged artifacts rebuilt instead of reused, damaged inputs and handles named, and the cancellation of
 a tokenizer training in progress (issue 12, kinds 6, 7 and 8)."""
 
 import json
@@ -145,7 +145,7 @@ def delete_shard(root):
         (delete_shard, "pretrain/token_shards"),
     ],
 )
-def test_damaged_artefact_is_rebuilt_never_reused(genome, damage, key):
+def test_damaged_artifact_is_rebuilt_never_reused(genome, damage, key):
     root, defs, _ = genome
     before = handle(root, *key.split("/"))
     damaged = damage(root)

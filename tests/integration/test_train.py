@@ -95,7 +95,7 @@ def test_resume_skips_truncated_checkpoint(tmp_path):
     good = root / "step-000010"
     good.mkdir(parents=True)
     (good / "mp_rank_00_model_states.pt").write_bytes(b"x" * 100)
-    mark_complete(good, 10)
+    mark_complete(good, 10, 1, 0)
     bad = root / "step-000020"
     bad.mkdir()
     (bad / "mp_rank_00_model_states.pt").write_bytes(b"")
@@ -682,7 +682,7 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained_gpt2, tmp_path):
 def test_trackers_continue_their_runs_after_a_restart(tmp_path, monkeypatch, caplog):
     """Rank 0's trackers, W&B offline and MLflow on its default local SQLite store: a second start in
     the same output directory (a resume) continues the same W&B and MLflow runs; metrics.jsonl is
-    appended to; MLflow holds the params, every step's metrics, the artefacts and the final status."""
+    appended to; MLflow holds the params, every step's metrics, the artifacts and the final status."""
     from mlflow.tracking import MlflowClient
 
     from largetrain_core.training.trackers import Trackers, read_metrics

@@ -396,7 +396,7 @@ def test_training_failures_through_dagster(tmp_path):
                 (short / f).write_bytes((tok / f).read_bytes())
         result = base(instance, {"pretrained_model": str(tmp_path / "no_such_model")})
         description, _ = step_failure(result)
-        assert f"MissingArtefactError: {tmp_path / 'no_such_model'}: missing" in description
+        assert f"MissingArtifactError: {tmp_path / 'no_such_model'}: missing" in description
         assert "Not retried" in description and "STEP_UP_FOR_RETRY" not in step_events(
             instance, result.run_id, "base_checkpoint"
         )

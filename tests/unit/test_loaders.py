@@ -1,4 +1,4 @@
-"""Every loader of a stored artefact names the file and what it expected when the file is cut short,
+"""Every loader of a stored artifact names the file and what it expected when the file is cut short,
 garbled or missing (issue 12, kind 6): tokenizer, model weights, PEFT adapter, shards, part files."""
 
 import json
@@ -11,7 +11,7 @@ import torch
 from largetrain_core.evaluate import load_for_eval, sample_generations
 from largetrain_core.model import build_model, load_adapter, load_model
 from largetrain_core.shards import TokenShards, build_token_shards
-from largetrain_core.storage import ArtefactError, MissingArtefactError
+from largetrain_core.storage import ArtifactError, MissingArtifactError
 from largetrain_core.tokenizer import load_tokenizer_info, save_hf_tokenizer
 
 
@@ -46,7 +46,7 @@ def copy_of(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_intact_artefacts_load(saved):
+def test_intact_artifacts_load(saved):
     model = load_for_eval(saved / "model", saved / "adapter")
     assert torch.isfinite(model(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
 
@@ -55,9 +55,9 @@ def test_intact_artefacts_load(saved):
 def test_truncated_tokenizer_file_is_named(saved, tmp_path, name):
     d = copy_of(saved / "model", tmp_path / "model")
     truncate(d / name)
-    with pytest.raises(ArtefactError, match=f"^{d / name}: not a valid .*{name}"):
+    with pytest.raises(ArtifactError, match=f"^{d / name}: not a valid .*{name}"):
         load_tokenizer_info(d)
-    with pytest.raises(ArtefactError, match=f"^{d / name}: "):  # evaluation's prompts go through AutoTokenizer
+    with pytest.raises(ArtifactError, match=f"^{d / name}: "):  # evaluation's prompts go through AutoTokenizer
         sample_generations(None, d, ["a prompt"])
 
 
@@ -65,7 +65,7 @@ def test_truncated_tokenizer_file_is_named(saved, tmp_path, name):
 def test_truncated_model_file_is_named(saved, tmp_path, name):
     d = copy_of(saved / "model", tmp_path / "model")
     truncate(d / name)
-    with pytest.raises(ArtefactError, match=f"^{d / name}: not a valid .*Hugging Face causal-LM directory"):
+    with pytest.raises(ArtifactError, match=f"^{d / name}: not a valid .*Hugging Face causal-LM directory"):
         load_model(d)
 
 
@@ -73,7 +73,7 @@ def test_missing_model_weights_are_named(saved, tmp_path):
     d = copy_of(saved / "model", tmp_path / "model")
     (d / "model.safetensors").unlink()
     with pytest.raises(
-        MissingArtefactError, match=f"^{d / 'model.safetensors'}: missing; expected safetensors weights"
+        MissingArtifactError, match=f"^{d / 'model.safetensors'}: missing; expected safetensors weights"
     ):
         load_model(d)
 
@@ -82,9 +82,9 @@ def test_missing_model_weights_are_named(saved, tmp_path):
 def test_truncated_adapter_file_is_named(saved, tmp_path, name):
     d = copy_of(saved / "adapter", tmp_path / "adapter")
     truncate(d / name)
-    with pytest.raises(ArtefactError, match=f"^{d / name}: not a valid .*PEFT adapter directory"):
+    with pytest.raises(ArtifactError, match=f"^{d / name}: not a valid .*PEFT adapter directory"):
         load_adapter(load_model(saved / "model"), d)
-    with pytest.raises(ArtefactError, match=f"^{d / name}: "):
+    with pytest.raises(ArtifactError, match=f"^{d / name}: "):
         load_for_eval(saved / "model", d)
 
 
@@ -101,14 +101,14 @@ def test_truncated_files_read_by_the_shard_builder_are_named(saved, tmp_path, se
     assert len(TokenShards(out, "train")) > 0
 
     truncate(docs / "part-00000.parquet")
-    with pytest.raises(ArtefactError, match=f"^{docs / 'part-00000.parquet'}: not a valid Parquet part file"):
+    with pytest.raises(ArtifactError, match=f"^{docs / 'part-00000.parquet'}: not a valid Parquet part file"):
         build_token_shards(docs, tok, tmp_path / "again", seq_len=16)
     truncate(tok / "tokenizer.json", 0.9)
     with pytest.raises(
-        ArtefactError, match=f"^{tok / 'tokenizer.json'}: not a valid Hugging Face tokenizers tokenizer.json"
+        ArtifactError, match=f"^{tok / 'tokenizer.json'}: not a valid Hugging Face tokenizers tokenizer.json"
     ):
         build_token_shards(docs, tok, tmp_path / "again", seq_len=16)
     truncate(out / "manifest.json")
-    with pytest.raises(ArtefactError, match=f"^{out / 'manifest.json'}: not valid JSON"):
+    with pytest.raises(ArtifactError, match=f"^{out / 'manifest.json'}: not valid JSON"):
         TokenShards(out, "train")
     assert json.loads((saved / "model" / "tokenizer_config.json").read_text())["split_special_tokens"] is True

@@ -418,7 +418,7 @@ def test_the_same_sequences_in_the_same_order_for_any_partition_count(tmp_path, 
 
 def test_partitions_that_do_not_fit_together_are_refused(tmp_path, bpe_dir, sentences):
     from largetrain_core.shards import Packing, assemble_token_shards, tokenize_partition
-    from largetrain_core.storage import ArtefactError
+    from largetrain_core.storage import ArtifactError
 
     docs = [(f"d{i}", " ".join(sentences[i * 3 : i * 3 + 5])) for i in range(12)]
     src = write_parts(tmp_path / "in", [docs[:4], docs[4:8], docs[8:]])
@@ -428,14 +428,14 @@ def test_partitions_that_do_not_fit_together_are_refused(tmp_path, bpe_dir, sent
         d.mkdir()
         tokenize_partition(src, bpe_dir, d, i, 3, Packing(seq_len=6) if i == 2 else packing)
     (tmp_path / "g").mkdir()
-    with pytest.raises(ArtefactError, match="partition 2 of 3 does not fit.*seq_len"):
+    with pytest.raises(ArtifactError, match="partition 2 of 3 does not fit.*seq_len"):
         assemble_token_shards(dirs, src, bpe_dir, tmp_path / "g", packing)
     again = tmp_path / "p2-again"
     again.mkdir()
     tokenize_partition(src, bpe_dir, again, 2, 3, packing)
-    with pytest.raises(ArtefactError, match="partition 2 of 3 does not fit.*parts 2.. of 3, expected part 1 of 3"):
+    with pytest.raises(ArtifactError, match="partition 2 of 3 does not fit.*parts 2.. of 3, expected part 1 of 3"):
         assemble_token_shards([dirs[0], again], src, bpe_dir, tmp_path / "g", packing)
-    with pytest.raises(ArtefactError, match="the partitions hold 2 of the 3 part files"):
+    with pytest.raises(ArtifactError, match="the partitions hold 2 of the 3 part files"):
         assemble_token_shards(dirs[:2], src, bpe_dir, tmp_path / "g", packing)
     assert assemble_token_shards([*dirs[:2], again], src, bpe_dir, tmp_path / "g", packing)["total_tokens"] > 0
 

@@ -1,4 +1,4 @@
-"""largetrain_core.storage: the manifest every artefact directory gets, its verification, and loaders that
+"""largetrain_core.storage: the manifest every artifact directory gets, its verification, and loaders that
 name the file they failed on."""
 
 import json
@@ -9,8 +9,8 @@ import pytest
 from largetrain_core import storage
 from largetrain_core.storage import (
     MANIFEST,
-    ArtefactError,
-    MissingArtefactError,
+    ArtifactError,
+    MissingArtifactError,
     atomic_dir,
     loading,
     read_json,
@@ -20,8 +20,8 @@ from largetrain_core.storage import (
 
 
 @pytest.fixture
-def artefact(tmp_path):
-    """An artefact directory as atomic_dir leaves it: two small files, one in a subdirectory, and one
+def artifact(tmp_path):
+    """An artifact directory as atomic_dir leaves it: two small files, one in a subdirectory, and one
     file larger than FULL_CHECKSUM_MAX_BYTES (checked by sampled blocks)."""
     final = tmp_path / "stage" / "0123456789abcdef"
     with atomic_dir(final) as tmp:
@@ -32,62 +32,62 @@ def artefact(tmp_path):
     return final
 
 
-def test_atomic_dir_writes_a_manifest_of_every_file(artefact):
-    manifest = json.loads((artefact / MANIFEST).read_text())
+def test_atomic_dir_writes_a_manifest_of_every_file(artifact):
+    manifest = json.loads((artifact / MANIFEST).read_text())
     assert manifest["format"] == "largetrain.manifest/1" and manifest["paths"] is None
     assert sorted(manifest["files"]) == ["big.bin", "model/config.json", "stats.json"]
     for rel, entry in manifest["files"].items():
-        assert entry["bytes"] == (artefact / rel).stat().st_size
+        assert entry["bytes"] == (artifact / rel).stat().st_size
         assert len(entry["xxh3_128"]) == 32
     assert "sample_xxh3_128" in manifest["files"]["big.bin"]
     assert "sample_xxh3_128" not in manifest["files"]["stats.json"]
-    assert verify_manifest(artefact) == [] and verify_manifest(artefact, full=True) == []
+    assert verify_manifest(artifact) == [] and verify_manifest(artifact, full=True) == []
 
 
-def test_truncated_file_is_named(artefact):
-    (artefact / "model" / "config.json").write_text('{"vocab_')
-    (problem,) = verify_manifest(artefact)
-    assert problem.startswith(f"{artefact / 'model' / 'config.json'}: ") and "bytes" in problem
+def test_truncated_file_is_named(artifact):
+    (artifact / "model" / "config.json").write_text('{"vocab_')
+    (problem,) = verify_manifest(artifact)
+    assert problem.startswith(f"{artifact / 'model' / 'config.json'}: ") and "bytes" in problem
 
 
-def test_same_size_edit_of_a_small_file_is_found_by_its_checksum(artefact):
-    path = artefact / "stats.json"
+def test_same_size_edit_of_a_small_file_is_found_by_its_checksum(artifact):
+    path = artifact / "stats.json"
     path.write_text(path.read_text().replace("3", "4"))
-    (problem,) = verify_manifest(artefact)
+    (problem,) = verify_manifest(artifact)
     assert problem.startswith(f"{path}: content differs")
 
 
-def test_same_size_edit_of_a_large_file_is_found(artefact):
-    path = artefact / "big.bin"
+def test_same_size_edit_of_a_large_file_is_found(artifact):
+    path = artifact / "big.bin"
     st = path.stat()
     with open(path, "r+b") as fh:  # in the last sampled block
         fh.seek(st.st_size - 10)
         fh.write(b"\x00" * 10)
     # the writer changed the modification time: the whole file is hashed
-    (problem,) = verify_manifest(artefact)
+    (problem,) = verify_manifest(artifact)
     assert problem == f"{path}: content differs from {MANIFEST} (xxh3-128 checksum)"
     # with the modification time put back, the sampled blocks still cover the edited bytes
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    (problem,) = verify_manifest(artefact)
+    (problem,) = verify_manifest(artifact)
     assert problem == f"{path}: content differs from {MANIFEST} (xxh3-128 of sampled blocks)"
 
 
-def test_deleted_and_added_files_are_named(artefact):
-    (artefact / "model" / "config.json").unlink()
-    (artefact / "part-00001.parquet").write_bytes(b"PAR1")
-    assert verify_manifest(artefact) == [
-        f"{artefact / 'model' / 'config.json'}: listed in {MANIFEST} but missing",
-        f"{artefact / 'part-00001.parquet'}: not in {MANIFEST} (added after the directory was written)",
+def test_deleted_and_added_files_are_named(artifact):
+    (artifact / "model" / "config.json").unlink()
+    (artifact / "part-00001.parquet").write_bytes(b"PAR1")
+    assert verify_manifest(artifact) == [
+        f"{artifact / 'model' / 'config.json'}: listed in {MANIFEST} but missing",
+        f"{artifact / 'part-00001.parquet'}: not in {MANIFEST} (added after the directory was written)",
     ]
 
 
-def test_missing_or_damaged_manifest(artefact):
-    (artefact / MANIFEST).write_text('{"format": "largetrain.manifest/1", "fi')
-    (problem,) = verify_manifest(artefact)
-    assert problem.startswith(f"{artefact / MANIFEST}: unreadable")
-    (artefact / MANIFEST).unlink()
-    (problem,) = verify_manifest(artefact)
-    assert problem.startswith(f"{artefact / MANIFEST}: missing")
+def test_missing_or_damaged_manifest(artifact):
+    (artifact / MANIFEST).write_text('{"format": "largetrain.manifest/1", "fi')
+    (problem,) = verify_manifest(artifact)
+    assert problem.startswith(f"{artifact / MANIFEST}: unreadable")
+    (artifact / MANIFEST).unlink()
+    (problem,) = verify_manifest(artifact)
+    assert problem.startswith(f"{artifact / MANIFEST}: missing")
 
 
 def test_manifest_of_some_entries_only(tmp_path):
@@ -107,12 +107,12 @@ def test_manifest_of_some_entries_only(tmp_path):
 
 def test_loaders_name_the_file_and_what_was_expected(tmp_path):
     path = tmp_path / "handle.json"
-    with pytest.raises(MissingArtefactError, match=f"{path}: missing; expected handle"):
+    with pytest.raises(MissingArtifactError, match=f"{path}: missing; expected handle"):
         read_json(path, "handle")
     path.write_text('{"path": "/x", "data_ver')
-    with pytest.raises(ArtefactError, match=rf"{path}: not a valid handle \(JSONDecodeError"):
+    with pytest.raises(ArtifactError, match=rf"{path}: not a valid handle \(JSONDecodeError"):
         read_json(path, "handle")
-    with pytest.raises(ArtefactError, match=f"{path}: not a valid thing .*ZeroDivisionError"):
+    with pytest.raises(ArtifactError, match=f"{path}: not a valid thing .*ZeroDivisionError"):
         with loading(path, "thing"):
             1 / 0  # noqa: B018
     with pytest.raises(KeyboardInterrupt):  # an interrupt is not turned into a file error
@@ -152,13 +152,13 @@ def test_a_damaged_version_is_replaced_by_the_next_writer(tmp_path):
     assert again.committed is True and (final / "a.txt").read_text() == "good" and verify_manifest(final) == []
 
 
-def test_the_commit_marker_names_the_manifest(artefact):
-    marker = json.loads((artefact / storage.COMMIT).read_text())
+def test_the_commit_marker_names_the_manifest(artifact):
+    marker = json.loads((artifact / storage.COMMIT).read_text())
     assert marker["format"] == "largetrain.commit/1" and marker["objects"] is None
-    manifest = (artefact / MANIFEST).read_text()
-    (artefact / MANIFEST).write_text(manifest.replace('"paths": null', '"paths":  null'))
-    (problem,) = verify_manifest(artefact)
-    assert problem.startswith(f"{artefact / storage.COMMIT}: records another {MANIFEST}")
+    manifest = (artifact / MANIFEST).read_text()
+    (artifact / MANIFEST).write_text(manifest.replace('"paths": null', '"paths":  null'))
+    (problem,) = verify_manifest(artifact)
+    assert problem.startswith(f"{artifact / storage.COMMIT}: records another {MANIFEST}")
 
 
 def test_a_version_on_an_in_memory_store(tmp_path, monkeypatch):
@@ -182,7 +182,7 @@ def test_a_version_on_an_in_memory_store(tmp_path, monkeypatch):
     mem.pipe_file(root + "/sub/x.json", b'{"a": 2}')
     (problem,) = verify_manifest(url)
     assert problem.startswith(f"{url}/sub/x.json: content differs")
-    with pytest.raises(ArtefactError, match="x.json: content differs"):
+    with pytest.raises(ArtifactError, match="x.json: content differs"):
         storage.local_copy(url)
     mem.rm(root, recursive=True)
 

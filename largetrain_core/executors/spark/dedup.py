@@ -136,7 +136,7 @@ def duplicates(
 def global_step_settings(spark: SparkSession, documents: int, cfg: DedupConfig):
     """Spark SQL settings of the global step, restored on exit: :func:`shuffle_partitions`, and
     adaptive query execution off. AQE re-plans after every shuffle stage, each re-plan a job of its
-    own (here 17 jobs instead of 5 for the kernel docs, about 2 s of driver round trips); the shuffle
+    own and a driver round trip, several times the step's own jobs; the shuffle
     partitions are set from the document count and AQE does not coalesce persisted plans; the joins
     are planned statically (broadcast below spark.sql.autoBroadcastJoinThreshold)."""
     settings = {
