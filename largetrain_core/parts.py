@@ -12,6 +12,8 @@ an executor that runs :func:`map_part` elsewhere publishes both (see executors/s
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -98,13 +100,25 @@ def finish(removed: list[pl.DataFrame], out_dir: Path, totals: dict) -> dict:
     return {**totals, "filtered_by_reason": filtered_by_reason(table)}
 
 
-def map_parts(step: PartStep, in_dir: Path | list[Path], out_dir: Path) -> dict:
-    """``step`` over every ``part-*.parquet`` of ``in_dir``, one part at a time: ``out_dir/part-NNNNN.parquet``
-    per input part (numbered in input order), ``out_dir/filtered.parquet`` (and for a :class:`WithSignatures`
-    step ``out_dir/signatures/``); returns the summed counts and ``filtered_by_reason``."""
+def map_parts(step: PartStep, in_dir: Path | list[Path], out_dir: Path, workers: int = 1) -> dict:
+    """``step`` over every ``part-*.parquet`` of ``in_dir``: ``out_dir/part-NNNNN.parquet`` per input part
+    (numbered in input order), ``out_dir/filtered.parquet`` (and for a :class:`WithSignatures` step
+    ``out_dir/signatures/``); returns the summed counts and ``filtered_by_reason``.
+
+    ``workers``: part files in progress at once. 1: one at a time in this process; more: each part in
+    one of ``workers`` spawned processes (as datatrove's LocalPipelineExecutor ``workers``), memory
+    about ``workers`` parts. The files and counts are the same for any ``workers``."""
+    parts = part_files(in_dir)
+    outs = [Path(out_dir) / f"part-{i:05d}.parquet" for i in range(len(parts))]
     totals, removed = zero_counts(step), []
-    for i, part in enumerate(part_files(in_dir)):
-        rows, counts = map_part(step, part, Path(out_dir) / f"part-{i:05d}.parquet")
+    if workers > 1 and len(parts) > 1:
+        # spawn, not fork: the caller (a Dagster step, the polars pool) holds threads
+        pool = ProcessPoolExecutor(min(workers, len(parts)), mp_context=multiprocessing.get_context("spawn"))
+        with pool:
+            results = list(pool.map(map_part, [step] * len(parts), parts, outs))
+    else:
+        results = (map_part(step, part, out) for part, out in zip(parts, outs))
+    for rows, counts in results:
         removed.append(rows)
         add_counts(totals, counts)
     if isinstance(step, WithSignatures):

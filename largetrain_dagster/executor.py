@@ -7,7 +7,8 @@ Chosen by the ``executor`` resource's config, or by the environment when the cod
 LARGETRAIN_EXECUTOR (``local`` or ``spark``; LARGETRAIN_ENGINE, its former name, still works and
 logs a deprecation warning), LARGETRAIN_SPARK_MASTER (``local[*]`` by default;
 ``local-cluster[2,1,1024]``, ``spark://host:7077``, ``k8s://https://host:443``, ``yarn``) and
-LARGETRAIN_SPARK_CONF (a JSON object of more Spark settings, e.g. ``{"spark.executor.memory": "4g"}``).
+LARGETRAIN_SPARK_CONF (a JSON object of more Spark settings, e.g. ``{"spark.executor.memory": "4g"}``)
+and LARGETRAIN_WORKERS (the local executor's part files at once, each in a worker process; 1 by default).
 
 A process an executor starts (Spark: one ``spark-submit`` per stage) runs through Dagster Pipes
 (largetrain_dagster.runner.run_process) in a process group of its own: its log lines and Spark stage
@@ -37,8 +38,9 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
     @classmethod
     def from_env(cls) -> "DataExecutor":
         """The executor named by LARGETRAIN_EXECUTOR (or, deprecated, LARGETRAIN_ENGINE) with
-        LARGETRAIN_SPARK_MASTER / LARGETRAIN_SPARK_CONF. Raises ValueError for an unknown executor,
-        two names that disagree, or a LARGETRAIN_SPARK_CONF that is not a JSON object."""
+        LARGETRAIN_SPARK_MASTER / LARGETRAIN_SPARK_CONF / LARGETRAIN_WORKERS. Raises ValueError for an
+        unknown executor, two names that disagree, a LARGETRAIN_SPARK_CONF that is not a JSON object or
+        LARGETRAIN_WORKERS not a positive integer."""
         name, old = os.environ.get("LARGETRAIN_EXECUTOR"), os.environ.get("LARGETRAIN_ENGINE")
         if old is not None:
             LOG.warning(
@@ -61,8 +63,12 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
             raise ValueError(f"LARGETRAIN_SPARK_CONF is not JSON: {e}") from e
         if not isinstance(conf, dict):
             raise ValueError("LARGETRAIN_SPARK_CONF must be a JSON object of Spark settings")
+        workers = os.environ.get("LARGETRAIN_WORKERS", "1")
+        if not workers.isdigit() or int(workers) < 1:
+            raise ValueError(f"LARGETRAIN_WORKERS must be an integer >= 1, got {workers!r}")
         return cls(
             name=name,
+            workers=int(workers),
             master=os.environ.get("LARGETRAIN_SPARK_MASTER", "local[*]"),
             conf={str(k): str(v) for k, v in conf.items()},
         )

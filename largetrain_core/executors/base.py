@@ -63,6 +63,13 @@ class ExecutorSettings:
             "More settings of the cluster's jobs (Spark: spark.executor.memory, ...). LARGETRAIN_SPARK_CONF (a JSON object)."
         ),
     )
+    workers: int = field(
+        default=1,
+        metadata=_describe(
+            "local: part files that cleaned_text and filtered_text work on at once, each in a worker process "
+            "(memory: about this many parts); the outputs do not depend on it. LARGETRAIN_WORKERS."
+        ),
+    )
     spark_submit: str = field(
         default="",
         metadata=_describe("Path of spark-submit; empty = $SPARK_HOME/bin/spark-submit, else pyspark's own."),
@@ -73,6 +80,10 @@ class ExecutorSettings:
             "Seconds between SIGTERM and SIGKILL to a job's process group when the run is cancelled or fails."
         ),
     )
+
+    def __post_init__(self):
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"executor workers must be an integer >= 1, got {self.workers!r}")
 
 
 class ExecutorError(RuntimeError):

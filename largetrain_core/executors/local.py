@@ -12,7 +12,9 @@ from largetrain_core.readers import ReaderConfig
 
 
 class LocalExecutor(Executor):
-    """Every stage in the calling process, one part file at a time (memory bounded by a part)."""
+    """Every stage in the calling process, one part file at a time (memory bounded by a part); a
+    per-part stage (cleaned_text, filtered_text) over ``settings.workers`` part files at once, each in a
+    worker process (largetrain_core.parts.map_parts)."""
 
     name = "local"
 
@@ -20,7 +22,7 @@ class LocalExecutor(Executor):
         return {**ingest(reader, out_dir), **self.record()}
 
     def map_parts(self, step: PartStep, in_dir: Path, out_dir: Path) -> dict:
-        return {**map_parts(step, in_dir, out_dir), **self.record()}
+        return {**map_parts(step, in_dir, out_dir, self.settings.workers), **self.record(workers=self.settings.workers)}
 
     def deduplicate(self, in_dirs: list[Path], out_dir: Path, cfg: DedupConfig) -> dict:
         return {**deduplicate(in_dirs, out_dir, cfg), **self.record()}

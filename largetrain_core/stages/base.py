@@ -179,6 +179,8 @@ def executor_metadata(stats: dict) -> dict:
     """Materialization metadata of the executor that built an artifact (from its stats' record)."""
     e = stats.get(RECORD) or {"executor": "local"}
     md = {"executor": e["executor"]}
+    if "workers" in e:
+        md["executor_workers"] = e["workers"]
     if e["executor"] == "spark":
         md.update(
             {

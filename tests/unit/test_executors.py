@@ -1,7 +1,8 @@
 """The executor interface of data preparation (largetrain_core.executors): executors found by name, the
 contract every executor must meet (tests/helpers/executor_contract.py) on the handed cases, a contract
-breach caught, and the Dagster resource's choice from the environment (LARGETRAIN_EXECUTOR; its
-former name LARGETRAIN_ENGINE still works, with a logged deprecation)."""
+breach caught, the local executor's worker processes, and the Dagster resource's choice from the
+environment (LARGETRAIN_EXECUTOR; its former name LARGETRAIN_ENGINE still works, with a logged
+deprecation; LARGETRAIN_WORKERS)."""
 
 import logging
 import subprocess
@@ -10,10 +11,15 @@ import sys
 import polars as pl
 import pytest
 
-from helpers.executor_contract import check_executor, contract_corpus
+from helpers.executor_contract import QUALITY, check_executor, contract_corpus
+from largetrain_core.clean import Cleaning
+from largetrain_core.corpus import ingest
+from largetrain_core.dedup import DedupConfig
 from largetrain_core.executors.base import Executor, ExecutorSettings, known, load
 from largetrain_core.executors.local import LocalExecutor
-from largetrain_core.parts import map_parts
+from largetrain_core.parts import WithSignatures, map_parts
+from largetrain_core.readers import ReaderConfig
+from largetrain_core.stages.base import executor_metadata
 from largetrain_core.storage import part_files
 from largetrain_dagster.executor import DataExecutor
 
@@ -49,6 +55,34 @@ def test_the_local_executor_meets_the_contract(corpus, tmp_path):
     assert len(part_files(tmp_path / "out" / "reference" / "dd")) > 0
 
 
+def test_local_workers_write_the_same_files_and_counts_as_one_process(corpus, tmp_path):
+    """cleaned_text's step over several part files in 1 process and in 3 spawned workers: the same bytes in
+    every part, signature and filtered file, and the same counts."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    ingest(ReaderConfig(str(corpus), batch_size=16), raw)
+    parts = len(part_files(raw))
+    assert parts > 3
+    step = WithSignatures(Cleaning(QUALITY), DedupConfig())
+    outs, stats = {}, {}
+    for workers in (1, 3):
+        outs[workers] = tmp_path / f"workers{workers}"
+        outs[workers].mkdir()
+        stats[workers] = LocalExecutor(ExecutorSettings(workers=workers)).map_parts(step, raw, outs[workers])
+    assert executor_metadata(stats[3]) == {"executor": "local", "executor_workers": 3}
+    assert stats[3].pop("executor") == {"executor": "local", "workers": 3}
+    assert stats[1].pop("executor") == {"executor": "local", "workers": 1}
+    assert stats[3] == stats[1] and stats[1]["filtered"] > 0 and stats[1]["kept"] > 0
+    files = sorted(p.relative_to(outs[1]) for p in outs[1].rglob("*") if p.is_file())
+    assert len(files) == 2 * parts + 2  # parts, their signatures, the signature settings, filtered.parquet
+    assert files == sorted(p.relative_to(outs[3]) for p in outs[3].rglob("*") if p.is_file())
+    for f in files:
+        assert (outs[3] / f).read_bytes() == (outs[1] / f).read_bytes(), f
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="executor workers must be an integer >= 1"):
+            ExecutorSettings(workers=bad)
+
+
 class _DropsLast(LocalExecutor):
     """An executor that loses the last document of every part: the contract check must catch it."""
 
@@ -69,9 +103,21 @@ def test_a_breach_of_the_contract_is_caught(corpus, tmp_path):
 
 
 def test_the_resource_reads_the_environment_and_the_old_name_with_a_warning(monkeypatch, caplog):
-    for var in ("LARGETRAIN_EXECUTOR", "LARGETRAIN_ENGINE", "LARGETRAIN_SPARK_MASTER", "LARGETRAIN_SPARK_CONF"):
+    for var in (
+        "LARGETRAIN_EXECUTOR",
+        "LARGETRAIN_ENGINE",
+        "LARGETRAIN_SPARK_MASTER",
+        "LARGETRAIN_SPARK_CONF",
+        "LARGETRAIN_WORKERS",
+    ):
         monkeypatch.delenv(var, raising=False)
     assert DataExecutor.from_env().to_core() == ExecutorSettings()
+    monkeypatch.setenv("LARGETRAIN_WORKERS", "4")
+    assert DataExecutor.from_env().to_core().workers == 4
+    monkeypatch.setenv("LARGETRAIN_WORKERS", "0")
+    with pytest.raises(ValueError, match="LARGETRAIN_WORKERS must be an integer >= 1, got '0'"):
+        DataExecutor.from_env()
+    monkeypatch.delenv("LARGETRAIN_WORKERS")
     monkeypatch.setenv("LARGETRAIN_EXECUTOR", "spark")
     monkeypatch.setenv("LARGETRAIN_SPARK_CONF", '{"spark.executor.cores": 2}')
     with caplog.at_level(logging.WARNING):
