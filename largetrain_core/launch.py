@@ -31,6 +31,17 @@ log = logging.getLogger("largetrain.launch")
 ENTRY_MODULE = "largetrain_core.training"
 
 
+class FaultInjection:
+    """LARGETRAIN_FAULT as a hook of the training loop (largetrain_core.training.trainer.Trainer's
+    ``hooks``): :func:`maybe_fault` after a step's metrics row and in the middle of a save."""
+
+    def after_step(self, step: int, rank: int) -> None:
+        maybe_fault("after_step", step, rank)
+
+    def mid_save(self, step: int, rank: int) -> None:
+        maybe_fault("mid_save", step, rank)
+
+
 def maybe_fault(point: str, step: int, rank: int) -> None:
     """LARGETRAIN_FAULT: comma-separated faults that rank 0 injects, each ``<kind>:<step>``, in the order given.
 

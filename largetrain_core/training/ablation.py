@@ -353,11 +353,11 @@ def device_name() -> str:
 def run(cfg: AblationConfig) -> dict | None:
     """Every rank: run the baseline and the chosen variants (skipping those the hardware cannot run);
     rank 0 writes the report files and returns the report (other ranks return None)."""
-    import deepspeed
     import torch
     import torch.distributed as dist
 
     from largetrain_core.model import build_model
+    from largetrain_core.training import distributed
     from largetrain_core.shards import TokenShards
     from largetrain_core.storage import write_json_atomic
 
@@ -365,10 +365,7 @@ def run(cfg: AblationConfig) -> dict | None:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     cuda = torch.cuda.is_available()
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    rank, world, _ = distributed.setup()
     out = Path(cfg.output_dir)
     lora_base = out / "lora_base"
     variants = chosen(cfg)

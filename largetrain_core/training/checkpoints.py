@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from largetrain_core.launch import concerning, maybe_fault
+from largetrain_core.launch import concerning
 
 SKIP_HINT = "set resume_from_checkpoint to an older checkpoint directory, or never, to skip it"
 
@@ -210,14 +210,17 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save(engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int, world: int, dist, remote=None) -> None:
+def save(
+    engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int, world: int, dist, remote=None, mid_save=None
+) -> None:
     """``save_checkpoint`` on every rank with ``client`` state plus every rank's RNG states, the world
     size and DeepSpeed's ``universal_checkpoint_info`` (what ``ds_to_universal`` requires of a client),
     then the completion marker (rank 0, after a barrier), then pruning to ``keep`` complete checkpoints.
     ``remote`` (largetrain_core.training.sync.RemoteOutput, for an output_dir URL): after the barrier every
     node's first rank uploads its node's files, and after another barrier rank 0 writes the marker from
     the bucket's listing, uploads it last, then writes it locally and prunes both; last, the other nodes'
-    first ranks delete their older local copies (:func:`prune_node_copies`)."""
+    first ranks delete their older local copies (:func:`prune_node_copies`). ``mid_save()``: called on
+    every rank once its own files are written, before the barrier and the marker (the trainer's hooks)."""
     from deepspeed.checkpoint.constants import (
         UNIVERSAL_CHECKPOINT_INFO,
         UNIVERSAL_CHECKPOINT_VERSION_KEY,
@@ -234,7 +237,8 @@ def save(engine, ckpt_root: Path, step: int, client: dict, keep: int, rank: int,
         UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
     }
     engine.save_checkpoint(str(ckpt_root), tag=tag(step), client_state=client)
-    maybe_fault("mid_save", step, rank)  # this rank's files written, the others' maybe not, no marker yet
+    if mid_save is not None:
+        mid_save()  # this rank's files written, the others' maybe not, no marker yet
     dist.barrier()
     ckpt = ckpt_root / tag(step)
     from largetrain_core.training.sync import node_leader

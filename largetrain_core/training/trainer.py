@@ -11,13 +11,13 @@ warmup + cosine schedule and, on CUDA, fp16 with dynamic loss scaling. Outputs u
 The loss, in training, in the evaluation during training and in the held-out perplexity
 (largetrain_core.evaluate), is one function: loss.next_token_loss.
 
-Evaluation during training (``eval_strategy: steps``): every ``eval_steps`` steps and after the last
-one, the mean next-token cross-entropy (nats) and perplexity on the first ``eval_max_sequences``
-sequences of the shards' validation split, divided among the ranks; logged as ``eval_loss`` and
-``eval_perplexity`` in the step's metrics. It runs in eval mode without gradients and restores every
-RNG state it could touch, so the training's losses are the same with it and without it (tested,
-bitwise on CPU). Optional early stopping (``early_stopping_patience``, Hugging Face's
-EarlyStoppingCallback rule) ends the run after that many evaluations without improvement.
+Evaluation during training (``eval_strategy: steps``, evaluator.py): every ``eval_steps`` steps and
+after the last one, the mean next-token cross-entropy (nats) and perplexity on the first
+``eval_max_sequences`` sequences of the shards' validation split, divided among the ranks; logged as
+``eval_loss`` and ``eval_perplexity`` in the step's metrics, the training's losses bitwise the same
+with it and without it (tested on CPU). Optional early stopping (``early_stopping_patience``,
+early_stopping.py) ends the run after that many evaluations without improvement. Fault injection
+(LARGETRAIN_FAULT) is a hook outside the loop (launch.FaultInjection, :class:`Trainer`'s ``hooks``).
 """
 
 from __future__ import annotations
@@ -35,18 +35,28 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from largetrain_core.launch import concerning, defer_sigterm, maybe_fault, preempted, raise_on_sigterm, terminated
+from largetrain_core.launch import (
+    FaultInjection,
+    concerning,
+    defer_sigterm,
+    preempted,
+    raise_on_sigterm,
+    terminated,
+)
 from largetrain_core.model import build_model, load_model, parameter_count
 from largetrain_core.shards import DistributedSampler, TokenShards
 from largetrain_core.storage import write_json_atomic
-from largetrain_core.training import checkpoints, preflight, sync
+from largetrain_core.training import checkpoints, distributed, preflight, sync
 from largetrain_core.training.config import TrainConfig
 from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
+from largetrain_core.training.early_stopping import EarlyStopping
+from largetrain_core.training.evaluator import Evaluator
 from largetrain_core.training.export import export
 from largetrain_core.training.flops import flops_formula, job_peak_flops, mfu, model_flops_per_token
-from largetrain_core.training.health import RateLimitedWarnings, step_counts
+from largetrain_core.training.health import step_counts
 from largetrain_core.training.lora import add_lora
-from largetrain_core.training.loss import next_token_loss, targets
+from largetrain_core.training.metrics import MetricsProcessor
+from largetrain_core.training.loss import next_token_loss
 from largetrain_core.training.plots import training_curves_png
 from largetrain_core.training.trackers import METRICS, Trackers, read_metrics
 
@@ -55,8 +65,9 @@ log = logging.getLogger("largetrain.training")
 
 def run(cfg: TrainConfig) -> dict:
     """Train ``cfg`` to ``max_steps`` (resuming per ``resume_from_checkpoint``), export, and return the
-    summary (also ``summary.json``). Raises ValueError for an invalid config or unusable shards."""
-    trainer = Trainer(cfg)
+    summary (also ``summary.json``). Raises ValueError for an invalid config or unusable shards.
+    LARGETRAIN_FAULT set: its faults are injected (launch.FaultInjection), for the fault tests."""
+    trainer = Trainer(cfg, hooks=[FaultInjection()] if os.environ.get("LARGETRAIN_FAULT") else [])
     try:
         return trainer.fit()
     except BaseException:
@@ -65,17 +76,18 @@ def run(cfg: TrainConfig) -> dict:
 
 
 class Trainer:
-    """One rank's part of a run. Rank 0 alone writes the outputs that are not per rank and tracks."""
+    """One rank's part of a run. Rank 0 alone writes the outputs that are not per rank and tracks.
 
-    def __init__(self, cfg: TrainConfig):
+    ``hooks``: objects called at points of the loop, each method optional: ``after_step(step, rank)``
+    (after a step's metrics are logged) and ``mid_save(step, rank)`` (a rank's checkpoint files
+    written, before the marker)."""
+
+    def __init__(self, cfg: TrainConfig, hooks=()):
         self.cfg = cfg
+        self.hooks = list(hooks)
         self.cuda = torch.cuda.is_available()
         preflight.check_config(cfg, self.cuda)
-        deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo")
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if self.cuda else torch.device("cpu")
-        if self.cuda:
-            torch.cuda.set_device(self.device)
+        self.rank, self.world, self.device = distributed.setup()
         # URLs (an object-store root): the ranks work on local copies; checkpoints and outputs are uploaded (sync.py)
         self.cfg, self.remote = cfg, None
         with concerning(cfg.output_dir, "fetching the training's inputs from the object store"):
@@ -89,12 +101,17 @@ class Trainer:
         self.trackers = Trackers(cfg, self.rank)
         self.step = self.consumed = self.steps_this_run = 0
         self.first_loss = self.last_loss = None
-        self.eval_indices = None  # this rank's validation sequences (None: no evaluation)
+        self.evaluator = None  # None: no evaluation during training
         self.eval_seconds = 0.0
-        # skipped steps, non-finite losses and gradient norms: in the log (and Dagster's), rate-limited
-        self.step_warnings = RateLimitedWarnings(log, cfg.health.warning_interval_s)
-        # early stopping: the best validation loss so far, its step, evaluations since, and whether it stopped
-        self.early = {"best_eval_loss": None, "best_eval_step": None, "bad_evals": 0, "stopped": False}
+        self.metrics = MetricsProcessor(cfg, self.rank, self.trackers, log)
+        self.early = EarlyStopping(cfg.evaluation.early_stopping_patience, cfg.evaluation.early_stopping_threshold)
+
+    def call_hooks(self, point: str) -> None:
+        """Every hook's method ``point`` (if it has one) with the step and this rank."""
+        for hook in self.hooks:
+            method = getattr(hook, point, None)
+            if method is not None:
+                method(self.step, self.rank)
 
     def info(self, msg: str) -> None:
         if self.rank == 0:
@@ -109,29 +126,17 @@ class Trainer:
         self.saved_step = self.step if self.resumed_from is not None else None  # the newest complete checkpoint's
         if cfg.checkpointing.preemption_save:
             defer_sigterm()  # a SIGTERM now ends the run after its step and a checkpoint of it (stop_if_preempted)
-        while self.step < cfg.schedule.max_steps and not self.early["stopped"]:
+        while self.step < cfg.schedule.max_steps and not self.early.stopped:
             row = self.train_step()
-            self.warn_unhealthy(row)
             row.update(self.evaluate())
-            self.trackers.log_metrics(self.step, row)
-            maybe_fault("after_step", self.step, self.rank)
-            if self.step % cfg.tracking.logging_steps == 0 or self.step == cfg.schedule.max_steps or "eval_loss" in row:
-                left = (time.perf_counter() - t_run) / self.steps_this_run * (cfg.schedule.max_steps - self.step)
-                evaluated = f", validation loss {row['eval_loss']:.4f}" if "eval_loss" in row else ""
-                self.info(
-                    f"step {self.step}/{cfg.schedule.max_steps} loss {row['loss']:.4f}{evaluated} lr {row['lr']:.2e} "
-                    f"{row['tokens_per_s']:.0f} tokens/s ETA {_duration(left)}"
-                )
-            if self.early["stopped"]:
-                self.info(
-                    f"early stopping at step {self.step}: no validation loss below "
-                    f"{self.early['best_eval_loss']:.4f} (step {self.early['best_eval_step']}) by more than "
-                    f"{cfg.evaluation.early_stopping_threshold} nats in {cfg.evaluation.early_stopping_patience} evaluations"
-                )
+            self.metrics.process(self.step, row, time.perf_counter() - t_run, self.steps_this_run)
+            self.call_hooks("after_step")
+            if self.early.stopped:
+                self.info(self.early.reason(self.step))
             if (
                 self.step % cfg.checkpointing.save_steps == 0
                 or self.step == cfg.schedule.max_steps
-                or self.early["stopped"]
+                or self.early.stopped
             ):
                 self.save()
             if cfg.checkpointing.preemption_save:
@@ -161,18 +166,13 @@ class Trainer:
         if len(self.data) == 0:
             raise ValueError(f"{cfg.train_shards}: the train split holds no sequence")
         if cfg.evaluation.eval_strategy != "no":
-            self.validation = TokenShards(cfg.train_shards, "validation")
-            if len(self.validation) == 0:
-                raise ValueError(
-                    f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to "
-                    "evaluate on; make the shards with validation_fraction > 0 or set eval_strategy 'no'"
-                )
-            # strided over the first eval_max_sequences: every rank a share, the same sequences every time
-            n = min(len(self.validation), cfg.evaluation.eval_max_sequences)
-            self.eval_indices = np.arange(self.rank, n, self.world)
-            self.eval_batches = math.ceil(
-                math.ceil(n / self.world) / cfg.schedule.micro_batch_size
-            )  # rank 0's, the most
+            self.evaluator = Evaluator(
+                cfg.train_shards,
+                self.rank,
+                self.world,
+                cfg.schedule.micro_batch_size,
+                cfg.evaluation.eval_max_sequences,
+            )
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
         self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")
@@ -265,7 +265,7 @@ class Trainer:
                 f"this run is {cfg.config_hash()}"
             )
         self.step, self.consumed = client["step"], client["consumed_samples"]
-        self.early.update(client.get("early_stopping", {}))
+        self.early.load(client.get("early_stopping", {}))
         self.info(f"resumed from {self.resumed_from} at step {self.step}, {self.consumed} samples consumed")
 
     # ------------------------------------------------------------------------------------------
@@ -296,29 +296,6 @@ class Trainer:
         row["step_skipped"] = int(self.engine.skipped_steps) > skipped_before
         return row
 
-    def warn_unhealthy(self, row: dict) -> None:
-        """Rank 0 warns (rate-limited, health.warning_interval_s) of a step skipped for a gradient overflow,
-        a non-finite loss or a non-finite gradient norm; health.judge counts them after the run."""
-        if self.rank != 0:
-            return
-        if row["step_skipped"]:
-            scale = f", loss scale now {row['loss_scale']:g}" if "loss_scale" in row else ""
-            self.step_warnings.warn(
-                "skipped-step",
-                f"step {self.step} skipped by DeepSpeed: the gradients overflowed "
-                f"(not finite), the weights were not updated{scale}",
-            )
-        if not math.isfinite(row["loss"]):
-            self.step_warnings.warn("non-finite-loss", f"step {self.step}: loss {row['loss']} is not finite")
-        grad_norm = row.get("grad_norm")
-        if grad_norm is not None and not math.isfinite(grad_norm) and not row["step_skipped"]:
-            self.step_warnings.warn(
-                "non-finite-gradient-norm",
-                f"step {self.step}: gradient norm {grad_norm} is not "
-                "finite; the update reached the weights (the training diverges: "
-                "lower the learning rate)",
-            )
-
     def step_metrics(self, loss: float, dt: float) -> dict:
         """loss, lr, grad_norm, tokens_per_s, step_time_s (s), consumed_samples, mfu; loss_scale and
         skipped_steps (DeepSpeed's count, kept in checkpoints) in fp16; peak_memory_gib (CUDA allocator) or peak_rss_gib (CPU, this rank)."""
@@ -341,50 +318,17 @@ class Trainer:
 
     def evaluate(self) -> dict:
         """After every ``eval_steps``-th step and the last one (``eval_strategy: steps``): ``eval_loss``
-        (mean next-token cross-entropy in nats over every target token of this rank's and the other
-        ranks' validation sequences), ``eval_perplexity`` (exp of it) and ``eval_seconds``; else {}.
-        Every rank takes part. Eval mode, no gradients, every RNG state restored afterwards; updates the
-        early-stopping state."""
+        (the :class:`Evaluator`'s mean next-token cross-entropy in nats over every rank's validation
+        sequences), ``eval_perplexity`` (exp of it) and ``eval_seconds``; else {}. Every rank takes
+        part. Updates the early stopping."""
         cfg = self.cfg
-        if self.eval_indices is None or not (
+        if self.evaluator is None or not (
             self.step % cfg.evaluation.eval_steps == 0 or self.step == cfg.schedule.max_steps
         ):
             return {}
-        t0 = time.perf_counter()
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # nats, target tokens
-        with _rng_preserved(self.device if self.cuda else None), torch.no_grad():
-            self.engine.eval()
-            try:
-                # Every rank runs the same number of forward passes (ZeRO-3 gathers the weights of each
-                # layer from all ranks in every forward): a rank short of sequences runs sequence 0 and
-                # does not count it.
-                for start in range(0, self.eval_batches * cfg.schedule.micro_batch_size, cfg.schedule.micro_batch_size):
-                    idx = self.eval_indices[start : start + cfg.schedule.micro_batch_size]
-                    counted = len(idx) > 0
-                    batch = torch.from_numpy(self.validation.take(idx if counted else [0]).astype(np.int64)).to(
-                        self.device
-                    )
-                    nats = next_token_loss(self.engine, batch, reduction="sum")
-                    if counted:
-                        sums[0] += nats.double()
-                        sums[1] += targets(batch)
-            finally:
-                self.engine.train()
-        dist.all_reduce(sums)
-        loss = float(sums[0] / sums[1])
-        seconds = time.perf_counter() - t0
+        loss, seconds = self.evaluator(self.engine, self.device)
         self.eval_seconds += seconds
-        # Hugging Face's rule: the best is the lowest loss; patience counts evaluations not below it by the threshold
-        e = self.early
-        enough = e["best_eval_loss"] is None or loss < e["best_eval_loss"] - cfg.evaluation.early_stopping_threshold
-        e["bad_evals"] = 0 if enough else e["bad_evals"] + 1
-        if e["best_eval_loss"] is None or loss < e["best_eval_loss"]:
-            e.update(best_eval_loss=loss, best_eval_step=self.step)
-        if (
-            cfg.evaluation.early_stopping_patience is not None
-            and e["bad_evals"] >= cfg.evaluation.early_stopping_patience
-        ):
-            e["stopped"] = True
+        self.early.update(loss, self.step)
         return {
             "eval_loss": loss,
             "eval_perplexity": math.exp(loss) if loss < 700 else math.inf,
@@ -426,7 +370,7 @@ class Trainer:
             "sampler_seed": self.cfg.seed,
             "sampler_epoch": self.consumed // len(self.data),
             "config_hash": self.cfg.config_hash(),
-            "early_stopping": dict(self.early),
+            "early_stopping": self.early.state(),
         }
         checkpoints.save(
             self.engine,
@@ -438,6 +382,7 @@ class Trainer:
             self.world,
             dist,
             self.remote,
+            mid_save=lambda: self.call_hooks("mid_save"),
         )
         self.saved_step = self.step
         self.info(f"checkpoint {checkpoints.tag(self.step)} complete")
@@ -455,7 +400,7 @@ class Trainer:
         dist.barrier()
         summary = self.summary(export_dir, elapsed)
         if self.rank == 0:
-            self.step_warnings.flush()
+            self.metrics.flush()
             rows = read_metrics(self.out / METRICS)
             summary.update(step_counts(rows))  # every start's steps, a redone step once
             summary["mean_mfu"] = (
@@ -500,7 +445,7 @@ class Trainer:
             "peak_flops_source": self.peak_source,
             "flops_per_token": self.flops_per_token,
             "mfu_formula": self.mfu_formula,
-            "stopped_early": self.early["stopped"],
+            "stopped_early": self.early.stopped,
             "eval_seconds": self.eval_seconds,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "resumed_from_step": self.step - self.steps_this_run if self.resumed_from else None,
@@ -543,18 +488,3 @@ def reset_peak_memory(device: torch.device) -> None:
         return
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-
-
-@contextlib.contextmanager
-def _rng_preserved(cuda_device: torch.device | None):
-    """Restore python's, numpy's and torch's (CPU and ``cuda_device``) RNG states on exit."""
-    state = checkpoints.rng_state()
-    with torch.random.fork_rng(devices=[cuda_device] if cuda_device is not None else []):
-        yield
-    checkpoints.set_rng_state(state)
-
-
-def _duration(seconds: float) -> str:
-    """``seconds`` as h:mm:ss."""
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
