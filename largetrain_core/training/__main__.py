@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     # DeepSpeed JIT-builds its CPU comm op into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions,
     # shared by every virtualenv of the user: two checkouts would rebuild it in turn, ~45 s each time).
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    # A W&B service inherited from the launching process (WANDB_SERVICE, set by any process that used
+    # wandb) would outlive a rank killed by SIGKILL and keep its run ID in use: the resume would fail
+    # with "run ID ... is in use". Each training's rank 0 starts its own, which ends with it.
+    os.environ.pop("WANDB_SERVICE", None)
     from largetrain_core.training import preflight
     from largetrain_core.training.config import TrainConfig
     from largetrain_core.training.trainer import run

@@ -4,6 +4,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -207,18 +208,43 @@ def _resume_cfg(out: Path, shards: Path, report_to: list[str] = ()) -> TrainConf
     )
 
 
-def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path):
+@pytest.fixture
+def launcher_wandb_service(tmp_path):
+    """A live process that used wandb, as a launcher might be: its W&B service token (WANDB_SERVICE),
+    which the processes it starts would inherit."""
+    code = (
+        "import os, sys, time, wandb; wandb.init(mode='offline', dir=sys.argv[1], project='launcher'); "
+        "print(os.environ['WANDB_SERVICE'], flush=True); time.sleep(900)"
+    )
+    tmp = tmp_path / "launcher"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        token = proc.stdout.readline().strip()
+        assert token, "the launcher's wandb.init gave no service"
+        yield token
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path, monkeypatch, launcher_wandb_service):
     """2 ranks, ZeRO-2, fp32 on CPU, 8 steps, checkpoints at 3, 6, 8. Uninterrupted run vs a run whose
     whole torchrun tree is SIGKILLed after step 4, resumed (from step 3), SIGKILLed again in the middle of
     the step-6 save (rank 0's files written, no marker), resumed again (from step 3, skipping step 6):
     every loss and grad norm of steps 4..8 and the final weights are bitwise equal. The crashed run
-    reports to W&B (offline) and MLflow (local SQLite): all three starts continue the same run of each."""
+    reports to W&B (offline) and MLflow (local SQLite): all three starts continue the same run of each,
+    although they are launched from a process whose own W&B service they would inherit (a killed
+    rank's run ID stays in use in a shared service, and the resume would fail)."""
     from mlflow.tracking import MlflowClient
 
     ref = tmp_path / "uninterrupted"
     torchrun(_resume_cfg(ref, shards), tmp_path)
     out = tmp_path / "crashed"
     cfg = _resume_cfg(out, shards, report_to=["wandb", "mlflow"])
+    monkeypatch.setenv("WANDB_SERVICE", launcher_wandb_service)
     torchrun(cfg, tmp_path, fault="after_step:4")
     assert max(metrics(out)) == 4
     assert (out / "checkpoints" / "step-000003" / "COMPLETE.json").exists()
