@@ -72,6 +72,16 @@ def optimization_report(
         launcher.nproc_per_node,
         context.run_id,
     )
+    build = _ablation(context, config, launcher, shards)
+    path, stats, reused = build_or_reuse(context, storage, ["optimization_report"], version, build)
+    report = json.loads((path / REPORT).read_text())
+    context.log.info("optimization report:\n" + report["table"])
+    metadata = _report_metadata(path, report, stats)
+    yield asset_output(path, version, stats, config, reused, metadata, stats_metadata=False)
+
+
+def _ablation(context, config: OptimizationReportConfig, launcher: TorchrunLauncher, shards: dict):
+    """The build of a report: the ablation launched like a training into ``tmp``; its numbers as stats."""
 
     def build(tmp: Path) -> dict:
         cfg = config.to_core(output_dir=str(tmp), train_shards=shards["path"])
@@ -80,14 +90,17 @@ def optimization_report(
         launcher.run(context, cfg_path, tmp / "ablation.log", module=MODULE)
         return report_numbers(json.loads((tmp / REPORT).read_text()))
 
-    path, stats, reused = build_or_reuse(context, storage, ["optimization_report"], version, build)
-    report = json.loads((path / REPORT).read_text())
+    return build
+
+
+def _report_metadata(path: Path, report: dict, stats: dict) -> dict:
+    """The chart inline and as a path, the table, the variants not run and why, the MFU formulas, the files."""
     chart = path / CHART
     not_run = "\n".join(
         f"* **{r['name']}** {r['status']}: {r['reason']}" for r in report["variants"] if r["status"] != "ran"
     )
     ran = {r["name"]: r for r in report["variants"] if r["status"] == "ran"}
-    extra = {
+    return {
         "optimization_chart": MetadataValue.md(
             f"![tokens/s, peak memory, MFU and loss of each variant against the baseline]"
             f"(data:image/png;base64,{base64.b64encode(chart.read_bytes()).decode()})"
@@ -106,5 +119,3 @@ def optimization_report(
         "report_json": MetadataValue.path(str(path / REPORT)),
         "log": MetadataValue.path(str(path / "ablation.log")),
     }
-    context.log.info("optimization report:\n" + report["table"])
-    yield asset_output(path, version, stats, config, reused, extra, stats_metadata=False)

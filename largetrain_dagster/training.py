@@ -508,15 +508,7 @@ def base_checkpoint(
     settled = _settled(context, config, set_by_asset)
     settings = {**versioned(settled, ("lora",)), "pretrained_model": None}
     version = data_version(CODE_VERSIONS["base_checkpoint"], settings, shards["data_version"], launcher.nproc_per_node)
-    out, summary, reused = _train(
-        context, storage, launcher, trackers, "base_checkpoint", version, settled, config.plan.to_core()
-    )
-    card = write_card(context, storage, "base_model", local_dir(summary["output"]), version, shards, train_dir=out)
-    if not reused:
-        log_trained_outputs(context, out, summary)
-        seal_training(out, storage.location("base_checkpoint", version), card)
-    yield _train_output(out, version, summary, settled, reused)
-    yield _loss_check(context, out, summary, settled)
+    yield from _trained(context, storage, launcher, trackers, "base_checkpoint", version, settled, config, shards)
 
 
 def _settled(context, config: Config, set_by_asset: dict) -> TrainConfig:
@@ -620,6 +612,21 @@ def lora_adapter(
     base: dict,
     shards: dict,
 ):
+    _check_shards_fit_base(base, shards)
+    set_by_asset = {"mode": "lora", "train_shards": shards["path"], "model": {"base_model": base["stats"]["output"]}}
+    settled = _settled(context, config, set_by_asset)
+    version = data_version(
+        CODE_VERSIONS["lora_adapter"],
+        versioned(settled, ("preset",)),
+        base["data_version"],
+        shards["data_version"],
+        launcher.nproc_per_node,
+    )
+    yield from _trained(context, storage, launcher, trackers, "lora_adapter", version, settled, config, shards, base)
+
+
+def _check_shards_fit_base(base: dict, shards: dict) -> None:
+    """Raise a Failure (not retried) when the domain shards were not tokenized with the base model's tokenizer."""
     problem = tokenizer_mismatch(
         local_files(base["stats"]["output"], (*TOKENIZER_FILES, "config.json")),
         TokenShards(shards["path"], "train").manifest,
@@ -632,31 +639,28 @@ def lora_adapter(
             f"pretrained_model {base['stats']['output']}, then domain/token_shards. Not retried.",
             allow_retries=False,
         )
-    set_by_asset = {"mode": "lora", "train_shards": shards["path"], "model": {"base_model": base["stats"]["output"]}}
-    settled = _settled(context, config, set_by_asset)
-    version = data_version(
-        CODE_VERSIONS["lora_adapter"],
-        versioned(settled, ("preset",)),
-        base["data_version"],
-        shards["data_version"],
-        launcher.nproc_per_node,
-    )
-    out, summary, reused = _train(
-        context, storage, launcher, trackers, "lora_adapter", version, settled, config.plan.to_core()
-    )
+
+
+def _trained(context, storage, launcher, trackers, key, version, settled, config, shards, base=None):
+    """Train ``key`` (base_checkpoint, or lora_adapter on ``base``) or reuse it (:func:`_train`), write
+    its model card, seal a new training, then yield the Output and the loss check."""
+    out, summary, reused = _train(context, storage, launcher, trackers, key, version, settled, config.plan.to_core())
+    model_dir = local_dir(summary["output"])
     card = write_card(
         context,
         storage,
-        "lora_adapter",
-        local_dir(summary["output"]),
+        "lora_adapter" if base else "base_model",
+        model_dir,
         version,
         shards,
         train_dir=out,
-        base_model=local_copy(base["stats"]["output"]),
+        **({"base_model": local_copy(base["stats"]["output"])} if base else {}),
     )
     if not reused:
         log_trained_outputs(context, out, summary)
-        seal_training(out, storage.location("lora_adapter", version), card)
+        seal_training(out, storage.location(key, version), card)
     output = _train_output(out, version, summary, settled, reused)
-    yield output.with_metadata({**output.metadata, **adapter_metadata(local_dir(summary["output"]))})
+    if base:
+        output = output.with_metadata({**output.metadata, **adapter_metadata(model_dir)})
+    yield output
     yield _loss_check(context, out, summary, settled)
