@@ -107,15 +107,21 @@ def map_parts(step: PartStep, in_dir: Path | list[Path], out_dir: Path, workers:
 
     ``workers``: part files in progress at once. 1: one at a time in this process; more: each part in
     one of ``workers`` spawned processes (as datatrove's LocalPipelineExecutor ``workers``), memory
-    about ``workers`` parts. The files and counts are the same for any ``workers``."""
+    about ``workers`` parts. The files and counts are the same for any ``workers``. A part's error is
+    raised as it is; a worker that died (killed, out of memory) raises
+    concurrent.futures.process.BrokenProcessPool (the local executor says what to do)."""
     parts = part_files(in_dir)
     outs = [Path(out_dir) / f"part-{i:05d}.parquet" for i in range(len(parts))]
     totals, removed = zero_counts(step), []
     if workers > 1 and len(parts) > 1:
         # spawn, not fork: the caller (a Dagster step, the polars pool) holds threads
         pool = ProcessPoolExecutor(min(workers, len(parts)), mp_context=multiprocessing.get_context("spawn"))
-        with pool:
+        try:
             results = list(pool.map(map_part, [step] * len(parts), parts, outs))
+        except BaseException:  # a part failed, or the step was cancelled: start no other part
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     else:
         results = (map_part(step, part, out) for part, out in zip(parts, outs))
     for rows, counts in results:

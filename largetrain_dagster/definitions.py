@@ -8,7 +8,7 @@ training runs, comma-separated (default ``wandb``; ``wandb,mlflow`` adds MLflow)
 LARGETRAIN_WANDB_MODE offline/online/disabled; MLFLOW_TRACKING_URI MLflow's store (default
 ``sqlite:///<root>/mlruns.db``);
 LARGETRAIN_DATA_PARTITIONS the number of hash partitions of raw_corpus and cleaned_text (default 4);
-LARGETRAIN_EXECUTOR / LARGETRAIN_SPARK_MASTER / LARGETRAIN_SPARK_CONF the data-prep executor (largetrain_dagster.executor;
+LARGETRAIN_EXECUTOR / LARGETRAIN_WORKERS / LARGETRAIN_SPARK_MASTER / LARGETRAIN_SPARK_CONF the data-prep executor (largetrain_dagster.executor;
 LARGETRAIN_ENGINE, its former name, still works with a deprecation warning).
 
 Jobs: ``prepare_partitions`` (raw_corpus + cleaned_text of both corpora, one run per partition: a

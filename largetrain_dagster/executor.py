@@ -63,12 +63,16 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
             raise ValueError(f"LARGETRAIN_SPARK_CONF is not JSON: {e}") from e
         if not isinstance(conf, dict):
             raise ValueError("LARGETRAIN_SPARK_CONF must be a JSON object of Spark settings")
-        workers = os.environ.get("LARGETRAIN_WORKERS", "1")
-        if not workers.isdigit() or int(workers) < 1:
-            raise ValueError(f"LARGETRAIN_WORKERS must be an integer >= 1, got {workers!r}")
+        text = os.environ.get("LARGETRAIN_WORKERS", "1")
+        try:
+            workers = int(text)
+        except ValueError:
+            workers = 0
+        if workers < 1:
+            raise ValueError(f"LARGETRAIN_WORKERS must be an integer >= 1, got {text!r}")
         return cls(
             name=name,
-            workers=int(workers),
+            workers=workers,
             master=os.environ.get("LARGETRAIN_SPARK_MASTER", "local[*]"),
             conf={str(k): str(v) for k, v in conf.items()},
         )
@@ -76,7 +80,10 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
     def bind(self, context) -> Executor:
         """The executor of one step (largetrain_core.executors.base.Executor), logging to the step's log
         and starting its processes through Dagster Pipes in ``context``."""
-        settings = self.to_core()
+        try:
+            settings = self.to_core()
+        except ValueError as e:
+            raise Failure(f"resources.executor: {e}. Not retried (change the config).", allow_retries=False) from e
         try:
             cls = load(settings.name)
         except ValueError as e:

@@ -649,18 +649,18 @@ def _trained(context, storage, launcher, trackers, key, version, settled, config
     card = write_card(
         context,
         storage,
-        "lora_adapter" if base else "base_model",
+        "lora_adapter" if base is not None else "base_model",
         model_dir,
         version,
         shards,
         train_dir=out,
-        **({"base_model": local_copy(base["stats"]["output"])} if base else {}),
+        **({"base_model": local_copy(base["stats"]["output"])} if base is not None else {}),
     )
     if not reused:
         log_trained_outputs(context, out, summary)
         seal_training(out, storage.location(key, version), card)
     output = _train_output(out, version, summary, settled, reused)
-    if base:
+    if base is not None:
         output = output.with_metadata({**output.metadata, **adapter_metadata(model_dir)})
     yield output
     yield _loss_check(context, out, summary, settled)

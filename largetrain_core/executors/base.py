@@ -46,7 +46,7 @@ class ExecutorSettings:
     name: str = field(
         default="local",
         metadata=_describe(
-            "local (in the step's process) or spark (spark-submit through Dagster Pipes); any module "
+            "local (in the step's process; per-part stages in `workers` processes) or spark (spark-submit through Dagster Pipes); any module "
             "largetrain_core.executors.<name> that defines EXECUTOR. LARGETRAIN_EXECUTOR."
         ),
     )

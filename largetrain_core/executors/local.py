@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from largetrain_core.corpus import ingest
 from largetrain_core.dedup import DedupConfig, deduplicate
-from largetrain_core.executors.base import Executor
+from largetrain_core.executors.base import Executor, ExecutorError
 from largetrain_core.parts import PartStep, map_parts
 from largetrain_core.readers import ReaderConfig
 
@@ -22,7 +23,15 @@ class LocalExecutor(Executor):
         return {**ingest(reader, out_dir), **self.record()}
 
     def map_parts(self, step: PartStep, in_dir: Path, out_dir: Path) -> dict:
-        return {**map_parts(step, in_dir, out_dir, self.settings.workers), **self.record(workers=self.settings.workers)}
+        """Raises ExecutorError (retryable) when a worker process died, e.g. killed for memory."""
+        workers = self.settings.workers
+        try:
+            return {**map_parts(step, in_dir, out_dir, workers), **self.record(workers=workers)}
+        except BrokenProcessPool as e:
+            raise ExecutorError(
+                f"{step.description}: a worker process of the local executor died ({e}); if it ran out "
+                f"of memory (each holds a part), lower the executor's workers (now {workers}, LARGETRAIN_WORKERS)"
+            ) from e
 
     def deduplicate(self, in_dirs: list[Path], out_dir: Path, cfg: DedupConfig) -> dict:
         return {**deduplicate(in_dirs, out_dir, cfg), **self.record()}

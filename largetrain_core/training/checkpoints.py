@@ -116,12 +116,18 @@ def saved_topology(ckpt: Path) -> dict:
     marker = ckpt / MARKER
     try:
         data = json.loads(marker.read_text())
-        return {"world_size": int(data["world_size"]), "zero_stage": int(data["zero_stage"])}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         raise ValueError(f"{marker}: not a complete checkpoint's marker ({type(e).__name__}: {e})") from e
+    try:
+        return {"world_size": int(data["world_size"]), "zero_stage": int(data["zero_stage"])}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{marker}: records no world size and ZeRO stage (written by a pre-release largetrain), so it "
+            f"cannot be resumed; {SKIP_HINT}"
+        ) from e
 
 
-def needs_universal(ckpt: Path, world_size: int, zero_stage: int) -> bool:
+def needs_universal(ckpt: Path, world_size: int) -> bool:
     """Whether resuming ``ckpt`` with ``world_size`` ranks needs the universal format: a ZeRO stage >= 1
     checkpoint (partitioned optimizer state) written by another number of ranks."""
     saved = saved_topology(ckpt)

@@ -241,7 +241,7 @@ class Trainer:
         for s in skipped:
             self.info(s)
         self.resumed_world = checkpoints.saved_topology(ckpt)["world_size"] if ckpt else None
-        if ckpt is None or not checkpoints.needs_universal(ckpt, self.world, self.cfg.parallelism.zero_stage):
+        if ckpt is None or not checkpoints.needs_universal(ckpt, self.world):
             return ckpt, ckpt
         self.info(
             f"{ckpt} was written by {self.resumed_world} ranks, this run has {self.world}: "

@@ -21,3 +21,22 @@ def sentence_docs(d: Path, sentences: list[str]) -> Path:
     text for a few dozen short token sequences. Returns ``d``."""
     texts = [" ".join(sentences[i : i + 12]) for i in range(0, 280, 2)]
     return write_parts(d, [[(f"d{i}", t) for i, t in enumerate(texts)]])
+
+
+class DiesOn:
+    """A per-part step (largetrain_core.parts.PartStep) that keeps every document, but whose process is
+    killed (SIGKILL, as the kernel's OOM killer does) on the part holding ``doc_id``."""
+
+    counts: tuple[str, ...] = ()
+    description = "test: dies on one part"
+
+    def __init__(self, doc_id: str):
+        self.doc_id = doc_id
+
+    def __call__(self, df: pl.DataFrame):
+        import os
+        import signal
+
+        if self.doc_id in df["doc_id"].to_list():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return df, pl.DataFrame(schema={"doc_id": pl.Utf8, "source": pl.Utf8, "reason": pl.Utf8}), {}

@@ -3,6 +3,7 @@
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from helpers.training import assert_logged_with_card, metrics, someones_tokenize
 from largetrain_core import fs
 from largetrain_core.shards import TokenShards, build_token_shards
 from largetrain_core.storage import atomic_dir
-from largetrain_core.training.checkpoints import find_newest_complete, mark_complete
+from largetrain_core.training.checkpoints import find_newest_complete, mark_complete, saved_topology
 from largetrain_core.training import preflight
 from largetrain_core.training.config import TrainConfig, WandbSettings
 from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
@@ -108,6 +109,16 @@ def test_resume_skips_truncated_checkpoint(tmp_path):
     (good / "mp_rank_00_model_states.pt").write_bytes(b"")
     chosen, skipped = find_newest_complete(root)
     assert chosen is None and "wrong size" in skipped[-1]
+
+
+def test_a_marker_without_world_size_and_zero_stage_is_refused_with_what_to_do(tmp_path):
+    ckpt = tmp_path / "step-000004"
+    ckpt.mkdir()
+    (ckpt / "COMPLETE.json").write_text(json.dumps({"step": 4, "files": {}}))
+    with pytest.raises(ValueError, match=r"COMPLETE.json: records no world size and ZeRO stage .*older checkpoint"):
+        saved_topology(ckpt)
+    mark_complete(ckpt, 4, 2, 1)
+    assert saved_topology(ckpt) == {"world_size": 2, "zero_stage": 1}
 
 
 def test_lora_targets_cover_attention_and_mlp():
@@ -222,8 +233,9 @@ def launcher_wandb_service(tmp_path):
         [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        token = proc.stdout.readline().strip()
-        assert token, "the launcher's wandb.init gave no service"
+        ready, _, _ = select.select([proc.stdout], [], [], 180)
+        token = proc.stdout.readline().strip() if ready else ""
+        assert token, "the launcher's wandb.init gave no service within 180 s"
         yield token
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

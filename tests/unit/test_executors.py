@@ -12,10 +12,11 @@ import polars as pl
 import pytest
 
 from helpers.executor_contract import QUALITY, check_executor, contract_corpus
+from helpers.parts import DiesOn, write_parts
 from largetrain_core.clean import Cleaning
 from largetrain_core.corpus import ingest
 from largetrain_core.dedup import DedupConfig
-from largetrain_core.executors.base import Executor, ExecutorSettings, known, load
+from largetrain_core.executors.base import Executor, ExecutorError, ExecutorSettings, known, load
 from largetrain_core.executors.local import LocalExecutor
 from largetrain_core.parts import WithSignatures, map_parts
 from largetrain_core.readers import ReaderConfig
@@ -81,6 +82,13 @@ def test_local_workers_write_the_same_files_and_counts_as_one_process(corpus, tm
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="executor workers must be an integer >= 1"):
             ExecutorSettings(workers=bad)
+
+
+def test_a_dead_worker_is_an_executor_error_that_says_what_to_lower(tmp_path):
+    parts = write_parts(tmp_path / "in", [[(f"d{p}{i}", "some text") for i in range(3)] for p in range(4)])
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ExecutorError, match=r"test: dies on one part: a worker process .* died .*workers \(now 2"):
+        LocalExecutor(ExecutorSettings(workers=2)).map_parts(DiesOn("d21"), parts, tmp_path / "out")
 
 
 class _DropsLast(LocalExecutor):
