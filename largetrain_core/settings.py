@@ -1,6 +1,6 @@
 """What every settings dataclass of the core shares: a field's description (what the Dagster launchpad
 and docs/CONFIG.md show for it), building a dataclass from JSON-like data with unknown keys refused,
-and the check that a ``Literal``-typed field holds one of its choices."""
+the check that a ``Literal``-typed field holds one of its choices, and a positive integer setting's parse."""
 
 from __future__ import annotations
 
@@ -12,6 +12,18 @@ from typing import Any, Literal
 def described(text: str) -> dict:
     """The ``metadata`` of a dataclass field with its description: ``field(default=..., metadata=described("..."))``."""
     return {"description": text}
+
+
+def positive_int(value: str | int, name: str) -> int:
+    """``value`` (an environment variable's text, or an int) as an integer >= 1. Raises ValueError
+    naming ``name`` and the value otherwise."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return n
 
 
 def merged(base: dict, extra: dict) -> dict:

@@ -26,6 +26,7 @@ import os
 from dagster import ConfigurableResource, Failure
 
 from largetrain_core.executors.base import Executor, ExecutorSettings, load
+from largetrain_core.settings import positive_int
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.runner import run_process
 
@@ -63,16 +64,9 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
             raise ValueError(f"LARGETRAIN_SPARK_CONF is not JSON: {e}") from e
         if not isinstance(conf, dict):
             raise ValueError("LARGETRAIN_SPARK_CONF must be a JSON object of Spark settings")
-        text = os.environ.get("LARGETRAIN_WORKERS", "1")
-        try:
-            workers = int(text)
-        except ValueError:
-            workers = 0
-        if workers < 1:
-            raise ValueError(f"LARGETRAIN_WORKERS must be an integer >= 1, got {text!r}")
         return cls(
             name=name,
-            workers=workers,
+            workers=positive_int(os.environ.get("LARGETRAIN_WORKERS", "1"), "LARGETRAIN_WORKERS"),
             master=os.environ.get("LARGETRAIN_SPARK_MASTER", "local[*]"),
             conf={str(k): str(v) for k, v in conf.items()},
         )

@@ -21,6 +21,7 @@ import os
 import re
 
 from dagster import AssetKey, AssetSelection, StaticPartitionsDefinition
+from largetrain_core.settings import positive_int
 
 ROLES = {
     "pretrain": ("corpora/linux-doc", "Pretraining corpus (demo: Linux kernel documentation, rst sources)."),
@@ -31,12 +32,7 @@ ROLES = {
 def data_partitions(count: str | int) -> StaticPartitionsDefinition:
     """``count`` partitions keyed ``000``, ``001``, ... (zero-padded to at least 3 digits).
     Raises ValueError naming LARGETRAIN_DATA_PARTITIONS unless count is an integer >= 1."""
-    try:
-        n = int(count)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"LARGETRAIN_DATA_PARTITIONS must be an integer >= 1, got {count!r}")
+    n = positive_int(count, "LARGETRAIN_DATA_PARTITIONS")
     width = max(3, len(str(n - 1)))
     return StaticPartitionsDefinition([f"{i:0{width}d}" for i in range(n)])
 
