@@ -1,4 +1,5 @@
-"""The data-preparation executor resource: where raw_corpus, cleaned_text and deduplicated_text compute
+"""The data-preparation executor resource: where raw_corpus, cleaned_text, deduplicated_text, filtered_text and
+token_shards' partitions compute
 (largetrain_core.executors): ``local`` (the core's functions in the step's process; the default and
 the executor of ``make demo``) or ``spark`` (largetrain_core.executors.spark, the same outputs, on any
 Spark master).
@@ -34,7 +35,7 @@ LOG = logging.getLogger(__name__)
 
 
 class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=ConfigurableResource)):
-    """Where raw_corpus, cleaned_text and deduplicated_text compute (largetrain_dagster.executor)."""
+    """Where the data-preparation stages compute (largetrain_dagster.executor)."""
 
     @classmethod
     def from_env(cls) -> "DataExecutor":

@@ -6,7 +6,8 @@ blocking check ``token_ids_below_vocab``.
 many partitions (LARGETRAIN_DATA_PARTITIONS, at most one per part file; none when the shards are
 complete already), ``tokenize`` runs once per partition as a step of its own (dynamic outputs: in
 parallel processes under the multiprocess executor, one pod each under dagster-k8s's
-``k8s_job_executor``), and ``assemble``, the global step, writes the manifest. Its run config is the
+``k8s_job_executor``) on the data-preparation ``executor`` resource (Spark: one task per run of the
+partition's part files), and ``assemble``, the global step, writes the manifest. Its run config is the
 asset's own (``ops: {<role>__token_shards: {config: {seq_len: ...}}}``), mapped onto the steps. What
 passes between the steps is a small JSON document through the handle IO manager, never a pickle.
 """
@@ -21,11 +22,13 @@ from dagster import (
     In,
     OpExecutionContext,
     Out,
+    Output,
     asset_check,
     graph_asset,
     op,
 )
 
+from largetrain_core.executors.base import RECORD
 from largetrain_core.stages.base import Artifact, StageError, StageRun
 from largetrain_core.stages.token_shards import MIN_VALIDATION_SEQUENCES, TokenShardsSettings, tiny_validation_warning  # noqa: F401
 from largetrain_core.stages.token_shards import ids_below_vocab, token_shard_partition, token_shard_partitions
@@ -33,13 +36,19 @@ from largetrain_core.stages.token_shards import token_shards as shards_stage
 from largetrain_dagster import partitions as data_partitions
 from largetrain_dagster.artifacts import CODE_VERSIONS, asset_output, metadata_values
 from largetrain_dagster.configs import dagster_config
+from largetrain_dagster.executor import DataExecutor
 from largetrain_dagster.resources import Storage
 
 TokenShardsConfig = dagster_config(TokenShardsSettings, "TokenShardsConfig")
 
 
-def _run(context: OpExecutionContext, storage: Storage, role: str) -> StageRun:
-    return StageRun(root=storage.root, asset=(role, "token_shards"), log=context.log)
+def _run(context: OpExecutionContext, storage: Storage, role: str, executor: DataExecutor | None = None) -> StageRun:
+    return StageRun(
+        root=storage.root,
+        asset=(role, "token_shards"),
+        log=context.log,
+        executor=executor.bind(context) if executor is not None else None,
+    )
 
 
 def _stage(fn, *args, **kwargs):
@@ -92,22 +101,22 @@ def token_shards_asset(role: str) -> list:
         out=Out(io_manager_key="handles"),
         description="One partition of the corpus's part files tokenized and packed into its own shard files.",
     )
-    def tokenize(context: OpExecutionContext, storage: Storage, part: dict) -> dict:
+    def tokenize(context: OpExecutionContext, storage: Storage, executor: DataExecutor, part: dict) -> dict:
         result = _stage(
             token_shard_partition,
             TokenShardsConfig(**part["settings"]).to_core(),
             Artifact.of(part["text"]),
             Artifact.of(part["tokenizer"]),
-            _run(context, storage, role),
+            _run(context, storage, role, executor),
             part["partition"],
             part["partitions"],
         )
         context.log.info(
             f"{role}/token_shards partition {part['partition']} of {part['partitions']}: "
             f"{result.stats['sequences']:,} sequences of {result.stats['parts']} parts at {result.path}"
-            + (" (reused)" if result.reused else "")
+            + (" (reused)" if result.reused else f" on the {result.stats[RECORD]['executor']} executor")
         )
-        return result.handle()
+        return Output(result.handle())  # an Output: a Pipes session (the Spark executor) makes the step yield events
 
     @op(
         name=f"{role}__token_shards_assemble",

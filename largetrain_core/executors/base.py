@@ -1,10 +1,12 @@
-"""The executor interface of data preparation: where raw_corpus, cleaned_text and deduplicated_text
-compute (docs/ARCHITECTURE.md, "Adding an executor"). datatrove's ``executor/base.py`` is the model.
+"""The executor interface of data preparation: where raw_corpus, cleaned_text, deduplicated_text,
+filtered_text and token_shards' partitions compute (docs/ARCHITECTURE.md, "Adding an executor").
+datatrove's ``executor/base.py`` is the model.
 
 An executor runs the core's functions (largetrain_core.corpus.ingest, a
 :class:`~largetrain_core.parts.PartStep` over part files, the MinHash signatures and the clustering of
-largetrain_core.dedup) and must write the files the local executor writes, in the same layout, with
-the same counts: so the executor is in no data version. It may cut the work into tasks as it likes
+largetrain_core.dedup, the tokenization of largetrain_core.shards) and must write the files the local
+executor writes, in the same layout, with the same counts (token shards: the same sequences in the
+same order): so the executor is in no data version. It may cut the work into tasks as it likes
 (files, part files) and distribute what is global (the dedup clustering); it writes only inside the
 ``out_dir`` it is given (a temporary directory renamed into place by the caller when complete:
 largetrain_core.artifacts).
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from largetrain_core.dedup import DedupConfig
     from largetrain_core.parts import PartStep
     from largetrain_core.readers import ReaderConfig
+    from largetrain_core.shards import Packing
 
 RECORD = "executor"  # the stats key of the executor record
 LOG = logging.getLogger("largetrain_core.executors")
@@ -91,7 +94,8 @@ class ExecutorError(RuntimeError):
 
 
 class Executor(ABC):
-    """Where the data-preparation stages compute: three methods, each returning counts + :data:`RECORD`.
+    """Where the data-preparation stages compute: three abstract methods and two with an in-process
+    default (find_contamination, tokenize), each returning counts + :data:`RECORD`.
 
     ``settings``: the deployment's (:class:`ExecutorSettings`); ``launch``: how to start a process
     of its own (default :func:`launch_in_group`; the Dagster resource passes one that runs it through
@@ -140,6 +144,21 @@ class Executor(ABC):
         table = find_contamination(in_dirs, index)
         table.write_parquet(out_file)
         return {**contamination_counts(table, index), **self.record()}
+
+    def tokenize(
+        self, in_dir: Path, tokenizer_path: Path, out_dir: Path, partition: int, partitions: int, packing: "Packing"
+    ) -> dict:
+        """One partition of token_shards (largetrain_core.shards.tokenize_partition): partition
+        ``partition`` of ``partitions`` of the part files of ``in_dir`` tokenized and packed into
+        ``out_dir`` (shard files, tails, ``tokenized.json``), and its summary. Here: in this process,
+        one run over the partition's parts; an executor may cut them into runs of its own, one task
+        each (the summary lists the runs, in part order)."""
+        from largetrain_core.shards import tokenize_partition
+
+        return {
+            **tokenize_partition(in_dir, tokenizer_path, out_dir, partition, partitions, packing),
+            **self.record(),
+        }
 
 
 def launch_in_group(cmd: list[str], env: dict, log_path: Path, grace_seconds: float = 10.0) -> int:

@@ -26,7 +26,8 @@ import polars as pl
 from largetrain_core import artifacts
 from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.relevance import SCORE, histogram_quantiles, score_histogram
-from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, build_token_shards, tokenize_partition
+from largetrain_core.executors.base import RECORD, load
+from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, build_token_shards
 from largetrain_core import fs
 from largetrain_core.stages.base import Artifact, Check, Json, Markdown, StageError, StageResult, StageRun
 from largetrain_core.storage import data_version, mirror_path, part_files, verify_manifest
@@ -170,8 +171,10 @@ def token_shard_partition(
     settings: TokenShardsSettings, text: Artifact, tokenizer: Artifact, run: StageRun, partition: int, partitions: int
 ) -> StageResult:
     """Tokenize and pack partition ``partition`` of ``partitions`` of ``text`` (largetrain_core.shards.
-    tokenize_partition) into ``<root>/<role>/token_shard_partitions/<i>-of-<n>/<version>/``. Stats:
-    partition, partitions, parts, documents, sequences (its parts' full windows), tail_tokens."""
+    tokenize_partition) on ``run.executor`` (the local one when None; Spark: one task per run of part
+    files) into ``<root>/<role>/token_shard_partitions/<i>-of-<n>/<version>/``. Stats: partition,
+    partitions, parts, documents, sequences (its parts' full windows), tail_tokens, and the executor
+    record. The executor is in no data version: the sequences do not depend on it."""
     version = data_version(
         CODE_VERSIONS["token_shards"],
         _settings_version(settings),
@@ -183,13 +186,12 @@ def token_shard_partition(
         run, asset=(run.asset[0], "token_shard_partitions"), partition=f"{partition:03d}-of-{partitions:03d}"
     )
 
+    executor = run.executor or load("local")()
+
     def build(out: Path) -> dict:
-        s = tokenize_partition(
-            text.path, tokenizer.path, out, partition, partitions, _packing(settings, text, run.name)
-        )
-        return {
-            k: s[k] for k in ("partition", "partitions", "first_part", "parts", "documents", "sequences", "tail_tokens")
-        }
+        s = executor.tokenize(text.path, tokenizer.path, out, partition, partitions, _packing(settings, text, run.name))
+        keys = ("partition", "partitions", "first_part", "parts", "documents", "sequences", "tail_tokens", RECORD)
+        return {k: s[k] for k in keys}
 
     return StageResult.built(place.build_or_reuse(version, build), version)
 

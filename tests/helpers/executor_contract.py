@@ -5,7 +5,9 @@ and asserts the same documents in the same order, the same rejected, filtered an
 the same counts, and the executor's record in the stats. The executor cleans as cleaned_text does, with
 the MinHash signatures (parts.WithSignatures), the reference without; so the executor's cleaned
 partitions must carry the signatures the reference's global step computes, and its global step must
-only cluster them to the same duplicates. The test of a new executor calls it."""
+only cluster them to the same duplicates. Then token_shards' 2 partitions of the deduplicated text
+(``Executor.tokenize``), assembled: the same train and validation sequences in the same order. The
+test of a new executor calls it."""
 
 import json
 import shutil
@@ -20,6 +22,7 @@ from largetrain_core.dedup import SIGNATURE_SETTINGS, SIGNATURES, DedupConfig, d
 from largetrain_core.executors.base import RECORD, Executor
 from largetrain_core.parts import WithSignatures
 from largetrain_core.readers import ReaderConfig
+from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, tokenize_partition
 from largetrain_core.storage import part_files
 
 QUALITY = QualityConfig(gopher_repetition=True, c4=True)
@@ -81,8 +84,10 @@ def _others(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if not p.name.startswith("part-") and p.name != SIGNATURES)
 
 
-def check_executor(executor: Executor, corpus: Path, out: Path) -> None:
-    """Assert that ``executor`` gives the local outputs and counts on ``corpus`` (module docstring)."""
+def check_executor(executor: Executor, corpus: Path, out: Path, tokenizer: Path) -> None:
+    """Assert that ``executor`` gives the local outputs and counts on ``corpus`` (module docstring), and
+    token_shards' partitions of the deduplicated text with ``tokenizer`` (a tokenizer directory) that
+    assemble into the same sequences in the same order."""
     expect = _chain(
         out / "reference",
         corpus,
@@ -119,3 +124,30 @@ def check_executor(executor: Executor, corpus: Path, out: Path) -> None:
         pl.concat([_rows(s) for s in made], how="vertical_relaxed")
     ), "signatures differ"
     assert not (out / executor.name / "dd" / SIGNATURES).exists(), "dd: the global step computed signatures again"
+    _check_tokenize(executor, out / "reference" / "dd", out, tokenizer)
+
+
+def _check_tokenize(executor: Executor, dedup: Path, out: Path, tokenizer: Path) -> None:
+    """The deduplicated documents in 6 part files (several per partition: an executor may cut them into
+    runs), tokenized per partition by the core and by ``executor``, assembled and compared."""
+    docs = _rows(dedup)
+    text = out / "tokenize_input"
+    text.mkdir()
+    step = -(-docs.height // 6)
+    for i in range(6):
+        docs.slice(i * step, step).write_parquet(text / f"part-{i:05d}.parquet")
+    packing = Packing(seq_len=8, validation_fraction=0.2, seed=0, sequences_per_shard=32)
+    made = {}
+    for side, tokenize in (("reference", tokenize_partition), (executor.name, executor.tokenize)):
+        dirs = [out / side / f"tokenized{p}" for p in range(PARTITIONS)]
+        for p, d in enumerate(dirs):
+            d.mkdir()
+            counts = tokenize(text, tokenizer, d, p, PARTITIONS, packing)
+            if side == executor.name:
+                assert counts[RECORD]["executor"] == executor.name, "tokenize"
+        made[side] = out / side / "token_shards"
+        made[side].mkdir()
+        assemble_token_shards(dirs, text, tokenizer, made[side], packing)
+    for split in ("train", "validation"):
+        a, b = (TokenShards(made[side], split, verify_checksums=True) for side in ("reference", executor.name))
+        assert len(a) > 0 and b.take(range(len(b))).tolist() == a.take(range(len(a))).tolist(), f"token shards: {split}"

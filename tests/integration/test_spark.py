@@ -296,3 +296,55 @@ def test_progress_logs_every_stage_however_short(spark):
     named = [line for line in lines if line.startswith("Spark stage ") and "[a short step]: " in line]
     assert any(line.endswith("tasks done, 0 running") and "3/3" in line for line in named), lines
     assert any(line.startswith("Spark stage ") and " finished (" in line for line in lines), lines
+
+
+def test_tokenization_in_spark_tasks_gives_the_sequences_of_one_process(spark, local, bpe_dir, tmp_path):
+    """token_shards' partitions on Spark (executors.spark.tokenize): each partition's part files cut
+    into runs, one task each, over the two executor JVMs; assembled, the same train and validation
+    sequences in the same order as one process, the same counts, and a second pass for the documents
+    the train split holds twice (column ``copies``)."""
+    from largetrain_core.balance import COPIES
+    from largetrain_core.executors.spark.tokenize import tokenize as spark_tokenize
+    from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, tokenize_partition
+
+    docs = _docs(local["dd"][0]).select("doc_id", "source", "text")
+    docs = docs.with_columns(pl.Series(COPIES, [1 + (i % 3 == 0) for i in range(len(docs))]))
+    text = tmp_path / "text"
+    text.mkdir()
+    step = -(-len(docs) // 8)
+    for i in range(8):
+        docs.slice(i * step, step).write_parquet(text / f"part-{i:05d}.parquet")
+    packing = Packing(seq_len=32, validation_fraction=0.1, seed=3, sequences_per_shard=64)
+
+    def shards(tokenize_one) -> tuple[Path, list[dict]]:
+        out = tmp_path / tokenize_one.__name__
+        dirs, summaries = [], []
+        for p in range(2):
+            d = out / f"p{p}"
+            d.mkdir(parents=True)
+            summaries.append(tokenize_one(d, p))
+            dirs.append(d)
+        (out / "all").mkdir()
+        assemble_token_shards(dirs, text, bpe_dir, out / "all", packing)
+        return out / "all", summaries
+
+    def rows(d: Path, split: str) -> list:
+        s = TokenShards(d, split, verify_checksums=True)
+        return s.take(range(len(s))).tolist()
+
+    def in_spark(d: Path, p: int) -> dict:
+        return spark_tokenize(spark, text, bpe_dir, d, p, 2, packing)
+
+    def in_process(d: Path, p: int) -> dict:
+        return tokenize_partition(text, bpe_dir, d, p, 2, packing)
+
+    (remote, remote_runs), (one, one_runs) = shards(in_spark), shards(in_process)
+    assert [len(s["runs"]) for s in remote_runs] == [4, 4]  # 2 executors: at least 2 runs per core
+    assert [len(s["runs"]) for s in one_runs] == [1, 1]
+    for k in ("documents", "sequences", "tail_tokens", "parts"):
+        assert [s[k] for s in remote_runs] == [s[k] for s in one_runs], k
+    for split in ("train", "validation"):
+        assert rows(remote, split) == rows(one, split), split
+    m = json.loads((remote / "manifest.json").read_text())
+    assert m["splits"]["train"]["repeat_copies"] >= 10 and m["splits"]["validation"]["sequences"] >= 5
+    assert not [f for f in (tmp_path / "in_spark").rglob("_attempts")]

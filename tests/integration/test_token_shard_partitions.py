@@ -5,6 +5,7 @@ partition that lost a shard file is rebuilt while the rest is reused."""
 import json
 from pathlib import Path
 
+import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, materialize
 
 from largetrain_core.shards import TokenShards, build_token_shards
@@ -16,7 +17,8 @@ from largetrain_core.stages.token_shards import (
     token_shard_partitions,
     token_shards,
 )
-from largetrain_dagster.partitions import DATA_PARTITIONS, shards_text
+from largetrain_dagster.executor import DataExecutor
+from largetrain_dagster.partitions import shards_text
 from largetrain_dagster.resources import HandleIOManager, Storage
 from largetrain_dagster.shards import token_shards_asset
 from helpers.parts import write_parts
@@ -63,10 +65,17 @@ def test_stage_partitions_give_one_process_shards_and_heal_a_lost_partition_file
     assert _rows(healed.path, "train") == _rows(one, "train")
 
 
-def test_the_asset_tokenizes_each_partition_in_a_step_of_its_own(tmp_path, bpe_dir, sentences):
+@pytest.mark.parametrize("executor", ["local", "spark"])
+def test_the_asset_tokenizes_each_partition_in_a_step_of_its_own(tmp_path, bpe_dir, sentences, executor, monkeypatch):
+    """Also on the Spark executor (local[2], 2 data partitions): each partition's step submits a Spark
+    application through Dagster Pipes, its parts tokenized in tasks; the same sequences."""
     from largetrain_core.storage import write_manifest
+    from largetrain_dagster import partitions
 
     import shutil
+
+    if executor == "spark":
+        monkeypatch.setattr(partitions, "DATA_PARTITIONS", partitions.data_partitions(2))
 
     src = _corpus(tmp_path, sentences, parts=8)
     bpe_dir = Path(shutil.copytree(bpe_dir, tmp_path / "tok"))  # the session's tokenizer stays as it is
@@ -99,12 +108,18 @@ def test_the_asset_tokenizes_each_partition_in_a_step_of_its_own(tmp_path, bpe_d
             [*upstream, *token_shards_asset("pretrain")],
             instance=instance,
             run_config=config,
-            resources={"storage": Storage(root=str(root)), "handles": HandleIOManager(root=str(root))},
+            resources={
+                "storage": Storage(root=str(root)),
+                "handles": HandleIOManager(root=str(root)),
+                "executor": DataExecutor(name=executor, master="local[2]"),
+            },
             selection=[AssetKey(["pretrain", "token_shards"])],
         )
         assert result.success
         steps = sorted({e.step_key for e in result.all_events if e.event_type == DagsterEventType.STEP_SUCCESS})
-    n = len(DATA_PARTITIONS.get_partition_keys())
+        logs = [r.user_message for r in instance.all_logs(result.run_id)]
+    n = len(partitions.DATA_PARTITIONS.get_partition_keys())
+    assert len([m for m in logs if f"on the {executor} executor" in m]) == n
     tokenize = [s for s in steps if "tokenize" in s]
     assert len(tokenize) == n and len(steps) == n + 3  # plan, each partition, assemble, the check
     (md,) = result.asset_materializations_for_node("pretrain__token_shards")

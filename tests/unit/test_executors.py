@@ -20,6 +20,7 @@ from largetrain_core.executors.base import Executor, ExecutorError, ExecutorSett
 from largetrain_core.executors.local import LocalExecutor
 from largetrain_core.parts import WithSignatures, map_parts
 from largetrain_core.readers import ReaderConfig
+from largetrain_core.shards import partition_parts, tokenize_partition, tokenize_parts
 from largetrain_core.stages.base import executor_metadata
 from largetrain_core.storage import part_files
 from largetrain_dagster.executor import DataExecutor
@@ -45,8 +46,8 @@ def test_executors_are_found_by_name_and_implement_the_interface():
     )
 
 
-def test_the_local_executor_meets_the_contract(corpus, tmp_path):
-    check_executor(LocalExecutor(), corpus, tmp_path / "out")
+def test_the_local_executor_meets_the_contract(corpus, tmp_path, bpe_dir):
+    check_executor(LocalExecutor(), corpus, tmp_path / "out", bpe_dir)
     # the corpus exercises every outcome: kept, filtered, duplicate (exact and near)
     filtered = [
         pl.read_parquet(tmp_path / "out" / "reference" / f"clean{p}" / "filtered.parquet").height for p in (0, 1)
@@ -105,9 +106,21 @@ class _DropsLast(LocalExecutor):
         return {**map_parts(Lossy(), in_dir, out_dir), **self.record()}
 
 
-def test_a_breach_of_the_contract_is_caught(corpus, tmp_path):
+class _RunsReversed(LocalExecutor):
+    """An executor that tokenizes each part file in a run of its own and lists the runs backwards."""
+
+    def tokenize(self, in_dir, tokenizer_path, out_dir, partition, partitions, packing):
+        first, mine = partition_parts(part_files(in_dir), partition, partitions)
+        runs = [tokenize_parts([p], first + j, tokenizer_path, out_dir, packing) for j, p in enumerate(mine)]
+        summary = tokenize_partition(in_dir, tokenizer_path, out_dir, partition, partitions, packing, runs=runs[::-1])
+        return {**summary, **self.record()}
+
+
+def test_a_breach_of_the_contract_is_caught(corpus, tmp_path, bpe_dir):
     with pytest.raises(AssertionError, match="clean[01]"):
-        check_executor(_DropsLast(), corpus, tmp_path / "out")
+        check_executor(_DropsLast(), corpus, tmp_path / "out", bpe_dir)
+    with pytest.raises(AssertionError, match="token shards: train"):
+        check_executor(_RunsReversed(), corpus, tmp_path / "reversed", bpe_dir)
 
 
 def test_the_resource_reads_the_environment_and_the_old_name_with_a_warning(monkeypatch, caplog):

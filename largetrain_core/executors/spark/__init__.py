@@ -1,4 +1,5 @@
-"""The Spark executor: raw_corpus, cleaned_text, deduplicated_text and filtered_text on Apache Spark with the outputs
+"""The Spark executor: raw_corpus, cleaned_text, deduplicated_text, filtered_text and token_shards' partitions on
+Apache Spark with the outputs
 of the local executor (same documents in the same order, same rejected, filtered and duplicate
 records with the same reason codes, same counts), in the same on-disk layout. One implementation of
 every rule: Spark runs the core functions, it does not re-express them. Only the application's
@@ -16,6 +17,7 @@ By concern, one module each:
 * ``map_parts``   a per-document stage (cleaned_text's rules, any PartStep) part by part
 * ``dedup``       deduplicated_text: signatures, the shuffle on (band, hash), duplicates, kept documents
 * ``decontamination``  filtered_text's n-gram join with the evaluation sets, the index broadcast
+* ``tokenize``    a partition of token_shards: runs of part files tokenized and packed, one task each
 * ``components``  connected components by alternating large-star and small-star (Kiveris et al. 2014)
 * ``progress``    the step the driver is in and Spark stage progress, for the log
 """

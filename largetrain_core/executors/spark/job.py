@@ -2,8 +2,8 @@
 
     spark-submit --master local[2] largetrain_core/executors/spark/job.py JOB.json
 
-JOB.json: ``{"stage": "ingest"|"map_parts"|"deduplicate"|"find_contamination", "args": {...}, "stats": PATH,
-"conf": {...}}``;
+JOB.json: ``{"stage": "ingest"|"map_parts"|"deduplicate"|"find_contamination"|"tokenize", "args": {...},
+"stats": PATH, "conf": {...}}``;
 the stage's counts are written to ``stats``, progress and Spark stage completion go to Dagster Pipes
 when the process was started by Dagster (else to stderr).
 """
@@ -31,10 +31,11 @@ from largetrain_core.executors.spark.map_parts import map_parts  # noqa: E402
 from largetrain_core.executors.spark.progress import Progress, progress  # noqa: E402
 from largetrain_core.executors.spark.session import session  # noqa: E402
 from largetrain_core.executors.spark.submit import decode_step  # noqa: E402
+from largetrain_core.executors.spark.tokenize import tokenize  # noqa: E402
 from largetrain_core.readers import ReaderConfig  # noqa: E402
 from largetrain_core.storage import write_json_atomic  # noqa: E402
 
-STAGES = ("ingest", "map_parts", "deduplicate", "find_contamination")
+STAGES = ("ingest", "map_parts", "deduplicate", "find_contamination", "tokenize")
 
 
 def run_stage(spark: SparkSession, stage: str, args: dict, progress: Progress, uploads: Uploads) -> dict:
@@ -52,6 +53,18 @@ def run_stage(spark: SparkSession, stage: str, args: dict, progress: Progress, u
     if stage == "find_contamination":
         return find_contamination(
             spark, [Path(d) for d in args["in_dirs"]], Path(args["index_dir"]), Path(args["out_file"]), progress
+        )
+    if stage == "tokenize":
+        return tokenize(
+            spark,
+            Path(args["in_dir"]),
+            Path(args["tokenizer"]),
+            out,
+            args["partition"],
+            args["partitions"],
+            decode_step(args["packing"]),
+            progress,
+            uploads,
         )
     raise ValueError(f"unknown stage {stage!r}: one of {STAGES}")
 

@@ -27,6 +27,7 @@ from largetrain_core.dedup import DedupConfig
 from largetrain_core.executors.base import Executor, ExecutorError
 from largetrain_core.parts import PartStep
 from largetrain_core.readers import ReaderConfig
+from largetrain_core.shards import Packing
 from largetrain_core.storage import direct_url, record_uploaded
 
 # JVM settings for local* masters: short-lived single-machine applications start and finish faster
@@ -39,18 +40,19 @@ LOCAL_JVM_CONF = {
 JOB = Path(__file__).resolve().parent / "job.py"
 
 
-def encode_step(step: PartStep) -> str:
-    """A PartStep as the job file carries it: pickled, base64 text."""
+def encode_step(step: PartStep | Packing) -> str:
+    """A PartStep (or a Packing) as the job file carries it: pickled, base64 text: the application runs
+    this same code, and the job file is this process's own."""
     return base64.b64encode(pickle.dumps(step)).decode()
 
 
-def decode_step(text: str) -> PartStep:
+def decode_step(text: str) -> PartStep | Packing:
     return pickle.loads(base64.b64decode(text))
 
 
 class SparkExecutor(Executor):
-    """raw_corpus, cleaned_text, deduplicated_text and filtered_text's n-gram join on Apache Spark
-    (``settings.master``, ``settings.conf``)."""
+    """raw_corpus, cleaned_text, deduplicated_text, filtered_text's n-gram join and token_shards'
+    partitions on Apache Spark (``settings.master``, ``settings.conf``)."""
 
     name = "spark"
     process_name = "the Spark application"
@@ -69,6 +71,18 @@ class SparkExecutor(Executor):
     def find_contamination(self, in_dirs: list[Path], index_dir: Path, out_file: Path) -> dict:
         args = {"in_dirs": [str(d) for d in in_dirs], "index_dir": str(index_dir), "out_file": str(out_file)}
         return self.submit("find_contamination", args, Path(out_file).parent)
+
+    def tokenize(
+        self, in_dir: Path, tokenizer_path: Path, out_dir: Path, partition: int, partitions: int, packing: Packing
+    ) -> dict:
+        args = {
+            "in_dir": str(in_dir),
+            "tokenizer": str(tokenizer_path),
+            "partition": partition,
+            "partitions": partitions,
+            "packing": encode_step(packing),
+        }
+        return self.submit("tokenize", args, out_dir)
 
     def command(self, job_file: Path, stage: str) -> list[str]:
         """The spark-submit command line of one stage's job. Raises ExecutorError when there is no spark-submit."""
