@@ -101,7 +101,7 @@ def token_shards_asset(role: str) -> list:
         out=Out(io_manager_key="handles"),
         description="One partition of the corpus's part files tokenized and packed into its own shard files.",
     )
-    def tokenize(context: OpExecutionContext, storage: Storage, executor: DataExecutor, part: dict) -> dict:
+    def tokenize(context: OpExecutionContext, storage: Storage, executor: DataExecutor, part: dict) -> Output[dict]:
         result = _stage(
             token_shard_partition,
             TokenShardsConfig(**part["settings"]).to_core(),
