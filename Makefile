@@ -46,12 +46,13 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 	npm install -q --prefix $(VENV)/azurite --no-audit --no-fund --no-save azurite@$(AZURITE_VERSION)
 	touch $@
 
-# The suite in TEST_WORKERS processes (pytest-xdist; tests/conftest.py groups the tests that share costly
-# fixtures): many tests wait on a subprocess (torchrun, spark-submit, dagster dev, a browser) rather than compute.
+# The suite in TEST_WORKERS processes (pytest-xdist, tests handed out one by one: its loadgroup and
+# loadscope modes rewrite node ids, which pytest 9 no longer lets them do); each worker builds the module
+# fixtures of the tests it gets.
 TEST_WORKERS ?= 2
 test: lint $(VENV)/.spark-installed $(VENV)/azurite/.installed corpora
 	scripts/install_system_deps.sh
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 --cpu-durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist load --durations=25 --cpu-durations=25
 
 # The style gate (ruff, pinned in the dev extra, configured in pyproject.toml; .pre-commit-config.yaml runs the
 # same): lint, and the formatting checked. `make format` fixes what it can and formats.

@@ -278,21 +278,10 @@ def _new_bucket(store: str, request) -> str:
     return f"{store}://{name}"
 
 
-# Files whose tests share nothing costly (each starts its own torchrun): under pytest-xdist (`make test`
-# runs `-n 2 --dist loadgroup`) their tests spread over the workers one by one. Every other file is one
-# xdist group, so that its module fixtures (a Spark cluster, `dagster dev`, a trained model) are built
-# once; the tests that read the session's whole-lineage materialization (tiny_lineage) are one group too.
-SPREAD = {"test_train.py", "test_train_faults.py", "test_preemption.py", "test_training_health.py"}
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = next((t for t in TIERS if item.path.is_relative_to(TESTS / t)), "integration")
         item.add_marker(getattr(pytest.mark, tier))
-        if "tiny_lineage" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("tiny_lineage"))
-        elif item.path.name not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(TESTS).as_posix()))
 
 
 # CPU seconds per test (setup, call and teardown: this process and the children it has reaped, user +

@@ -1,5 +1,5 @@
 """What every data-preparation executor must do (largetrain_core.executors.base): write what the local
-executor writes. ``check_executor(executor, corpus, out)`` runs raw_corpus -> cleaned_text ->
+executor writes. ``check_executor(executor, corpus, out, tokenizer)`` runs raw_corpus -> cleaned_text ->
 deduplicated_text of ``corpus`` (2 hash partitions) on ``executor`` and on the core's own functions,
 and asserts the same documents in the same order, the same rejected, filtered and duplicate records,
 the same counts, and the executor's record in the stats. The executor cleans as cleaned_text does, with
@@ -137,17 +137,25 @@ def _check_tokenize(executor: Executor, dedup: Path, out: Path, tokenizer: Path)
     for i in range(6):
         docs.slice(i * step, step).write_parquet(text / f"part-{i:05d}.parquet")
     packing = Packing(seq_len=8, validation_fraction=0.2, seed=0, sequences_per_shard=32)
-    made = {}
+    made, counts = {}, {}
+    keys = ("first_part", "parts", "documents", "sequences", "tail_tokens")
     for side, tokenize in (("reference", tokenize_partition), (executor.name, executor.tokenize)):
         dirs = [out / side / f"tokenized{p}" for p in range(PARTITIONS)]
+        counts[side] = []
         for p, d in enumerate(dirs):
             d.mkdir()
-            counts = tokenize(text, tokenizer, d, p, PARTITIONS, packing)
+            summary = tokenize(text, tokenizer, d, p, PARTITIONS, packing)
             if side == executor.name:
-                assert counts[RECORD]["executor"] == executor.name, "tokenize"
+                assert summary[RECORD]["executor"] == executor.name, "tokenize"
+            counts[side].append(
+                {k: summary[k] for k in keys} | {"validation": sum(r["validation_documents"] for r in summary["runs"])}
+            )
         made[side] = out / side / "token_shards"
         made[side].mkdir()
         assemble_token_shards(dirs, text, tokenizer, made[side], packing)
+    assert counts[executor.name] == counts["reference"], "tokenize: counts"
+    # documents in validation: else the global step tokenizes everything again itself (module doc of shards)
+    assert sum(c["validation"] for c in counts["reference"]), "no document in validation"
     for split in ("train", "validation"):
         a, b = (TokenShards(made[side], split, verify_checksums=True) for side in ("reference", executor.name))
         assert len(a) > 0 and b.take(range(len(b))).tolist() == a.take(range(len(a))).tolist(), f"token shards: {split}"

@@ -341,6 +341,7 @@ def test_tokenization_in_spark_tasks_gives_the_sequences_of_one_process(spark, l
     (remote, remote_runs), (one, one_runs) = shards(in_spark), shards(in_process)
     assert [len(s["runs"]) for s in remote_runs] == [4, 4]  # 2 executors: at least 2 runs per core
     assert [len(s["runs"]) for s in one_runs] == [1, 1]
+    assert sum(r["validation_documents"] for s in remote_runs for r in s["runs"]) > 0  # else assembly re-tokenizes
     for k in ("documents", "sequences", "tail_tokens", "parts"):
         assert [s[k] for s in remote_runs] == [s[k] for s in one_runs], k
     for split in ("train", "validation"):

@@ -22,8 +22,6 @@ from largetrain_core.shards import Packing, partition_parts, tokenize_partition,
 from largetrain_core.storage import part_files
 from largetrain_core.tokenizer import load_tokenizer_info
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
 
 def _tokenize_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for b in batches:
@@ -62,19 +60,27 @@ def tokenize(
     uploads: Uploads | None = None,
 ) -> dict:
     """shards.tokenize_partition on Spark, one task per run of the partition's part files: the same
-    sequences in the same order as one process (its shard files cut per run), and the same summary
-    ``tokenized.json`` for the global step. The tokenizer travels in the tasks' closure (a few MB);
-    the tasks read parts of a version at a URL from there and put their files under ``uploads.url``
-    when given (commit module docstring). Raises RuntimeError naming a file a task reported but
-    that is missing."""
+        sequences in the same order as one process (its shard files cut per run), and the same summary
+        ``tokenized.json`` for the global step. The tokenizer travels in the tasks' closure (a few MB);
+        the tasks read parts of a version at a URL from there and put their files under ``uploads.url``
+        when given (commit module docstring); a task downloads its run's parts of a version at a URL into its
+    node's scratch directory before it tokenizes them (disk: the run's bytes, about 8 MiB per task by
+    default). Raises RuntimeError naming a file a task reported but
+        that is missing."""
     out_dir, progress, uploads = Path(out_dir), progress or Progress(spark), uploads or Uploads()
     first, mine = partition_parts(part_files(in_dir), partition, partitions)
-    folder = load_tokenizer_info(tokenizer_path).path.parent
+    info = load_tokenizer_info(tokenizer_path)
+    config = (
+        info.path.parent / "tokenizer_config.json"
+    )  # read beside tokenizer.json (EOS, BOS), as load_tokenizer_info does
     spec = {
         "out": str(out_dir),
         "url": uploads.url,
         "packing": packing,
-        "tokenizer": {n: (folder / n).read_bytes() for n in TOKENIZER_FILES if (folder / n).exists()},
+        "tokenizer": {
+            "tokenizer.json": info.path.read_bytes(),
+            **({config.name: config.read_bytes()} if config.exists() else {}),
+        },
     }
     (out_dir / "_attempts").mkdir()
     items = [(first + j, input_location(p)) for j, p in enumerate(mine)]
