@@ -64,10 +64,10 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The unit tier alone (tests/unit: core functions on tiny inputs, seconds each; docs/ARCHITECTURE.md, Tests);
-# some of them read small slices of the real corpora.
+# The unit tier alone (tests/unit: core functions on tiny inputs, seconds each; docs/ARCHITECTURE.md, Tests),
+# in TEST_WORKERS processes; some of them read small slices of the real corpora.
 test-fast: install corpora
-	$(PY) -m pytest -q tests/unit --durations=10
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist load tests/unit --durations=10
 
 # The web UI on http://127.0.0.1:3000 (loopback only).
 dev: install corpora $(DAGSTER_HOME)/dagster.yaml
