@@ -433,6 +433,14 @@ def tokenize_parts(
     }
 
 
+def run_files(summary: dict) -> list[str]:
+    """The files a :func:`tokenize_parts` run wrote (its ``summary``): its shards of every stream and its
+    tails file, names relative to its directory."""
+    return [e["file"] for w in summary["writers"].values() for e in w["shards"]] + (
+        [summary["tails"]] if summary["tails"] else []
+    )
+
+
 def _header(info: TokenizerInfo, packing: Packing) -> dict:
     return {
         "seq_len": packing.seq_len,
@@ -542,9 +550,7 @@ def assemble_token_shards(
         forced = min((tuple(r["smallest_split_hash"]) for _, r in runs if r["smallest_split_hash"]))[1]
         for d, r in runs:  # a run written here is replaced (same file names); the partitions' stay theirs
             if d.resolve() == out_dir.resolve():
-                for f in [e["file"] for w in r["writers"].values() for e in w["shards"]] + [r["tails"]] * bool(
-                    r["tails"]
-                ):
+                for f in run_files(r):
                     (d / f).unlink()
         runs = [(out_dir, tokenize_parts(parts, 0, tokenizer_path, out_dir, packing, forced=forced))]
     # a run in out_dir is listed as one in final_dir (the directory it becomes)

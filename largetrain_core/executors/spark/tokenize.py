@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from largetrain_core.executors.spark.commit import Uploads, attempt, check_outputs, input_location, publish, task_input
 from largetrain_core.executors.spark.progress import Progress
 from largetrain_core.executors.spark.tasks import manifest_batch, run_tasks
-from largetrain_core.shards import Packing, partition_parts, tokenize_partition, tokenize_parts
+from largetrain_core.shards import Packing, partition_parts, run_files, tokenize_partition, tokenize_parts
 from largetrain_core.storage import part_files
 from largetrain_core.tokenizer import load_tokenizer_info
 
@@ -41,13 +41,6 @@ def _tokenize_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa
             yield manifest_batch(first, summary)
 
 
-def run_files(summary: dict) -> list[str]:
-    """The files a tokenize_parts run wrote: its shards of every stream and its tails file."""
-    return [e["file"] for w in summary["writers"].values() for e in w["shards"]] + (
-        [summary["tails"]] if summary["tails"] else []
-    )
-
-
 def tokenize(
     spark: SparkSession,
     in_dir: Path,
@@ -60,19 +53,16 @@ def tokenize(
     uploads: Uploads | None = None,
 ) -> dict:
     """shards.tokenize_partition on Spark, one task per run of the partition's part files: the same
-        sequences in the same order as one process (its shard files cut per run), and the same summary
-        ``tokenized.json`` for the global step. The tokenizer travels in the tasks' closure (a few MB);
-        the tasks read parts of a version at a URL from there and put their files under ``uploads.url``
-        when given (commit module docstring); a task downloads its run's parts of a version at a URL into its
-    node's scratch directory before it tokenizes them (disk: the run's bytes, about 8 MiB per task by
-    default). Raises RuntimeError naming a file a task reported but
-        that is missing."""
+    sequences in the same order as one process (its shard files cut per run), and the same summary
+    ``tokenized.json`` for the global step. The tokenizer travels in the tasks' closure (a few MB). The
+    tasks read parts of a version at a URL from there, each downloading its run's parts into its node's
+    scratch directory before it tokenizes them (disk: the run's bytes, about 8 MiB per task by default),
+    and put their files under ``uploads.url`` when given (commit module docstring). Raises RuntimeError
+    naming a file a task reported but that is missing."""
     out_dir, progress, uploads = Path(out_dir), progress or Progress(spark), uploads or Uploads()
     first, mine = partition_parts(part_files(in_dir), partition, partitions)
     info = load_tokenizer_info(tokenizer_path)
-    config = (
-        info.path.parent / "tokenizer_config.json"
-    )  # read beside tokenizer.json (EOS, BOS), as load_tokenizer_info does
+    config = info.path.parent / "tokenizer_config.json"  # EOS and BOS, read beside tokenizer.json
     spec = {
         "out": str(out_dir),
         "url": uploads.url,
