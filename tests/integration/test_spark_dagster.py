@@ -139,9 +139,10 @@ def test_backfill_with_spark_through_materialize_on_local_disk_and_on_s3(tmp_pat
 
 
 def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(tmp_path):
-    """The CLI, one run per partition as `make demo` does: domain raw_corpus + cleaned_text of partitions
-    000 and 001 (local[2]; the first chosen by LARGETRAIN_EXECUTOR, the second by its deprecated alias
-    LARGETRAIN_ENGINE, which logs a warning), equal to the local executor's; then a run of pretrain/raw_corpus on a
+    """The CLI, one run of a partition as `make demo` does: domain raw_corpus + cleaned_text of partition
+    000 on local[2], chosen by LARGETRAIN_EXECUTOR, equal to the local executor's (the other partition and
+    the global step: the backfill test above; the variables' parsing, with the deprecated alias:
+    tests/unit/test_executors.py); then a run of pretrain/raw_corpus on a
     local-cluster (an executor JVM of its own) gets SIGTERM while Spark works (the signal a run worker
     gets when its run is terminated): the step is interrupted, the executor stops the application's
     process group and every descendant; no JVM (driver, executor) and no PySpark worker survives;
@@ -152,40 +153,37 @@ def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(t
         "LARGETRAIN_ROOT": root,
         "DAGSTER_HOME": str(tmp_path / "home"),
         "LARGETRAIN_DATA_PARTITIONS": "2",
+        "LARGETRAIN_EXECUTOR": "spark",
         "LARGETRAIN_SPARK_MASTER": "local[2]",
     }
+    env.pop("LARGETRAIN_ENGINE", None)
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     (tmp_path / "root" / "corpora").mkdir(parents=True)
     (tmp_path / "root" / "corpora" / "shakespeare").symlink_to(PLAYS)
     cli = [DAGSTER, "asset", "materialize", "-m", "largetrain_dagster.definitions"]
-    for p, (key, variable) in enumerate(zip(KEYS, ("LARGETRAIN_EXECUTOR", "LARGETRAIN_ENGINE"))):
-        m = subprocess.run(
-            [*cli, "--select", "domain/raw_corpus,domain/cleaned_text", "--partition", key],
-            cwd=REPO,
-            env={**env, variable: "spark"},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        out = m.stdout + m.stderr
-        assert m.returncode == 0, out[-3000:]
-        assert "RUN_SUCCESS" in out and "executor spark:" in out and "on local[2]" in out
-        assert ("LARGETRAIN_ENGINE is deprecated: set LARGETRAIN_EXECUTOR=spark instead" in out) == (
-            variable == "LARGETRAIN_ENGINE"
-        )
-        assert (
-            "Spark stage 0 [raw_corpus: read files]: " in out
-            and f"[{Cleaning.description}, MinHash signatures]: " in out
-        )
-        handle = read_handle(tmp_path / "root", AssetKey(["domain", "cleaned_text"]), key)
-        assert handle["stats"]["executor"]["executor"] == "spark"
-        raw, local = tmp_path / f"raw{p}", tmp_path / f"clean{p}"
-        raw.mkdir()
-        local.mkdir()
-        ingest(ReaderConfig(str(PLAYS), partition=p, partitions=2), raw)
-        clean_corpus(raw, local, QualityConfig())
-        assert _docs(Path(handle["path"])).equals(_docs(local))
+    m = subprocess.run(
+        [*cli, "--select", "domain/raw_corpus,domain/cleaned_text", "--partition", KEYS[0]],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = m.stdout + m.stderr
+    assert m.returncode == 0, out[-3000:]
+    assert "RUN_SUCCESS" in out and "executor spark:" in out and "on local[2]" in out
+    assert (
+        "Spark stage 0 [raw_corpus: read files]: " in out and f"[{Cleaning.description}, MinHash signatures]: " in out
+    )
+    handle = read_handle(tmp_path / "root", AssetKey(["domain", "cleaned_text"]), KEYS[0])
+    assert handle["stats"]["executor"]["executor"] == "spark"
+    raw, local = tmp_path / "raw", tmp_path / "clean"
+    raw.mkdir()
+    local.mkdir()
+    ingest(ReaderConfig(str(PLAYS), partition=0, partitions=2), raw)
+    clean_corpus(raw, local, QualityConfig())
+    assert _docs(Path(handle["path"])).equals(_docs(local))
 
     cfg = tmp_path / "run.json"
     cfg.write_text(
@@ -194,7 +192,6 @@ def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(t
         )
     )
     env |= {
-        "LARGETRAIN_EXECUTOR": "spark",
         "LARGETRAIN_SPARK_MASTER": "local-cluster[1,1,1024]",
         "LARGETRAIN_SPARK_CONF": json.dumps({"spark.largetrain.bytesPerTask": "1"}),
     }
