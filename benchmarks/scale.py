@@ -35,13 +35,13 @@ trainer runs in one) is its own:
 * ``encode_batch``: per core, tokenize + pack + write of each part file (shards.tokenize_parts)
   against bare ``Tokenizer.encode_batch`` and ``encode_batch_fast`` of the same texts, interleaved
   part by part in one process (``ratio_vs_encode_batch``: their seconds over ours; goal >= 0.9), at the
-  sizes of ``--ratio-scales`` (1x and 8x: a per-core ratio, which the corpus size does not change).
+  sizes of ``--ratio-scales`` (1x and 8x: a per-core ratio; 32x would add about 18 minutes).
 
 Per stage and size: ``seconds`` (in the worker), ``mb_per_s`` (input text, 10^6 bytes, per core),
 ``peak_rss_mib``, and for the partitioned stages ``seconds_2_partitions`` (the slower of two workers
 at once) with ``parallel_efficiency`` = seconds / (2 x seconds_2_partitions) (1.0: perfect scaling;
 the goal of 0.8 for tokenize_write assumes a quiet machine). ``summary``: per stage its peak RSS and
-MB/s by size and ``peak_rss_growth_32x`` (32x over 1x; goal <= 1.2). The load averages before and
+MB/s by size, ``peak_rss_growth_32x`` (32x over 1x; goal <= 1.2) and ``core_hours_per_tb``. The load averages before and
 after each measurement are recorded: this machine is shared, and its load slows the workers unevenly.
 
 Tokenizer quality (:func:`tokenizer_quality`): byte-level BPEs of 8,192 ids trained on seeded samples
@@ -518,8 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         nargs="+",
         default=[1, 8],
-        help="the sizes at which encode_batch runs (a per-core ratio, the same at any size: it repeats every "
-        "part's tokenization three times, 14 min at 32x)",
+        help="the sizes at which encode_batch runs (a per-core ratio; it tokenizes every part three times, "
+        "about 18 minutes at 32x)",
     )
     r.add_argument("--work", default="/tmp/largetrain-scale", help="corpora and stage outputs (several GB at 32x)")
     r.add_argument(
