@@ -108,7 +108,7 @@ class _SplitWriter:
         self.pending: list[np.ndarray] = []
         self.pending_tokens = 0
         self.dtype = info.dtype
-        self.buffer: np.ndarray | None = None
+        self.rows = None  # the open shard's rows so far, a file: ``.<shard>.rows``
         self.filled = 0
         self.windows = 0  # full windows since the last end_unit
         self.shards: list[dict] = []
@@ -145,33 +145,57 @@ class _SplitWriter:
         return windows, tail.astype(self.dtype, copy=False)
 
     def _write(self, rows: np.ndarray) -> None:
-        """Buffer full windows; each shard is written as ONE record batch, so a reader sees one
-        contiguous (sequences, seq_len + 1) array per shard. Memory: one shard's rows."""
+        """Append full windows to the open shard; each shard is written as ONE record batch, so a reader
+        sees one contiguous (sequences, seq_len + 1) array per shard. The rows wait in a file beside it
+        (``.<shard>.rows``), not in memory: the writer's memory does not depend on ``sequences_per_shard``."""
         self.windows += len(rows)
         while len(rows):
-            if self.buffer is None:
-                self.buffer = np.empty((self.sequences_per_shard, self.window), dtype=self.dtype)
+            if self.rows is None:
+                self.rows = open(self.out_dir / f".{self._shard_name()}.rows", "wb")  # noqa: SIM115 (closed in _flush)
                 self.filled = 0
             take = min(len(rows), self.sequences_per_shard - self.filled)
-            self.buffer[self.filled : self.filled + take] = rows[:take]
+            np.ascontiguousarray(rows[:take], dtype=self.dtype).tofile(self.rows)
             self.filled += take
             rows = rows[take:]
             if self.filled == self.sequences_per_shard:
                 self._flush()
 
+    def _shard_name(self) -> str:
+        return f"{self.name}-{len(self.shards):05d}.arrow"
+
     def _flush(self) -> None:
-        if self.buffer is None or self.filled == 0:
+        """Write the open shard: the Arrow IPC file of one record batch of ``filled`` rows, its values
+        first zeros (an untouched calloc'd array: no resident memory), then overwritten in place by the
+        rows' file, which is the last buffer of the batch's body (8-byte aligned, as Arrow's IPC writer
+        pads each buffer); the same bytes as writing the rows' array at once."""
+        if self.rows is None:
             return
-        name = f"{self.name}-{len(self.shards):05d}.arrow"
+        self.rows.close()
+        raw, self.rows = Path(self.rows.name), None
+        if self.filled == 0:
+            raw.unlink()
+            return
+        name = self._shard_name()
         path = self.out_dir / name
-        flat = pa.array(self.buffer[: self.filled].reshape(-1), type=self.arrow_type)
+        values = self.filled * self.window
+        zeros = np.zeros(values, dtype=self.dtype)
+        flat = pa.Array.from_buffers(self.arrow_type, values, [None, pa.py_buffer(zeros)])
         col = pa.FixedSizeListArray.from_arrays(flat, self.window)
-        with pa.ipc.new_file(str(path), self.schema) as writer:
-            writer.write_batch(pa.record_batch([col], schema=self.schema))
+        with pa.OSFile(str(path), "wb") as sink:
+            with pa.ipc.new_file(sink, self.schema) as writer:
+                writer.write_batch(pa.record_batch([col], schema=self.schema))
+                body_end = sink.tell()
+        nbytes = values * zeros.itemsize
+        if raw.stat().st_size != nbytes:
+            raise ArtifactError(f"{raw}: {raw.stat().st_size} bytes of rows, expected {nbytes}")
+        with open(raw, "rb") as src, open(path, "r+b") as dst:
+            dst.seek(body_end - (nbytes + 7) // 8 * 8)
+            shutil.copyfileobj(src, dst, 1 << 20)
+        raw.unlink()
         self.shards.append(
             {"file": name, "sequences": self.filled, "bytes": path.stat().st_size, "xxh3_128": file_digest(path)}
         )
-        self.buffer, self.filled = None, 0
+        self.filled = 0
 
     def finish(self) -> dict:
         self._flush()
@@ -299,7 +323,7 @@ def tokenize_parts(
     the parts' tails in ``tails-<first_part>.arrow`` (split, pass, corpus, part, tokens). ``forced``: a
     doc id put in validation whatever its hash. Returns the run's summary for
     :func:`assemble_token_shards` (shards, counts and per part windows and tail tokens of each stream;
-    its smallest split hash). Memory: ``batch_documents`` documents and one open shard per stream.
+    its smallest split hash). Memory: ``batch_documents`` documents; each stream's open shard waits on disk (_SplitWriter).
     Raises ValueError naming the part on a ``copies`` value that is null or below 1, and in a mixture
     on a missing ``corpus`` column or a corpus without a weight; ArtifactError naming a part that
     cannot be read."""

@@ -587,3 +587,35 @@ def test_cli_inspect(built, tmp_path):
     empty.mkdir()
     r = run_cli("inspect", str(empty))
     assert r.returncode == 1 and r.stderr.startswith("error:") and "manifest.json" in r.stderr
+
+
+@pytest.mark.parametrize("vocab_size", [60_000, 70_000])  # uint16 and uint32 ids
+def test_the_shard_writer_streams_rows_to_disk_and_writes_the_bytes_of_one_record_batch(tmp_path, vocab_size):
+    """_SplitWriter keeps a shard's rows in a file beside it, not in memory, and writes the same bytes as
+    one record batch of those rows written at once (pyarrow), for row sizes that need the IPC body's
+    8-byte padding or not and shards cut across calls; no rows file is left."""
+    from largetrain_core.shards import _SplitWriter
+    from largetrain_core.tokenizer import TokenizerInfo
+
+    info = TokenizerInfo(path=tmp_path / "tokenizer.json", eos_id=0, bos_id=None, vocab_size=vocab_size, sha256="x")
+    rng = np.random.default_rng(0)
+    for k, (seq_len, per_shard, n) in enumerate([(1024, 8192, 5), (64, 7, 20), (3, 4, 9), (10, 3, 3), (1023, 16, 17)]):
+        out = tmp_path / str(k)
+        out.mkdir()
+        w = _SplitWriter(out, "train-000000", seq_len, info, per_shard)
+        rows = rng.integers(0, vocab_size, size=(n, seq_len + 1)).astype(info.dtype)
+        w._write(rows[: n // 2])
+        w._write(rows[n // 2 :])
+        shards = w.finish()["shards"]
+        assert [s["sequences"] for s in shards] == [min(per_shard, n - i) for i in range(0, n, per_shard)]
+        assert sorted(p.name for p in out.iterdir()) == [s["file"] for s in shards]  # no rows file left
+        start = 0
+        for s in shards:
+            expect = tmp_path / "at_once.arrow"
+            flat = pa.array(rows[start : start + s["sequences"]].reshape(-1), type=w.arrow_type)
+            with pa.ipc.new_file(str(expect), w.schema) as writer:
+                writer.write_batch(
+                    pa.record_batch([pa.FixedSizeListArray.from_arrays(flat, w.window)], schema=w.schema)
+                )
+            assert (out / s["file"]).read_bytes() == expect.read_bytes(), (seq_len, per_shard, n, s["file"])
+            start += s["sequences"]
