@@ -323,7 +323,8 @@ def tokenize_parts(
     the parts' tails in ``tails-<first_part>.arrow`` (split, pass, corpus, part, tokens). ``forced``: a
     doc id put in validation whatever its hash. Returns the run's summary for
     :func:`assemble_token_shards` (shards, counts and per part windows and tail tokens of each stream;
-    its smallest split hash). Memory: ``batch_documents`` documents; each stream's open shard waits on disk (_SplitWriter).
+    its smallest split hash). Memory: ``batch_documents`` documents; each stream's open shard waits on
+    disk (_SplitWriter).
     Raises ValueError naming the part on a ``copies`` value that is null or below 1, and in a mixture
     on a missing ``corpus`` column or a corpus without a weight; ArtifactError naming a part that
     cannot be read."""
