@@ -9,11 +9,13 @@ tied embedding at a vocabulary of 8,192.
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
+from typing import TYPE_CHECKING
 
 from largetrain_core.storage import loading, read_json
+
+if TYPE_CHECKING:  # torch and transformers load where a model is built: this module's presets do not need them
+    import torch
+    from transformers import LlamaConfig, PreTrainedModel
 
 # name -> (hidden_size, intermediate_size, layers, attention heads)
 PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -28,6 +30,8 @@ def build_config(
     preset: str, vocab_size: int, max_positions: int, eos_id: int, bos_id: int | None = None
 ) -> LlamaConfig:
     """A ``LlamaConfig`` for ``preset``. Raises KeyError naming the known presets."""
+    from transformers import LlamaConfig
+
     if preset not in PRESETS:
         raise KeyError(f"unknown model preset {preset!r}; known: {sorted(PRESETS)}")
     hidden, inter, layers, heads = PRESETS[preset]
@@ -51,6 +55,9 @@ def build_model(
     preset: str, vocab_size: int, max_positions: int, eos_id: int, bos_id: int | None = None, seed: int = 0
 ) -> PreTrainedModel:
     """A freshly initialized fp32 causal LM (transformers' own init, under ``torch.manual_seed(seed)``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(
         build_config(preset, vocab_size, max_positions, eos_id, bos_id), dtype=torch.float32
@@ -86,6 +93,9 @@ def load_model(path: Path) -> PreTrainedModel:
     Raises MissingArtifactError (a FileNotFoundError) or ArtifactError (a ValueError) naming the file
     (config.json, the weights) that is missing or damaged, or the directory when transformers refuses it.
     """
+    import torch
+    from transformers import AutoModelForCausalLM
+
     path = Path(path)
     what = "Hugging Face causal-LM directory"
     read_json(path / "config.json", f"config.json of a {what}")
