@@ -46,13 +46,14 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 	npm install -q --prefix $(VENV)/azurite --no-audit --no-fund --no-save azurite@$(AZURITE_VERSION)
 	touch $@
 
-# The suite in TEST_WORKERS processes (pytest-xdist, tests handed out one by one: its loadgroup and
-# loadscope modes rewrite node ids, which pytest 9 no longer lets them do); each worker builds the module
-# fixtures of the tests it gets.
+# The suite in TEST_WORKERS processes (pytest-xdist), a test file at a time in the order collected (e2e,
+# integration, unit: the longest files first), so that a module's fixtures (dagster dev, a Spark session,
+# the lineage) are built once. loadfile keeps node ids as they are; loadgroup rewrites them, which pytest 9
+# refuses.
 TEST_WORKERS ?= 2
 test: lint $(VENV)/.spark-installed $(VENV)/azurite/.installed corpora
 	scripts/install_system_deps.sh
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist load --durations=25 --cpu-durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 --cpu-durations=25
 
 # The style gate (ruff, pinned in the dev extra, configured in pyproject.toml; .pre-commit-config.yaml runs the
 # same): lint, and the formatting checked. `make format` fixes what it can and formats.

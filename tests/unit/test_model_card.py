@@ -1,4 +1,4 @@
-"""The model card generator (largetrain_core.model_card) on its own; through Dagster in tests/e2e/test_determinism.py."""
+"""The model card generator (largetrain_core.model_card) on its own; through Dagster in tests/e2e/test_lineage.py."""
 
 import json
 
