@@ -21,6 +21,15 @@ def read_bytes(location: str) -> bytes:
     return fs.cat_file(path)
 
 
+def skip_mlflow_unless_used(cfg) -> None:
+    """Make MLflow absent, before DeepSpeed loads, for a training that does not report to it: DeepSpeed
+    imports it when it is installed, for its autotuner's experiments (deepspeed/autotuning/autotuner.py),
+    which a training never runs, and goes without it when it is not. That import is 2.7 CPU s of every
+    rank's start (py-spy, a 1-rank tiny training)."""
+    if "mlflow" not in cfg.tracking.report_to:
+        sys.modules.setdefault("mlflow", None)
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -36,13 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     # wandb) would outlive a rank killed by SIGKILL and keep its run ID in use: the resume would fail
     # with "run ID ... is in use". Each training's rank 0 starts its own, which ends with it.
     os.environ.pop("WANDB_SERVICE", None)
-    from largetrain_core.training import preflight
     from largetrain_core.training.config import TrainConfig
-    from largetrain_core.training.trainer import run
 
     with concerning(argv[0], "reading the training config"):
         cfg = TrainConfig.from_dict(json.loads(read_bytes(argv[0])))
+        skip_mlflow_unless_used(cfg)
+        from largetrain_core.training import preflight
+
         preflight.check(cfg)
+    from largetrain_core.training.trainer import run
+
     run(cfg)
     finish_rank()
 

@@ -22,6 +22,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 from largetrain_core.storage import stored_location, write_json_atomic
 from largetrain_core.training.config import TrainConfig
@@ -177,6 +178,7 @@ class MlflowTracker(Tracker):
 
     def __init__(self):
         self.client = self.run_id = None
+        self.log_artifacts = True
 
     def start(self, config, resume_run_id):
         from mlflow.entities import Param
@@ -189,6 +191,15 @@ class MlflowTracker(Tracker):
         if run is None:
             run = self.client.create_run(exp_id, run_name=config.tracking.run_name)
         self.run_id = run.info.run_id
+        if _outside(run.info.artifact_uri, artifacts):
+            # MLflow records a run's artifact location as an absolute URI: after the storage root holding a
+            # SQLite store was copied or moved, the run's artifacts would go to the old root
+            self.log_artifacts = False
+            log.warning(
+                f"MLflow run {self.run_id} keeps its artifacts at {run.info.artifact_uri}, outside this store's "
+                f"{artifacts} (the storage root was copied or moved since the training): its metrics are logged "
+                "here, its artifacts are not"
+            )
         logged = run.data.params  # MLflow params are immutable: a resumed run logs only the new ones
         params = [Param(k, v) for k, v in _flat_params(config.to_dict()).items() if k not in logged]
         for i in range(0, len(params), 100):  # log_batch takes at most 100 params
@@ -245,6 +256,8 @@ class MlflowTracker(Tracker):
 
     def log_artifact(self, path):
         path = Path(path)
+        if not self.log_artifacts:
+            return
         if path.is_dir():
             self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)
         else:
@@ -253,9 +266,17 @@ class MlflowTracker(Tracker):
     def finish(self, summary, killed=False):
         if self.run_id is None:
             return
-        if summary is not None:
+        if summary is not None and self.log_artifacts:
             self.client.log_dict(self.run_id, summary, "summary.json")
         self.client.set_terminated(self.run_id, "FINISHED" if summary is not None else "KILLED" if killed else "FAILED")
+
+
+def _outside(artifact_uri: str, location: str | None) -> bool:
+    """Whether a run's local artifact directory (``file://`` URI) lies outside the store's local
+    artifact ``location``; False for any other kind of location (a bucket, a tracking server's)."""
+    if not (location and artifact_uri.startswith("file:") and location.startswith("file:")):
+        return False
+    return not Path(urlparse(artifact_uri).path).is_relative_to(Path(urlparse(location).path))
 
 
 def _flat_params(d: dict, prefix: str = "") -> dict[str, str]:
@@ -314,6 +335,30 @@ class _PipesLogHandler(logging.Handler):
 TRACKERS: dict[str, type[Tracker]] = {t.name: t for t in (WandbTracker, MlflowTracker, DagsterPipesTracker)}
 
 
+def moved_to(config: TrainConfig, out: Path) -> TrainConfig:
+    """``config``, as a training recorded it, for the training directory ``out`` it is read from now. A
+    storage root can be copied or moved after the training (a copied root reads its own files): then
+    ``output_dir`` is ``out``, and a SQLite MLflow store (``sqlite:///<path>``) that lay under the old
+    root is the same file under the new one. The root is what the two directories' paths differ in
+    (``/old/root/base_checkpoint/<version>`` and ``/new/root/base_checkpoint/<version>``: the root
+    holds both the training and, by default, ``mlruns.db``). A store elsewhere is kept as it is."""
+    old, new = Path(config.output_dir), out.resolve()
+    if old == new:
+        return config
+    same = 0  # trailing path components the two share
+    while same < min(len(old.parts), len(new.parts)) - 1 and old.parts[-1 - same] == new.parts[-1 - same]:
+        same += 1
+    old_root, new_root = (old.parents[same - 1], new.parents[same - 1]) if same else (old, new)
+    d = config.to_dict()
+    d["output_dir"] = str(new)
+    uri = d["tracking"]["mlflow"]["tracking_uri"]
+    if uri and uri.startswith("sqlite:///") and Path(uri[len("sqlite:///") :]).is_relative_to(old_root):
+        d["tracking"]["mlflow"]["tracking_uri"] = (
+            f"sqlite:///{new_root / Path(uri[len('sqlite:///') :]).relative_to(old_root)}"
+        )
+    return TrainConfig.from_dict(d)
+
+
 def log_outputs(out: Path, paths: list[Path], metrics: dict | None = None) -> list[str]:
     """Log ``paths`` (files or directories under the training's output directory ``out``: the exported
     model or adapter once its model card and lineage.json are written into it) to the runs the
@@ -326,7 +371,9 @@ def log_outputs(out: Path, paths: list[Path], metrics: dict | None = None) -> li
 
     records_file = out / RECORDS
     records = read_json(records_file, "trackers' run records (trackers.json)") if records_file.exists() else {}
-    config = TrainConfig.from_dict(read_json(out / "train_config.json", "training config (train_config.json)"))
+    config = moved_to(
+        TrainConfig.from_dict(read_json(out / "train_config.json", "training config (train_config.json)")), out
+    )
     summary = read_json(out / "summary.json", "training summary (summary.json)")
     done = []
     for name in config.tracking.report_to:

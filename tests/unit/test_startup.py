@@ -1,0 +1,39 @@
+"""What a process loads as it starts, in a fresh interpreter each: the Dagster definitions (imported by
+every step process of a multiprocess run, the CLI and the code server) load no torch, transformers or
+DeepSpeed; a training rank that does not report to MLflow has DeepSpeed go without it."""
+
+import json
+import subprocess
+import sys
+
+from helpers import REPO
+
+
+def _loaded(code: str) -> set[str]:
+    """The top-level modules loaded after running ``code`` in a fresh interpreter."""
+    probe = (
+        code + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m, v in sys.modules.items() if v})))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_the_dagster_definitions_load_no_training_library():
+    loaded = _loaded("import largetrain_dagster.definitions")
+    assert "dagster" in loaded and "largetrain_core" in loaded
+    assert not loaded & {"torch", "transformers", "deepspeed", "peft", "mlflow"}, loaded
+
+
+def test_a_rank_without_mlflow_among_its_trackers_has_deepspeed_go_without_it():
+    start = (
+        "from largetrain_core.training.__main__ import skip_mlflow_unless_used\n"
+        "from largetrain_core.training.config import TrainConfig\n"
+        "skip_mlflow_unless_used(TrainConfig.from_settings(output_dir='o', train_shards='s', tokenizer='s', "
+        "report_to={report_to}))\n"
+        "import deepspeed\n"
+        "from deepspeed.autotuning import autotuner\n"
+        "assert autotuner.has_mlflow is {has}, autotuner.has_mlflow\n"
+    )
+    assert "mlflow" not in _loaded(start.format(report_to=["wandb"], has=False))
+    assert "mlflow" in _loaded(start.format(report_to=["wandb", "mlflow"], has=True))

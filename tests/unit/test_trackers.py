@@ -1,0 +1,71 @@
+"""The trackers after the training (largetrain_core.training.trackers.log_outputs), read from a storage root
+that was copied elsewhere and whose original is gone: MLflow (a SQLite store in the root, in process)."""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from largetrain_core.training.config import TrainConfig
+from largetrain_core.training.trackers import Trackers, log_outputs, moved_to
+
+
+def _config(root, **settings) -> TrainConfig:
+    out = root / "base_checkpoint" / "0123456789abcdef"
+    return TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(root / "token_shards"),
+        tokenizer=str(root / "tokenizer"),
+        report_to=["mlflow"],
+        mlflow={"tracking_uri": f"sqlite:///{root / 'mlruns.db'}"},
+        **settings,
+    )
+
+
+def _train(cfg: TrainConfig) -> dict:
+    """What a training leaves for log_outputs: its trackers' records, config and summary."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True)
+    trackers = Trackers(cfg, rank=0)
+    records = trackers.start()
+    trackers.log_metrics(1, {"loss": 2.5})
+    trackers.finish({"steps": 1, "last_loss": 2.5})
+    (out / "train_config.json").write_text(json.dumps(cfg.to_dict()))
+    (out / "summary.json").write_text(json.dumps({"steps": 1, "last_loss": 2.5}))
+    return records
+
+
+def test_a_copied_root_logs_to_its_own_mlflow_store_and_writes_nothing_under_the_original(tmp_path, caplog):
+    from mlflow.tracking import MlflowClient
+
+    original, copy = tmp_path / "original", tmp_path / "elsewhere" / "copy"
+    records = _train(_config(original))
+    shutil.copytree(original, copy)
+    shutil.rmtree(original)
+
+    with caplog.at_level(logging.WARNING, "largetrain_core.training.trackers"):
+        logged = log_outputs(copy / "base_checkpoint" / "0123456789abcdef", [copy / "token_shards"], {"acc": 0.5})
+    assert logged == ["mlflow"]
+    assert not original.exists()  # neither the store nor the artifacts were written at the old place
+    run = MlflowClient(f"sqlite:///{copy / 'mlruns.db'}").get_run(records["mlflow"]["run_id"])
+    assert run.data.metrics["acc"] == 0.5 and run.data.metrics["loss"] == 2.5
+    assert run.info.status == "FINISHED"
+    assert "outside this store's" in caplog.text and "its artifacts are not" in caplog.text
+
+
+def test_moved_to_rebases_the_output_directory_and_a_store_under_the_old_root_only(tmp_path):
+    old, new = tmp_path / "a" / "root", tmp_path / "b" / "copy"
+    cfg = _config(old)
+    out = new / "base_checkpoint" / "0123456789abcdef"
+    moved = moved_to(cfg, out)
+    assert moved.output_dir == str(out)
+    assert moved.tracking.mlflow.tracking_uri == f"sqlite:///{new / 'mlruns.db'}"
+    assert moved.settings() | {"output_dir": None, "mlflow": None} == cfg.settings() | {
+        "output_dir": None,
+        "mlflow": None,
+    }
+    elsewhere = cfg.with_settings(mlflow={"tracking_uri": f"sqlite:///{tmp_path / 'shared' / 'mlruns.db'}"})
+    assert moved_to(elsewhere, out).tracking.mlflow == elsewhere.tracking.mlflow  # not under the root: kept
+    server = cfg.with_settings(mlflow={"tracking_uri": "http://127.0.0.1:5000"})
+    assert moved_to(server, out).tracking.mlflow.tracking_uri == "http://127.0.0.1:5000"
+    assert moved_to(cfg, Path(cfg.output_dir)) is cfg  # not moved
