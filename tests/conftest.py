@@ -318,9 +318,23 @@ def pytest_runtest_makereport(item, call):
         outcome.get_result().user_properties.append(("cpu_seconds", _cpu_seconds() - item.stash[_CPU_START]))
 
 
+_WALL: dict[str, float] = {}
+
+
 def pytest_runtest_logreport(report):
+    _WALL[report.nodeid] = _WALL.get(report.nodeid, 0.0) + report.duration
     if report.when == "teardown":
         _CPU.update((report.nodeid, v) for k, v in report.user_properties if k == "cpu_seconds")
+
+
+def _by(key) -> list[tuple[str, float, float]]:
+    """(group, CPU s, wall s) of the tests grouped by ``key(nodeid)``, most CPU first."""
+    groups: dict[str, list[float]] = {}
+    for nodeid, cpu in _CPU.items():
+        g = groups.setdefault(key(nodeid), [0.0, 0.0])
+        g[0] += cpu
+        g[1] += _WALL.get(nodeid, 0.0)
+    return sorted(((k, c, w) for k, (c, w) in groups.items()), key=lambda r: -r[1])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -333,3 +347,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     )
     for nodeid, seconds in top[: n or None]:
         terminalreporter.write_line(f"{seconds:8.2f}s cpu  {nodeid}")
+    terminalreporter.write_sep(
+        "=", "CPU and wall seconds (setup + call + teardown) by tier, then the 15 costliest files"
+    )
+    tiers = _by(lambda nodeid: nodeid.split("/")[1] if nodeid.count("/") > 1 else "integration")
+    files = _by(lambda nodeid: nodeid.split("::")[0])
+    for name, cpu, wall in tiers + files[:15]:
+        terminalreporter.write_line(f"{cpu:8.1f}s cpu {wall:8.1f}s wall  {name}")
