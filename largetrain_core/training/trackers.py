@@ -276,7 +276,7 @@ def _outside(artifact_uri: str, location: str | None) -> bool:
     artifact ``location``; False for any other kind of location (a bucket, a tracking server's)."""
     if not (location and artifact_uri.startswith("file:") and location.startswith("file:")):
         return False
-    return not Path(urlparse(artifact_uri).path).is_relative_to(Path(urlparse(location).path))
+    return not Path(urlparse(artifact_uri).path).resolve().is_relative_to(Path(urlparse(location).path).resolve())
 
 
 def _flat_params(d: dict, prefix: str = "") -> dict[str, str]:
@@ -343,7 +343,7 @@ def moved_to(config: TrainConfig, out: Path) -> TrainConfig:
     (``/old/root/base_checkpoint/<version>`` and ``/new/root/base_checkpoint/<version>``: the root
     holds both the training and, by default, ``mlruns.db``). A store elsewhere is kept as it is."""
     old, new = Path(config.output_dir), out.resolve()
-    if old == new:
+    if old.resolve() == new:  # the same directory, perhaps named through a link
         return config
     same = 0  # trailing path components the two share
     while same < min(len(old.parts), len(new.parts)) - 1 and old.parts[-1 - same] == new.parts[-1 - same]:

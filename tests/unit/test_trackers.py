@@ -69,3 +69,23 @@ def test_moved_to_rebases_the_output_directory_and_a_store_under_the_old_root_on
     server = cfg.with_settings(mlflow={"tracking_uri": "http://127.0.0.1:5000"})
     assert moved_to(server, out).tracking.mlflow.tracking_uri == "http://127.0.0.1:5000"
     assert moved_to(cfg, Path(cfg.output_dir)) is cfg  # not moved
+
+
+def test_a_root_named_through_a_link_is_not_taken_for_a_moved_one(tmp_path, caplog):
+    """The training recorded its root through a symbolic link; read through the link's target, nothing
+    moved: the store and its artifact location are the recorded ones, and no warning."""
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "disk")
+    records = _train(_config(tmp_path / "link" / "root"))
+    out = tmp_path / "disk" / "root" / "base_checkpoint" / "0123456789abcdef"
+    assert moved_to(_config(tmp_path / "link" / "root"), out).output_dir == str(
+        tmp_path / "link" / "root" / "base_checkpoint" / "0123456789abcdef"
+    )
+    with caplog.at_level(logging.WARNING, "largetrain_core.training.trackers"):
+        assert log_outputs(out, [out / "summary.json"], {"acc": 0.5}) == ["mlflow"]
+    assert "outside this store's" not in caplog.text
+    client = MlflowClient(f"sqlite:///{tmp_path / 'disk' / 'root' / 'mlruns.db'}")
+    assert client.get_run(records["mlflow"]["run_id"]).data.metrics["acc"] == 0.5
+    assert [a.path for a in client.list_artifacts(records["mlflow"]["run_id"])] == ["summary.json"]
