@@ -1,12 +1,16 @@
 """What a process loads as it starts, in a fresh interpreter each: the Dagster definitions (imported by
 every step process of a multiprocess run, the CLI and the code server) load no torch, transformers or
-DeepSpeed; a training rank that does not report to MLflow has DeepSpeed go without it."""
+DeepSpeed; a training rank that does not report to MLflow has DeepSpeed go without it; reading token
+shards loads no pandas."""
 
 import json
 import subprocess
 import sys
 
+import polars as pl
+
 from helpers import REPO
+from largetrain_core.shards import build_token_shards
 
 
 def _loaded(code: str) -> set[str]:
@@ -37,3 +41,18 @@ def test_a_rank_without_mlflow_among_its_trackers_has_deepspeed_go_without_it():
     )
     assert "mlflow" not in _loaded(start.format(report_to=["wandb"], has=False))
     assert "mlflow" in _loaded(start.format(report_to=["wandb", "mlflow"], has=True))
+
+
+def test_reading_token_shards_loads_no_pandas(tmp_path, bpe_dir, sentences):
+    docs, out = tmp_path / "docs", tmp_path / "shards"
+    docs.mkdir(), out.mkdir()
+    pl.DataFrame({"doc_id": ["a", "b"], "source": ["t", "t"], "text": [" ".join(sentences)] * 2}).write_parquet(
+        docs / "part-00000.parquet"
+    )
+    build_token_shards(docs, bpe_dir, out, seq_len=16, validation_fraction=0.0)
+    read = (
+        "from largetrain_core.shards import TokenShards\n"
+        f"data = TokenShards({str(out)!r}, 'train')\n"
+        "assert len(data) > 1 and data[len(data) - 1].shape == (17,) and not data[0].flags.writeable\n"
+    )
+    assert "pandas" not in _loaded(read)
