@@ -218,9 +218,9 @@ class Lineage:
 
 
 def _definitions(root: str):
-    """The definitions every materialization of this module uses: 2 training ranks, MLflow the tracker
+    """The definitions every materialization of this module uses: 1 training rank, MLflow the tracker
     (its store under the root, W&B off)."""
-    return build_definitions(root=root, nproc_per_node=2, wandb_mode="disabled", report_to=["mlflow"])
+    return build_definitions(root=root, nproc_per_node=1, wandb_mode="disabled", report_to=["mlflow"])
 
 
 @pytest.fixture(scope="module")

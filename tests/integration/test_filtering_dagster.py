@@ -136,7 +136,7 @@ def test_an_item_declared_after_training_is_found_by_the_lineage_check_without_r
     cfg["ops"]["pretrain__raw_corpus"]["config"]["path"] = str(docs)
     cfg["ops"]["evaluation_sets"] = {"config": {"benchmark_files": [str(declared)]}}
     root = tmp_path / "root"
-    defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled")
+    defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled")
     assets = [*lineage_assets(), no_evaluation_item_in_training_data]
     with DagsterInstance.ephemeral() as instance:
         trained = materialize_lineage(assets, defs.resources, instance, cfg)

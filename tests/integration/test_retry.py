@@ -93,7 +93,7 @@ def test_preempted_training_is_retried_by_dagster_and_resumes_from_its_preemptio
     corpus("linux-doc")
     monkeypatch.setenv("LARGETRAIN_FAULT", "sigterm_after_step:3")
     root = tmp_path / "root"
-    defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled")
+    defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled")
     ops = pretrain_shards_ops(CORPORA)
     train = deep_merge(
         tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],

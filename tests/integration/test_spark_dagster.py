@@ -91,11 +91,12 @@ def _version_files(root: Path) -> dict[str, bytes]:
 
 
 def test_backfill_with_spark_through_materialize_on_local_disk_and_on_s3(tmp_path, monkeypatch, s3_bucket):
-    """The backfill on ``local[2]`` with a local root, then on ``local-cluster[2,1,1024]`` (two executor JVMs)
-    with the corpus and the root in a bucket (moto's S3 server on 127.0.0.1): the same data versions and the
-    same files, byte for byte; the kept documents and duplicates are the local executor's. On the bucket the
-    tasks read their inputs and put their part files there themselves: the executors have a
-    LARGETRAIN_CACHE of their own, and the driver's holds no task's scratch directory."""
+    """The backfill on ``local[2]`` with a local root, then on ``local-cluster[1,2,1024]`` (an executor JVM of
+    2 cores, apart from the driver) with the corpus and the root in a bucket (moto's S3 server on
+    127.0.0.1): the same data versions and the same files, byte for byte; the kept documents and
+    duplicates are the local executor's. On the bucket the tasks read their inputs and put their part
+    files there themselves: the executor has a LARGETRAIN_CACHE of its own, and the driver's holds no
+    task's scratch directory."""
     monkeypatch.setattr(partitions, "DATA_PARTITIONS", data_partitions(2))
     driver_cache, executor_cache = tmp_path / "driver cache", tmp_path / "executor cache"
     monkeypatch.setenv("LARGETRAIN_CACHE", str(driver_cache))
@@ -115,7 +116,7 @@ def test_backfill_with_spark_through_materialize_on_local_disk_and_on_s3(tmp_pat
     )
     s3_root = fs.join(s3_bucket, "largetrain")
     cluster = DataExecutor(
-        name="spark", master="local-cluster[2,1,1024]", conf={"spark.executorEnv.LARGETRAIN_CACHE": str(executor_cache)}
+        name="spark", master="local-cluster[1,2,1024]", conf={"spark.executorEnv.LARGETRAIN_CACHE": str(executor_cache)}
     )
     _backfill(
         s3_root,

@@ -198,25 +198,39 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
     assert lsum["trainable_parameters"] < 0.2 * lsum["parameters"]
 
 
-def _resume_cfg(out: Path, shards: Path, report_to: list[str] = ()) -> TrainConfig:
+def _resume_cfg(out: Path, shards: Path, report_to: list[str] = (), **settings) -> TrainConfig:
+    """The 8-step run the resume tests crash and compare: 2 ranks, ZeRO-2, fp32, micro-batch 2 (``settings``
+    override TrainConfig.from_settings' keywords)."""
     return TrainConfig.from_settings(
-        output_dir=str(out),
-        train_shards=str(shards),
-        preset="llama-tiny",
-        zero_stage=2,
-        precision="fp32",
-        activation_checkpointing=False,
-        micro_batch_size=2,
-        max_steps=8,
-        learning_rate=5e-3,
-        warmup_steps=2,
-        save_steps=3,
-        save_total_limit=3,
-        logging_steps=4,
-        report_to=list(report_to),
-        run_name="crashed",
-        tokenizer=str(shards),
+        **{
+            "output_dir": str(out),
+            "train_shards": str(shards),
+            "preset": "llama-tiny",
+            "zero_stage": 2,
+            "precision": "fp32",
+            "activation_checkpointing": False,
+            "micro_batch_size": 2,
+            "max_steps": 8,
+            "learning_rate": 5e-3,
+            "warmup_steps": 2,
+            "save_steps": 3,
+            "save_total_limit": 3,
+            "logging_steps": 4,
+            "report_to": list(report_to),
+            "run_name": "crashed",
+            "tokenizer": str(shards),
+            **settings,
+        }
     )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(shards, tmp_path_factory) -> Path:
+    """The output directory of :func:`_resume_cfg` run once, start to end, on local disk: the reference of
+    the resume tests and of the gradient accumulation test."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    torchrun(_resume_cfg(tmp / "uninterrupted", shards), tmp)
+    return tmp / "uninterrupted"
 
 
 @pytest.fixture
@@ -242,7 +256,9 @@ def launcher_wandb_service(tmp_path):
         proc.wait()
 
 
-def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path, monkeypatch, launcher_wandb_service):
+def test_exact_resume_after_sigkill_after_a_step_and_mid_save(
+    shards, uninterrupted, tmp_path, monkeypatch, launcher_wandb_service
+):
     """2 ranks, ZeRO-2, fp32 on CPU, 8 steps, checkpoints at 3, 6, 8. Uninterrupted run vs a run whose
     whole torchrun tree is SIGKILLed after step 4, resumed (from step 3), SIGKILLed again in the middle of
     the step-6 save (rank 0's files written, no marker), resumed again (from step 3, skipping step 6):
@@ -252,8 +268,7 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path, 
     rank's run ID stays in use in a shared service, and the resume would fail)."""
     from mlflow.tracking import MlflowClient
 
-    ref = tmp_path / "uninterrupted"
-    torchrun(_resume_cfg(ref, shards), tmp_path)
+    ref = uninterrupted
     out = tmp_path / "crashed"
     cfg = _resume_cfg(out, shards, report_to=["wandb", "mlflow"])
     monkeypatch.setenv("WANDB_SERVICE", launcher_wandb_service)
@@ -308,37 +323,19 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(shards, tmp_path, 
     assert "model/model.safetensors" in {a.path for a in client.list_artifacts(ml["run_id"], "model")}
 
 
-def test_gradient_accumulation_equals_larger_micro_batch(shards, tmp_path):
-    """2 ranks, ZeRO-2: micro-batch 2 x 2 accumulation steps gives the same losses and weights as micro-batch 4
-    (same samples per step, by the sampler's global positions; DeepSpeed scales each micro-loss by 1/2).
-    Equal within fp32 rounding of the summation order: 1e-6 relative on losses, 1e-6 absolute on weights."""
-    outs = {}
-    for mb, ga in ((4, 1), (2, 2)):
-        out = tmp_path / f"mb{mb}-ga{ga}"
-        cfg = TrainConfig.from_settings(
-            output_dir=str(out),
-            train_shards=str(shards),
-            preset="llama-tiny",
-            zero_stage=2,
-            activation_checkpointing=False,
-            micro_batch_size=mb,
-            gradient_accumulation_steps=ga,
-            max_steps=4,
-            learning_rate=5e-3,
-            warmup_steps=1,
-            save_steps=4,
-            save_total_limit=1,
-            report_to=[],
-            tokenizer=str(shards),
-        )
-        torchrun(cfg, tmp_path)
-        outs[(mb, ga)] = out
-    m1, m2 = metrics(outs[(4, 1)]), metrics(outs[(2, 2)])
-    for step in range(1, 5):
+def test_gradient_accumulation_equals_larger_micro_batch(shards, uninterrupted, tmp_path):
+    """2 ranks, ZeRO-2: micro-batch 1 x 2 accumulation steps gives the same losses and weights as micro-batch 2
+    (the uninterrupted run of _resume_cfg; same samples per step, by the sampler's global positions;
+    DeepSpeed scales each micro-loss by 1/2). Equal within fp32 rounding of the summation order: 1e-6
+    relative on losses, 1e-6 absolute on weights."""
+    out = tmp_path / "mb1-ga2"
+    torchrun(_resume_cfg(out, shards, micro_batch_size=1, gradient_accumulation_steps=2), tmp_path)
+    m1, m2 = metrics(uninterrupted), metrics(out)
+    for step in range(1, 9):
         assert m1[step]["loss"] == pytest.approx(m2[step]["loss"], rel=1e-6, abs=0)
-        assert m1[step]["consumed_samples"] == m2[step]["consumed_samples"] == step * 8
-    w1 = load_file(outs[(4, 1)] / "model" / "model.safetensors")
-    w2 = load_file(outs[(2, 2)] / "model" / "model.safetensors")
+        assert m1[step]["consumed_samples"] == m2[step]["consumed_samples"] == step * 4
+    w1 = load_file(uninterrupted / "model" / "model.safetensors")
+    w2 = load_file(out / "model" / "model.safetensors")
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=0, atol=1e-6)
     from largetrain_core.model import build_model
@@ -993,12 +990,11 @@ def _torchrun_on_node(cfg, tmp: Path, cache: Path, fault: str | None = None) -> 
     return proc
 
 
-def test_a_training_in_a_bucket_resumes_on_a_fresh_node_bitwise(shards, tmp_path, s3_bucket):
+def test_a_training_in_a_bucket_resumes_on_a_fresh_node_bitwise(shards, uninterrupted, tmp_path, s3_bucket):
     shards_url = fs.join(s3_bucket, "root", "pretrain", "token_shards", "v1")
     with atomic_dir(shards_url) as tmp:  # the shards committed to the bucket, as the token_shards asset does
         shutil.copytree(shards, tmp, dirs_exist_ok=True)
-    ref = tmp_path / "uninterrupted"
-    _torchrun_on_node(_resume_cfg(ref, shards), tmp_path, tmp_path / "cache-ref")
+    ref = uninterrupted  # the same run on local disk
 
     out = fs.join(s3_bucket, "root", "base_checkpoint", "v1")
     cfg = _resume_cfg(Path("unused"), shards_url)

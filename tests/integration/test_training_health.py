@@ -48,7 +48,7 @@ def _messages(instance, result) -> list[str]:
 def test_training_health_through_dagster(tmp_path):
     corpus("linux-doc")
     root = tmp_path / "root"
-    defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled", report_to=[])
+    defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled", report_to=[])
     assets = lineage_assets()
     ops = pretrain_shards_ops(CORPORA)
     tiny = {k: v for k, v in tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"].items() if k != "health"}
