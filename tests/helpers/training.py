@@ -1,10 +1,16 @@
-"""Inputs and readers of the training tests: sentences of kernel prose for tiny token shards, a
-training's per-step metrics, and what MLflow and W&B hold of an exported directory."""
+"""Inputs, runs and readers of the training tests: sentences of kernel prose for tiny token shards, the
+entry point under torchrun, the 8-step run the resume tests compare, a training's per-step metrics,
+and what MLflow and W&B hold of an exported directory."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+
+from helpers import REPO
 
 SENTENCES = [
     "the kernel schedules tasks on every processor and balances the load between them",
@@ -101,3 +107,60 @@ def someones_tokenizer(src: Path) -> tuple[int, int]:
     tok.save(str(src / "tokenizer.json"))
     (src / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     return tok.token_to_id("<s>"), tok.token_to_id("</s>")
+
+
+def torchrun(cfg, tmp: Path, nproc: int = 2, fault: str | None = None) -> subprocess.CompletedProcess:
+    """Run the entry point under torchrun; assert success, or, with ``fault`` (LARGETRAIN_FAULT), that it was killed."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / f"config-{cfg.mode}-{Path(cfg.output_dir).name}.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LARGETRAIN_FAULT", None)
+    if fault:
+        env["LARGETRAIN_FAULT"] = fault
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "largetrain_core.training",
+        str(path),
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
+    (Path(cfg.output_dir) / f"torchrun-{fault or 'run'}.log").write_text(proc.stdout + proc.stderr)
+    if fault:
+        assert proc.returncode == -9, f"expected SIGKILL from LARGETRAIN_FAULT={fault}: " + proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def resume_config(out: Path, shards: Path, report_to: list[str] = (), **settings):
+    """The TrainConfig of the 8-step run the resume tests crash and compare (run on 2 ranks: ZeRO-2, fp32,
+    micro-batch 2, checkpoints at steps 3, 6 and 8); ``settings`` override TrainConfig.from_settings'
+    keywords."""
+    from largetrain_core.training.config import TrainConfig
+
+    return TrainConfig.from_settings(
+        **{
+            "output_dir": str(out),
+            "train_shards": str(shards),
+            "preset": "llama-tiny",
+            "zero_stage": 2,
+            "precision": "fp32",
+            "activation_checkpointing": False,
+            "micro_batch_size": 2,
+            "max_steps": 8,
+            "learning_rate": 5e-3,
+            "warmup_steps": 2,
+            "save_steps": 3,
+            "save_total_limit": 3,
+            "logging_steps": 4,
+            "report_to": list(report_to),
+            "run_name": "crashed",
+            "tokenizer": str(shards),
+            **settings,
+        }
+    )

@@ -1,20 +1,21 @@
 """Fixtures of the integration tier (Dagster materializations, DeepSpeed, Spark, PostgreSQL, the S3 API
-server): tiny real token shards for the trainings, and a real S3 API server on 127.0.0.1."""
+server): tiny real token shards for the trainings, the uninterrupted run the resume tests compare with,
+and a real S3 API server on 127.0.0.1."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers.training import SENTENCES
+from helpers.training import SENTENCES, resume_config, torchrun
 from largetrain_core.shards import build_token_shards
 from largetrain_core.storage import write_manifest
 from largetrain_core.tokenizer import train_bpe
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shards(tmp_path_factory) -> Path:
-    """Tiny real token shards: a BPE trained on repetitive sentences, seq_len 32."""
+    """Tiny real token shards: a BPE trained on repetitive sentences, seq_len 32. Shared: tests only read them."""
     import polars as pl
 
     root = tmp_path_factory.mktemp("train_data")
@@ -30,6 +31,16 @@ def shards(tmp_path_factory) -> Path:
     out.mkdir()
     build_token_shards(docs, root / "tok", out, seq_len=32, validation_fraction=0.1)
     return out
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(shards, tmp_path_factory) -> Path:
+    """The output directory of helpers.training.resume_config run once, start to end, on 2 ranks on local
+    disk: the reference the resume tests compare with (their losses, grad norms and weights), read by the
+    tests of several files and never written."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    torchrun(resume_config(tmp / "uninterrupted", shards), tmp)
+    return tmp / "uninterrupted"
 
 
 @pytest.fixture

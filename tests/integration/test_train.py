@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from helpers import REPO
 from helpers.corpora import SHORT_RUN
-from helpers.training import assert_logged_with_card, metrics, someones_tokenizer
+from helpers.training import assert_logged_with_card, metrics, resume_config, someones_tokenizer, torchrun
 from largetrain_core import fs
 from largetrain_core.shards import TokenShards, build_token_shards
 from largetrain_core.storage import atomic_dir
@@ -27,34 +27,6 @@ from largetrain_core.training import preflight
 from largetrain_core.training.config import TrainConfig, WandbSettings
 from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
 from largetrain_core.training.lora import lora_target_modules
-
-
-def torchrun(cfg: TrainConfig, tmp: Path, nproc: int = 2, fault: str | None = None) -> subprocess.CompletedProcess:
-    """Run the entry point under torchrun; assert success, or, with ``fault`` (LARGETRAIN_FAULT), that it was killed."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / f"config-{cfg.mode}-{Path(cfg.output_dir).name}.json"
-    path.write_text(json.dumps(cfg.to_dict()))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("LARGETRAIN_FAULT", None)
-    if fault:
-        env["LARGETRAIN_FAULT"] = fault
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "largetrain_core.training",
-        str(path),
-    ]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
-    (Path(cfg.output_dir) / f"torchrun-{fault or 'run'}.log").write_text(proc.stdout + proc.stderr)
-    if fault:
-        assert proc.returncode == -9, f"expected SIGKILL from LARGETRAIN_FAULT={fault}: " + proc.stderr[-3000:]
-    else:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc
 
 
 def test_validate_names_what_to_change():
@@ -199,41 +171,6 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
     assert lsum["trainable_parameters"] < 0.2 * lsum["parameters"]
 
 
-def _resume_cfg(out: Path, shards: Path, report_to: list[str] = (), **settings) -> TrainConfig:
-    """The 8-step run the resume tests crash and compare: 2 ranks, ZeRO-2, fp32, micro-batch 2 (``settings``
-    override TrainConfig.from_settings' keywords)."""
-    return TrainConfig.from_settings(
-        **{
-            "output_dir": str(out),
-            "train_shards": str(shards),
-            "preset": "llama-tiny",
-            "zero_stage": 2,
-            "precision": "fp32",
-            "activation_checkpointing": False,
-            "micro_batch_size": 2,
-            "max_steps": 8,
-            "learning_rate": 5e-3,
-            "warmup_steps": 2,
-            "save_steps": 3,
-            "save_total_limit": 3,
-            "logging_steps": 4,
-            "report_to": list(report_to),
-            "run_name": "crashed",
-            "tokenizer": str(shards),
-            **settings,
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(shards, tmp_path_factory) -> Path:
-    """The output directory of :func:`_resume_cfg` run once, start to end, on local disk: the reference of
-    the resume tests and of the gradient accumulation test."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    torchrun(_resume_cfg(tmp / "uninterrupted", shards), tmp)
-    return tmp / "uninterrupted"
-
-
 @pytest.fixture
 def launcher_wandb_service(tmp_path):
     """A live process that used wandb, as a launcher might be: its W&B service token (WANDB_SERVICE),
@@ -271,7 +208,7 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(
 
     ref = uninterrupted
     out = tmp_path / "crashed"
-    cfg = _resume_cfg(out, shards, report_to=["wandb", "mlflow"])
+    cfg = resume_config(out, shards, report_to=["wandb", "mlflow"])
     monkeypatch.setenv("WANDB_SERVICE", launcher_wandb_service)
     torchrun(cfg, tmp_path, fault="after_step:4")
     assert max(metrics(out)) == 4
@@ -326,11 +263,11 @@ def test_exact_resume_after_sigkill_after_a_step_and_mid_save(
 
 def test_gradient_accumulation_equals_larger_micro_batch(shards, uninterrupted, tmp_path):
     """2 ranks, ZeRO-2: micro-batch 1 x 2 accumulation steps gives the same losses and weights as micro-batch 2
-    (the uninterrupted run of _resume_cfg; same samples per step, by the sampler's global positions;
-    DeepSpeed scales each micro-loss by 1/2). Equal within fp32 rounding of the summation order: 1e-6
-    relative on losses, 1e-6 absolute on weights."""
+    (the uninterrupted run of helpers.training.resume_config; same samples per step, by the sampler's
+    global positions; DeepSpeed scales each micro-loss by 1/2). Equal within fp32 rounding of the
+    summation order: 1e-6 relative on losses, 1e-6 absolute on weights."""
     out = tmp_path / "mb1-ga2"
-    torchrun(_resume_cfg(out, shards, micro_batch_size=1, gradient_accumulation_steps=2), tmp_path)
+    torchrun(resume_config(out, shards, micro_batch_size=1, gradient_accumulation_steps=2), tmp_path)
     m1, m2 = metrics(uninterrupted), metrics(out)
     for step in range(1, 9):
         assert m1[step]["loss"] == pytest.approx(m2[step]["loss"], rel=1e-6, abs=0)
@@ -998,7 +935,7 @@ def test_a_training_in_a_bucket_resumes_on_a_fresh_node_bitwise(shards, uninterr
     ref = uninterrupted  # the same run on local disk
 
     out = fs.join(s3_bucket, "root", "base_checkpoint", "v1")
-    cfg = _resume_cfg(Path("unused"), shards_url)
+    cfg = resume_config(Path("unused"), shards_url)
     cfg.output_dir, cfg.model.tokenizer = out, shards_url
     fsys, root = fs.filesystem(out)
 

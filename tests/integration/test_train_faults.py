@@ -6,6 +6,7 @@ training's MLflow run ends KILLED (issue 23 item 8c)."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from largetrain_core.training.config import PRECISIONS, WANDB_MODES, ZERO_STAGES
 from largetrain_core.training.trackers import TRACKERS
 from helpers import REPO
 from helpers.lineage import step_events, step_failure
-from helpers.training import assert_logged_with_card, metrics
+from helpers.training import assert_logged_with_card, metrics, resume_config
 from helpers.corpora import PRETRAIN_SHARDS_KEYS, pretrain_shards_ops
 
 
@@ -75,7 +76,7 @@ def test_launchpad_descriptions_list_the_valid_choices():
     assert all(m in described(TrackerSettings.model_fields["wandb"].annotation)["mode"] for m in WANDB_MODES)
 
 
-def test_inputs_that_cannot_work_are_refused_before_training(shards, tmp_path):  # noqa: F811
+def test_inputs_that_cannot_work_are_refused_before_training(shards, tmp_path):
     """preflight.check reads the shards' manifest and the base model's config.json (meta device): a base
     model shorter than the shards' sequences, LoRA targets that match nothing (named with the model's
     linear layers, also GPT-2's Conv1D ones) or touch a tied weight (tests/cases: LoRA on tied weights), a
@@ -146,7 +147,7 @@ def test_inputs_that_cannot_work_are_refused_before_training(shards, tmp_path): 
 # issue 12 kind 10 (a): the merged export is verified before it is written
 
 
-def test_merged_export_is_verified_against_base_plus_adapter(shards, tmp_path):  # noqa: F811
+def test_merged_export_is_verified_against_base_plus_adapter(shards, tmp_path):
     """An adapter on lm_head of a tied model (built with PEFT directly, as a config that bypassed the
     check would train it): export_merged measures the merged model against base + adapter on a probe
     batch of the shards and refuses, naming the tied weight; nothing is written. An adapter on q_proj/v_proj
@@ -212,32 +213,16 @@ def _torchrun(config: dict, path: Path, nproc: int, log_dir: Path | None = None)
     return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
 
 
-def test_zero2_checkpoint_of_two_ranks_resumes_on_one_through_the_universal_format(shards, tmp_path):  # noqa: F811
-    """tests/cases, resume at another world size: 2 ranks, ZeRO-2, fp32, micro-batch 2, 8 steps with
-    checkpoints at 3 and 6; COMPLETE.json records world size 2 and stage 2. One rank with gradient
-    accumulation 2 (the same 4 sequences per step, by the sampler's global positions) resumes from
-    step 3: the checkpoint is converted by DeepSpeed's ds_to_universal and loaded with load_universal,
-    and steps 4..8 give bitwise the losses and grad norms of the 2-rank run (the Adam moments were
-    restored exactly); the summary says where it resumed from and at which world size that was written."""
-    two = tmp_path / "two_ranks"
-    cfg = TrainConfig.from_settings(
-        output_dir=str(two),
-        train_shards=str(shards),
-        preset="llama-tiny",
-        zero_stage=2,
-        precision="fp32",
-        activation_checkpointing=False,
-        micro_batch_size=2,
-        max_steps=8,
-        learning_rate=5e-3,
-        warmup_steps=2,
-        save_steps=3,
-        save_total_limit=3,
-        report_to=[],
-        tokenizer=str(shards),
-    ).to_dict()
-    proc = _torchrun(cfg, tmp_path / "two.json", 2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_zero2_checkpoint_of_two_ranks_resumes_on_one_through_the_universal_format(shards, uninterrupted, tmp_path):
+    """tests/cases, resume at another world size: the uninterrupted 2-rank run (helpers.training.resume_config:
+    ZeRO-2, fp32, micro-batch 2, 8 steps with checkpoints at 3 and 6); COMPLETE.json records world size 2
+    and stage 2. One rank with gradient accumulation 2 (the same 4 sequences per step, by the sampler's
+    global positions) resumes from step 3: the checkpoint is converted by DeepSpeed's ds_to_universal and
+    loaded with load_universal, and steps 4..8 give bitwise the losses and grad norms of the 2-rank run
+    (the Adam moments were restored exactly); the summary says where it resumed from and at which world
+    size that was written."""
+    two = uninterrupted
+    cfg = resume_config(two, shards).to_dict()
     step3 = two / "checkpoints" / "step-000003"
     marker = json.loads((step3 / "COMPLETE.json").read_text())
     assert (marker["world_size"], marker["zero_stage"]) == (2, 2)
@@ -281,33 +266,20 @@ def _damage(ckpt: Path, rank: int) -> Path:
     return f
 
 
-def test_rank_errors_name_type_message_rank_and_file(shards, tmp_path):  # noqa: F811
-    """2 ranks resume a checkpoint whose rank-1 partition is garbage: rank 1 raises
-    ``_pickle.UnpicklingError`` (a dotted type, which the former log pattern missed) while loading it,
-    rank 0 then fails in a collective (a consequence). Each rank's error file (torchrun --log-dir)
-    holds the full type, message, rank and the checkpoint; describe_failure puts rank 1's first,
+def test_rank_errors_name_type_message_rank_and_file(shards, uninterrupted, tmp_path):
+    """2 ranks resume a checkpoint whose rank-1 partition is garbage (a copy of the uninterrupted run's step 3):
+    rank 1 raises ``_pickle.UnpicklingError`` (a dotted type, which the former log pattern missed) while
+    loading it, rank 0 then fails in a collective (a consequence). Each rank's error file (torchrun
+    --log-dir) holds the full type, message, rank and the checkpoint; describe_failure puts rank 1's first,
     marks rank 0's as a consequence and says: not retried. Its advice followed (resume_from_checkpoint
     never), the training runs."""
     out = tmp_path / "run"
-    cfg = TrainConfig.from_settings(
-        output_dir=str(out),
-        train_shards=str(shards),
-        preset="llama-tiny",
-        zero_stage=2,
-        activation_checkpointing=False,
-        micro_batch_size=2,
-        max_steps=2,
-        learning_rate=5e-3,
-        warmup_steps=1,
-        save_steps=2,
-        report_to=[],
-        tokenizer=str(shards),
-    ).to_dict()
-    assert _torchrun(cfg, tmp_path / "a.json", 2).returncode == 0
-    ckpt = out / "checkpoints" / "step-000002"
+    cfg = resume_config(out, shards, max_steps=4).to_dict()
+    ckpt = out / "checkpoints" / "step-000003"
+    shutil.copytree(uninterrupted / "checkpoints" / "step-000003", ckpt)
     _damage(ckpt, 1)
     logs = tmp_path / "logs"
-    proc = _torchrun({**cfg, "max_steps": 4, "resume_from_checkpoint": str(ckpt)}, tmp_path / "b.json", 2, logs)
+    proc = _torchrun({**cfg, "resume_from_checkpoint": str(ckpt)}, tmp_path / "b.json", 2, logs)
     assert proc.returncode == 1
     errors = rank_errors(logs)
     own = [e for e in errors if not e["transient"]]
@@ -323,7 +295,7 @@ def test_rank_errors_name_type_message_rank_and_file(shards, tmp_path):  # noqa:
     assert f"[file: {ckpt}]" in lines[1]
     assert all("(a consequence of another process failing)" in line for line in lines[2:])
     # the advice followed (no checkpoint is older than this first one): resume_from_checkpoint never trains
-    done = _torchrun({**cfg, "max_steps": 4, "resume_from_checkpoint": "never"}, tmp_path / "c.json", 2)
+    done = _torchrun({**cfg, "resume_from_checkpoint": "never"}, tmp_path / "c.json", 2)
     assert done.returncode == 0 and sorted(metrics(out)) == [1, 2, 3, 4], done.stderr[-3000:]
 
 
