@@ -310,9 +310,10 @@ class TrackerSettings(
 class TorchrunLauncher(ConfigurableResource):
     """Starts ``torchrun -m largetrain_core.training`` through Dagster Pipes in its own process group.
 
-    ``nproc_per_node`` ranks on this host; ``threads_per_rank`` sets OMP_NUM_THREADS (0 = cores /
-    ranks, so ranks x threads <= cores). Cancelling the run, or any error in the asset, sends
-    SIGTERM and then SIGKILL to the whole process tree, so no rank survives
+    ``nproc_per_node`` ranks on this host; ``threads_per_rank`` sets OMP_NUM_THREADS (0 = the
+    OMP_NUM_THREADS this process was given, a share of a machine shared with other work, as torchrun
+    itself honours it; unset, cores / ranks, so ranks x threads <= cores). Cancelling the run, or any
+    error in the asset, sends SIGTERM and then SIGKILL to the whole process tree, so no rank survives
     (largetrain_dagster.runner). Every ``progress_seconds`` while it runs, when a new step was logged,
     the run log gets a progress line and the asset being materialized an AssetObservation with the
     same numbers (largetrain_dagster.progress.ProgressReporter).
@@ -320,7 +321,11 @@ class TorchrunLauncher(ConfigurableResource):
 
     nproc_per_node: int = Field(default=2, description="Training ranks on each node. LARGETRAIN_NPROC.")
     threads_per_rank: int = Field(
-        default=0, description=("OMP_NUM_THREADS of each rank; 0 = the node's cores / nproc_per_node.")
+        default=0,
+        description=(
+            "OMP_NUM_THREADS of each rank; 0 = this process's OMP_NUM_THREADS when set, else the node's cores / "
+            "nproc_per_node."
+        ),
     )
     kill_grace_seconds: float = Field(
         default=10.0,
@@ -373,7 +378,12 @@ class TorchrunLauncher(ConfigurableResource):
         where each rank records its uncaught exception (largetrain_core.launch.record) and torchrun its
         own (TORCHELASTIC_ERROR_FILE); removed again after a successful run. Raises
         :func:`training_failure` when the processes fail."""
-        threads = self.threads_per_rank or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
+        given = os.environ.get("OMP_NUM_THREADS", "")
+        threads = (
+            self.threads_per_rank
+            or (int(given) if given.isdigit() and int(given) > 0 else 0)
+            or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
+        )
         logs = Path(config_path).parent / "torchelastic"
         logs.mkdir(parents=True, exist_ok=True)
         log_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%S-"), dir=logs))

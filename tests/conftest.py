@@ -114,6 +114,11 @@ def s3_bucket(s3_server, request) -> str:
 # gRPC control plane about each bucket, which no emulator serves (each lookup waits 60 s, then falls back).
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
+# `make test` runs a pytest-xdist worker per core: each worker's share is one core, and the trainings it
+# launches through Dagster take it as their threads per rank (TorchrunLauncher), so that the ranks of two
+# workers do not oversubscribe the cores with OpenMP threads that spin while they wait.
+os.environ["OMP_NUM_THREADS"] = "1"
+
 
 def _serve(name: str, args: list[str], probe: str, log: Path) -> subprocess.Popen:
     """Start a test server (its own process group, output to ``log``) and wait until ``probe`` answers

@@ -80,9 +80,10 @@ def test_training_progress_is_observed_on_the_asset_while_it_trains(tmp_path, ti
         assert result.success
         records = instance.fetch_observations(AssetKey("base_checkpoint"), limit=1000).records
         (materialized,) = instance.fetch_materializations(AssetKey("base_checkpoint"), limit=1).records
-        logged = [
-            e.user_message for e in instance.all_logs(result.run_id) if "training progress: step" in e.user_message
-        ]
+        messages = [e.user_message for e in instance.all_logs(result.run_id)]
+        logged = [m for m in messages if "training progress: step" in m]
+    # the threads of the rank: the OMP_NUM_THREADS the suite's process was given (tests/conftest.py), not cores / ranks
+    assert any(m.startswith("launching: ") and " (OMP_NUM_THREADS=1); log: " in m for m in messages), messages
     records = sorted(records, key=lambda r: r.storage_id)
     assert len(records) >= 2, f"a {steps}-step training shows its progress more than once"
     md = [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records]
