@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
 from largetrain_core.fs import filesystem
 from largetrain_core.launch import concerning, finish_rank, raise_on_sigterm, record
@@ -38,9 +37,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     raise_on_sigterm()  # a cancelled run unwinds: its trackers' runs end killed, not left running
-    # DeepSpeed JIT-builds its CPU comm op into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions,
-    # shared by every virtualenv of the user: two checkouts would rebuild it in turn, ~45 s each time).
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     # A W&B service inherited from the launching process (WANDB_SERVICE, set by any process that used
     # wandb) would outlive a rank killed by SIGKILL and keep its run ID in use: the resume would fail
     # with "run ID ... is in use". Each training's rank 0 starts its own, which ends with it.

@@ -480,7 +480,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: torchrun --nproc_per_node N -m {MODULE} CONFIG.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     from largetrain_core.launch import finish_rank
     from largetrain_core.training.trackers import DagsterPipesTracker
 

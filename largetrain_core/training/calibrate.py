@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import statistics
 import sys
@@ -251,7 +250,6 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"usage: torchrun --nproc_per_node N -m {MODULE} CALIBRATION.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     from largetrain_core.launch import finish_rank
     from largetrain_core.training import preflight
     from largetrain_core.training.config import TrainConfig

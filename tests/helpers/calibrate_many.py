@@ -5,14 +5,12 @@ calibration.json. One process start for all of them: DeepSpeed's import and the 
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     from largetrain_core.launch import finish_rank
     from largetrain_core.training.calibrate import run
     from largetrain_core.training.config import TrainConfig

@@ -43,6 +43,35 @@ def test_a_rank_without_mlflow_among_its_trackers_has_deepspeed_go_without_it():
     assert "mlflow" in _loaded(start.format(report_to=["wandb", "mlflow"], has=True))
 
 
+def test_deepspeeds_op_builders_get_py_cpuinfos_flags_without_starting_an_interpreter():
+    probe = (
+        "import json, subprocess, cpuinfo\n"
+        "from deepspeed.accelerator import get_accelerator\n"
+        "from largetrain_core.training.distributed import prepare_op_builds\n"
+        "builder = get_accelerator().create_op_builder('FusedAdamBuilder')\n"
+        "measured, real = builder.cxx_args(), cpuinfo.get_cpu_info()\n"
+        "started, Popen = [], subprocess.Popen\n"
+        "class Recorded(Popen):\n"
+        "    def __init__(self, args, *a, **k):\n"
+        "        started.append(args)\n"
+        "        super().__init__(args, *a, **k)\n"
+        "subprocess.Popen = Recorded\n"
+        "prepare_op_builds()\n"
+        "answer = cpuinfo.get_cpu_info()\n"
+        "print(json.dumps([measured, builder.cxx_args(), real, answer, started]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    measured, ours, real, answer, started = json.loads(out.stdout.splitlines()[-1])
+    assert ours == measured and any(a.startswith("-march") for a in ours)  # the same build: no rebuild
+    assert started == []
+    assert {k: real[k] for k in ("arch", "bits", "vendor_id_raw", "brand_raw")} == {
+        k: answer[k] for k in ("arch", "bits", "vendor_id_raw", "brand_raw")
+    }
+    simd = ("avx512", "avx512f", "avx2", "sse4_2")
+    assert [f in real["flags"] for f in simd] == [f in answer["flags"] for f in simd]
+
+
 def test_reading_token_shards_loads_no_pandas(tmp_path, bpe_dir, sentences):
     docs, out = tmp_path / "docs", tmp_path / "shards"
     docs.mkdir(), out.mkdir()
