@@ -2,10 +2,12 @@
 server): tiny real token shards for the trainings, the uninterrupted run the resume tests compare with,
 and a real S3 API server on 127.0.0.1."""
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from filelock import FileLock
 
 from helpers.training import SENTENCES, resume_config, torchrun
 from largetrain_core.shards import build_token_shards
@@ -13,12 +15,34 @@ from largetrain_core.storage import write_manifest
 from largetrain_core.tokenizer import train_bpe
 
 
+def built_once(tmp_path_factory, worker_id: str, name: str, build) -> Path:
+    """``build(directory)`` run once for the whole pytest run, by whichever xdist worker asks first, the
+    others waiting on a lock and then reading what it wrote: the directory of this run shared by every
+    worker (the parent of each worker's base temp), or the base temp without xdist. A build that failed
+    is run again by the next one to ask."""
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    out, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
-def shards(tmp_path_factory) -> Path:
-    """Tiny real token shards: a BPE trained on repetitive sentences, seq_len 32. Shared: tests only read them."""
+def shards(tmp_path_factory, worker_id) -> Path:
+    """Tiny real token shards: a BPE trained on repetitive sentences, seq_len 32, built once for every
+    worker (:func:`built_once`). Shared: tests only read them."""
+    return built_once(tmp_path_factory, worker_id, "train_data", _build_shards) / "shards"
+
+
+def _build_shards(root: Path) -> None:
     import polars as pl
 
-    root = tmp_path_factory.mktemp("train_data")
     docs = root / "docs"
     docs.mkdir()
     rng = np.random.default_rng(0)
@@ -30,17 +54,18 @@ def shards(tmp_path_factory) -> Path:
     out = root / "shards"
     out.mkdir()
     build_token_shards(docs, root / "tok", out, seq_len=32, validation_fraction=0.1)
-    return out
 
 
 @pytest.fixture(scope="session")
-def uninterrupted(shards, tmp_path_factory) -> Path:
+def uninterrupted(shards, tmp_path_factory, worker_id) -> Path:
     """The output directory of helpers.training.resume_config run once, start to end, on 2 ranks on local
     disk: the reference the resume tests compare with (their losses, grad norms and weights), read by the
-    tests of several files and never written."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    torchrun(resume_config(tmp / "uninterrupted", shards), tmp)
-    return tmp / "uninterrupted"
+    tests of several files and never written; built once for every worker (:func:`built_once`)."""
+
+    def build(tmp: Path) -> None:
+        torchrun(resume_config(tmp / "uninterrupted", shards), tmp)
+
+    return built_once(tmp_path_factory, worker_id, "uninterrupted", build) / "uninterrupted"
 
 
 @pytest.fixture
