@@ -1,12 +1,13 @@
 """Issue 15, fault 1: every key under a run config's ``ops`` applies to a step of the run, names a step
 the run did not select (allowed, said once in the run log), or fails the run before any step's body
-runs, naming the valid steps and the ``__`` spelling of an asset key written with ``/``."""
+runs, naming the valid steps and the ``__`` spelling of an asset key written with ``/``. The executor's
+run config: the multiprocess executor forks its steps from a forkserver unless the run chooses."""
 
 import os
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, DagsterEventType, definitions, execute_job, instance_for_test
+from dagster import AssetKey, DagsterEventType, definitions, execute_job, instance_for_test, validate_run_config
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.errors import DagsterUserCodeExecutionError
 
@@ -141,3 +142,19 @@ def test_the_demo_driver_takes_a_graph_backed_assets_key():
     assert job_config(cfg, nodes, nodes) == cfg
     with pytest.raises(RunConfigError, match="'pretrain__token_shard': no such step"):
         job_config({"ops": {"pretrain__token_shard": {}}}, nodes, nodes)
+
+
+def test_the_multiprocess_executor_forks_its_steps_from_a_forkserver_unless_the_run_chooses():
+    from largetrain_dagster.definitions import build_definitions
+
+    job = build_definitions(root="unused").get_job_def("prepare_partitions")
+
+    def executor(execution: dict | None) -> dict:
+        run_config = {"execution": {"config": execution}} if execution is not None else {}
+        return validate_run_config(job, run_config)["execution"]["multi_or_in_process_executor"]
+
+    assert executor(None)["multiprocess"]["start_method"] == {"forkserver": {}}
+    assert executor({"multiprocess": {"max_concurrent": 1}})["multiprocess"]["start_method"] == {"forkserver": {}}
+    spawn = {"multiprocess": {"start_method": {"spawn": {}}}}
+    assert executor(spawn)["multiprocess"]["start_method"] == {"spawn": {}}
+    assert list(executor({"in_process": {}})) == ["in_process"]  # the recipes' configs choose it
