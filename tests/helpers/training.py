@@ -109,27 +109,47 @@ def someones_tokenizer(src: Path) -> tuple[int, int]:
     return tok.token_to_id("<s>"), tok.token_to_id("</s>")
 
 
-def torchrun(cfg, tmp: Path, nproc: int = 2, fault: str | None = None) -> subprocess.CompletedProcess:
-    """Run the entry point under torchrun; assert success, or, with ``fault`` (LARGETRAIN_FAULT), that it was killed."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / f"config-{cfg.mode}-{Path(cfg.output_dir).name}.json"
-    path.write_text(json.dumps(cfg.to_dict()))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("LARGETRAIN_FAULT", None)
+def launch(
+    config_path: Path,
+    nproc: int = 2,
+    fault: str | None = None,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
+    """The training entry point on ``config_path`` under torchrun on this host (``--standalone``, ``nproc``
+    ranks, torchrun's ``--log-dir`` ``log_dir``) in a session of its own, with OMP_NUM_THREADS=1,
+    LARGETRAIN_FAULT ``fault`` (none inherited) and ``env`` added. Its exit status is not checked."""
+    run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    run_env.pop("LARGETRAIN_FAULT", None)
     if fault:
-        env["LARGETRAIN_FAULT"] = fault
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "largetrain_core.training",
-        str(path),
-    ]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
-    (Path(cfg.output_dir) / f"torchrun-{fault or 'run'}.log").write_text(proc.stdout + proc.stderr)
+        run_env["LARGETRAIN_FAULT"] = fault
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd += [f"--log-dir={log_dir}"] if log_dir else []
+    cmd += ["-m", "largetrain_core.training", str(config_path)]
+    return subprocess.run(
+        cmd, env=run_env, cwd=REPO, capture_output=True, text=True, timeout=timeout, start_new_session=True
+    )
+
+
+def torchrun(
+    cfg,
+    tmp: Path,
+    nproc: int = 2,
+    fault: str | None = None,
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
+    """:func:`launch` of ``cfg`` (its config written in ``tmp`` as config-``name``.json, by default the mode and
+    the output directory's name); its output in ``output_dir``/torchrun-``fault`` or ``run``.log; asserts
+    success, or, with ``fault`` (LARGETRAIN_FAULT), that it was killed."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / f"config-{name or f'{cfg.mode}-{Path(cfg.output_dir).name}'}.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    proc = launch(path, nproc, fault, env=env, timeout=timeout)
+    out = Path(cfg.output_dir) if Path(cfg.output_dir).is_dir() else tmp
+    (out / f"torchrun-{fault or 'run'}.log").write_text(proc.stdout + proc.stderr)
     if fault:
         assert proc.returncode == -9, f"expected SIGKILL from LARGETRAIN_FAULT={fault}: " + proc.stderr[-3000:]
     else:

@@ -3,15 +3,12 @@ checkpoint of it together and end as preempted (retried); the resumed run's loss
 of an uninterrupted run. Real torchrun, 2 ranks, CPU (gloo), ZeRO-2, the tiny preset."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from helpers import REPO
-from helpers.training import metrics
+from helpers.training import launch, metrics
 from largetrain_core.launch import describe_failure, rank_errors
 from largetrain_core.training.config import TrainConfig
 
@@ -43,23 +40,8 @@ def _torchrun(cfg: TrainConfig, fault: str | None = None) -> subprocess.Complete
     out.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"config-{out.name}.json"
     path.write_text(json.dumps(cfg.to_dict()))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("LARGETRAIN_FAULT", None)
-    if fault:
-        env["LARGETRAIN_FAULT"] = fault
     logs = out / f"logs-{len(list(out.glob('logs-*')))}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        f"--log-dir={logs}",
-        "-m",
-        "largetrain_core.training",
-        str(path),
-    ]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
+    proc = launch(path, 2, fault, log_dir=logs)
     (logs / "torchrun.log").write_text(proc.stdout + proc.stderr)
     proc.logs = logs
     return proc

@@ -903,29 +903,8 @@ def test_evaluation_under_zero3_with_uneven_shares(shards, tmp_path):
 
 def _torchrun_on_node(cfg, tmp: Path, cache: Path, fault: str | None = None) -> subprocess.CompletedProcess:
     """The entry point under torchrun (2 ranks) with the local cache ``cache`` (a node of its own)."""
-    path = tmp / f"config-{cache.name}.json"
-    path.write_text(json.dumps(cfg.to_dict()))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "LARGETRAIN_CACHE": str(cache), "PYTHONPATH": str(REPO)}
-    env.pop("LARGETRAIN_FAULT", None)
-    if fault:
-        env["LARGETRAIN_FAULT"] = fault
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "largetrain_core.training",
-        str(path),
-    ]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900, start_new_session=True)
-    (tmp / f"torchrun-{cache.name}.log").write_text(proc.stdout + proc.stderr)
-    if fault:
-        assert proc.returncode == -9, f"expected SIGKILL from LARGETRAIN_FAULT={fault}: " + proc.stderr[-3000:]
-    else:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc
+    env = {"LARGETRAIN_CACHE": str(cache), "PYTHONPATH": str(REPO)}
+    return torchrun(cfg, tmp, 2, fault, env=env, name=cache.name, timeout=900)
 
 
 def test_a_training_in_a_bucket_resumes_on_a_fresh_node_bitwise(shards, uninterrupted, tmp_path, s3_bucket):

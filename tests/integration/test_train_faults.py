@@ -25,7 +25,7 @@ from largetrain_core.training.config import PRECISIONS, WANDB_MODES, ZERO_STAGES
 from largetrain_core.training.trackers import TRACKERS
 from helpers import REPO
 from helpers.lineage import step_events, step_failure
-from helpers.training import assert_logged_with_card, metrics, resume_config
+from helpers.training import assert_logged_with_card, launch, metrics, resume_config
 from helpers.corpora import PRETRAIN_SHARDS_KEYS, pretrain_shards_ops
 
 
@@ -197,20 +197,7 @@ def test_merged_export_is_verified_against_base_plus_adapter(shards, tmp_path):
 
 def _torchrun(config: dict, path: Path, nproc: int, log_dir: Path | None = None) -> subprocess.CompletedProcess:
     path.write_text(json.dumps(config))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("LARGETRAIN_FAULT", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        *(["--log-dir", str(log_dir)] if log_dir else []),
-        "-m",
-        "largetrain_core.training",
-        str(path),
-    ]
-    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, start_new_session=True)
+    return launch(path, nproc, log_dir=log_dir)
 
 
 def test_zero2_checkpoint_of_two_ranks_resumes_on_one_through_the_universal_format(shards, uninterrupted, tmp_path):
