@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(abspath $(DATA))/dagster_home
 
 .PHONY: install corpora demo test test-fast lint format dev clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/torch_extensions/.built
 
 $(VENV)/.installed: pyproject.toml scripts/install_torch.sh
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +20,17 @@ $(VENV)/.installed: pyproject.toml scripts/install_torch.sh
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# DeepSpeed's CPU ops (the fused Adam, the shared-memory collectives), compiled once per virtualenv here rather
+# than in the first training's ranks (largetrain_core.training.distributed.build_ops; nothing to do on CUDA)
+$(VENV)/torch_extensions/.built: $(VENV)/.installed
+	$(PY) -c 'from largetrain_core.training.distributed import build_ops; print("DeepSpeed ops built:", build_ops())'
+	touch $@
+
 # the Spark engine's tests need the [spark] extra (pyspark) and Java 17 (scripts/install_system_deps.sh)
 $(VENV)/.spark-installed: pyproject.toml | $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[spark]'
 	touch $@
+
 
 # Always run: the script fetches a corpus only when its directory or its provenance file is missing.
 corpora: install

@@ -48,6 +48,30 @@ def prepare_op_builds() -> None:
         cpuinfo.get_cpu_info = lambda: dict(info)
 
 
+# The DeepSpeed ops a training loads on the CPU: the fused Adam and the shared-memory collectives of
+# deepspeed.comm (deepspeed/comm/torch.py: build_shm_op)
+CPU_OPS = ("FusedAdamBuilder", "ShareMemCommBuilder")
+
+
+def build_ops() -> list[str]:
+    """JIT-build (or find built) the ops a training loads on this machine's accelerator, into
+    TORCH_EXTENSIONS_DIR (:func:`prepare_op_builds`), so that the first training does not compile them in
+    its ranks: about 4 CPU min of g++ once per virtualenv on a 2-core machine. ``make install`` calls it.
+    Returns the builders' names. Only the CPU's ops: on CUDA, DeepSpeed builds its ops when a training
+    first loads them, as it does without this (nvcc is not needed to install).
+
+    Raises RuntimeError (torch.utils.cpp_extension) when the compiler fails."""
+    from deepspeed.accelerator import get_accelerator
+
+    prepare_op_builds()
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return []
+    for name in CPU_OPS:
+        accelerator.create_op_builder(name).load()
+    return list(CPU_OPS)
+
+
 def cpu_info(text: str | None = None, machine: str | None = None) -> dict | None:
     """What DeepSpeed's op builders and CPU optimizers read of py-cpuinfo's ``get_cpu_info()``, in its
     spelling: ``arch`` ("X86_64"), ``bits``, ``flags`` (sorted list of str), ``vendor_id_raw`` and

@@ -1,7 +1,7 @@
 """What a process loads as it starts, in a fresh interpreter each: the Dagster definitions (imported by
 every step process of a multiprocess run, the CLI and the code server) load no torch, transformers or
 DeepSpeed; a training rank that does not report to MLflow has DeepSpeed go without it; reading token
-shards loads no pandas."""
+shards loads no pandas; the DeepSpeed ops that ``make install`` built load without a compiler."""
 
 import json
 import subprocess
@@ -70,6 +70,28 @@ def test_deepspeeds_op_builders_get_py_cpuinfos_flags_without_starting_an_interp
     }
     simd = ("avx512", "avx512f", "avx2", "sse4_2")
     assert [f in real["flags"] for f in simd] == [f in answer["flags"] for f in simd]
+
+
+def test_the_ops_make_install_built_load_without_compiling():
+    """``make install`` runs build_ops: the fused Adam and the shared-memory collectives are built in
+    TORCH_EXTENSIONS_DIR before any training, and loading them again rebuilds nothing."""
+    probe = (
+        "import json, os\n"
+        "from pathlib import Path\n"
+        "from deepspeed.accelerator import get_accelerator\n"
+        "from largetrain_core.training.distributed import CPU_OPS, build_ops, prepare_op_builds\n"
+        "prepare_op_builds()\n"
+        "names = [get_accelerator().create_op_builder(b).name for b in CPU_OPS]\n"
+        "libs = [Path(os.environ['TORCH_EXTENSIONS_DIR'], n, n + '.so') for n in names]\n"
+        "before = [p.stat().st_mtime_ns if p.exists() else None for p in libs]\n"
+        "built = build_ops()\n"
+        "print(json.dumps([built, before, [p.stat().st_mtime_ns for p in libs]]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    built, before, after = json.loads(out.stdout.splitlines()[-1])
+    assert built == ["FusedAdamBuilder", "ShareMemCommBuilder"]
+    assert None not in before and after == before
 
 
 def test_reading_token_shards_loads_no_pandas(tmp_path, bpe_dir, sentences):
