@@ -17,7 +17,10 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import threading
+from importlib.util import find_spec
 from pathlib import Path
 
 import polars as pl
@@ -36,7 +39,9 @@ from largetrain_core.executors.spark.dedup import deduplicate as spark_deduplica
 from largetrain_core.executors.spark.ingest import ingest as spark_ingest
 from largetrain_core.executors.spark.map_parts import clean as spark_clean
 from largetrain_core.executors.spark.progress import progress
+from largetrain_core.executors.spark import class_archive
 from largetrain_core.executors.spark.session import session
+from largetrain_core.executors.spark.submit import local_jvm_conf
 
 KERNEL = REPO / ".largetrain" / "corpora" / "linux-doc"
 CASES_DIR = CASES
@@ -349,3 +354,24 @@ def test_tokenization_in_spark_tasks_gives_the_sequences_of_one_process(spark, l
     m = json.loads((remote / "manifest.json").read_text())
     assert m["splits"]["train"]["repeat_copies"] >= 10 and m["splits"]["validation"]["sequences"] >= 5
     assert not [f for f in (tmp_path / "in_spark").rglob("_attempts")]
+
+
+def test_local_applications_start_their_jvms_from_the_class_archive(tmp_path):
+    """``make test`` built the class-data archive of Spark's classes; a local application's driver, started by
+    spark-submit with :func:`local_jvm_conf`'s options and ``-Xshare:on`` (which refuses to start with an
+    archive that does not fit this JVM or spark-submit's class path), loads Spark's classes from it."""
+    archive = class_archive.path()
+    assert archive.is_file()
+    conf = local_jvm_conf()
+    assert f"-XX:SharedArchiveFile={archive}" in conf["spark.driver.extraJavaOptions"]
+    assert conf["spark.driver.extraJavaOptions"] == conf["spark.executor.extraJavaOptions"]
+    script, log = tmp_path / "noop.py", tmp_path / "classes.log"
+    script.write_text("print('the application ran')\n")
+    options = f"{conf['spark.driver.extraJavaOptions']} -Xshare:on -Xlog:class+load=info:file={log}"
+    submit = Path(find_spec("pyspark").origin).parent / "bin" / "spark-submit"
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_DRIVER_PYTHON": sys.executable}
+    cmd = [str(submit), "--master", "local[1]", "--conf", f"spark.driver.extraJavaOptions={options}", str(script)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "the application ran" in out.stdout, out.stderr[-3000:]
+    loaded = [line for line in log.read_text().splitlines() if " org.apache.spark.deploy.SparkSubmit " in line]
+    assert loaded and loaded[0].endswith("source: shared objects file (top)"), loaded

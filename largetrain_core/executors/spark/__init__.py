@@ -10,6 +10,7 @@ By concern, one module each:
 * ``submit``      the executor of the submitting process: the job file, ``spark-submit``, the counts back
 * ``job``         the Spark application of one stage (``spark-submit .../job.py JOB.json``)
 * ``session``     the SparkSession: this interpreter on the executors, 127.0.0.1 for local masters
+* ``class_archive``  the class-data archive of Spark's JVM classes that local masters' JVMs start from
 * ``tasks``       items cut into byte-balanced runs, one task each; their counts collected
 * ``commit``      the task commit protocol: attempt directories, publish by rename (or one PUT under a
                   bucket version's prefix), inputs from the bucket, the driver's check

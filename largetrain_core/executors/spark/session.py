@@ -9,7 +9,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from largetrain_core.executors.spark.submit import LOCAL_JVM_CONF
+from largetrain_core.executors.spark.submit import local_jvm_conf
 
 
 def session(master: str | None = None, app_name: str = "largetrain-prep", conf: dict | None = None) -> SparkSession:
@@ -20,7 +20,7 @@ def session(master: str | None = None, app_name: str = "largetrain-prep", conf: 
     ``PYSPARK_PYTHON`` (default this interpreter) with POLARS_MAX_THREADS and OMP_NUM_THREADS set to
     ``spark.executor.cores`` (default 1), so a task uses the cores it was given. A ``local*`` master
     binds driver, block manager and workers to 127.0.0.1 (SPARK_LOCAL_IP), turns the web UI off and
-    starts the JVMs with :data:`LOCAL_JVM_CONF`.
+    starts the JVMs with :func:`submit.local_jvm_conf`.
     ``conf``: more Spark settings, applied last.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -36,7 +36,7 @@ def session(master: str | None = None, app_name: str = "largetrain-prep", conf: 
                 "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",
                 "spark.ui.enabled": "false",
-                **LOCAL_JVM_CONF,
+                **local_jvm_conf(),
             }
         )
     cores = str((conf or {}).get("spark.executor.cores", "1"))

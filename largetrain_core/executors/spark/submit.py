@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import pickle
+import shlex
 import shutil
 import sys
 import tempfile
@@ -25,18 +26,22 @@ from pathlib import Path
 
 from largetrain_core.dedup import DedupConfig
 from largetrain_core.executors.base import Executor, ExecutorError
+from largetrain_core.executors.spark import class_archive
 from largetrain_core.parts import PartStep
 from largetrain_core.readers import ReaderConfig
 from largetrain_core.shards import Packing
 from largetrain_core.storage import direct_url, record_uploaded
 
-# JVM settings for local* masters: short-lived single-machine applications start and finish faster
-# with the C1 compiler only and the serial collector (here about 40% less wall time per asset); the
-# JVMs do little work of their own (the rules run in Python workers)
-LOCAL_JVM_CONF = {
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-}
+
+def local_jvm_conf() -> dict[str, str]:
+    """The driver's and the executors' JVM options for ``local*`` masters: :data:`class_archive.JVM_OPTIONS`,
+    and the class-data archive of Spark's classes where ``make install`` built it (:mod:`class_archive`)."""
+    options = class_archive.JVM_OPTIONS
+    if class_archive.path().is_file():
+        options += f" -XX:SharedArchiveFile={shlex.quote(str(class_archive.path()))}"
+    return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options}
+
+
 JOB = Path(__file__).resolve().parent / "job.py"
 
 
@@ -101,7 +106,7 @@ class SparkExecutor(Executor):
         if self.settings.master.startswith(
             "local"
         ):  # the driver JVM starts before the job's session: its options go here
-            conf = {**LOCAL_JVM_CONF, **conf}
+            conf = {**local_jvm_conf(), **conf}
         confs = [a for k, v in sorted(conf.items()) for a in ("--conf", f"{k}={v}")]
         return [
             submit,
