@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Optional
 
 from largetrain_core.processes import exit_status, run_in_group
+from largetrain_core.training.cpu import cpu_fields, cpu_flags
 from largetrain_core.settings import described, from_dict
 from largetrain_core.training.config import LoraSettings
 
@@ -155,12 +156,7 @@ def chosen(cfg: AblationConfig) -> list[Variant]:
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX-BF16 in /proc/cpuinfo's flags)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    flags = cpu_flags(cpuinfo)
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -339,14 +335,7 @@ def device_name() -> str:
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    try:
-        model = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        model = "unknown CPU"
+    model = cpu_fields().get("model name", "unknown CPU")
     return f"CPU ({model}, {len(os.sched_getaffinity(0))} cores)"
 
 

@@ -13,6 +13,8 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
+from largetrain_core.training.cpu import cpu_fields
+
 
 def setup() -> tuple[int, int, torch.device]:
     """(rank, world size, device): ``cuda:LOCAL_RANK`` (made the current device) when CUDA is
@@ -79,19 +81,7 @@ def cpu_info(text: str | None = None, machine: str | None = None) -> dict | None
     None where that is not x86-64 Linux or the file has no flags line."""
     if (machine or platform.machine()).lower() not in ("x86_64", "amd64"):
         return None
-    if text is None:
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    first: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            if first:
-                break  # the first processor's block is enough: the flags of x86 cores agree
-            continue
-        first.setdefault(key.strip(), value.strip())
+    first = cpu_fields(text)
     if "flags" not in first:
         return None
     return {

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
+
+from largetrain_core.training.cpu import cpu_fields
 
 # Dense fp16/bf16 tensor-core peak FLOP/s per device (vendor data sheets, without sparsity).
 CUDA_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "V100": 125e12}
@@ -60,21 +61,17 @@ def cpu_peak_flops(cores: int | None = None, ghz: float | None = None, cpuinfo: 
     Lanes: 16 with AVX-512 on Intel (two 512-bit FMA units on Xeon Scalable Gold/Platinum), 8 with
     AVX2/FMA and on AMD (Zen 2-4 execute on 256-bit FMA pipes; Zen 4 splits AVX-512 in two), 4 otherwise
     (SSE). cores: the CPUs this process may run on (sched_getaffinity); ghz: nominal clock from the
-    model name ("@ 2.60GHz") else "cpu MHz" of /proc/cpuinfo. Override with TrainConfig.peak_flops
+    model name ("@ 2.60GHz") else "cpu MHz" of /proc/cpuinfo (``cpuinfo``: its text instead; cpu.cpu_fields). Override with TrainConfig.peak_flops
     when the host's real figure is known (turbo, one FMA unit on some SKUs).
     """
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
+    fields = cpu_fields(cpuinfo)
     cores = cores or len(os.sched_getaffinity(0))
-    flags = set((re.search(r"^flags\s*:(.*)$", cpuinfo, re.M) or re.match("()", "")).group(1).split())
-    amd = "AuthenticAMD" in cpuinfo
+    flags = set(fields.get("flags", "").split())
+    amd = fields.get("vendor_id") == "AuthenticAMD"
     if ghz is None:
-        nominal = re.search(r"model name.*@\s*([\d.]+)\s*GHz", cpuinfo)
-        mhz = re.search(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo, re.M)
-        ghz = float(nominal.group(1)) if nominal else float(mhz.group(1)) / 1000 if mhz else 2.0
+        nominal = re.search(r"@\s*([\d.]+)\s*GHz", fields.get("model name", ""))
+        mhz = re.match(r"[\d.]+", fields.get("cpu MHz", ""))
+        ghz = float(nominal.group(1)) if nominal else float(mhz.group(0)) / 1000 if mhz else 2.0
     lanes = 16 if "avx512f" in flags and not amd else 8 if ("avx2" in flags or "avx512f" in flags) else 4
     per_cycle = 2 * 2 * lanes
     how = (
