@@ -115,11 +115,12 @@ def test_follow_prefetches_the_shards_the_sampler_reads_next(tmp_path, bpe_dir, 
     sampler = DistributedSampler(len(data), seed=3, shard_sizes=tuple(data.shard_sizes), window_shards=2)
     data.follow(sampler, 4, lambda: 0)  # a cache holding the split: every shard, in the order of first use
     files = {e: data._shard_cache()._entry(data._url(e)) for e in range(len(data.shard_sizes))}
+    total = sum(e["bytes"] for e in data.manifest["splits"]["train"]["shards"])
     deadline = time.monotonic() + 60
-    while not all(p.exists() for p in files.values()):
+    # the prefetch thread counts a download after it renames the file into place: wait for both
+    while not (all(p.exists() for p in files.values()) and data.cache.fetched_bytes >= total):
         assert time.monotonic() < deadline, f"prefetched {sum(p.exists() for p in files.values())} of {len(files)}"
         time.sleep(0.05)
-    total = sum(e["bytes"] for e in data.manifest["splits"]["train"]["shards"])
     assert data.cache.fetched_bytes == total  # each shard once
     data.take(sampler.indices(0, 4))
     assert data.cache.fetched_bytes == total  # the read found them there
