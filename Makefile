@@ -61,8 +61,9 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file at a time (so that a module's fixtures,
 # dagster dev, a Spark session, the lineage, are built once), the longest files first (tests/conftest.py:
 # LONGEST_FILES), then the others in the order collected (e2e, integration, unit). loadfile keeps node ids as
-# they are; loadgroup rewrites them, which pytest 9 refuses. Three workers on the reference machine's 2 cores: a worker is often waiting (for dagster dev, a
-# sensor's tick, a JVM or a peer rank), and a third keeps both cores busy (docs/measurements.md, The test suite).
+# they are; loadgroup rewrites them, which pytest 9 refuses. Three workers on the reference machine's 2 cores:
+# a worker is often waiting (for dagster dev, a sensor's tick, a JVM or a peer rank), and a third keeps both
+# cores busy (docs/measurements.md, The test suite).
 TEST_WORKERS ?= 3
 test: lint $(VENV)/.spark-installed $(VENV)/spark-classes.jsa $(VENV)/azurite/.installed corpora
 	scripts/install_system_deps.sh

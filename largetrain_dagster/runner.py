@@ -1,11 +1,11 @@
 """The one way a step runs a command of its own: :func:`run_process`.
 
 The command starts in a process group of its own through Dagster Pipes (a temporary-file context
-and message channel, ``open_pipes_session``, read by :class:`WholeLineMessageReader`): what it logs with ``open_dagster_pipes`` arrives in the
-run log as it happens, and what it reports (``report_asset_materialization``) comes back as
-metadata. Its stdout and stderr go to a log file. When the step fails or the run is cancelled while
-it runs, the whole process tree gets SIGTERM, then SIGKILL after the grace period
-(largetrain_core.processes.stop_process_group), and the run log says so.
+and message channel, ``open_pipes_session``, read by :class:`WholeLineMessageReader`): what it logs
+with ``open_dagster_pipes`` arrives in the run log as it happens, and what it reports
+(``report_asset_materialization``) comes back as metadata. Its stdout and stderr go to a log file.
+When the step fails or the run is cancelled while it runs, the whole process tree gets SIGTERM, then
+SIGKILL after the grace period (largetrain_core.processes.stop_process_group), and the run log says so.
 
 Used by the training launcher (torchrun, also for the optimization ablation) and the Spark
 executor (spark-submit). The Kubernetes launcher keeps dagster-k8s's ``PipesK8sClient``, which

@@ -61,8 +61,9 @@ def cpu_peak_flops(cores: int | None = None, ghz: float | None = None, cpuinfo: 
     Lanes: 16 with AVX-512 on Intel (two 512-bit FMA units on Xeon Scalable Gold/Platinum), 8 with
     AVX2/FMA and on AMD (Zen 2-4 execute on 256-bit FMA pipes; Zen 4 splits AVX-512 in two), 4 otherwise
     (SSE). cores: the CPUs this process may run on (sched_getaffinity); ghz: nominal clock from the
-    model name ("@ 2.60GHz") else "cpu MHz" of /proc/cpuinfo (``cpuinfo``: its text instead; cpu.cpu_fields). Override with TrainConfig.peak_flops
-    when the host's real figure is known (turbo, one FMA unit on some SKUs).
+    model name ("@ 2.60GHz") else "cpu MHz" of /proc/cpuinfo (``cpuinfo``: its text instead;
+    cpu.cpu_fields). Override with TrainConfig.peak_flops when the host's real figure is known (turbo,
+    one FMA unit on some SKUs).
     """
     fields = cpu_fields(cpuinfo)
     cores = cores or len(os.sched_getaffinity(0))

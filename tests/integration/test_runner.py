@@ -32,7 +32,8 @@ import json, os, time
 from dagster_pipes import DAGSTER_PIPES_MESSAGES_ENV_VAR, decode_param, open_dagster_pipes
 with open_dagster_pipes() as pipes:
     path = decode_param(os.environ[DAGSTER_PIPES_MESSAGES_ENV_VAR])["path"]
-    line = json.dumps({"__dagster_pipes_version": "0.1", "method": "log", "params": {"message": "split in two", "level": "INFO"}})
+    params = {"message": "split in two", "level": "INFO"}
+    line = json.dumps({"__dagster_pipes_version": "0.1", "method": "log", "params": params})
     def write(text):
         with open(path, "a") as f:
             f.write(text)
