@@ -54,6 +54,9 @@ def shard_cache_bytes() -> int:
         raise ValueError(f"LARGETRAIN_SHARD_CACHE_BYTES: {e}") from None
 
 
+_SIZED = re.compile(r"[0-9a-f]{32}-([0-9]+)-")  # a cache file's name: ShardCache._entry
+
+
 class CacheFullError(OSError):
     """The shard cache cannot make room within its bound: every shard in it is in use, or the bound is
     smaller than the shard; the message names the bound and what holds it."""
@@ -101,9 +104,13 @@ class ShardCache:
         self.fetched_bytes = 0
         self.fetches = 0
 
-    def _entry(self, url: str) -> Path:
+    def _entry(self, url: str, size: int) -> Path:
+        """The cache file of the object ``url`` of ``size`` bytes: ``<sha256(url)[:32]>-<size>-<name>``.
+        The size in the name lets :meth:`_usage` add up the cache with one directory listing and no
+        ``stat`` per file (a prefetch thread's system calls each wait for the GIL when the training loop
+        holds it)."""
         name = url.rsplit("/", 1)[-1]
-        return self.dir / f"{hashlib.sha256(url.encode()).hexdigest()[:32]}-{name}"
+        return self.dir / f"{hashlib.sha256(url.encode()).hexdigest()[:32]}-{int(size)}-{name}"
 
     @contextlib.contextmanager
     def _locked(self, path: Path, mode: int = fcntl.LOCK_EX):
@@ -117,7 +124,7 @@ class ShardCache:
     def pin(self, url: str, size: int, xxh3_128: str | None = None) -> Pinned:
         """The local copy of the object ``url`` (``size`` bytes; ``xxh3_128``: its checksum, checked after
         the download), held in use: close the returned :class:`Pinned` when done with it."""
-        path = self._entry(url)
+        path = self._entry(url, size)
         while True:
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -141,7 +148,7 @@ class ShardCache:
         from largetrain_core import fs
         from largetrain_core.digest import file_digest
 
-        path = self._entry(url)
+        path = self._entry(url, size)
         with self._locked(path.with_name(path.name + ".dl")):
             if path.exists():
                 return path
@@ -163,9 +170,10 @@ class ShardCache:
             self.fetches += 1
         return path
 
-    def _usage(self, exclude: Path | None = None) -> tuple[int, list[tuple[float, Path, int]]]:
-        """(bytes held: files plus live reservations, the files as (mtime, path, size)); stale
-        reservations (their downloader gone) are removed."""
+    def _usage(self, exclude: Path | None = None, by_age: bool = False) -> tuple[int, list[tuple[float, Path, int]]]:
+        """(bytes held: files plus live reservations, the files as (mtime, path, size) oldest first when
+        ``by_age``, else []); stale reservations (their downloader gone) are removed. A file's size is
+        read from its name (:meth:`_entry`); only a file named otherwise, or ``by_age``, costs a ``stat``."""
         used, files = 0, []
         for entry in os.scandir(self.dir):
             name = entry.name
@@ -189,6 +197,10 @@ class ShardCache:
                 finally:
                     os.close(fd)
                 continue
+            named = _SIZED.match(name)
+            if named and not by_age:
+                used += int(named.group(1))
+                continue
             try:
                 st = entry.stat()
             except FileNotFoundError:
@@ -209,6 +221,8 @@ class ShardCache:
         while True:
             with self._locked(self.dir / ".lock"):
                 used, files = self._usage(exclude=part)
+                if used + size > self.max_bytes:  # make room: the files, least recently used first
+                    used, files = self._usage(exclude=part, by_age=True)
                 for _, p, n in files:
                     if used + size <= self.max_bytes:
                         break

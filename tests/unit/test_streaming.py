@@ -46,12 +46,12 @@ def test_the_cache_stays_within_its_bound_evicting_unused_files_least_recently_u
     with cache.pin(*a) as pinned_a:  # a is in use (and now the most recently used)
         cache.fetch(*c)  # 300 > 250: b, unused, goes
         assert pinned_a.path.read_bytes() == bytes([0]) * 100
-        assert cache.used_bytes() == 200 and not cache._entry(b[0]).exists()
+        assert cache.used_bytes() == 200 and not cache._entry(*b[:2]).exists()
         with cache.pin(*c):
             with pytest.raises(CacheFullError, match="in shards that are in use"):
                 cache.fetch(*b)  # a and c are both held: no room
     cache.fetch(*b)  # released: a, the least recently used, goes
-    assert not cache._entry(a[0]).exists() and cache._entry(b[0]).exists()
+    assert not cache._entry(*a[:2]).exists() and cache._entry(*b[:2]).exists()
     assert cache.fetched_bytes == 400 and cache.peak_bytes() <= 250
     big = _object(mem, "big", 300, 9)
     with pytest.raises(CacheFullError, match="larger than the shard cache's bound of 250 bytes"):
@@ -114,11 +114,13 @@ def test_follow_prefetches_the_shards_the_sampler_reads_next(tmp_path, bpe_dir, 
     data = TokenShards(url, "train")
     sampler = DistributedSampler(len(data), seed=3, shard_sizes=tuple(data.shard_sizes), window_shards=2)
     data.follow(sampler, 4, lambda: 0)  # a cache holding the split: every shard, in the order of first use
-    files = {e: data._shard_cache()._entry(data._url(e)) for e in range(len(data.shard_sizes))}
+    files = {
+        e: data._shard_cache()._entry(data._url(e), data._entries[e]["bytes"]) for e in range(len(data.shard_sizes))
+    }
     total = sum(e["bytes"] for e in data.manifest["splits"]["train"]["shards"])
     deadline = time.monotonic() + 60
     # the prefetch thread counts a download after it renames the file into place: wait for both
-    while not (all(p.exists() for p in files.values()) and data.cache.fetched_bytes >= total):
+    while not (data.cache.fetched_bytes >= total and all(p.exists() for p in files.values())):
         assert time.monotonic() < deadline, f"prefetched {sum(p.exists() for p in files.values())} of {len(files)}"
         time.sleep(0.05)
     assert data.cache.fetched_bytes == total  # each shard once
