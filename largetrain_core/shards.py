@@ -172,9 +172,6 @@ class _SplitWriter:
             return
         self.rows.close()
         raw, self.rows = Path(self.rows.name), None
-        if self.filled == 0:
-            raw.unlink()
-            return
         name = self._shard_name()
         path = self.out_dir / name
         values = self.filled * self.window
@@ -196,6 +193,16 @@ class _SplitWriter:
             {"file": name, "sequences": self.filled, "bytes": path.stat().st_size, "xxh3_128": file_digest(path)}
         )
         self.filled = 0
+
+    def discard(self) -> None:
+        """Remove what this writer wrote (its shard files and the open shard's rows): its run failed."""
+        if self.rows is not None:
+            self.rows.close()
+            Path(self.rows.name).unlink(missing_ok=True)
+            self.rows = None
+        for shard in self.shards:
+            (self.out_dir / shard["file"]).unlink(missing_ok=True)
+        self.shards = []
 
     def finish(self) -> dict:
         self._flush()
@@ -327,7 +334,7 @@ def tokenize_parts(
     disk (_SplitWriter).
     Raises ValueError naming the part on a ``copies`` value that is null or below 1, and in a mixture
     on a missing ``corpus`` column or a corpus without a weight; ArtifactError naming a part that
-    cannot be read."""
+    cannot be read. A run that raises leaves none of its files in ``out_dir``."""
     info = load_tokenizer_info(tokenizer_path)
     tok = read_tokenizer(info.path)
     out_dir = Path(out_dir)
@@ -384,78 +391,86 @@ def tokenize_parts(
             if copies is not None and copies[i] > 1:
                 w.repeated_documents += 1
 
-    most_copies = 1
-    for j, part in enumerate(parts):
-        schema = _part_schema(part)
-        weighted = COPIES in schema
-        if mixture is not None and CORPUS not in schema:
-            raise ValueError(
-                f"{part}: no {CORPUS!r} column, so its documents cannot be weighted by corpus: a mixture "
-                "needs the corpus name of every document (raw_corpus reads it when corpora are named)"
-            )
-        for batch in _read_part(part).iter_slices(packing.batch_documents):
-            ids = batch["doc_id"].to_list()
-            hashes = split_hashes(ids, packing.seed)
-            if len(ids) and (smallest is None or int(hashes.min()) < smallest[0]):
-                smallest = (int(hashes.min()), ids[int(hashes.argmin())])
-            is_val = validation(ids, hashes)
-            documents += len(ids)
-            validation_documents += int(is_val.sum())
-            train_copies = None
-            if weighted:
-                c = batch[COPIES]
-                if c.null_count() or (c < 1).any():
-                    raise ValueError(
-                        f"{part}: column {COPIES!r} must be >= 1 in every row (how many times the "
-                        f"train split holds the document)"
-                    )
-                train_copies = c.to_numpy()[~is_val]
-                most_copies = max(most_copies, int(train_copies.max(initial=1)))
-                if mixture is None:
-                    writer("train", 1).repeated_documents += int((train_copies > 1).sum())
-            encoded = encode_documents(tok, info, batch["text"].to_list())
-            corpora = [c for c, v in zip(batch[CORPUS].to_list(), is_val) if not v] if mixture is not None else None
-            train(part, 1, [e for e, v in zip(encoded, is_val) if not v], corpora, train_copies)
-            writer("validation", 1).add([e for e, v in zip(encoded, is_val) if v])
-        end_part(1, first_part + j)
-    for k in range(2, most_copies + 1):  # pass k: the train documents with at least k copies
+    try:
+        most_copies = 1
         for j, part in enumerate(parts):
-            if COPIES not in _part_schema(part):
-                continue
-            columns = ["doc_id", "text", COPIES] + ([CORPUS] if mixture is not None else [])
-            for batch in _read_part(part, columns).iter_slices(packing.batch_documents):
-                again = (batch[COPIES].to_numpy() >= k) & ~validation(batch["doc_id"].to_list())
-                if again.any():
-                    texts = [t for t, a in zip(batch["text"].to_list(), again) if a]
-                    corpora = [c for c, a in zip(batch[CORPUS].to_list(), again) if a] if mixture is not None else None
-                    train(part, k, encode_documents(tok, info, texts), corpora)
-            end_part(k, first_part + j)
-    tail_file = None
-    if tails:
-        tail_file = f"tails-{tag}.arrow"
-        list_type = pa.large_list(pa.uint16() if info.dtype == np.uint16 else pa.uint32())
-        table = pa.table(
-            {
-                "split": pa.array([t[0] for t in tails], pa.string()),
-                "pass": pa.array([t[1] for t in tails], pa.int32()),
-                "corpus": pa.array([t[2] for t in tails], pa.string()),
-                "part": pa.array([t[3] for t in tails], pa.int64()),
-                "tokens": pa.array([t[4] for t in tails], list_type),
-            }
-        )
-        with pa.ipc.new_file(str(out_dir / tail_file), table.schema) as w:
-            w.write_table(table)
-    return {
-        "first_part": first_part,
-        "parts": len(parts),
-        "documents": documents,
-        "validation_documents": validation_documents,
-        "smallest_split_hash": list(smallest) if smallest else None,
-        "tails": tail_file,
-        "tail_tokens": sum(len(t[4]) for t in tails),
-        "units": units,
-        "writers": {key: w.finish() for key, w in sorted(writers.items())},
-    }
+            schema = _part_schema(part)
+            weighted = COPIES in schema
+            if mixture is not None and CORPUS not in schema:
+                raise ValueError(
+                    f"{part}: no {CORPUS!r} column, so its documents cannot be weighted by corpus: a mixture "
+                    "needs the corpus name of every document (raw_corpus reads it when corpora are named)"
+                )
+            for batch in _read_part(part).iter_slices(packing.batch_documents):
+                ids = batch["doc_id"].to_list()
+                hashes = split_hashes(ids, packing.seed)
+                if len(ids) and (smallest is None or int(hashes.min()) < smallest[0]):
+                    smallest = (int(hashes.min()), ids[int(hashes.argmin())])
+                is_val = validation(ids, hashes)
+                documents += len(ids)
+                validation_documents += int(is_val.sum())
+                train_copies = None
+                if weighted:
+                    c = batch[COPIES]
+                    if c.null_count() or (c < 1).any():
+                        raise ValueError(
+                            f"{part}: column {COPIES!r} must be >= 1 in every row (how many times the "
+                            f"train split holds the document)"
+                        )
+                    train_copies = c.to_numpy()[~is_val]
+                    most_copies = max(most_copies, int(train_copies.max(initial=1)))
+                    if mixture is None:
+                        writer("train", 1).repeated_documents += int((train_copies > 1).sum())
+                encoded = encode_documents(tok, info, batch["text"].to_list())
+                corpora = [c for c, v in zip(batch[CORPUS].to_list(), is_val) if not v] if mixture is not None else None
+                train(part, 1, [e for e, v in zip(encoded, is_val) if not v], corpora, train_copies)
+                writer("validation", 1).add([e for e, v in zip(encoded, is_val) if v])
+            end_part(1, first_part + j)
+        for k in range(2, most_copies + 1):  # pass k: the train documents with at least k copies
+            for j, part in enumerate(parts):
+                if COPIES not in _part_schema(part):
+                    continue
+                columns = ["doc_id", "text", COPIES] + ([CORPUS] if mixture is not None else [])
+                for batch in _read_part(part, columns).iter_slices(packing.batch_documents):
+                    again = (batch[COPIES].to_numpy() >= k) & ~validation(batch["doc_id"].to_list())
+                    if again.any():
+                        texts = [t for t, a in zip(batch["text"].to_list(), again) if a]
+                        corpora = (
+                            [c for c, a in zip(batch[CORPUS].to_list(), again) if a] if mixture is not None else None
+                        )
+                        train(part, k, encode_documents(tok, info, texts), corpora)
+                end_part(k, first_part + j)
+        tail_file = None
+        if tails:
+            tail_file = f"tails-{tag}.arrow"
+            list_type = pa.large_list(pa.uint16() if info.dtype == np.uint16 else pa.uint32())
+            table = pa.table(
+                {
+                    "split": pa.array([t[0] for t in tails], pa.string()),
+                    "pass": pa.array([t[1] for t in tails], pa.int32()),
+                    "corpus": pa.array([t[2] for t in tails], pa.string()),
+                    "part": pa.array([t[3] for t in tails], pa.int64()),
+                    "tokens": pa.array([t[4] for t in tails], list_type),
+                }
+            )
+            with pa.ipc.new_file(str(out_dir / tail_file), table.schema) as w:
+                w.write_table(table)
+        return {
+            "first_part": first_part,
+            "parts": len(parts),
+            "documents": documents,
+            "validation_documents": validation_documents,
+            "smallest_split_hash": list(smallest) if smallest else None,
+            "tails": tail_file,
+            "tail_tokens": sum(len(t[4]) for t in tails),
+            "units": units,
+            "writers": {key: w.finish() for key, w in sorted(writers.items())},
+        }
+    except BaseException:  # nothing of a failed run stays behind
+        for w in writers.values():
+            w.discard()
+        (out_dir / f"tails-{tag}.arrow").unlink(missing_ok=True)
+        raise
 
 
 def run_files(summary: dict) -> list[str]:

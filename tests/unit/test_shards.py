@@ -347,7 +347,10 @@ def test_copies_repeat_train_documents_in_later_passes_and_are_counted_apart(tmp
     pl.read_parquet(p).with_columns(copies=pl.Series([1, 0], dtype=pl.UInt32)).write_parquet(p)
     (tmp_path / "bad").mkdir()
     with pytest.raises(ValueError, match=f"{p.name}.*'copies' must be >= 1"):
-        build_token_shards(src, tok, tmp_path / "bad", seq_len=1, validation_fraction=frac, seed=seed)
+        build_token_shards(
+            src, tok, tmp_path / "bad", seq_len=1, validation_fraction=frac, seed=seed, sequences_per_shard=1
+        )
+    assert not list((tmp_path / "bad").rglob("*.arrow*"))  # the failed run's shards and open rows are gone
 
 
 # ---------------------------------------------------------------------------------------------
