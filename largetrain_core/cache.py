@@ -170,10 +170,10 @@ class ShardCache:
             self.fetches += 1
         return path
 
-    def _usage(self, exclude: Path | None = None, by_age: bool = False) -> tuple[int, list[tuple[float, Path, int]]]:
-        """(bytes held: files plus live reservations, the files as (mtime, path, size) oldest first when
-        ``by_age``, else []); stale reservations (their downloader gone) are removed. A file's size is
-        read from its name (:meth:`_entry`); only a file named otherwise, or ``by_age``, costs a ``stat``."""
+    def _usage(self, exclude: Path | None = None) -> tuple[int, list[tuple[Path, int]]]:
+        """(bytes held: files plus live reservations, the files as (path, size)); stale reservations
+        (their downloader gone) are removed. A file's size is read from its name (:meth:`_entry`); only
+        a file named otherwise costs a ``stat``."""
         used, files = 0, []
         for entry in os.scandir(self.dir):
             name = entry.name
@@ -198,16 +198,25 @@ class ShardCache:
                     os.close(fd)
                 continue
             named = _SIZED.match(name)
-            if named and not by_age:
-                used += int(named.group(1))
-                continue
-            try:
-                st = entry.stat()
-            except FileNotFoundError:
-                continue
-            used += st.st_size
-            files.append((st.st_mtime, p, st.st_size))
-        return used, sorted(files)
+            if named:
+                size = int(named.group(1))
+            else:
+                try:
+                    size = entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+            used += size
+            files.append((p, size))
+        return used, files
+
+    @staticmethod
+    def _least_recently_used(files: list[tuple[Path, int]]) -> list[tuple[Path, int]]:
+        """``files`` (path, size) by modification time, oldest first; those gone since are left out."""
+        dated = []
+        for p, n in files:
+            with contextlib.suppress(FileNotFoundError):
+                dated.append((p.stat().st_mtime, p, n))
+        return [(p, n) for _, p, n in sorted(dated)]
 
     def _reserve(self, size: int, part: Path) -> None:
         """Make room for ``size`` more bytes (``part`` is the reservation being made), evicting unused
@@ -222,8 +231,8 @@ class ShardCache:
             with self._locked(self.dir / ".lock"):
                 used, files = self._usage(exclude=part)
                 if used + size > self.max_bytes:  # make room: the files, least recently used first
-                    used, files = self._usage(exclude=part, by_age=True)
-                for _, p, n in files:
+                    files = self._least_recently_used(files)
+                for p, n in files:
                     if used + size <= self.max_bytes:
                         break
                     try:
