@@ -43,11 +43,16 @@ def test_a_rank_without_mlflow_among_its_trackers_has_deepspeed_go_without_it():
     assert "mlflow" in _loaded(start.format(report_to=["wandb", "mlflow"], has=True))
 
 
-def test_deepspeeds_op_builders_get_py_cpuinfos_flags_without_starting_an_interpreter():
+def test_deepspeeds_op_builders_get_py_cpuinfos_flags_and_load_what_make_install_built():
+    """In one fresh interpreter: prepare_op_builds hands DeepSpeed's op builders py-cpuinfo's answer without
+    starting an interpreter for it (the same compiler flags, the same CPU); ``make install`` ran build_ops, so
+    the fused Adam and the shared-memory collectives are in TORCH_EXTENSIONS_DIR before any training, and
+    loading them again rebuilds nothing."""
     probe = (
-        "import json, subprocess, cpuinfo\n"
+        "import json, os, subprocess, cpuinfo\n"
+        "from pathlib import Path\n"
         "from deepspeed.accelerator import get_accelerator\n"
-        "from largetrain_core.training.distributed import prepare_op_builds\n"
+        "from largetrain_core.training.distributed import CPU_OPS, build_ops, prepare_op_builds\n"
         "builder = get_accelerator().create_op_builder('FusedAdamBuilder')\n"
         "measured, real = builder.cxx_args(), cpuinfo.get_cpu_info()\n"
         "started, Popen = [], subprocess.Popen\n"
@@ -58,11 +63,18 @@ def test_deepspeeds_op_builders_get_py_cpuinfos_flags_without_starting_an_interp
         "subprocess.Popen = Recorded\n"
         "prepare_op_builds()\n"
         "answer = cpuinfo.get_cpu_info()\n"
-        "print(json.dumps([measured, builder.cxx_args(), real, answer, started]))\n"
+        "ours, launched = builder.cxx_args(), list(started)\n"
+        "subprocess.Popen = Popen\n"
+        "names = [get_accelerator().create_op_builder(b).name for b in CPU_OPS]\n"
+        "libs = [Path(os.environ['TORCH_EXTENSIONS_DIR'], n, n + '.so') for n in names]\n"
+        "before = [p.stat().st_mtime_ns if p.exists() else None for p in libs]\n"
+        "built = build_ops()\n"
+        "after = [p.stat().st_mtime_ns for p in libs]\n"
+        "print(json.dumps([measured, ours, real, answer, launched, built, before, after]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    measured, ours, real, answer, started = json.loads(out.stdout.splitlines()[-1])
+    measured, ours, real, answer, started, built, before, after = json.loads(out.stdout.splitlines()[-1])
     assert ours == measured and any(a.startswith("-march") for a in ours)  # the same build: no rebuild
     assert started == []
     assert {k: real[k] for k in ("arch", "bits", "vendor_id_raw", "brand_raw")} == {
@@ -70,26 +82,6 @@ def test_deepspeeds_op_builders_get_py_cpuinfos_flags_without_starting_an_interp
     }
     simd = ("avx512", "avx512f", "avx2", "sse4_2")
     assert [f in real["flags"] for f in simd] == [f in answer["flags"] for f in simd]
-
-
-def test_the_ops_make_install_built_load_without_compiling():
-    """``make install`` runs build_ops: the fused Adam and the shared-memory collectives are built in
-    TORCH_EXTENSIONS_DIR before any training, and loading them again rebuilds nothing."""
-    probe = (
-        "import json, os\n"
-        "from pathlib import Path\n"
-        "from deepspeed.accelerator import get_accelerator\n"
-        "from largetrain_core.training.distributed import CPU_OPS, build_ops, prepare_op_builds\n"
-        "prepare_op_builds()\n"
-        "names = [get_accelerator().create_op_builder(b).name for b in CPU_OPS]\n"
-        "libs = [Path(os.environ['TORCH_EXTENSIONS_DIR'], n, n + '.so') for n in names]\n"
-        "before = [p.stat().st_mtime_ns if p.exists() else None for p in libs]\n"
-        "built = build_ops()\n"
-        "print(json.dumps([built, before, [p.stat().st_mtime_ns for p in libs]]))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    built, before, after = json.loads(out.stdout.splitlines()[-1])
     assert built == ["FusedAdamBuilder", "ShareMemCommBuilder"]
     assert None not in before and after == before
 
