@@ -1,6 +1,6 @@
 """Fixtures of the integration tier (Dagster materializations, DeepSpeed, Spark, PostgreSQL, the S3 API
-server): tiny real token shards for the trainings, the uninterrupted run the resume tests compare with,
-and a real S3 API server on 127.0.0.1."""
+server): tiny real token shards for the trainings, a root holding the pretraining token shards of the tiny
+run config, the uninterrupted run the resume tests compare with, and a real S3 API server on 127.0.0.1."""
 
 import shutil
 from pathlib import Path
@@ -54,6 +54,31 @@ def _build_shards(root: Path) -> None:
     out = root / "shards"
     out.mkdir()
     build_token_shards(docs, root / "tok", out, seq_len=32, validation_fraction=0.1)
+
+
+@pytest.fixture
+def pretrain_root(tmp_path_factory, worker_id, tmp_path) -> Path:
+    """``tmp_path / "root"``: a root holding the assets of helpers.corpora.PRETRAIN_SHARDS_KEYS materialized
+    through Dagster with the tiny run config's ops (a few linux-doc files), as the training tests' first run
+    made them; built once for every worker (:func:`built_once`) and copied for each test (a root's handles
+    hold paths relative to it), so that a test's trainings find their inputs by the root's handles alone, as
+    a run of `dagster asset materialize --select base_checkpoint` does."""
+    shared = built_once(tmp_path_factory, worker_id, "pretrain_root", _build_pretrain_root)
+    return Path(shutil.copytree(shared, tmp_path / "root", symlinks=True))
+
+
+def _build_pretrain_root(root: Path) -> None:
+    from dagster import DagsterInstance
+
+    from helpers.corpora import CORPORA, PRETRAIN_SHARDS_KEYS, corpus, pretrain_shards_ops
+    from helpers.lineage import materialize_lineage
+    from largetrain_dagster.definitions import build_definitions, lineage_assets
+
+    corpus("linux-doc")
+    defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled", report_to=[])
+    with DagsterInstance.ephemeral() as instance:
+        ops = {"ops": pretrain_shards_ops(CORPORA)}
+        assert materialize_lineage(lineage_assets(), defs.resources, instance, ops, PRETRAIN_SHARDS_KEYS).success
 
 
 @pytest.fixture(scope="session")

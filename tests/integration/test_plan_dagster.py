@@ -12,18 +12,16 @@ from dagster import AssetKey, DagsterInstance
 
 from largetrain_core.training.plan import GiB
 from largetrain_dagster.definitions import build_definitions, lineage_assets
-from helpers.corpora import CORPORA, PRETRAIN_SHARDS_KEYS, corpus, pretrain_shards_ops, tiny_run_config
+from helpers.corpora import CORPORA, tiny_run_config
 from helpers.lineage import materialize_lineage, step_events, step_failure
 
 
-def test_plan_refuses_before_launch_and_is_set_beside_the_measured_run(tmp_path):
-    corpus("linux-doc")
-    root = tmp_path / "root"
+def test_plan_refuses_before_launch_and_is_set_beside_the_measured_run(pretrain_root):
+    root = pretrain_root
     defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled", report_to=[])
     assets = lineage_assets()
     ops = tiny_run_config(CORPORA)["ops"]
     train = ops["base_checkpoint"]["config"]
-    prep = pretrain_shards_ops(CORPORA)
 
     def run(instance, **train_config):
         return materialize_lineage(
@@ -47,8 +45,6 @@ def test_plan_refuses_before_launch_and_is_set_beside_the_measured_run(tmp_path)
         return sorted(p.parent for p in (root / "base_checkpoint").glob("*/plan.json"))
 
     with DagsterInstance.ephemeral() as instance:
-        assert materialize_lineage(assets, defs.resources, instance, {"ops": prep}, PRETRAIN_SHARDS_KEYS).success
-
         # 1. a device of 1 KiB: nothing fits; the figure, the device memory and where it came from are named
         description, metadata = refused(instance, run(instance, **train, plan={"device_memory_gib": 2**-20}))
         assert "base_checkpoint: the training plan does not fit: memory: the planned peak per device is" in description

@@ -17,16 +17,14 @@ from dagster import AssetKey, DagsterInstance
 from largetrain_dagster.configs import deep_merge
 from largetrain_dagster.definitions import build_definitions, lineage_assets
 from helpers.lineage import materialize_lineage
-from helpers.corpora import CORPORA, PRETRAIN_SHARDS_KEYS, corpus, pretrain_shards_ops, tiny_run_config
+from helpers.corpora import CORPORA, tiny_run_config
 from helpers.processes import processes_mentioning
 
 
-def test_crashed_training_retries_and_resumes_from_checkpoint(tmp_path):
-    corpus("linux-doc")
-    root = tmp_path / "root"
+def test_crashed_training_retries_and_resumes_from_checkpoint(pretrain_root):
+    root = pretrain_root
     defs = build_definitions(root=str(root), nproc_per_node=2, wandb_mode="disabled")
     assets = lineage_assets()  # not the landed chain (test_landing.py)
-    ops = pretrain_shards_ops(CORPORA)
     train = deep_merge(
         tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],
         {
@@ -60,8 +58,8 @@ def test_crashed_training_retries_and_resumes_from_checkpoint(tmp_path):
             assets,
             defs.resources,
             instance,
-            {"ops": {**ops, "base_checkpoint": {"config": train}}},
-            PRETRAIN_SHARDS_KEYS + ["base_checkpoint"],
+            {"ops": {"base_checkpoint": {"config": train}}},
+            ["base_checkpoint"],
         )
         watcher.join(timeout=5)
         assert killed, "the crash was not injected"
@@ -86,15 +84,15 @@ def test_crashed_training_retries_and_resumes_from_checkpoint(tmp_path):
     assert resumed and "step-0000" in resumed[-1] and "at step 0 " not in resumed[-1], resumed
 
 
-def test_preempted_training_is_retried_by_dagster_and_resumes_from_its_preemption_checkpoint(tmp_path, monkeypatch):
+def test_preempted_training_is_retried_by_dagster_and_resumes_from_its_preemption_checkpoint(
+    pretrain_root, monkeypatch
+):
     """A SIGTERM to the torchrun agent and every rank after step 3 (LARGETRAIN_FAULT sigterm_after_step:3, as a
     spot node's reclaim sends; no save_steps checkpoint at step 3): the ranks save checkpoint step-000003 and
     end as preempted, the step is retried by Dagster, and the retry resumes from step-000003. Prints the timeline."""
-    corpus("linux-doc")
     monkeypatch.setenv("LARGETRAIN_FAULT", "sigterm_after_step:3")
-    root = tmp_path / "root"
+    root = pretrain_root
     defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled")
-    ops = pretrain_shards_ops(CORPORA)
     train = deep_merge(
         tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],
         {
@@ -108,8 +106,8 @@ def test_preempted_training_is_retried_by_dagster_and_resumes_from_its_preemptio
             lineage_assets(),
             defs.resources,
             instance,
-            {"ops": {**ops, "base_checkpoint": {"config": train}}},
-            PRETRAIN_SHARDS_KEYS + ["base_checkpoint"],
+            {"ops": {"base_checkpoint": {"config": train}}},
+            ["base_checkpoint"],
         )
         assert result.success
         records = [e for e in instance.all_logs(result.run_id) if e.step_key == "base_checkpoint"]

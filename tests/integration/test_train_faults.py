@@ -26,7 +26,6 @@ from largetrain_core.training.trackers import TRACKERS
 from helpers import REPO
 from helpers.lineage import step_events, step_failure
 from helpers.training import assert_logged_with_card, launch, metrics, resume_config
-from helpers.corpora import PRETRAIN_SHARDS_KEYS, pretrain_shards_ops
 
 
 def _tiny_base(directory: Path, vocab: int, max_positions: int = 64, eos_id: int = 0) -> Path:
@@ -287,7 +286,7 @@ def test_rank_errors_name_type_message_rank_and_file(shards, uninterrupted, tmp_
     assert done.returncode == 0 and sorted(metrics(out)) == [1, 2, 3, 4], done.stderr[-3000:]
 
 
-def test_training_failures_through_dagster(tmp_path):
+def test_training_failures_through_dagster(pretrain_root, tmp_path):
     """Through Dagster, on the pretraining lineage of a tiny corpus slice (base_checkpoint has a RetryPolicy):
     an unknown preset and max_steps below warmup_steps fail in the asset, listing the valid choices, with
     no process started and no retry; an imported model that is not there, or shorter than the shards'
@@ -302,14 +301,12 @@ def test_training_failures_through_dagster(tmp_path):
     from largetrain_dagster.resources import read_handle
     from largetrain_dagster.training import base_checkpoint
     from helpers.lineage import materialize_lineage
-    from helpers.corpora import CORPORA, corpus, tiny_run_config
+    from helpers.corpora import CORPORA, tiny_run_config
 
     assert base_checkpoint.op.retry_policy is not None and base_checkpoint.op.retry_policy.max_retries >= 1
-    corpus("linux-doc")
-    root = tmp_path / "root"
+    root = pretrain_root
     defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="offline", report_to=["wandb", "mlflow"])
     assets = lineage_assets()
-    ops = pretrain_shards_ops(CORPORA)
     train = deep_merge(
         tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],
         {
@@ -330,9 +327,6 @@ def test_training_failures_through_dagster(tmp_path):
         )
 
     with DagsterInstance.ephemeral() as instance:
-        prep = materialize_lineage(assets, defs.resources, instance, {"ops": ops}, PRETRAIN_SHARDS_KEYS)
-        assert prep.success
-
         for bad, expected in (
             (
                 {"preset": "llama-7b"},
@@ -404,7 +398,7 @@ def test_training_failures_through_dagster(tmp_path):
         assert "STEP_UP_FOR_RETRY" not in events and events.count("STEP_FAILURE") == 1
 
 
-def test_cancelled_training_ends_its_mlflow_run_killed(tmp_path):
+def test_cancelled_training_ends_its_mlflow_run_killed(pretrain_root, tmp_path):
     """A pretraining started by `dagster asset materialize`, reporting to MLflow, is cancelled while it trains,
     the way Dagster terminates a run (the run marked CANCELING, then SIGINT to the process running it,
     DefaultRunLauncher.terminate and its run worker): the launcher stops torchrun's process tree with
@@ -417,21 +411,12 @@ def test_cancelled_training_ends_its_mlflow_run_killed(tmp_path):
     from dagster import DagsterRunStatus
     from mlflow.tracking import MlflowClient
 
-    from largetrain_dagster.definitions import build_definitions, lineage_assets
-    from helpers.corpora import CORPORA, corpus, tiny_run_config
-    from helpers.lineage import materialize_lineage
+    from helpers.corpora import CORPORA, tiny_run_config
     from helpers.processes import processes_mentioning
 
-    corpus("linux-doc")
-    root, home = tmp_path / "root", tmp_path / "home"
+    root, home = pretrain_root, tmp_path / "home"  # the shards: the CLI run reads them from the root's handles
     home.mkdir()
     (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
-    ops = pretrain_shards_ops(CORPORA)
-    with DagsterInstance.ephemeral() as instance:  # the shards: the CLI run reads them from the root's handles
-        defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled", report_to=[])
-        assert materialize_lineage(
-            lineage_assets(), defs.resources, instance, {"ops": ops}, PRETRAIN_SHARDS_KEYS
-        ).success
     train = {
         **tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"],
         "max_steps": 1_000_000,

@@ -21,7 +21,7 @@ import torch
 from dagster import DagsterInstance
 
 from helpers import REPO
-from helpers.corpora import CORPORA, PRETRAIN_SHARDS_KEYS, SHORT_RUN, corpus, pretrain_shards_ops, tiny_run_config
+from helpers.corpora import CORPORA, SHORT_RUN, tiny_run_config
 from helpers.lineage import materialize_lineage
 from largetrain_core.model import build_model
 from largetrain_core.training.config import HealthSettings, TrainConfig
@@ -45,12 +45,10 @@ def _messages(instance, result) -> list[str]:
     return [e.user_message for e in instance.all_logs(result.run_id) if e.step_key == "base_checkpoint"]
 
 
-def test_training_health_through_dagster(tmp_path):
-    corpus("linux-doc")
-    root = tmp_path / "root"
+def test_training_health_through_dagster(pretrain_root):
+    root = pretrain_root
     defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled", report_to=[])
     assets = lineage_assets()
-    ops = pretrain_shards_ops(CORPORA)
     tiny = {k: v for k, v in tiny_run_config(CORPORA)["ops"]["base_checkpoint"]["config"].items() if k != "health"}
 
     def base(instance, config: dict):
@@ -64,8 +62,6 @@ def test_training_health_through_dagster(tmp_path):
         )
 
     with DagsterInstance.ephemeral() as instance:
-        assert materialize_lineage(assets, defs.resources, instance, {"ops": ops}, PRETRAIN_SHARDS_KEYS).success
-
         # a learning rate far too high: the gradient norms are infinite from the 4th step on
         # (the warnings of a kind after the first three held back for an hour: at most three shown)
         diverged = base(
