@@ -286,10 +286,17 @@ def _manifest(shards: Path) -> dict:
     return TokenShards(shards, "train").manifest
 
 
-def test_zero3_exports_consolidated_safetensors(shards, tmp_path):
+def test_zero3_exports_consolidated_safetensors_and_evaluates_uneven_shares(shards, tmp_path):
     """ZeRO-3 on 2 ranks partitions every parameter; the export gathers them on rank 0 into one
     model.safetensors with full shapes, equal to the fp32 weights DeepSpeed's zero_to_fp32 rebuilds
-    from the two ranks' partitions of the last checkpoint (the live model at that step)."""
+    from the two ranks' partitions of the last checkpoint (the live model at that step).
+
+    ZeRO-3 gathers a partitioned layer's weights from all ranks in each forward, so the ranks run as
+    many evaluation forwards each: 5 validation sequences on 2 ranks at micro-batch 2 give rank 0 two
+    batches and rank 1 one, plus one it does not count. The validation loss of the last step equals the
+    mean cross-entropy of exactly those 5 sequences under the exported model. (llama-tiny's weights are
+    all below DeepSpeed's stage3_param_persistence_threshold of 1e5 elements, so they stay whole on
+    every rank and unequal forward counts would not hang here; the equal counts matter for real sizes.)"""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
@@ -306,6 +313,8 @@ def test_zero3_exports_consolidated_safetensors(shards, tmp_path):
         warmup_steps=1,
         save_steps=3,
         save_total_limit=1,
+        eval_steps=1,
+        eval_max_sequences=5,
         report_to=[],
         tokenizer=str(shards),
     )
@@ -321,6 +330,14 @@ def test_zero3_exports_consolidated_safetensors(shards, tmp_path):
     assert set(saved) <= set(expected)
     m = _manifest(shards)
     assert model.get_input_embeddings().weight.shape == (m["vocab_size"], 64)
+
+    rows = metrics(out)
+    assert all("eval_loss" in rows[s] for s in (1, 2, 3))
+    ids = torch.from_numpy(TokenShards(shards, "validation").take(np.arange(5)).astype(np.int64))
+    with torch.no_grad():
+        logits = model.eval()(input_ids=ids[:, :-1]).logits
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
+    assert rows[3]["eval_loss"] == pytest.approx(want, rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -854,42 +871,6 @@ def test_evaluation_settings_are_checked():
         == plain.config_hash()
     )
     assert TrainConfig.from_settings(**{**base, "early_stopping_patience": 3}).config_hash() != plain.config_hash()
-
-
-def test_evaluation_under_zero3_with_uneven_shares(shards, tmp_path):
-    """ZeRO-3 gathers a partitioned layer's weights from all ranks in each forward, so the ranks run as
-    many evaluation forwards each: 5 validation sequences on 2 ranks at micro-batch 2 give rank 0 two
-    batches and rank 1 one, plus one it does not count. The validation loss of the last step equals the
-    mean cross-entropy of exactly those 5 sequences under the exported model. (llama-tiny's weights are
-    all below DeepSpeed's stage3_param_persistence_threshold of 1e5 elements, so they stay whole on
-    every rank and unequal forward counts would not hang here; the equal counts matter for real sizes.)"""
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path / "z3eval"
-    cfg = TrainConfig.from_settings(
-        output_dir=str(out),
-        train_shards=str(shards),
-        preset="llama-tiny",
-        zero_stage=3,
-        activation_checkpointing=False,
-        micro_batch_size=2,
-        max_steps=2,
-        learning_rate=5e-3,
-        warmup_steps=1,
-        save_steps=2,
-        eval_steps=1,
-        eval_max_sequences=5,
-        report_to=[],
-        tokenizer=str(shards),
-    )
-    torchrun(cfg, tmp_path)
-    rows = metrics(out)
-    assert all("eval_loss" in rows[s] for s in (1, 2))
-    ids = torch.from_numpy(TokenShards(shards, "validation").take(np.arange(5)).astype(np.int64))
-    with torch.no_grad():
-        logits = AutoModelForCausalLM.from_pretrained(out / "model").eval()(input_ids=ids[:, :-1]).logits
-    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
-    assert rows[2]["eval_loss"] == pytest.approx(want, rel=1e-5)
 
 
 # Training with its shards and its output directory in a bucket (a real S3 API server on 127.0.0.1,
