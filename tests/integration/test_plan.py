@@ -225,24 +225,23 @@ def test_plan_over_budget_is_refused_with_what_to_change(data, tmp_path):
     assert fits.usable_memory > 0.5 * GiB  # this host's MemAvailable / 2 ranks
 
 
-def test_plan_command_line_refuses_and_calibrates(data, tmp_path):
+def test_plan_command_line_refuses_and_calibrates(data, tmp_path, capsys):
+    """The plan's command line: its main() with the arguments of a refusal over the device memory (in this
+    process), then ``python -m largetrain_core.training.plan --calibrate`` as typed, refusing over its time
+    budget after a 2-rank calibration under torchrun."""
+    from largetrain_core.training.plan import main
+
     cfg = config(data, tmp_path / "run", "llama-tiny", 2, True, 4)
     cfg_file = tmp_path / "train_config.json"
     cfg_file.write_text(json.dumps(cfg.to_dict()))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "largetrain_core.training.plan", str(cfg_file), "--ranks", "2"]
-    small = subprocess.run(
-        [*cmd, "--settings", '{"device_memory_gib": 1.0}'],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = [str(cfg_file), "--ranks", "2"]
     # ZeRO-2's 2 GB reduce bucket does not fit 0.9 GiB; nothing smaller than stage 0 is suggested, so none fits alone
-    assert small.returncode == 1, small.stdout + small.stderr
-    assert "does not fit: memory: the planned peak per device is 1.8" in small.stderr
-    assert "| DeepSpeed buffers per device | 1.863 GiB |" in small.stdout
+    assert main([*args, "--settings", '{"device_memory_gib": 1.0}']) == 1
+    small = capsys.readouterr()
+    assert "does not fit: memory: the planned peak per device is 1.8" in small.err
+    assert "| DeepSpeed buffers per device | 1.863 GiB |" in small.out
+    cmd = [sys.executable, "-m", "largetrain_core.training.plan", *args]
     slow = subprocess.run(
         [*cmd, "--calibrate", "--settings", '{"max_hours": 1e-6}'],
         env=env,
