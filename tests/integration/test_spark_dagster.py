@@ -1,8 +1,9 @@
 """The Spark executor from Dagster: a partitioned backfill of the data-prep assets (raw_corpus, cleaned_text
-per partition, then deduplicated_text) through ``dagster.materialize`` and through the dagster CLI, with
+per partition, then deduplicated_text) through the dagster CLI and through ``dagster.materialize``, with
 ``spark-submit`` started by the assets through Dagster Pipes; and a cancelled run, after which no Spark
 JVM (driver or executor) and no PySpark worker is left. Shakespeare's plays, 2 data partitions (the
-kernel docs for the cancelled run, long enough to be stopped mid-stage).
+kernel docs for the cancelled run, long enough to be stopped mid-stage). That the Spark executor writes
+what the local one writes, stage by stage: tests/integration/test_spark.py.
 """
 
 import json
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 from dagster import AssetKey, DagsterInstance
 
 from helpers import REPO
@@ -34,7 +36,7 @@ from helpers.lineage import materialize_lineage
 
 PLAYS = REPO / ".largetrain" / "corpora" / "shakespeare"
 KEYS = ["000", "001"]
-DAGSTER = str(Path(sys.executable).with_name("dagster"))
+CLI = [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m", "largetrain_dagster.definitions"]
 
 
 def _local_chain(tmp: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -90,25 +92,58 @@ def _version_files(root: Path) -> dict[str, bytes]:
     }
 
 
-def test_backfill_with_spark_through_materialize_on_local_disk_and_on_s3(tmp_path, monkeypatch, s3_bucket):
-    """The backfill on ``local[2]`` with a local root, then on ``local-cluster[1,2,1024]`` (an executor JVM of
-    2 cores, apart from the driver) with the corpus and the root in a bucket (moto's S3 server on
-    127.0.0.1): the same data versions and the same files, byte for byte; the kept documents and
-    duplicates are the local executor's. On the bucket the tasks read their inputs and put their part
-    files there themselves: the executor has a LARGETRAIN_CACHE of its own, and the driver's holds no
-    task's scratch directory."""
+@pytest.fixture(scope="module")
+def cli_partition(tmp_path_factory) -> Path:
+    """The CLI, one run of a partition as `make demo` does: domain raw_corpus + cleaned_text of partition 000
+    on ``local[2]``, chosen by LARGETRAIN_EXECUTOR, with a root on local disk; returns the test directory
+    (``root``, ``home``, ``cli.log``: the command's output)."""
+    tmp = tmp_path_factory.mktemp("cli")
+    env = {**_cli_env(tmp), "LARGETRAIN_SPARK_MASTER": "local[2]"}
+    m = subprocess.run(
+        [*CLI, "--select", "domain/raw_corpus,domain/cleaned_text", "--partition", KEYS[0]],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    (tmp / "cli.log").write_text(m.stdout + m.stderr)
+    assert m.returncode == 0, (m.stdout + m.stderr)[-3000:]
+    return tmp
+
+
+def _cli_env(tmp: Path) -> dict[str, str]:
+    """The environment of a dagster CLI run on the Spark executor with its root and instance under ``tmp``."""
+    env = {
+        **os.environ,
+        "LARGETRAIN_ROOT": str(tmp / "root"),
+        "DAGSTER_HOME": str(tmp / "home"),
+        "LARGETRAIN_DATA_PARTITIONS": "2",
+        "LARGETRAIN_EXECUTOR": "spark",
+    }
+    env.pop("LARGETRAIN_ENGINE", None)
+    if not (tmp / "home").exists():
+        (tmp / "home").mkdir()
+        (tmp / "home" / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+        (tmp / "root" / "corpora").mkdir(parents=True)
+        (tmp / "root" / "corpora" / "shakespeare").symlink_to(PLAYS)
+    return env
+
+
+def test_backfill_on_s3_through_materialize_writes_the_files_of_local_disk(
+    cli_partition, tmp_path, monkeypatch, s3_bucket
+):
+    """The backfill on ``local-cluster[1,2,1024]`` (an executor JVM of 2 cores, apart from the driver) with the
+    corpus and the root in a bucket (moto's S3 server on 127.0.0.1): partition 000's raw_corpus and
+    cleaned_text have the data versions and the files, byte for byte, of the CLI's run on ``local[2]`` with a
+    root on local disk (:func:`cli_partition`); the kept documents and duplicates of the global step are the
+    local executor's (compared by content: the global step's byte-for-byte equality across storage is not
+    tested here, its Spark output is the local executor's in tests/integration/test_spark.py). On the bucket
+    the tasks read their inputs and put their part files there themselves: the executor has a
+    LARGETRAIN_CACHE of its own, and the driver's holds no task's scratch directory."""
     monkeypatch.setattr(partitions, "DATA_PARTITIONS", data_partitions(2))
     driver_cache, executor_cache = tmp_path / "driver cache", tmp_path / "executor cache"
     monkeypatch.setenv("LARGETRAIN_CACHE", str(driver_cache))
-    root = tmp_path / "root"
-    (root / "corpora").mkdir(parents=True)
-    (root / "corpora" / "shakespeare").symlink_to(PLAYS)
-    _backfill(str(root), DataExecutor(name="spark", master="local[2]"), {})
-    handle = read_handle(root, AssetKey(["domain", "deduplicated_text"]))
-    kept, dups = _local_chain(tmp_path / "local")
-    assert _docs(Path(handle["path"])).equals(kept)
-    assert pl.read_parquet(Path(handle["path"]) / "duplicates.parquet").equals(dups)
-
     fsys, bucket = fs.filesystem(s3_bucket)
     plays = sorted(p for p in PLAYS.rglob("*") if p.is_file())
     fsys.put(
@@ -129,9 +164,15 @@ def test_backfill_with_spark_through_materialize_on_local_disk_and_on_s3(tmp_pat
     assert len(versions) == 5 and all(
         verify_manifest(fs.join(s3_root, v.relative_to(tmp_path / "bucket").as_posix())) == [] for v in versions
     )
-    local, bucket_files = _version_files(root), _version_files(tmp_path / "bucket")
-    assert sorted(local) == sorted(bucket_files)  # same data versions, same files
+    local, bucket_files = _version_files(cli_partition / "root"), _version_files(tmp_path / "bucket")
+    assert {"/".join(rel.split("/")[1:3]) for rel in local} == {"raw_corpus/000", "cleaned_text/000"}
+    assert [rel for rel in local if rel not in bucket_files] == []  # the same data versions, the same files
     assert [rel for rel in local if local[rel] != bucket_files[rel]] == []
+    assert len(bucket_files) > len(local)  # and partition 001 and the global step beside them
+    kept, dups = _local_chain(tmp_path / "local")
+    dedup = next(v for v in versions if v.relative_to(tmp_path / "bucket").parts[1] == "deduplicated_text")
+    assert _docs(dedup).equals(kept)
+    assert pl.read_parquet(dedup / "duplicates.parquet").equals(dups)
     for v in versions:  # every part file the tasks wrote went to the bucket from the tasks themselves
         stats = json.loads((v / "stats.json").read_text())
         assert stats["executor"]["task_uploads"] >= len(list(v.glob("part-*.parquet"))) > 0, v
@@ -139,45 +180,20 @@ def test_backfill_with_spark_through_materialize_on_local_disk_and_on_s3(tmp_pat
     assert not (driver_cache / "spark-tasks").exists()
 
 
-def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(tmp_path):
-    """The CLI, one run of a partition as `make demo` does: domain raw_corpus + cleaned_text of partition
-    000 on local[2], chosen by LARGETRAIN_EXECUTOR, equal to the local executor's (the other partition and
-    the global step: the backfill test above; the variables' parsing, with the deprecated alias:
-    tests/unit/test_executors.py); then a run of pretrain/raw_corpus on a
-    local-cluster (an executor JVM of its own) gets SIGTERM while Spark works (the signal a run worker
-    gets when its run is terminated): the step is interrupted, the executor stops the application's
-    process group and every descendant; no JVM (driver, executor) and no PySpark worker survives;
-    nothing is published."""
-    root = str(tmp_path / "root")
-    env = {
-        **os.environ,
-        "LARGETRAIN_ROOT": root,
-        "DAGSTER_HOME": str(tmp_path / "home"),
-        "LARGETRAIN_DATA_PARTITIONS": "2",
-        "LARGETRAIN_EXECUTOR": "spark",
-        "LARGETRAIN_SPARK_MASTER": "local[2]",
-    }
-    env.pop("LARGETRAIN_ENGINE", None)
-    (tmp_path / "home").mkdir()
-    (tmp_path / "home" / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
-    (tmp_path / "root" / "corpora").mkdir(parents=True)
-    (tmp_path / "root" / "corpora" / "shakespeare").symlink_to(PLAYS)
-    cli = [DAGSTER, "asset", "materialize", "-m", "largetrain_dagster.definitions"]
-    m = subprocess.run(
-        [*cli, "--select", "domain/raw_corpus,domain/cleaned_text", "--partition", KEYS[0]],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    out = m.stdout + m.stderr
-    assert m.returncode == 0, out[-3000:]
+def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(cli_partition, tmp_path):
+    """The CLI's run of partition 000 (:func:`cli_partition`) ran on the Spark executor, logged its stages,
+    and equals the local executor's (the other partition and the global step: the backfill test above; the
+    variables' parsing, with the deprecated alias: tests/unit/test_executors.py); then a run of
+    pretrain/raw_corpus on a local-cluster (an executor JVM of its own) gets SIGTERM while Spark works (the
+    signal a run worker gets when its run is terminated): the step is interrupted, the executor stops the
+    application's process group and every descendant; no JVM (driver, executor) and no PySpark worker
+    survives; nothing is published."""
+    out = (cli_partition / "cli.log").read_text()
     assert "RUN_SUCCESS" in out and "executor spark:" in out and "on local[2]" in out
     assert (
         "Spark stage 0 [raw_corpus: read files]: " in out and f"[{Cleaning.description}, MinHash signatures]: " in out
     )
-    handle = read_handle(tmp_path / "root", AssetKey(["domain", "cleaned_text"]), KEYS[0])
+    handle = read_handle(cli_partition / "root", AssetKey(["domain", "cleaned_text"]), KEYS[0])
     assert handle["stats"]["executor"]["executor"] == "spark"
     raw, local = tmp_path / "raw", tmp_path / "clean"
     raw.mkdir()
@@ -186,19 +202,20 @@ def test_backfill_through_the_cli_then_a_cancelled_run_leaves_no_spark_process(t
     clean_corpus(raw, local, QualityConfig())
     assert _docs(Path(handle["path"])).equals(_docs(local))
 
+    root = str(tmp_path / "root")
     cfg = tmp_path / "run.json"
     cfg.write_text(
         json.dumps(
             {"ops": {"pretrain__raw_corpus": {"config": {"path": str(REPO / ".largetrain" / "corpora" / "linux-doc")}}}}
         )
     )
-    env |= {
+    env = _cli_env(tmp_path) | {
         "LARGETRAIN_SPARK_MASTER": "local-cluster[1,1,1024]",
         "LARGETRAIN_SPARK_CONF": json.dumps({"spark.largetrain.bytesPerTask": "1"}),
     }
     log = open(tmp_path / "dagster.log", "w")  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen(
-        [*cli, "--select", "pretrain/raw_corpus", "--partition", KEYS[1], "-c", str(cfg)],
+        [*CLI, "--select", "pretrain/raw_corpus", "--partition", KEYS[1], "-c", str(cfg)],
         cwd=REPO,
         env=env,
         stdout=log,
