@@ -1,24 +1,50 @@
-"""Calibrate several training configs in one torchrun (tests/integration/test_plan.py): ``torchrun ... tests/helpers/calibrate_many.py
-SPECS.json``, SPECS a JSON list of calibration specs (largetrain_core.training.calibrate: ``train``, ``steps``,
-``profiled_steps``, ``measure_checkpoint``), run one after the other on every rank; each writes its own
-calibration.json. One process start for all of them: DeepSpeed's import and the process group once."""
+"""Several trainings or calibrations in one torchrun, one after the other in the same ranks (as the optimization
+ablation runs its variants): ``torchrun ... tests/helpers/one_launch.py SPECS.json``, SPECS a JSON list of
+``{"train": TrainConfig as a dict}`` (a training: largetrain_core.training.trainer.run) or calibration specs
+(largetrain_core.training.calibrate: ``train``, ``steps``, ``profiled_steps``, ``measure_checkpoint``). Each
+writes its own outputs. One process start for all of them: the imports and the process group once.
+:func:`launch_many` starts it and checks that it succeeded."""
 
 import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+
+def launch_many(specs: list[dict], spec_file: Path, nproc: int = 2, timeout: float = 1200) -> None:
+    """Write ``specs`` to ``spec_file`` and run them under torchrun (``--standalone``, ``nproc`` ranks,
+    OMP_NUM_THREADS=1); asserts exit status 0, with the output's tail."""
+    spec_file.write_text(json.dumps(specs))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LARGETRAIN_FAULT", None)
+    proc = subprocess.run(
+        [*cmd, __file__, str(spec_file)],
+        env=env,
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from largetrain_core.launch import finish_rank
-    from largetrain_core.training.calibrate import run
+    from largetrain_core.training import calibrate, trainer
     from largetrain_core.training.config import TrainConfig
 
     for spec in json.loads(Path(sys.argv[1]).read_text()):
         cfg = TrainConfig.from_dict(spec["train"])
         cfg.validate()
-        run(cfg, spec["steps"], spec["profiled_steps"], spec["measure_checkpoint"])
+        if "steps" in spec:
+            calibrate.run(cfg, spec["steps"], spec["profiled_steps"], spec["measure_checkpoint"])
+        else:
+            trainer.run(cfg)
     finish_rank()
 
 

@@ -23,6 +23,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from helpers import REPO
+from helpers.one_launch import launch_many
 from largetrain_core.shards import build_token_shards
 from largetrain_core.training.calibrate import calibration_config
 from largetrain_core.training.config import TrainConfig
@@ -101,27 +102,7 @@ def calibrated(data, tmp_path_factory) -> list[tuple[TrainConfig, dict]]:
         cal = calibration_config(cfg, root / f"case{i}" / "calibration", 3)
         cfgs.append(cfg)
         specs.append({"train": cal.to_dict(), "steps": 1, "profiled_steps": 2, "measure_checkpoint": True})
-    spec_file = root / "specs.json"
-    spec_file.write_text(json.dumps(specs))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(REPO / "tests" / "helpers" / "calibrate_many.py"),
-        str(spec_file),
-    ]
-    proc = subprocess.run(
-        cmd,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        start_new_session=True,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    launch_many(specs, root / "specs.json")
     return [
         (cfg, json.loads((root / f"case{i}" / "calibration" / "calibration.json").read_text()))
         for i, cfg in enumerate(cfgs)

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from helpers import REPO
 from helpers.corpora import SHORT_RUN
+from helpers.one_launch import launch_many
 from helpers.training import assert_logged_with_card, metrics, resume_config, someones_tokenizer, torchrun
 from largetrain_core import fs
 from largetrain_core.shards import TokenShards, build_token_shards
@@ -104,7 +105,8 @@ def test_lora_targets_cover_attention_and_mlp():
 def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
     """1 rank, ZeRO-2, activation checkpointing: the base saves as a HF directory that transformers
     loads; LoRA (with checkpointing, the frozen-embedding trap) changes the adapter weights and saves
-    a PEFT directory that peft loads; the loss goes down."""
+    a PEFT directory that peft loads; the loss goes down. Both in one launch, the LoRA run after the
+    pretraining in the same rank (tests/helpers/one_launch.py)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -124,23 +126,6 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
         report_to=[],
         tokenizer=str(shards),
     )
-    torchrun(cfg, tmp_path, nproc=1)
-    rows = [json.loads(x) for x in (base_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 31))
-    assert all(np.isfinite(r["loss"]) for r in rows)
-    assert np.mean([r["loss"] for r in rows[-5:]]) < np.mean([r["loss"] for r in rows[:5]]) - 0.5
-    ckpts = sorted(p.name for p in (base_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
-    assert ckpts == ["step-000020", "step-000030"]  # save_total_limit=2
-    assert all((base_dir / "checkpoints" / c / "COMPLETE.json").exists() for c in ckpts)
-    summary = json.loads((base_dir / "summary.json").read_text())
-    assert summary["precision"] == "fp32" and summary["world_size"] == 1 and summary["steps"] == 30
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir / "model")
-    tok = AutoTokenizer.from_pretrained(base_dir / "model")
-    ids = tok("the kernel schedules tasks", return_tensors="pt").input_ids
-    assert torch.isfinite(model(ids).logits).all()
-    assert tok.eos_token == "<|endoftext|>"
-
     lora_dir = tmp_path / "lora"
     lcfg = TrainConfig.from_settings(
         output_dir=str(lora_dir),
@@ -158,8 +143,23 @@ def test_pretrain_then_lora_with_deepspeed(shards, tmp_path):
         report_to=[],
         lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.0, "target_modules": None, "adapter_name": "default"},
     )
-    lcfg = TrainConfig.from_dict(lcfg.to_dict())
-    torchrun(lcfg, tmp_path, nproc=1)
+    launch_many([{"train": cfg.to_dict()}, {"train": lcfg.to_dict()}], tmp_path / "specs.json", nproc=1)
+    rows = [json.loads(x) for x in (base_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    assert np.mean([r["loss"] for r in rows[-5:]]) < np.mean([r["loss"] for r in rows[:5]]) - 0.5
+    ckpts = sorted(p.name for p in (base_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert ckpts == ["step-000020", "step-000030"]  # save_total_limit=2
+    assert all((base_dir / "checkpoints" / c / "COMPLETE.json").exists() for c in ckpts)
+    summary = json.loads((base_dir / "summary.json").read_text())
+    assert summary["precision"] == "fp32" and summary["world_size"] == 1 and summary["steps"] == 30
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir / "model")
+    tok = AutoTokenizer.from_pretrained(base_dir / "model")
+    ids = tok("the kernel schedules tasks", return_tensors="pt").input_ids
+    assert torch.isfinite(model(ids).logits).all()
+    assert tok.eos_token == "<|endoftext|>"
+
     weights = load_file(lora_dir / "adapter" / "adapter_model.safetensors")
     lora_b = {k: v for k, v in weights.items() if "lora_B" in k}
     assert len(lora_b) == 7 * 2  # 7 projections x 2 layers
@@ -748,14 +748,15 @@ def tiny_base(tmp_path_factory, shards) -> Path:
 def test_evaluation_during_training_leaves_the_training_bitwise_unchanged(shards, tiny_base, tmp_path):
     """2 ranks, ZeRO-2, LoRA with lora_dropout 0.2 (dropout draws from torch's RNG in every training
     forward): evaluating every 2 steps gives bitwise the same training losses, grad norms and adapter
-    weights as not evaluating. The evaluations (steps 2, 4, 6 and the last, 7) report the mean
+    weights as not evaluating (the two runs one after the other in the same ranks, as the ablation's variants:
+    a run that left state behind would show here too). The evaluations (steps 2, 4, 6 and the last, 7) report the mean
     cross-entropy over the first eval_max_sequences validation sequences (the ranks' shares together),
     recomputed here in one process, and its perplexity; the summary and the PNG carry them."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    outs = {}
-    for strategy in ("no", "steps"):
+    outs, specs = {}, []
+    for strategy in ("steps", "no"):
         out = tmp_path / f"eval-{strategy}"
         cfg = TrainConfig.from_settings(
             output_dir=str(out),
@@ -775,8 +776,9 @@ def test_evaluation_during_training_leaves_the_training_bitwise_unchanged(shards
             report_to=[],
             lora={"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.2},
         )
-        torchrun(TrainConfig.from_dict(cfg.to_dict()), tmp_path)
+        specs.append({"train": cfg.to_dict()})
         outs[strategy] = out
+    launch_many(specs, tmp_path / "specs.json")  # the second run's ranks have run the first
     off, on = metrics(outs["no"]), metrics(outs["steps"])
     assert sorted(off) == sorted(on) == list(range(1, 8))
     for step in range(1, 8):
