@@ -291,13 +291,13 @@ LONGEST_FILES = (
     "integration/test_train.py",
     "e2e/test_webserver.py",
     "integration/test_spark_dagster.py",
-    "integration/test_train_faults.py",
     "e2e/test_lineage.py",
-    "integration/test_preemption.py",
-    "integration/test_retry.py",
+    "integration/test_train_faults.py",
     "integration/test_plan.py",
-    "integration/test_training_health.py",
+    "integration/test_retry.py",
     "e2e/test_recipes.py",
+    "integration/test_training_health.py",
+    "integration/test_preemption.py",
 )
 
 
