@@ -256,8 +256,8 @@ def test_a_two_corpus_mixture_through_dagster(tmp_path, monkeypatch):
 def test_the_mixture_recipe_commands(tmp_path):
     """docs/guides/your-data.md, "A mixture of corpora": its commands run as written (the Dagster CLI, one run
     per data partition, then the rest, then the summary) on configs/pretrain_mixture.yaml with the corpora cut
-    to a slice (a few kernel docs and plays per partition, the domain corpus too) and a small vocabulary and
-    sequence length; the mixture is filtered (pretrain/filtered_text) before its token shards; the summary
+    to a slice (a few kernel docs and plays per partition, the domain corpus too, in 2 data partitions:
+    LARGETRAIN_DATA_PARTITIONS) and a small vocabulary and sequence length; the mixture is filtered (pretrain/filtered_text) before its token shards; the summary
     reports each corpus's realised share, 70/30 to within one sequence."""
     import os
     import subprocess
@@ -290,7 +290,7 @@ def test_the_mixture_recipe_commands(tmp_path):
     )
     assert script.count(str(recipe)) == 2 and "LARGETRAIN_PRETRAIN_CORPORA=kernel_docs,plays" in script
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "LARGETRAIN_"))}
-    env.update(LARGETRAIN_WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    env.update(LARGETRAIN_WANDB_MODE="disabled", OMP_NUM_THREADS="1", LARGETRAIN_DATA_PARTITIONS="2")
     run = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script],
         cwd=REPO,
