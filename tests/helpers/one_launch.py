@@ -35,15 +35,16 @@ def launch_many(specs: list[dict], spec_file: Path, nproc: int = 2, timeout: flo
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from largetrain_core.launch import finish_rank
-    from largetrain_core.training import calibrate, trainer
+    from largetrain_core.training import calibrate, preflight, trainer
     from largetrain_core.training.config import TrainConfig
 
     for spec in json.loads(Path(sys.argv[1]).read_text()):
         cfg = TrainConfig.from_dict(spec["train"])
-        cfg.validate()
         if "steps" in spec:
+            cfg.validate()
             calibrate.run(cfg, spec["steps"], spec["profiled_steps"], spec["measure_checkpoint"])
-        else:
+        else:  # as the training entry point (largetrain_core.training.__main__) runs it
+            preflight.check(cfg)
             trainer.run(cfg)
     finish_rank()
 
