@@ -7,28 +7,17 @@ writes its own outputs. One process start for all of them: the imports and the p
 
 import json
 import logging
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 
 def launch_many(specs: list[dict], spec_file: Path, nproc: int = 2, timeout: float = 1200) -> None:
-    """Write ``specs`` to ``spec_file`` and run them under torchrun (``--standalone``, ``nproc`` ranks,
-    OMP_NUM_THREADS=1); asserts exit status 0, with the output's tail."""
+    """Write ``specs`` to ``spec_file`` and run them under torchrun (helpers.training.launch, ``nproc`` ranks);
+    asserts exit status 0, with the output's tail."""
+    from helpers.training import launch  # here: the ranks run this file as a script, without tests/ on the path
+
     spec_file.write_text(json.dumps(specs))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("LARGETRAIN_FAULT", None)
-    proc = subprocess.run(
-        [*cmd, __file__, str(spec_file)],
-        env=env,
-        cwd=Path(__file__).parents[2],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        start_new_session=True,
-    )
+    proc = launch(spec_file, nproc, timeout=timeout, entry=(__file__,))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 

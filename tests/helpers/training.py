@@ -116,17 +116,19 @@ def launch(
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 600,
+    entry: tuple[str, ...] = ("-m", "largetrain_core.training"),
 ) -> subprocess.CompletedProcess:
-    """The training entry point on ``config_path`` under torchrun on this host (``--standalone``, ``nproc``
-    ranks, torchrun's ``--log-dir`` ``log_dir``) in a session of its own, with OMP_NUM_THREADS=1,
-    LARGETRAIN_FAULT ``fault`` (none inherited) and ``env`` added. Its exit status is not checked."""
+    """The training entry point (or the script or module ``entry``) on ``config_path`` under torchrun on this
+    host (``--standalone``, ``nproc`` ranks, torchrun's ``--log-dir`` ``log_dir``) in a session of its own,
+    with OMP_NUM_THREADS=1, LARGETRAIN_FAULT ``fault`` (none inherited) and ``env`` added. Its exit status
+    is not checked."""
     run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     run_env.pop("LARGETRAIN_FAULT", None)
     if fault:
         run_env["LARGETRAIN_FAULT"] = fault
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd += [f"--log-dir={log_dir}"] if log_dir else []
-    cmd += ["-m", "largetrain_core.training", str(config_path)]
+    cmd += [*entry, str(config_path)]
     return subprocess.run(
         cmd, env=run_env, cwd=REPO, capture_output=True, text=True, timeout=timeout, start_new_session=True
     )

@@ -257,8 +257,9 @@ def test_the_mixture_recipe_commands(tmp_path):
     """docs/guides/your-data.md, "A mixture of corpora": its commands run as written (the Dagster CLI, one run
     per data partition, then the rest, then the summary) on configs/pretrain_mixture.yaml with the corpora cut
     to a slice (a few kernel docs and plays per partition, the domain corpus too, in 2 data partitions:
-    LARGETRAIN_DATA_PARTITIONS) and a small vocabulary and sequence length; the mixture is filtered (pretrain/filtered_text) before its token shards; the summary
-    reports each corpus's realised share, 70/30 to within one sequence."""
+    LARGETRAIN_DATA_PARTITIONS) and a small vocabulary and sequence length; the mixture is filtered
+    (pretrain/filtered_text) before its token shards; the summary reports each corpus's realised share, 70/30
+    to within one sequence."""
     import os
     import subprocess
     import sys
