@@ -9,9 +9,24 @@ import typing
 from typing import Any, Literal
 
 
-def described(text: str) -> dict:
-    """The ``metadata`` of a dataclass field with its description: ``field(default=..., metadata=described("..."))``."""
-    return {"description": text}
+# What a setting's value changes, marked once at its field (``described(..., identity=...)``) and read by the
+# identity of a run (largetrain_core.training.config.TrainConfig.identity), as marin marks ``versioned`` fields:
+WEIGHTS = "weights"  # what is trained: the weights (and so every output) change with it
+OUTPUTS = "outputs"  # what the run writes beside the weights (checkpoint cadence, evaluations, exports)
+INPUT = "input"  # set by the stage from an input (a path), whose data version stands for it
+IDENTITIES = (WEIGHTS, OUTPUTS, INPUT, None)  # None: neither (where the run reports, how it resumes, stops, is judged)
+
+
+def described(
+    text: str, identity: str | None = WEIGHTS, omit_default: bool = False, set_by: str | None = None
+) -> dict:
+    """The ``metadata`` of a dataclass field: its description (``field(default=..., metadata=described("..."))``),
+    what its value changes (``identity``, one of :data:`IDENTITIES`), ``omit_default``: the identity leaves
+    the setting out at its default (a setting added later keeps the versions recorded before it), and
+    ``set_by``: ``"stage"`` or ``"resource"`` when the run config does not set it."""
+    if identity not in IDENTITIES or set_by not in (None, "stage", "resource"):
+        raise ValueError(f"identity must be one of {IDENTITIES} and set_by stage, resource or None")
+    return {"description": text, "identity": identity, "omit_default": omit_default, "set_by": set_by}
 
 
 def positive_int(value: str | int, name: str) -> int:

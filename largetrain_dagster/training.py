@@ -26,31 +26,23 @@ from dagster import (
 )
 from pydantic import Field
 
-from largetrain_core import fs
 from largetrain_core.digest import DigestCache, tree_digest
 from largetrain_core.model import embedding_overflow, import_pretrained, max_positions, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
 from largetrain_core.storage import (
-    COMMIT,
     data_version,
     fetch_tree,
     local_copy,
     local_files,
-    mirror_path,
-    publish,
-    read_json,
-    relative_to_root,
-    resolve_under,
     stored_location,
-    verify_manifest,
-    write_json_atomic,
-    write_manifest,
 )
-from largetrain_core.training import health, preflight
-from largetrain_core.training.config import HEALTH, PREEMPTION, TRACKING, TrainConfig, sectioned
+from largetrain_core.stages.base import StageError
+from largetrain_core.stages.training import local_dir, seal_training, train, training_version
+from largetrain_core.training import health
+from largetrain_core.training.config import TrainConfig, sectioned
 from largetrain_core.training.plan import PlanSettings
 from largetrain_core.training.trackers import METRICS, RECORDS, log_outputs, read_metrics
-from largetrain_dagster.artifacts import CODE_VERSIONS, asset_output, build_or_reuse
+from largetrain_dagster.artifacts import CODE_VERSIONS, asset_output, build_or_reuse, stage_run
 from largetrain_dagster.configs import dagster_config, deep_merge
 from largetrain_dagster.model_cards import write_card
 from largetrain_dagster.planning import plan_metadata, plan_training
@@ -60,15 +52,8 @@ TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
 )  # what the shards and a model directory carry of their tokenizer
-# Filled in by the asset (paths, mode) or by the TrackerSettings resource, not by the run config.
-SET_BY_ASSET = (
-    "output_dir",
-    "train_shards",
-    "mode",
-    "model.base_model",
-    "model.tokenizer",
-    *(f"tracking.{k}" for k in TRACKING),
-)
+# Filled in by the stage (paths, mode) or by the TrackerSettings resource, not by the run config.
+SET_BY_ASSET = TrainConfig.set_outside_run_config()
 # Production defaults where they differ from TrainConfig's (whose defaults suit a short test run).
 TRAINING_DEFAULTS = {
     "schedule.micro_batch_size": 8,
@@ -149,18 +134,6 @@ def train_config(context, config: Config, **set_by_asset) -> TrainConfig:
     return TrainConfig.from_dict(deep_merge(d, set_by_asset))
 
 
-def versioned(cfg: TrainConfig, leave_out: tuple[str, ...]) -> dict:
-    """The settings that make a training's data version: every setting under its own name
-    (TrainConfig.settings), less those set by the asset, ``leave_out`` and NOT_VERSIONED, and
-    shuffle_window_shards only when set."""
-    skip = {k.rpartition(".")[2] for k in SET_BY_ASSET} | set(leave_out) | NOT_VERSIONED
-    if (
-        not cfg.schedule.shuffle_window_shards
-    ):  # the default order keeps the versions trained before the setting existed
-        skip.add("shuffle_window_shards")
-    return {k: v for k, v in cfg.settings().items() if k not in skip}
-
-
 def _loss_check(context: AssetExecutionContext, out: Path, summary: dict, cfg: TrainConfig) -> AssetCheckResult:
     """The blocking check of a finished training: largetrain_core.training.health.judge_metrics of its
     metrics.jsonl with the run config's ``health`` thresholds (read now, so a changed threshold re-judges
@@ -185,124 +158,12 @@ def _loss_check(context: AssetExecutionContext, out: Path, summary: dict, cfg: T
     )
 
 
-def _train(
-    context: AssetExecutionContext,
-    storage: Storage,
-    launcher: TorchrunLauncher,
-    trackers: TrackerSettings,
-    key: str,
-    version: str,
-    settled: TrainConfig,
-    plan: PlanSettings,
-) -> tuple[Path, dict, bool]:
-    """Run (or resume, or reuse) one training under ``<root>/<key>/<version>/``. Its TrainConfig is
-    ``settled`` (the run config with the asset's paths and mode, :func:`_settled`) with the output
-    directory and the trackers' settings (MLflow's store defaults to ``sqlite:///<root>/mlruns.db``;
-    ``dagster_pipes`` is always added), checked (largetrain_core.training.preflight) and planned
-    (largetrain_dagster.planning, with ``plan``'s settings: refused when it does not fit) before any
-    training process starts.
-
-    With an object-store root the training's output_dir is the version's URL: the ranks work in its
-    local working copy (``storage.path``) and upload checkpoints and outputs (largetrain_core.training.sync);
-    the asset seals and commits it (:func:`seal_training`). Returns (the local directory, the summary
-    with its paths where they are stored, reused)."""
-    out, where = storage.path(key, version), storage.location(key, version)
-    summary_file = out / "summary.json"
-    final = out / ("model" if key == "base_checkpoint" else "adapter")
-    rebuilt_because = None
-    trained = fs.exists(fs.join(where, COMMIT)) if storage.is_url else summary_file.exists() and final.exists()
-    if trained:
-        problems = verify_manifest(where)
-        if not problems:
-            context.log.info(
-                f"{key} {version} already trained at {fs.redact(str(where))} and matches its manifest: reusing it"
-            )
-            return local_copy(where), moved_summary(local_copy(where), where), True
-        rebuilt_because = "; ".join(problems)
-        context.log.warning(
-            f"{key} {version} at {fs.redact(str(where))} does not match its manifest; running the training "
-            f"again (it resumes from its newest complete checkpoint): {rebuilt_because}"
-        )
-    tracking = trackers.model_dump()
-    tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{storage.path('mlruns.db')}"
-    tracking["report_to"] = [
-        *tracking["report_to"],
-        *(["dagster_pipes"] if "dagster_pipes" not in tracking["report_to"] else []),
-    ]
-    try:  # fail here, before any process starts, and never retry: a config error fails the same way again
-        cfg = TrainConfig.from_dict(
-            deep_merge(
-                settled.to_dict(), {"output_dir": str(where), "tracking": {**tracking, "run_name": f"{key}-{version}"}}
-            )
-        )
-        preflight.check(cfg)
-    except ValueError as e:
-        raise Failure(f"{key}: {e}. Nothing was launched; not retried (change the config).", allow_retries=False) from e
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "train_config.json"  # before the plan: a refused one can be planned again from it by hand
-    write_json_atomic(cfg_path, cfg.to_dict())
-    if storage.is_url:  # beside the version, where pods on other nodes read it
-        write_json_atomic(fs.join(where, "train_config.json"), cfg.to_dict())
-    plan_training(context, storage, launcher, cfg, plan, key, out)
-    try:
-        reported = launcher.run(
-            context, cfg_path, out / "train.log", grace_seconds=cfg.checkpointing.preemption_grace_seconds
-        )
-    finally:
-        if storage.is_url and (out / "train.log").exists():
-            fs.filesystem(where)[0].put_file(str(out / "train.log"), fs.filesystem(fs.join(where, "train.log"))[1])
-    context.log.info(f"rank 0 reported {sorted(reported)}")
-    summary = moved_summary(out, where)
-    return out, {**summary, "rebuilt_because": rebuilt_because} if rebuilt_because else summary, False
-
-
-# What a finished training leaves in its output directory, recorded in its _manifest.json and verified before reuse.
-TRAINED_OUTPUTS = (
-    "summary.json",
-    METRICS,
-    "model",
-    "adapter",
-    "merged",
-    "loss_curve.png",
-    "train_config.json",
-    "trackers.json",
-)
-
-
-def seal_training(out: Path, where: str | Path | None = None, changed: list[Path] = ()) -> None:
-    """Record a finished training's outputs (TRAINED_OUTPUTS under ``out``; not the checkpoints and the log,
-    which keep changing) in ``out/_manifest.json``, once everything is written into them (the model card).
-    ``where``: the version's URL under an object-store root, where it is then committed (storage.publish;
-    ``changed``: the files written after the trainer's upload)."""
-    write_manifest(out, [p for p in TRAINED_OUTPUTS if (out / p).exists()])
-    if where is not None and fs.is_url(where):
-        publish(out, str(where), [Path(p).relative_to(out).as_posix() for p in changed])
-
-
 def log_trained_outputs(context: AssetExecutionContext, out: Path, summary: dict) -> None:
     """Log the exported directory (and merged/) to the training's tracker runs, after its model card and
     lineage.json are written into it (trackers.log_outputs; the training itself logged only the curves)."""
     logged = log_outputs(out, [local_dir(summary["output"]), out / "merged"])
     if logged:
         context.log.info(f"{local_dir(summary['output']).name}/ with its model card logged to {', '.join(logged)}")
-
-
-def moved_summary(out: Path, where: str | Path | None = None) -> dict:
-    """``out/summary.json`` with the paths that the training wrote under its output directory (named in
-    ``train_config.json``; for a URL, its working copy) resolved under ``where`` (default ``out``): a
-    copied or moved root reads its own model files, an object-store root gets their URLs."""
-    summary = read_json(out / "summary.json", "training summary (summary.json)")
-    cfg = out / "train_config.json"
-    written_in = read_json(cfg, "training config (train_config.json)").get("output_dir") if cfg.exists() else None
-    if not written_in:
-        return summary
-    relative = relative_to_root(summary, mirror_path(written_in) if fs.is_url(written_in) else written_in)
-    return resolve_under(relative_to_root(relative, written_in), where if where is not None else out)
-
-
-def local_dir(location: str | Path) -> Path:
-    """The local directory of a location under the storage root: itself, or its working copy (for a URL)."""
-    return mirror_path(str(location)) if fs.is_url(location) else Path(location)
 
 
 def _train_output(out: Path, version: str, summary: dict, cfg: TrainConfig, reused: bool) -> Output:
@@ -443,10 +304,6 @@ LOSS_CHECK = (
     "health.min_nats_below_uniform nats (blocking)"
 )
 
-# Settings that do not change the trained weights stay out of the data version, so that changing them
-# (e.g. resume_from_checkpoint: never after a bad checkpoint) reuses the same output directory and its checkpoints.
-NOT_VERSIONED = {"resume_from_checkpoint", "peak_flops", *HEALTH, *PREEMPTION}
-
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
 # Raised in the asset's own process, these say that a config, a file or the data is wrong: a retry would
 # fail the same way. (What fails inside the training processes is classified by the launcher.)
@@ -506,8 +363,9 @@ def base_checkpoint(
         return
     set_by_asset = {"mode": "pretrain", "train_shards": shards["path"], "model": {"tokenizer": shards["path"]}}
     settled = _settled(context, config, set_by_asset)
-    settings = {**versioned(settled, ("lora",)), "pretrained_model": None}
-    version = data_version(CODE_VERSIONS["base_checkpoint"], settings, shards["data_version"], launcher.nproc_per_node)
+    version = training_version(
+        "base_checkpoint", settled, shards["data_version"], ranks=launcher.nproc_per_node, pretrained_model=None
+    )
     yield from _trained(context, storage, launcher, trackers, "base_checkpoint", version, settled, config, shards)
 
 
@@ -615,12 +473,8 @@ def lora_adapter(
     _check_shards_fit_base(base, shards)
     set_by_asset = {"mode": "lora", "train_shards": shards["path"], "model": {"base_model": base["stats"]["output"]}}
     settled = _settled(context, config, set_by_asset)
-    version = data_version(
-        CODE_VERSIONS["lora_adapter"],
-        versioned(settled, ("preset",)),
-        base["data_version"],
-        shards["data_version"],
-        launcher.nproc_per_node,
+    version = training_version(
+        "lora_adapter", settled, base["data_version"], shards["data_version"], ranks=launcher.nproc_per_node
     )
     yield from _trained(context, storage, launcher, trackers, "lora_adapter", version, settled, config, shards, base)
 
@@ -642,9 +496,21 @@ def _check_shards_fit_base(base: dict, shards: dict) -> None:
 
 
 def _trained(context, storage, launcher, trackers, key, version, settled, config, shards, base=None):
-    """Train ``key`` (base_checkpoint, or lora_adapter on ``base``) or reuse it (:func:`_train`), write
+    """Train ``key`` (base_checkpoint, or lora_adapter on ``base``) or reuse it (largetrain_core.stages.training.train), write
     its model card, seal a new training, then yield the Output and the loss check."""
-    out, summary, reused = _train(context, storage, launcher, trackers, key, version, settled, config.plan.to_core())
+    run = stage_run(context, storage)
+    plan = config.plan.to_core()
+    try:
+        out, summary, reused = train(
+            run,
+            version,
+            settled,
+            trackers.model_dump(),
+            launch=lambda cfg_path, log, grace: launcher.run(context, cfg_path, log, grace_seconds=grace),
+            plan=lambda cfg, out: plan_training(context, storage, launcher, cfg, plan, key, out),
+        )
+    except StageError as e:
+        raise Failure(str(e), allow_retries=e.retryable) from e
     model_dir = local_dir(summary["output"])
     card = write_card(
         context,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from largetrain_core.model import PRESETS
-from largetrain_core.settings import choice_problems, described, from_dict, merged
+from largetrain_core.settings import INPUT, OUTPUTS, WEIGHTS, choice_problems, described, from_dict, merged
 
 Mode = Literal["pretrain", "lora"]
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
@@ -69,11 +69,16 @@ class ModelSettings(Section):
         ),
     )
     base_model: Optional[str] = field(
-        default=None, metadata=described("Hugging Face directory of the model to adapt, mode lora.")
+        default=None,
+        metadata=described("Hugging Face directory of the model to adapt, mode lora.", INPUT, set_by="stage"),
     )
     tokenizer: Optional[str] = field(
         default=None,
-        metadata=described("Directory whose tokenizer is saved with the pretrained model; null = the shards' own."),
+        metadata=described(
+            "Directory whose tokenizer is saved with the pretrained model; null = the shards' own.",
+            INPUT,
+            set_by="stage",
+        ),
     )
 
 
@@ -104,7 +109,8 @@ class ScheduleSettings(Section):
             "epoch the shards are permuted and read k at a time, the sequences of a window permuted together; "
             "largetrain_core.shards.DistributedSampler), so that shards streamed from an object store through a "
             "cache that holds 2k of them (LARGETRAIN_SHARD_CACHE_BYTES) are each fetched once per epoch. Changes the "
-            "order, so the trained weights."
+            "order, so the trained weights.",
+            omit_default=True,
         ),
     )
 
@@ -195,15 +201,18 @@ class CheckpointingSettings(Section):
     """When checkpoints are written, how many are kept, and where a run resumes."""
 
     save_steps: int = field(
-        default=50, metadata=described("Checkpoint every this many optimizer steps (and at max_steps).")
+        default=50, metadata=described("Checkpoint every this many optimizer steps (and at max_steps).", OUTPUTS)
     )
-    save_total_limit: int = field(default=2, metadata=described("Complete checkpoints kept; older ones are deleted."))
+    save_total_limit: int = field(
+        default=2, metadata=described("Complete checkpoints kept; older ones are deleted.", OUTPUTS)
+    )
     resume_from_checkpoint: str = field(
         default="auto",
         metadata=described(
             "auto (the newest complete checkpoint in output_dir, else start), never, or a complete checkpoint directory "
             "(.../checkpoints/step-NNNNNN, also one written by another number of ranks: it is converted to DeepSpeed's "
-            "universal checkpoint format)."
+            "universal checkpoint format).",
+            None,
         ),
     )
     preemption_save: bool = field(
@@ -211,14 +220,16 @@ class CheckpointingSettings(Section):
         metadata=described(
             "On SIGTERM (a spot or preemptible node reclaimed, the pod deleted, the run cancelled) every rank finishes "
             "its step, the ranks save a complete checkpoint of it together and exit as preempted (retried); false: "
-            "they stop at once and a retry resumes from the last save_steps checkpoint."
+            "they stop at once and a retry resumes from the last save_steps checkpoint.",
+            None,
         ),
     )
     preemption_min_new_steps: int = field(
         default=1,
         metadata=described(
             "The preemption save is skipped (with a log line) when the newest checkpoint is fewer than this many "
-            "steps older than the step reached."
+            "steps older than the step reached.",
+            None,
         ),
     )
     preemption_grace_seconds: float = field(
@@ -226,7 +237,8 @@ class CheckpointingSettings(Section):
         metadata=described(
             "Seconds between SIGTERM and SIGKILL that the ranks get to save: torchrun's shutdown timeout, the "
             "launcher's stop and the Kubernetes pods' terminationGracePeriodSeconds. Cloud providers give 30 s "
-            "(GCP spot, Azure spot) to 120 s (AWS spot's two-minute notice)."
+            "(GCP spot, Azure spot) to 120 s (AWS spot's two-minute notice).",
+            None,
         ),
     )
 
@@ -250,30 +262,33 @@ class EvaluationSettings(Section):
         default="steps",
         metadata=described(
             "steps: validation loss and perplexity on the shards' validation split every eval_steps steps and after the "
-            "last step (needs a non-empty validation split); no: no evaluation during training."
+            "last step (needs a non-empty validation split); no: no evaluation during training.",
+            OUTPUTS,
         ),
     )
     eval_steps: int = field(
-        default=50, metadata=described("Evaluate every this many optimizer steps (eval_strategy steps).")
+        default=50, metadata=described("Evaluate every this many optimizer steps (eval_strategy steps).", OUTPUTS)
     )
     eval_max_sequences: int = field(
         default=64,
         metadata=described(
             "Validation sequences per evaluation: the first ones of the split (the same each time), divided among the "
-            "ranks; bounds the cost of an evaluation."
+            "ranks; bounds the cost of an evaluation.",
+            OUTPUTS,
         ),
     )
     early_stopping_patience: Optional[int] = field(
         default=None,
         metadata=described(
             "Stop training after this many evaluations in a row without a validation loss below the best one by more "
-            "than early_stopping_threshold (a checkpoint is saved there); null = never stop early."
+            "than early_stopping_threshold (a checkpoint is saved there); null = never stop early.",
+            OUTPUTS,
         ),
     )
     early_stopping_threshold: float = field(
         default=0.0,
         metadata=described(
-            "Decrease of the validation loss (nats) that counts as an improvement for early stopping, >= 0."
+            "Decrease of the validation loss (nats) that counts as an improvement for early stopping, >= 0.", OUTPUTS
         ),
     )
 
@@ -309,7 +324,8 @@ class HealthSettings(Section):
             "precision) or that may have a non-finite gradient norm. "
             "Source: DeepSpeed's dynamic loss scaling as configured here (initial_scale_power 16, hysteresis 2, "
             "loss_scale_window 1000) skips a step per overflow while the scale comes down at the start, a few steps, "
-            "then about one per 1000; a diverged run skips nearly all (issue 23: every step from the 4th)."
+            "then about one per 1000; a diverged run skips nearly all (issue 23: every step from the 4th).",
+            None,
         ),
     )
     min_loss_decrease: float = field(
@@ -317,7 +333,8 @@ class HealthSettings(Section):
         metadata=described(
             "Least fall of the mean training loss from the first 10% of steps to the last 10%, as a fraction of the "
             "first (0.05 = 5%); 0 = any fall. Source: healthy runs here fell by 10-47% (the 12-step tiny test "
-            "pretraining 10%, the quick start's LoRA 32%), the diverged run of issue 23 by under 1%."
+            "pretraining 10%, the quick start's LoRA 32%), the diverged run of issue 23 by under 1%.",
+            None,
         ),
     )
     min_nats_below_uniform: float = field(
@@ -326,14 +343,16 @@ class HealthSettings(Section):
             "Least distance (nats) of the last 10% of steps' mean loss below ln(vocabulary size), the loss of a "
             "model that predicts every token equally; 0 = any distance. Source: a model that learnt only the tokens' "
             "frequencies is already ln(V) minus the unigram entropy below it (0.9-2.5 nats on the test corpora, "
-            "vocabularies of 300-512); a diverged run stays at ln(V)."
+            "vocabularies of 300-512); a diverged run stays at ln(V).",
+            None,
         ),
     )
     warning_interval_s: float = field(
         default=30.0,
         metadata=described(
             "Seconds between two rank warnings of one kind (skipped step, non-finite loss or gradient norm) in the "
-            "log, after the first 3 of each kind; the ones held back are counted in the next."
+            "log, after the first 3 of each kind; the ones held back are counted in the next.",
+            None,
         ),
     )
 
@@ -383,7 +402,8 @@ class LoraSettings(Section):
     merge_export: bool = field(
         default=False,
         metadata=described(
-            "Also write merged/: base + adapter folded into the base weights (peft merge_and_unload), a Hugging Face directory."
+            "Also write merged/: base + adapter folded into the base weights (peft merge_and_unload), a Hugging Face directory.",
+            OUTPUTS,
         ),
     )
 
@@ -439,28 +459,36 @@ class TrackingSettings(Section):
         default_factory=lambda: ["wandb"],
         metadata=described(
             "Trackers that receive params, per-step metrics and artifacts: any of wandb, mlflow, dagster_pipes "
-            "(largetrain_core.training.trackers.TRACKERS), or none. metrics.jsonl in output_dir is always written."
+            "(largetrain_core.training.trackers.TRACKERS), or none. metrics.jsonl in output_dir is always written.",
+            None,
+            set_by="resource",
         ),
     )
     run_name: Optional[str] = field(
-        default=None, metadata=described("The trackers' run name; null = each tracker's default.")
+        default=None,
+        metadata=described("The trackers' run name; null = each tracker's default.", None, set_by="resource"),
     )
     logging_steps: int = field(
         default=10,
-        metadata=described("Log a progress line every this many steps (metrics go to the trackers every step)."),
+        metadata=described(
+            "Log a progress line every this many steps (metrics go to the trackers every step).", OUTPUTS
+        ),
     )
     peak_flops: Optional[float] = field(
         default=None,
         metadata=described(
             "Peak FLOP/s of the whole job's hardware, for MFU. null = derive (CPU: cores x clock x FLOPs/cycle; "
-            "CUDA: data-sheet figure by device name; else unknown)."
+            "CUDA: data-sheet figure by device name; else unknown).",
+            None,
         ),
     )
     wandb: WandbSettings = field(
-        default_factory=WandbSettings, metadata=described("Weights & Biases settings (report_to wandb).")
+        default_factory=WandbSettings,
+        metadata=described("Weights & Biases settings (report_to wandb).", None, set_by="resource"),
     )
     mlflow: MlflowSettings = field(
-        default_factory=MlflowSettings, metadata=described("MLflow settings (report_to mlflow).")
+        default_factory=MlflowSettings,
+        metadata=described("MLflow settings (report_to mlflow).", None, set_by="resource"),
     )
 
     def problems(self, where: str) -> list[str]:
@@ -477,15 +505,21 @@ class TrainConfig:
     """Everything one training run needs. Steps are optimizer steps; the learning rate is absolute."""
 
     output_dir: str = field(
-        metadata=described("Directory of checkpoints/, the exported model, metrics.jsonl and summary.json.")
+        metadata=described(
+            "Directory of checkpoints/, the exported model, metrics.jsonl and summary.json.", None, set_by="stage"
+        )
     )
     train_shards: str = field(
-        metadata=described("Token-shard directory (largetrain_core.shards); its train split is read.")
+        metadata=described(
+            "Token-shard directory (largetrain_core.shards); its train split is read.", INPUT, set_by="stage"
+        )
     )
     mode: Mode = field(
         default="pretrain",
         metadata=described(
-            "pretrain (build model.preset from scratch) or lora (load model.base_model and train a LoRA adapter)."
+            "pretrain (build model.preset from scratch) or lora (load model.base_model and train a LoRA adapter).",
+            INPUT,
+            set_by="stage",
         ),
     )
     seed: int = field(default=0, metadata=described("Seed of the initialization, the sampler and every RNG."))
@@ -529,6 +563,19 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def set_outside_run_config(cls) -> tuple[str, ...]:
+        """The dotted names of the settings that a training stage (its paths and mode) or a resource (the
+        trackers) sets, never the run config: the fields marked ``set_by``."""
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in fields(cls):
+            if f.metadata.get("set_by"):
+                out.append(f.name)
+            elif isinstance(f.default_factory, type) and issubclass(f.default_factory, Section):
+                out += [f"{f.name}.{g.name}" for g in fields(hints[f.name]) if g.metadata.get("set_by")]
+        return tuple(out)
+
     def with_settings(self, **settings) -> "TrainConfig":
         """A copy with ``settings`` (by their own names, as :meth:`settings` gives them: ``max_steps=3,
         zero_stage=0, lora={"r": 4}``) replaced. Raises ValueError naming an unknown name."""
@@ -550,27 +597,52 @@ class TrainConfig:
                 out.update(asdict(value))
         return out
 
+    def identity(self, scope: Literal["weights", "artifact"]) -> dict:
+        """The settings that make this run what it is, under their own names (as :meth:`settings` gives them),
+        read from each field's marks (largetrain_core.settings.described):
+
+        * ``"weights"``: what changes the trained weights: the fields marked WEIGHTS and INPUT (the paths
+          and mode the stage sets), and the evaluation settings when early stopping acts on them; the
+          :meth:`config_hash` of a checkpoint.
+        * ``"artifact"``: what changes the training's output directory: the fields marked WEIGHTS and
+          OUTPUTS (checkpoint cadence, evaluations, exports), not INPUT (the stage's inputs' data versions
+          stand for those); the training assets' data versions.
+
+        Never in either: the fields marked None (trackers, resume, preemption, health thresholds, peak
+        FLOP/s). A field marked ``omit_default`` is left out at its default; a setting of one mode only
+        (:data:`MODE_ONLY`) is left out in the other."""
+        counted = {"weights": (WEIGHTS, INPUT), "artifact": (WEIGHTS, OUTPUTS)}[scope]
+        early_stopping = scope == "weights" and self.evaluation.early_stopping_patience is not None
+
+        def kept(f, value) -> bool:
+            mark = f.metadata.get("identity", WEIGHTS)
+            if early_stopping and f.name in EVALUATION:
+                mark = WEIGHTS
+            if MODE_ONLY.get(f.name, self.mode) != self.mode:
+                return False
+            return mark in counted and not (f.metadata.get("omit_default") and value == f.default)
+
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "lora":
+                if kept(f, value):
+                    out["lora"] = {
+                        g.name: getattr(value, g.name) for g in fields(value) if kept(g, getattr(value, g.name))
+                    }
+            elif isinstance(value, Section):
+                for g in fields(value):
+                    name = "precision" if f.name == "precision" else g.name
+                    v = getattr(value, g.name)
+                    if kept(g, v):
+                        out[name] = asdict(v) if isinstance(v, Section) else v
+            elif kept(f, value):
+                out[f.name] = value
+        return out
+
     def config_hash(self) -> str:
-        """sha256 (16 hex digits) of the settings that change the trained weights (not paths, logging,
-        trackers, checkpoint cadence, resume, preemption, the health thresholds, or evaluation without early stopping)."""
-        d = self.settings()
-        for k in (
-            "output_dir",
-            "resume_from_checkpoint",
-            "logging_steps",
-            "save_steps",
-            "save_total_limit",
-            *PREEMPTION,
-            "peak_flops",
-            *TRACKING,
-            *HEALTH,
-            *(EVALUATION if self.evaluation.early_stopping_patience is None else ()),
-        ):
-            d.pop(k)
-        d["lora"].pop("merge_export")
-        if not d["shuffle_window_shards"]:  # the default order: the hash of the runs before the setting existed
-            d.pop("shuffle_window_shards")
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        """sha256 (16 hex digits) of :meth:`identity` ``("weights")``: a checkpoint's config, compared on resume."""
+        return hashlib.sha256(json.dumps(self.identity("weights"), sort_keys=True).encode()).hexdigest()[:16]
 
     def problems(self, cuda: bool) -> list[str]:
         """Every invalid value or combination (each section's own, then those across sections), each
@@ -601,6 +673,8 @@ class TrainConfig:
             raise ValueError("invalid training config: " + "; ".join(problems))
 
 
+# The settings of one mode only: left out of the other mode's identity.
+MODE_ONLY = {"preset": "pretrain", "lora": "lora"}
 # Where the run is reported, not what it trains: outside the config hash, and in Dagster a resource.
 TRACKING = ("report_to", "run_name", "wandb", "mlflow")
 # How a run stops on SIGTERM: no weight changes (a resume is bitwise), outside the config hash.

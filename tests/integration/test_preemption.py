@@ -120,12 +120,10 @@ def test_preempted_training_saves_the_step_it_reached_and_resumes_bitwise(shards
 def test_preemption_settings_change_neither_the_config_hash_nor_the_data_version():
     """How a run stops changes no weight (the resume is bitwise): a retry with other preemption settings resumes
     from the same checkpoints (config hash) in the same output directory (data version)."""
-    from largetrain_dagster.training import NOT_VERSIONED
-
     cfg = TrainConfig.from_settings(output_dir="o", train_shards="s")
     other = cfg.with_settings(preemption_save=False, preemption_min_new_steps=10, preemption_grace_seconds=120)
     assert other.config_hash() == cfg.config_hash() and other.to_dict() != cfg.to_dict()
-    assert {"preemption_save", "preemption_min_new_steps", "preemption_grace_seconds"} <= NOT_VERSIONED
+    assert other.identity("artifact") == cfg.identity("artifact")
     assert cfg.with_settings(preemption_grace_seconds=0).problems(cuda=False) == [
         "checkpointing.preemption_grace_seconds must be > 0, not 0"
     ]

@@ -79,12 +79,10 @@ def test_the_short_run_override_lowers_the_margins_not_the_rules():
 
 
 def test_health_settings_change_neither_the_config_hash_nor_the_data_version():
-    from largetrain_dagster.training import versioned
-
     cfg = TrainConfig(output_dir="o", train_shards="s")
     other = cfg.with_settings(min_loss_decrease=0.0, min_nats_below_uniform=0.0, max_skipped_fraction=0.5)
     assert other.config_hash() == cfg.config_hash()
-    assert versioned(other, ()) == versioned(cfg, ())
+    assert other.identity("artifact") == cfg.identity("artifact")
     problems = TrainConfig(
         output_dir="o", train_shards="s", health=HealthSettings(max_skipped_fraction=2, min_loss_decrease=-1)
     ).problems(False)

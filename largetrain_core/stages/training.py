@@ -1,0 +1,172 @@
+"""The training stages' core, shared by ``base_checkpoint`` and ``lora_adapter``: their data version (the
+run's identity, :meth:`TrainConfig.identity`, with the inputs' versions), one training run or the reuse
+of a finished one, and the seal of its outputs (docs/ARCHITECTURE.md, Training contract).
+
+A stage builds its :class:`TrainConfig` once (paths, mode and trackers set), checks it
+(largetrain_core.training.preflight), writes ``train_config.json`` once and hands that file to its
+``launch`` (the orchestrator's torchrun launcher); the ranks read it. The orchestrator supplies
+``launch`` and ``plan`` (the plan before the launch, which refuses what does not fit).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Callable, Protocol
+
+from largetrain_core import artifacts, fs
+from largetrain_core.artifacts import CODE_VERSIONS
+from largetrain_core.settings import merged
+from largetrain_core.stages.base import StageError, StageRun
+from largetrain_core.storage import (
+    COMMIT,
+    data_version,
+    local_copy,
+    mirror_path,
+    publish,
+    read_json,
+    relative_to_root,
+    resolve_under,
+    verify_manifest,
+    write_json_atomic,
+    write_manifest,
+)
+from largetrain_core.training import preflight
+from largetrain_core.training.config import TrainConfig
+from largetrain_core.training.trackers import METRICS
+
+# The directory a finished training exports, by stage.
+EXPORTED = {"base_checkpoint": "model", "lora_adapter": "adapter"}
+# What a finished training leaves in its output directory, recorded in its _manifest.json and verified before reuse.
+TRAINED_OUTPUTS = (
+    "summary.json",
+    METRICS,
+    "model",
+    "adapter",
+    "merged",
+    "loss_curve.png",
+    "train_config.json",
+    "trackers.json",
+)
+
+
+class Launcher(Protocol):
+    """Runs one training (or calibration) from its config file on the ranks and returns what rank 0
+    reported; raises the orchestrator's failure when the processes fail."""
+
+    def __call__(self, config_file: Path, log_file: Path, grace_seconds: float) -> set: ...
+
+
+def training_version(stage: str, cfg: TrainConfig, *input_versions: str, ranks: int, **extra) -> str:
+    """The data version of training stage ``stage``: its code version, ``cfg.identity("artifact")`` with
+    ``extra`` settings, the inputs' data versions and the ranks per node (the sampler's shares)."""
+    return data_version(CODE_VERSIONS[stage], {**cfg.identity("artifact"), **extra}, *input_versions, ranks)
+
+
+def train(
+    run: StageRun,
+    version: str,
+    settled: TrainConfig,
+    tracking: dict,
+    launch: Launcher,
+    plan: Callable[[TrainConfig, Path], dict],
+) -> tuple[Path, dict, bool]:
+    """Run (or resume, or reuse) the training of ``run``'s stage under ``<root>/<key>/<version>/``.
+
+    A version whose outputs are committed and match their manifest is reused. Else its TrainConfig is
+    ``settled`` (the run config with the stage's paths and mode) with the output directory and
+    ``tracking`` (the trackers' settings: ``report_to``, ``wandb``, ``mlflow``; ``dagster_pipes`` is
+    added; MLflow's store defaults to ``sqlite:///<root>/mlruns.db``), checked
+    (largetrain_core.training.preflight), written to ``train_config.json``, planned (``plan``: refuses by
+    raising) and launched (``launch``).
+
+    With an object-store root the training's output_dir is the version's URL: the ranks work in its
+    local working copy and upload checkpoints and outputs (largetrain_core.training.sync); the stage
+    seals and commits it (:func:`seal_training`). Returns (the local directory, the summary with its
+    paths where they are stored, reused). Raises StageError (not retryable) for an invalid config:
+    nothing has been launched."""
+    key = run.key[0]
+    where = artifacts.location(run.root, run.key, version)
+    out = local_dir(where)
+    rebuilt_because = None
+    trained = (
+        fs.exists(fs.join(where, COMMIT))
+        if fs.is_url(where)
+        else (out / "summary.json").exists() and (out / EXPORTED[key]).exists()
+    )
+    if trained:
+        problems = verify_manifest(where)
+        if not problems:
+            run.log.info(
+                f"{key} {version} already trained at {fs.redact(str(where))} and matches its manifest: reusing it"
+            )
+            return local_copy(where), moved_summary(local_copy(where), where), True
+        rebuilt_because = "; ".join(problems)
+        run.log.warning(
+            f"{key} {version} at {fs.redact(str(where))} does not match its manifest; running the training "
+            f"again (it resumes from its newest complete checkpoint): {rebuilt_because}"
+        )
+    tracking = copy.deepcopy(tracking)
+    tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{_root_path(run)}"
+    tracking["report_to"] = [
+        *tracking["report_to"],
+        *(["dagster_pipes"] * ("dagster_pipes" not in tracking["report_to"])),
+    ]
+    try:  # fail here, before any process starts, and never retry: a config error fails the same way again
+        cfg = TrainConfig.from_dict(
+            merged(
+                settled.to_dict(), {"output_dir": str(where), "tracking": {**tracking, "run_name": f"{key}-{version}"}}
+            )
+        )
+        preflight.check(cfg)
+    except ValueError as e:
+        raise StageError(f"{key}: {e}. Nothing was launched; not retried (change the config).") from e
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "train_config.json"  # before the plan: a refused one can be planned again from it by hand
+    write_json_atomic(cfg_path, cfg.to_dict())
+    if fs.is_url(where):  # beside the version, where pods on other nodes read it
+        write_json_atomic(fs.join(where, "train_config.json"), cfg.to_dict())
+    plan(cfg, out)
+    try:
+        reported = launch(cfg_path, out / "train.log", cfg.checkpointing.preemption_grace_seconds)
+    finally:
+        if fs.is_url(where) and (out / "train.log").exists():
+            fs.filesystem(where)[0].put_file(str(out / "train.log"), fs.filesystem(fs.join(where, "train.log"))[1])
+    run.log.info(f"rank 0 reported {sorted(reported)}")
+    summary = moved_summary(out, where)
+    return out, {**summary, "rebuilt_because": rebuilt_because} if rebuilt_because else summary, False
+
+
+def _root_path(run: StageRun) -> Path:
+    """The local path of ``<root>/mlruns.db`` (its working copy for an object-store root)."""
+    if fs.is_url(run.root):
+        return mirror_path(fs.join(str(run.root), "mlruns.db"))
+    return Path(run.root).resolve() / "mlruns.db"
+
+
+def seal_training(out: Path, where: str | Path | None = None, changed: list[Path] = ()) -> None:
+    """Record a finished training's outputs (TRAINED_OUTPUTS under ``out``; not the checkpoints and the log,
+    which keep changing) in ``out/_manifest.json``, once everything is written into them (the model card).
+    ``where``: the version's URL under an object-store root, where it is then committed (storage.publish;
+    ``changed``: the files written after the trainer's upload)."""
+    write_manifest(out, [p for p in TRAINED_OUTPUTS if (out / p).exists()])
+    if where is not None and fs.is_url(where):
+        publish(out, str(where), [Path(p).relative_to(out).as_posix() for p in changed])
+
+
+def moved_summary(out: Path, where: str | Path | None = None) -> dict:
+    """``out/summary.json`` with the paths that the training wrote under its output directory (named in
+    ``train_config.json``; for a URL, its working copy) resolved under ``where`` (default ``out``): a
+    copied or moved root reads its own model files, an object-store root gets their URLs."""
+    summary = read_json(out / "summary.json", "training summary (summary.json)")
+    cfg = out / "train_config.json"
+    written_in = read_json(cfg, "training config (train_config.json)").get("output_dir") if cfg.exists() else None
+    if not written_in:
+        return summary
+    relative = relative_to_root(summary, mirror_path(written_in) if fs.is_url(written_in) else written_in)
+    return resolve_under(relative_to_root(relative, written_in), where if where is not None else out)
+
+
+def local_dir(location: str | Path) -> Path:
+    """The local directory of a location under the storage root: itself, or its working copy (for a URL)."""
+    return mirror_path(str(location)) if fs.is_url(location) else Path(location)
