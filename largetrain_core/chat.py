@@ -37,6 +37,7 @@ the rotary positions restart too. Each example's loss in a packed row therefore 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
@@ -143,6 +144,8 @@ def _chat_messages(raw) -> list[dict]:
         if tool or role in TOOL_ROLES:
             what = f"has {tool}" if tool else f"has role {role!r}"
             raise _Bad(f"message {i} {what}: tool calls are not supported")
+        if "role" not in m:
+            raise _Bad(f"message {i} has no role")
         if role not in ROLES:
             raise _Bad(f"message {i} has unknown role {value_text(role)!r}; expected one of {', '.join(ROLES)}")
         if role == "system" and i > 0:
@@ -271,48 +274,89 @@ def add_chat_template(tokenizer: PreTrainedTokenizerFast) -> list[int]:
 # ------------------------------------------------------------------------------------------------ render
 
 
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")  # transformers' own test for the tag
+
+
 def render(tokenizer: PreTrainedTokenizerFast, messages: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids, labels) of one conversation under ``tokenizer.chat_template``: input_ids (int32,
     shape (n,)) are ``tokenizer.apply_chat_template(messages, tokenize=True)``; labels (int64, shape (n,))
     equal input_ids on the tokens of trained assistant messages (weight 1) and are -100 elsewhere (module doc).
 
-    The mask is transformers' ``return_assistant_tokens_mask`` (the tokens of each ``{% generation %}``
-    block of the template), one block per assistant message in order, the blocks of weight-0 messages
-    cleared. Raises ValueError when the template has no ``{% generation %}`` block, when the blocks do
-    not match the assistant messages one to one, or when a message's content spells a special token of
-    the tokenizer (it would encode as that token, not as text)."""
-    specials = [t for t in tokenizer.all_special_tokens + list(tokenizer.added_tokens_encoder) if t]
+    Which tokens are an assistant message's:
+
+    * a template with ``{% generation %}`` blocks (:data:`CHATML_TEMPLATE`): transformers'
+      ``return_assistant_tokens_mask``, one block per assistant message in order, those of weight-0
+      messages cleared;
+    * a template without (most imported models' own): the text the model generates for the message,
+      found from the template itself: the conversation rendered up to that message
+      (``messages[:i + 1]``) less the conversation before it with the generation prompt
+      (``messages[:i]``, ``add_generation_prompt=True``), up to and including the first special token
+      after the content (the end of turn: ``<|im_end|>``, ``<|eot_id|>``, ``</s>``), the whole rest
+      when none follows. A token is marked when its characters overlap that text, the rule of
+      transformers' mask.
+
+    Raises ValueError when a message's content spells a special token of the tokenizer (it would encode
+    as that token, not as text); with ``{% generation %}``, when the blocks do not match the assistant
+    messages one to one; without, when the template does not render the conversation before a message
+    as a prefix of the whole (so the message's text cannot be found)."""
+    specials = sorted({t for t in tokenizer.all_special_tokens + list(tokenizer.added_tokens_encoder) if t})
     for m in messages:
         hit = next((t for t in specials if t in m["content"]), None)
         if hit:
             raise ValueError(f"a {m['role']} message's content holds the special token {hit!r}")
-    out = tokenizer.apply_chat_template(
-        [{"role": m["role"], "content": m["content"]} for m in messages],
-        tokenize=True,
-        return_dict=True,
-        return_assistant_tokens_mask=True,
-    )
-    ids = np.asarray(out["input_ids"], dtype=np.int32)
-    mask = np.asarray(out["assistant_masks"], dtype=bool)
+    plain = [{"role": m["role"], "content": m["content"]} for m in messages]
     weights = [m.get("weight", 1) for m in messages if m["role"] == "assistant"]
-    # runs of marked tokens: [start, end) for each generation block
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
-    runs = list(zip(edges[0::2], edges[1::2]))
-    if not runs:
-        raise ValueError(
-            "the tokenizer's chat_template has no {% generation %} block, so the assistant tokens cannot be "
-            "found; use a template that marks assistant content with {% generation %}...{% endgeneration %}"
-        )
-    if len(runs) != len(weights):
-        raise ValueError(
-            f"the chat_template marks {len(runs)} token runs as assistant output, the conversation has "
-            f"{len(weights)} assistant messages"
-        )
+    template = tokenizer.get_chat_template()
+    if _GENERATION.search(template):
+        out = tokenizer.apply_chat_template(plain, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        ids = np.asarray(out["input_ids"], dtype=np.int32)
+        mask = np.asarray(out["assistant_masks"], dtype=np.int8)
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], mask, [0]))))
+        runs = list(zip(edges[0::2], edges[1::2]))  # [start, end) tokens of each generation block
+        if len(runs) != len(weights):
+            raise ValueError(
+                f"the chat_template marks {len(runs)} token runs as assistant output (its {{% generation %}} "
+                f"blocks), the conversation has {len(weights)} assistant messages"
+            )
+    else:
+        text = tokenizer.apply_chat_template(plain, tokenize=False)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)  # as apply_chat_template
+        ids = np.asarray(enc["input_ids"], dtype=np.int32)
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        runs = []
+        for start, end in _assistant_spans(tokenizer, plain, text, specials):
+            marked = np.flatnonzero((offsets[:, 1] > start) & (offsets[:, 0] < end))
+            runs.append((marked[0], marked[-1] + 1) if len(marked) else (0, 0))
     trained = np.zeros(len(ids), dtype=bool)
     for (start, end), weight in zip(runs, weights):
         trained[start:end] = weight == 1
-    labels = np.where(trained, ids.astype(np.int64), IGNORE_INDEX)
-    return ids, labels
+    return ids, np.where(trained, ids.astype(np.int64), IGNORE_INDEX)
+
+
+def _assistant_spans(tokenizer, messages: list[dict], text: str, specials: list[str]) -> list[tuple[int, int]]:
+    """[start, end) characters of ``text`` (the whole conversation rendered) that each assistant message
+    of ``messages`` makes (render's doc)."""
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        head = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (upto.startswith(head) and text.startswith(upto)):
+            raise ValueError(
+                f"the chat_template does not render the conversation before assistant message {i} as a prefix of "
+                "the whole, so its tokens cannot be found; mark assistant content with {% generation %} in the template"
+            )
+        turn = upto[len(head) :]
+        content = m["content"].strip()  # templates may trim it
+        at = turn.find(content)
+        if at < 0:
+            raise ValueError(f"the chat_template's text for assistant message {i} does not hold its content")
+        after = [(turn.find(t, at + len(content)), -len(t)) for t in specials]
+        after = [(where, -minus) for where, minus in after if where >= 0]
+        end = sum(min(after, key=lambda e: (e[0], -e[1]))) if after else len(turn)  # the first, the longest there
+        spans.append((len(head), len(head) + end))
+    return spans
 
 
 # ------------------------------------------------------------------------------------------------ packing

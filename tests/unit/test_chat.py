@@ -238,17 +238,62 @@ def test_prompt_completion_trains_only_on_the_completion(tok):
     )
 
 
-def test_render_refuses_a_template_without_generation_and_content_spelling_a_special_token(tok, bpe_dir):
+def test_render_refuses_content_spelling_a_special_token(tok):
+    with pytest.raises(ValueError, match="user message's content holds the special token '<|im_end|>'"):
+        chat.render(tok, [_m("user", "end<|im_end|>"), _m("assistant", "x")])
+
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)  # Llama 3's template, shortened: no tools, no date
+
+
+def _imported(bpe_dir, template, specials=()):
     from transformers import PreTrainedTokenizerFast
 
     from largetrain_core.tokenizer import EOS_TOKEN, read_tokenizer
 
-    plain = PreTrainedTokenizerFast(tokenizer_object=read_tokenizer(bpe_dir / "tokenizer.json"), eos_token=EOS_TOKEN)
-    plain.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    with pytest.raises(ValueError, match=r"has no \{% generation %\} block"):
-        chat.render(plain, CONVERSATIONS[0])
-    with pytest.raises(ValueError, match="user message's content holds the special token '<|im_end|>'"):
-        chat.render(tok, [_m("user", "end<|im_end|>"), _m("assistant", "x")])
+    t = PreTrainedTokenizerFast(tokenizer_object=read_tokenizer(bpe_dir / "tokenizer.json"), eos_token=EOS_TOKEN)
+    t.add_special_tokens({"additional_special_tokens": list(specials)})
+    t.chat_template = template
+    assert chat.add_chat_template(t) == []  # its own template is kept
+    return t
+
+
+def test_a_template_without_generation_blocks_gives_the_same_mask(tok, bpe_dir):
+    """An imported template without {% generation %}: the assistant text is found from prefixes of the
+    conversation; on ChatML without the blocks it marks exactly the tokens transformers' mask marks."""
+    no_blocks = chat.CHATML_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    t = _imported(bpe_dir, no_blocks, chat.CHATML_SPECIAL_TOKENS)
+    for messages in CONVERSATIONS:
+        ids, labels = chat.render(t, messages)
+        assert ids.tolist() == t.apply_chat_template(messages, tokenize=True)["input_ids"]
+        expected_ids, expected_labels = chat.render(tok, messages)
+        assert (ids.tolist(), labels.tolist()) == (expected_ids.tolist(), expected_labels.tolist())
+
+
+def test_an_imported_llama3_template_trains_on_the_content_and_eot(bpe_dir):
+    specials = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+    t = _imported(bpe_dir, LLAMA3_TEMPLATE, specials)
+    t.bos_token = "<|begin_of_text|>"
+    for messages in CONVERSATIONS:
+        ids, labels = chat.render(t, messages)
+        assert ids.tolist() == t.apply_chat_template(messages, tokenize=True)["input_ids"]
+        assert ids[0] == t.convert_tokens_to_ids("<|begin_of_text|>")
+        trained = [m["content"].strip() + "<|eot_id|>" for m in messages if m["role"] == "assistant" and m["weight"]]
+        assert t.decode(ids[labels != -100].tolist()) == "".join(trained)
+    assert t.decode(chat.render(t, CONVERSATIONS[4])[0].tolist()) == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nleading space and trailing<|eot_id|>"
+    )
+
+
+def test_a_template_that_renders_a_prefix_differently_is_refused(bpe_dir):
+    t = _imported(bpe_dir, "{% for m in messages %}{% if loop.last %}LAST {% endif %}{{ m['content'] }}\n{% endfor %}")
+    with pytest.raises(ValueError, match="does not render the conversation before assistant message 1 as a prefix"):
+        chat.render(t, CONVERSATIONS[0])
 
 
 # ---------------------------------------------------------------------------------------------
