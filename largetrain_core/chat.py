@@ -31,7 +31,10 @@ called by ``create_causal_mask`` when ``attention_mask`` is None and there is no
 with ``use_cache=False``) finds the examples of a row where ``position_ids`` do not step by 1 and builds
 a block-diagonal causal mask for the sdpa and eager attention, so no token attends to another example;
 the rotary positions restart too. Each example's loss in a packed row therefore equals its loss alone
-(tests/unit/test_chat.py checks it to 1e-5 with a Llama).
+(tests/unit/test_chat.py checks it to 1e-5 with a Llama, sdpa and eager). An attention_mask must not be
+passed with packed rows: transformers then uses it and ignores the packing. FlashAttention 2 reads
+packing from ``position_ids`` too (transformers' varlen path); it is not tested here (no GPU). The
+padded path (:func:`pad_batch`, :func:`group_by_length`) passes an ``attention_mask`` instead.
 """
 
 from __future__ import annotations
@@ -258,7 +261,9 @@ def add_chat_template(tokenizer: PreTrainedTokenizerFast) -> list[int]:
     """Give ``tokenizer`` a chat template: when it already has a ``chat_template`` (an imported model's
     own), it is kept and nothing is added; else :data:`CHATML_TEMPLATE` is set and its special tokens
     (:data:`CHATML_SPECIAL_TOKENS`) are added as additional special tokens. Also sets
-    ``split_special_tokens`` False, so that the rendered template's markers encode as their special ids.
+    ``split_special_tokens`` False (largetrain_core.tokenizer.save_hf_tokenizer saves it True), so that
+    the rendered template's markers encode as their special ids; a tokenizer saved afterwards keeps False,
+    and :func:`render` refuses content that spells a special token instead.
 
     Returns the ids of the tokens added (empty when none was): when not empty, resize the model's
     embedding, ``model.resize_token_embeddings(len(tokenizer))``."""

@@ -75,6 +75,9 @@ def test_messages_file_gives_conversations_and_a_rejection_for_each_fault():
         Rejection(f, 13, "line 13: message 1 is a system message, and a system message may only come first"),
         # line 14 is blank: skipped
         Conversation(f, 15, "c3", "chat", [_m("user", "Say  hi\ttwice"), _m("assistant", "hi hi")]),
+        Rejection(f, 16, "line 16: message 0 has no role"),
+        Rejection(f, 17, "line 17: messages is a JSON string, not an array"),
+        Rejection(f, 18, "line 18: the line is a JSON array, not an object"),
     ]
 
 
@@ -178,6 +181,21 @@ def test_chatml_is_added_once_and_an_imported_template_is_kept(bpe_dir):
     imported.chat_template = own
     assert chat.add_chat_template(imported) == []
     assert (imported.chat_template, len(imported)) == (own, 300)
+
+
+def test_a_project_tokenizer_saved_with_split_special_tokens_renders_the_markers_as_special_ids(bpe_dir, tmp_path):
+    """save_hf_tokenizer saves split_special_tokens=true (pretraining: special-token text is plain text);
+    add_chat_template turns it off, or the template's markers would encode as bytes."""
+    from transformers import AutoTokenizer
+
+    from largetrain_core.tokenizer import load_tokenizer_info, save_hf_tokenizer
+
+    save_hf_tokenizer(load_tokenizer_info(bpe_dir), tmp_path)
+    t = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert t.split_special_tokens
+    assert chat.add_chat_template(t) == [300, 301]
+    ids, _ = chat.render(t, CONVERSATIONS[0])
+    assert (ids == 300).sum() == (ids == 301).sum() == 2
 
 
 # ---------------------------------------------------------------------------------------------
