@@ -32,9 +32,10 @@ with ``use_cache=False``) finds the examples of a row where ``position_ids`` do 
 a block-diagonal causal mask for the sdpa and eager attention, so no token attends to another example;
 the rotary positions restart too. Each example's loss in a packed row therefore equals its loss alone
 (tests/unit/test_chat.py checks it to 1e-5 with a Llama, sdpa and eager). An attention_mask must not be
-passed with packed rows: transformers then uses it and ignores the packing. FlashAttention 2 reads
-packing from ``position_ids`` too (transformers' varlen path); it is not tested here (no GPU). The
-padded path (:func:`pad_batch`, :func:`group_by_length`) passes an ``attention_mask`` instead.
+passed with packed rows: transformers then uses it and ignores the packing. FlashAttention 2 finds
+packing from ``position_ids`` only in a batch of one row (``modeling_flash_attention_utils.
+_is_packed_sequence``), so for it the rows would be concatenated into one; not tested here (no GPU).
+The padded path (:func:`pad_batch`, :func:`group_by_length`) passes an ``attention_mask`` instead.
 """
 
 from __future__ import annotations
