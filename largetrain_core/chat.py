@@ -200,7 +200,7 @@ def to_messages(record: dict, format: str = "auto") -> tuple[str, list[dict]]:
 
 
 def read_conversations(path: Path | str, format: str = "auto") -> Iterator[Conversation | Rejection]:
-    """The records of the JSON Lines file ``path`` in file order, each a :class:`Conversation` or a
+    """The records of the local JSON Lines file ``path`` in file order, each a :class:`Conversation` or a
     :class:`Rejection` (invalid UTF-8 or JSON, not an object, unknown format, and the faults of module
     doc's formats: unknown role, no assistant message, content not a string, a tool call, a weight not
     0/1 or not on an assistant message, an empty messages list, a system message not first). Blank lines
@@ -386,7 +386,8 @@ class Packed:
 def pack(examples: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id: int = 0) -> Packed:
     """Pack (input_ids, labels) examples into rows of ``seq_len`` tokens, first fit in input order
     (each example goes into the first row with room for it, else a new row): deterministic. An example
-    longer than ``seq_len`` is truncated to its first ``seq_len`` tokens (counted in ``truncated``).
+    longer than ``seq_len`` is truncated to its first ``seq_len`` tokens (counted in ``truncated``; what
+    was cut is not trained on, and an example whose trained tokens were all cut trains on nothing).
     Attention stays within an example through ``position_ids`` (module doc). Each example's first label
     is set to -100: shifted for the next-token loss, it would be predicted from the previous example's
     last token (alone it is never a target). Raises ValueError when
