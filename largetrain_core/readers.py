@@ -627,15 +627,25 @@ def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
     if not bad:
         return None
     more = "" if len(bad) < UNREADABLE_PREFIX else " (not read further)"
-    if all(MISSING_FIELD in reason for _, reason in bad):  # JSON objects, all without the text field
-        which = (
-            f"the first {len(bad)} non-empty lines lack it (the rest was not read)"
-            if more
-            else f"its {len(bad)} non-empty lines lack it"
+    wrong_type = f"no string field {config.text_field!r}: it is a JSON "  # _parse_line: present, not a string
+    lacking = sum(MISSING_FIELD in reason for _, reason in bad)
+    if lacking + sum(reason.startswith(wrong_type) for _, reason in bad) == len(bad):
+        # JSON objects, none with a string text field: JSON Lines, the text is elsewhere
+        what = (
+            "lack it"
+            if lacking == len(bad)
+            else "lack it or hold another JSON type"
+            if lacking
+            else "hold another JSON type"
         )
-        return (
-            f"no string field {config.text_field!r} on any line: {which}; line {bad[0][0]}: "
-            + bad[0][1].split(": ", 1)[1]
+        which = (
+            f"the first {len(bad)} non-empty lines {what} (the rest was not read)"
+            if more
+            else f"its {len(bad)} non-empty lines {what}"
+        )
+        first = bad[0][1].split(": ", 1)[1]
+        return f"no string field {config.text_field!r} on any line: {which}; line {bad[0][0]}: {first}" + (
+            "" if MISSING_FIELD in first else f"; {MISSING_FIELD}"
         )
     return f"no readable JSON line: {len(bad)} unreadable lines{more}, the first: line {bad[0][0]}: {bad[0][1]}; is it JSON Lines?"
 
