@@ -14,7 +14,8 @@ The steps, each a plain function:
   :func:`per_class_loss`, :func:`weighted_cross_entropy`; the baselines :func:`majority_baseline` and
   :func:`tfidf_logreg_baseline`.
 * :func:`build_classifier`, :func:`load_classifier_tokenizer`, :func:`encode`, :func:`predict_logits`,
-  :func:`export_classifier`: a transformers ``AutoModelForSequenceClassification`` with a PEFT LoRA adapter.
+  :func:`export_classifier`, :func:`load_classifier`: a transformers ``AutoModelForSequenceClassification``
+  with a PEFT LoRA adapter.
 
 Loading an exported classifier (what :func:`export_classifier` writes; tested as written)::
 
@@ -36,6 +37,7 @@ torch, transformers, peft, sklearn and matplotlib are imported inside the functi
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,9 +86,20 @@ class LabelledRecords:
 
 
 def class_counts(labels: np.ndarray, label_names: list[str]) -> dict[str, int]:
-    """``{label: records}`` for every label of ``label_names`` (0 where absent), in that order."""
-    n = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(label_names))
+    """``{label: records}`` for every label of ``label_names`` (0 where absent), in that order. Raises
+    ValueError for a label index outside ``[0, len(label_names))``."""
+    labels = _label_indices(labels, len(label_names))
+    n = np.bincount(labels, minlength=len(label_names))
     return {name: int(n[i]) for i, name in enumerate(label_names)}
+
+
+def _label_indices(labels, num_labels: int) -> np.ndarray:
+    """``labels`` as an int64 array of shape (n,); raises ValueError for values outside [0, num_labels)."""
+    y = np.asarray(labels, dtype=np.int64).reshape(-1)
+    bad = np.unique(y[(y < 0) | (y >= num_labels)])
+    if bad.size:
+        raise ValueError(f"label indices {bad.tolist()[:10]} are outside [0, {num_labels}) (num_labels {num_labels})")
+    return y
 
 
 def _check_label_set(labels: list[str]) -> None:
@@ -103,7 +116,8 @@ def _check_label_set(labels: list[str]) -> None:
 def read_labelled(
     path: str | Path, text_field: str = "text", label_field: str = "label", labels: list[str] | None = None
 ) -> LabelledRecords:
-    """Read labelled records from a JSONL or Parquet file, or a directory of them (read in sorted order).
+    """Read labelled records from a JSONL or Parquet file (or Arrow IPC, compressed JSONL: whatever the
+    corpus readers read), or a directory of them (walked recursively, files in sorted order).
 
     The files are read by largetrain_core.readers (its ``ReaderConfig`` with ``label_field``; ids from
     the field ``id``, else ``<file>:<line or row>``), with its rejections (not JSON, not UTF-8, no
@@ -112,7 +126,8 @@ def read_labelled(
     only whitespace (``empty text in field 'text'``), its label is missing or null (``no label: field
     'label' is missing or null``), empty or only whitespace (``empty label in field 'label'``), or, with
     a declared label set, not in it (``label 'x' is not one of the declared labels [...]``); reasons
-    start with ``line N:`` (JSONL, 1-based) or ``row N:`` (Parquet, 0-based).
+    start with ``line N:`` (JSONL, 1-based) or ``row N:`` (Parquet, 0-based). Rejections are sorted by
+    (source, position); a source is the file's path relative to ``path`` (its name when ``path`` is a file).
 
     ``labels``: the declared label set in its order (label index i = ``labels[i]``); None: the labels
     found, sorted. Raises ValueError for a declared set with fewer than 2 labels, repeated or empty
@@ -139,7 +154,8 @@ def read_labelled(
         for s, p, r in zip(t["source"].to_pylist(), t["position"].to_pylist(), t["reason"].to_pylist())
     ]
     docs = [row for t in tables for row in t.to_pylist()]
-    assert len(docs) == len(out.positions)
+    if len(docs) != len(out.positions):  # a fault of this module, never of the input
+        raise RuntimeError(f"{path}: {len(docs)} documents read but {len(out.positions)} positions recorded")
     kept: list[tuple[str, str, str]] = []
     for doc, (source, position, at) in zip(docs, out.positions):
         text, label = doc["text"], doc["label"]
@@ -197,15 +213,17 @@ class _PositionedCollector(Collector):
 
 @dataclass
 class Split:
-    """Record indices (int64, ascending) of each split, ``counts`` ``{split: {label: records}}`` and
+    """Record indices (int64, ascending) of each split, ``counts`` ``{split: {label: records}}``,
     ``too_small`` ``{label: [splits it has no record in]}`` for the classes with too few records to
-    appear in every split of positive fraction."""
+    appear in every split of positive fraction, and ``in_train`` ``{"validation": n, "test": n}``: the
+    held-out records whose exact text is also a training record's (None when no texts were given)."""
 
     train: np.ndarray
     validation: np.ndarray
     test: np.ndarray
     counts: dict[str, dict[str, int]]
     too_small: dict[str, list[str]]
+    in_train: dict[str, int] | None = None
 
     def indices(self, name: str) -> np.ndarray:
         return getattr(self, name)
@@ -231,6 +249,7 @@ def stratified_split(
     label_names: list[str],
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
     seed: int = 0,
+    texts: list[str] | None = None,
 ) -> Split:
     """Split records (not text inside a record) into train / validation / test, each class in the same
     proportions (stratified).
@@ -243,8 +262,12 @@ def stratified_split(
     class with fewer records goes one record to train, then validation, then test, and is reported in
     ``too_small``. A pure function of (labels, fractions, seed).
 
-    Raises ValueError when ``fractions`` are not 3 non-negative numbers summing to 1 (within 1e-9), or
-    the train fraction is 0.
+    ``texts`` (the records' texts, optional) only adds ``in_train``: exact duplicates split apart
+    inflate the held-out scores; remove them before (the deduplication stage) when it is not 0.
+
+    Raises ValueError when ``fractions`` are not 3 non-negative numbers summing to 1 (within 1e-9), the
+    train fraction is 0, a label index is outside ``[0, len(label_names))``, or ``texts`` and ``labels``
+    differ in length.
     """
     fractions = tuple(float(f) for f in fractions)
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
@@ -253,7 +276,7 @@ def stratified_split(
         )
     if fractions[0] <= 0:
         raise ValueError(f"the train fraction must be positive: {fractions}")
-    labels = np.asarray(labels, dtype=np.int64)
+    labels = _label_indices(labels, len(label_names))
     rng = np.random.default_rng(seed)
     parts: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
     too_small: dict[str, list[str]] = {}
@@ -268,7 +291,13 @@ def stratified_split(
             too_small[name] = missing
     idx = {s: np.sort(np.concatenate(parts[s])).astype(np.int64) for s in SPLITS}
     counts = {s: class_counts(labels[idx[s]], label_names) for s in SPLITS}
-    return Split(idx["train"], idx["validation"], idx["test"], counts, too_small)
+    in_train = None
+    if texts is not None:
+        if len(texts) != len(labels):
+            raise ValueError(f"{len(texts)} texts for {len(labels)} labels")
+        seen = {texts[i] for i in idx["train"]}
+        in_train = {s: sum(texts[i] in seen for i in idx[s]) for s in ("validation", "test")}
+    return Split(idx["train"], idx["validation"], idx["test"], counts, too_small, in_train)
 
 
 # ------------------------------------------------------------------------------------------------ balancing
@@ -278,8 +307,9 @@ def class_weights(labels: np.ndarray, num_labels: int) -> np.ndarray:
     """Loss weights ``w_c = n / (num_labels * n_c)`` (float64, shape (num_labels,)): scikit-learn's
     ``class_weight="balanced"`` (``sklearn.utils.class_weight.compute_class_weight``), after King & Zeng
     2001 ("Logistic Regression in Rare Events Data"). Every class then weighs n / num_labels in total.
-    Raises ValueError naming the classes (indices) with no record: their weight would be infinite."""
-    n_c = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_labels).astype(np.float64)
+    Raises ValueError naming the classes (indices) with no record (their weight would be infinite) and
+    for a label index outside [0, num_labels)."""
+    n_c = np.bincount(_label_indices(labels, num_labels), minlength=num_labels).astype(np.float64)
     absent = np.flatnonzero(n_c == 0).tolist()
     if absent:
         raise ValueError(f"classes {absent} have no record: no class weight (it would be infinite)")
@@ -321,10 +351,11 @@ def balance_classes(
     ``report``: ``{"mode", "temperature" (None for inf), "max_repeats", "seed", "target" {label: share},
     "before" {label: records}, "after" {label: rows}, "extra_copies" {label: rows - records kept},
     "max_copies" {label: most appearances of one record}, "class_weights" {label: weight} or None}``,
-    labels in label order. Raises ValueError as balance.balance and temperature_target, and for a class
-    of ``label_names`` with no record in ``labels`` (it cannot be sampled or weighted).
+    labels in label order. Raises ValueError as balance.balance and temperature_target, for a class of
+    ``label_names`` with no record in ``labels`` (it cannot be sampled or weighted) and for a label index
+    outside ``[0, len(label_names))``.
     """
-    labels = np.asarray(labels, dtype=np.int64)
+    labels = _label_indices(labels, len(label_names))
     before = class_counts(labels, label_names)
     absent = [c for c, n in before.items() if n == 0]
     if absent:
@@ -463,10 +494,12 @@ LOGREG_SETTINGS = {"C": 1.0, "max_iter": 1000, "solver": "lbfgs"}
 
 def tfidf_logreg_baseline(train_texts: list[str], train_labels, texts: list[str], seed: int = 0) -> np.ndarray:
     """Predictions (int64, shape (len(texts),)) of a scikit-learn pipeline fitted on the training split:
-    ``TfidfVectorizer(**TFIDF_SETTINGS)`` (word unigrams and bigrams, sublinear tf, lower-cased) then
-    ``LogisticRegression(**LOGREG_SETTINGS, random_state=seed)`` (L2, C=1, multinomial lbfgs; sklearn's
-    defaults but max_iter 1000 so it converges). The usual strong bag-of-words baseline a fine-tuned model
-    has to beat. Deterministic for fixed inputs."""
+    ``TfidfVectorizer(**TFIDF_SETTINGS)`` (lower-cased word unigrams and bigrams: Wang & Manning 2012,
+    "Baselines and Bigrams", find bigrams help topic and sentiment classification; sublinear tf
+    ``1 + log tf``: Manning, Raghavan & Schuetze, "Introduction to Information Retrieval", 6.4.1) then
+    ``LogisticRegression(**LOGREG_SETTINGS, random_state=seed)`` (L2, C=1, multinomial lbfgs: sklearn's
+    defaults, but max_iter 1000 instead of 100 so that it converges on a few thousand texts). The usual
+    strong bag-of-words baseline a fine-tuned model has to beat. Deterministic for fixed inputs."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
@@ -633,6 +666,30 @@ def export_classifier(model, tokenizer, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
-    model.get_base_model().config.save_pretrained(str(out_dir))
+    config = copy.deepcopy(model.get_base_model().config)
+    config.architectures = [type(model.get_base_model()).__name__]  # the base's says ...ForCausalLM
+    config.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
+
+
+def load_classifier(base_model_dir: str | Path, out_dir: str | Path, merge: bool = True):
+    """``(model, tokenizer)`` of a classifier that :func:`export_classifier` wrote to ``out_dir``, on the
+    base in ``base_model_dir``: the client code of the module docstring (config from ``out_dir``, the
+    base's weights, ``PeftModel.from_pretrained``; ``merge``: LoRA merged into the base with
+    ``merge_and_unload``), fp32, local files only, the model in eval mode. Raises as
+    largetrain_core.model.load_adapter (MissingArtifactError / ArtifactError naming a missing or damaged
+    adapter file) and as transformers' ``from_pretrained``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from largetrain_core.model import load_adapter
+
+    config = AutoConfig.from_pretrained(str(out_dir), local_files_only=True)
+    base = AutoModelForSequenceClassification.from_pretrained(
+        str(base_model_dir), config=config, dtype=torch.float32, use_safetensors=True, local_files_only=True
+    )
+    model = load_adapter(base, Path(out_dir))
+    model = model.merge_and_unload() if merge else model
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(str(out_dir), local_files_only=True)

@@ -19,6 +19,7 @@ from largetrain_core.classification import (
     encode,
     evaluate_predictions,
     export_classifier,
+    load_classifier,
     load_classifier_tokenizer,
     majority_baseline,
     metrics_markdown,
@@ -97,6 +98,16 @@ def test_read_labelled_parquet_rows_and_other_fields(tmp_path):
     ]
 
 
+def test_read_labelled_labels_are_strings_and_directories_are_read_in_order(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "x.jsonl").write_text('{"text": "one", "label": 1}\n{"text": "yes", "label": true}\n')
+    (tmp_path / "a.jsonl").write_text('{"text": "uno", "label": "1"}\n{"text": "no label", "y": 0}\n')
+    r = read_labelled(tmp_path)
+    assert r.label_names == ["1", "true"] and r.label_source == "discovered"
+    assert r.ids == ["a.jsonl:1", "b/x.jsonl:1", "b/x.jsonl:2"] and r.labels.tolist() == [0, 0, 1]
+    assert [(x.source, x.position) for x in r.rejected] == [("a.jsonl", 2)]
+
+
 def test_read_labelled_errors(tmp_path):
     with pytest.raises(ValueError, match="repeat"):
         read_labelled(TICKETS, labels=["a", "b", "a"])
@@ -133,14 +144,19 @@ def test_stratified_split_counts_small_classes_and_determinism():
         stratified_split(labels, names, (0.8, 0.1, 0.2))
     with pytest.raises(ValueError, match="train fraction"):
         stratified_split(labels, names, (0.0, 0.5, 0.5))
+    with pytest.raises(ValueError, match=r"label indices \[3\] are outside \[0, 3\)"):
+        stratified_split(labels, names[:3])
 
 
 def test_stratified_split_of_the_support_tickets_keeps_the_shares():
     r = read_labelled(DATA / "support_tickets.jsonl", label_field="category")
     assert r.counts() == {"account": 79, "billing": 319, "shipping": 249, "technical": 153} and not r.rejected
-    s = stratified_split(r.labels, r.label_names, (0.8, 0.1, 0.1), seed=0)
+    s = stratified_split(r.labels, r.label_names, (0.8, 0.1, 0.1), seed=0, texts=r.texts)
     assert s.counts["test"] == {"account": 8, "billing": 32, "shipping": 25, "technical": 15}
     assert s.counts["validation"] == s.counts["test"] and not s.too_small
+    # the file holds 12 resubmitted tickets (13 records repeat an earlier text): some land apart
+    assert s.in_train == {"validation": 3, "test": 4}
+    assert stratified_split(r.labels, r.label_names, (0.8, 0.1, 0.1), seed=0).in_train is None
 
 
 # ------------------------------------------------------------------------------------------------ balancing
@@ -396,6 +412,8 @@ def test_export_loads_back_with_the_documented_client_code(trained):
     got = [r["label"] for r in classify(texts)]
     assert got == [trained["names"][i] for i in merged.argmax(axis=1)]
     assert set(got) == set(trained["names"])
+    loaded, loaded_tokenizer = load_classifier(base_model_dir, out)  # the same, as one core function
+    np.testing.assert_array_equal(predict_logits(loaded, loaded_tokenizer, texts, MAX_LENGTH), merged)
     # without the exported config the base knows no labels: the names would be lost
     bare = AutoModelForSequenceClassification.from_pretrained(base_model_dir)
     assert bare.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
