@@ -24,7 +24,7 @@ Loading an exported classifier (what :func:`export_classifier` writes; tested as
 
     config = AutoConfig.from_pretrained(out_dir)  # num_labels, id2label, label2id, pad_token_id
     base = AutoModelForSequenceClassification.from_pretrained(base_model_dir, config=config)
-    model = PeftModel.from_pretrained(base, out_dir).merge_and_unload()  # LoRA merged, score head loaded
+    model = PeftModel.from_pretrained(base, out_dir).merge_and_unload()  # score head loaded; merging optional
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     classify = pipeline("text-classification", model=model, tokenizer=tokenizer)
     classify("my parcel never arrived")  # [{"label": "shipping", "score": ...}]

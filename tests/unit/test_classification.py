@@ -384,9 +384,10 @@ def test_lora_classifier_beats_the_majority_baseline(trained):
     model_metrics = evaluate_predictions(y, trained["logits"].argmax(axis=1), trained["names"])
     majority = evaluate_predictions(y, majority_baseline(labels[split.train], len(y)), trained["names"])
     assert majority["accuracy"] == pytest.approx(12 / 24)
-    assert model_metrics["accuracy"] >= 0.9 and model_metrics["macro_f1"] >= 0.9 > majority["macro_f1"]
+    # 0.96 here; 0.92 to 1.0 over build_classifier seeds 0-2 (1 and 2 threads alike): bounds with a margin
+    assert model_metrics["accuracy"] >= 0.8 and model_metrics["macro_f1"] >= 0.8 > majority["macro_f1"] + 0.5
     loss = per_class_loss(trained["logits"], y)
-    assert loss.shape == (3,) and np.all(loss < math.log(3))  # every class better than chance
+    assert loss.shape == (3,) and np.all(np.isfinite(loss)) and loss.mean() < 0.5 * math.log(3)
 
 
 def test_export_loads_back_with_the_documented_client_code(trained):
@@ -405,6 +406,8 @@ def test_export_loads_back_with_the_documented_client_code(trained):
     texts = trained["test_texts"]
     assert max(len(tokenizer(t)["input_ids"]) for t in texts) < MAX_LENGTH  # as the pipeline sees them
     np.testing.assert_array_equal(predict_logits(peft_model, tokenizer, texts, MAX_LENGTH), trained["logits"])
+    unmerged = [r["label"] for r in pipeline("text-classification", model=peft_model, tokenizer=tokenizer)(texts)]
+    assert unmerged == [trained["names"][i] for i in trained["logits"].argmax(axis=1)]
     model = peft_model.merge_and_unload()
     merged = predict_logits(model, tokenizer, texts, MAX_LENGTH)
     np.testing.assert_allclose(merged, trained["logits"], rtol=0, atol=1e-5)
