@@ -11,7 +11,11 @@ the part files of a deduplicated_text directory in place. Plain re-sampling (as 
   ``N = max_c(count_c / p_c)``.
 
 ``p`` is the target distribution (default: uniform over the classes present); a class with target 0
-is dropped. The draw uses numpy's PCG64 seeded with ``seed``, classes in sorted order, so the result
+is dropped. :func:`temperature_target` gives the shares between the natural and the uniform ones.
+``max_repeats`` (up mode) caps how often one document appears: a class is filled to at most
+``max_repeats * count_c`` rows, its extra copies spread evenly over its documents instead of drawn with
+replacement (each document gets ``floor(e / count_c)`` or one more extra copies, the ones with one
+more drawn without replacement), so no document appears more than ``max_repeats`` times. The draw uses numpy's PCG64 seeded with ``seed``, classes in sorted order, so the result
 is a pure function of (frame, label column, target, mode, seed). Output rows keep input order
 (extra up-sampled copies follow their original).
 
@@ -52,16 +56,24 @@ def label_histogram(directories: list[Path]) -> dict[str, int] | None:
 
 
 def balance(
-    df: pl.DataFrame, label: str, target: dict[str, float] | None = None, mode: str = "down", seed: int = 0
+    df: pl.DataFrame,
+    label: str,
+    target: dict[str, float] | None = None,
+    mode: str = "down",
+    seed: int = 0,
+    max_repeats: int | None = None,
 ) -> tuple[pl.DataFrame, dict]:
     """Re-sample ``df`` so that column ``label`` follows ``target`` (see module docstring).
 
     Returns ``(sample, metadata)`` with metadata ``{"before": histogram, "after": histogram,
-    "target": shares, "mode": mode, "seed": seed}``. Raises ValueError on an unknown mode, a negative
-    or all-zero target, a target class missing from the data, or an empty frame.
+    "target": shares, "mode": mode, "seed": seed}``, plus ``"max_repeats"`` when it is set. Raises
+    ValueError on an unknown mode, a negative or all-zero target, a target class missing from the data,
+    an empty frame, or a ``max_repeats`` below 1.
     """
     if mode not in ("down", "up"):
         raise ValueError(f"mode must be 'down' or 'up', got {mode!r}")
+    if max_repeats is not None and max_repeats < 1:
+        raise ValueError(f"max_repeats must be >= 1 (a document appears at least once), got {max_repeats}")
     if df.height == 0:
         raise ValueError("cannot balance an empty frame")
     labels = df[label].cast(pl.Utf8).fill_null(NULL_LABEL)
@@ -91,10 +103,45 @@ def balance(
         for c in live:
             rows = np.flatnonzero(lab == c)
             n = max(before[c], int(round(n_total * p[c])))
-            take.append(np.sort(np.concatenate([rows, rng.choice(rows, size=n - before[c], replace=True)])))
+            if max_repeats is None:
+                extra = rng.choice(rows, size=n - before[c], replace=True)
+            else:
+                extra = _even_copies(rows, min(n, before[c] * max_repeats) - before[c], rng)
+            take.append(np.sort(np.concatenate([rows, extra])))
     idx = np.sort(np.concatenate(take), kind="stable") if take else np.zeros(0, np.int64)
     out = df[idx]
-    return out, {"before": before, "after": class_histogram(out[label]), "target": p, "mode": mode, "seed": seed}
+    meta = {"before": before, "after": class_histogram(out[label]), "target": p, "mode": mode, "seed": seed}
+    return out, meta if max_repeats is None else {**meta, "max_repeats": max_repeats}
+
+
+def _even_copies(rows: np.ndarray, extra: int, rng: np.random.Generator) -> np.ndarray:
+    """``extra`` copies of ``rows`` spread evenly: every row ``extra // len(rows)`` times, and
+    ``extra % len(rows)`` rows drawn without replacement once more."""
+    whole, rest = divmod(extra, len(rows))
+    return np.concatenate([np.tile(rows, whole), rng.choice(rows, size=rest, replace=False)])
+
+
+def temperature_target(histogram: dict[str, int], temperature: float) -> dict[str, float]:
+    """Target shares between the natural and the uniform distribution: ``p_c = n_c^(1/T) / sum_k n_k^(1/T)``.
+
+    ``temperature`` ``T`` = 1 gives the natural shares ``n_c / n``, ``T`` = ``math.inf`` the uniform
+    ones; in between, the small classes gain at the large ones' expense. This is the exponentially
+    smoothed sampling of multilingual BERT and XLM (Conneau & Lample 2019, "Cross-lingual Language Model
+    Pretraining": ``q_i = p_i^alpha / sum_j p_j^alpha`` with ``alpha = 1/T``) and the temperature-based
+    sampling of Arivazhagan et al. 2019 ("Massively Multilingual Neural Machine Translation in the
+    Wild": ``p_l^(1/T)``). A class with 0 documents gets share 0. Returns the shares (float,
+    summing to 1) keyed as ``histogram``. Raises ValueError when ``temperature`` < 1 (that would sharpen
+    the imbalance) or every count is 0.
+    """
+    if not temperature >= 1:
+        raise ValueError(f"temperature must be >= 1 (1: natural shares, inf: uniform), got {temperature}")
+    live = {c: n for c, n in histogram.items() if n > 0}
+    if not live:
+        raise ValueError(f"no class has a document: {histogram}")
+    alpha = 1.0 / temperature
+    weights = {c: float(n) ** alpha for c, n in live.items()}
+    total = sum(weights.values())
+    return {c: weights.get(c, 0.0) / total for c in histogram}
 
 
 BALANCE_DROPPED = "balance_dropped.parquet"
