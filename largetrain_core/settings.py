@@ -17,9 +17,7 @@ INPUT = "input"  # set by the stage from an input (a path), whose data version s
 IDENTITIES = (WEIGHTS, OUTPUTS, INPUT, None)  # None: neither (where the run reports, how it resumes, stops, is judged)
 
 
-def described(
-    text: str, identity: str | None = WEIGHTS, omit_default: bool = False, set_by: str | None = None
-) -> dict:
+def described(text: str, identity: str | None = WEIGHTS, omit_default: bool = False, set_by: str | None = None) -> dict:
     """The ``metadata`` of a dataclass field: its description (``field(default=..., metadata=described("..."))``),
     what its value changes (``identity``, one of :data:`IDENTITIES`), ``omit_default``: the identity leaves
     the setting out at its default (a setting added later keeps the versions recorded before it), and
