@@ -79,7 +79,7 @@ class BaseCheckpointConfig(
     dagster_config(
         TrainConfig,
         "BaseCheckpointTrainConfig",
-        exclude=(*SET_BY_ASSET, "lora"),
+        exclude=(*SET_BY_ASSET, "lora", "task"),  # pretraining is causal_lm
         defaults={**TRAINING_DEFAULTS, "model.preset": "llama-20m"},
         base=PermissiveConfig,
     )

@@ -31,6 +31,7 @@ from largetrain_core.model import PRESETS
 from largetrain_core.settings import INPUT, OUTPUTS, WEIGHTS, choice_problems, described, from_dict, merged
 
 Mode = Literal["pretrain", "lora"]
+Task = Literal["causal_lm", "classification", "chat"]
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 ZeroStage = Literal[0, 1, 2, 3]
 EvalStrategy = Literal["steps", "no"]
@@ -522,6 +523,16 @@ class TrainConfig:
             set_by="stage",
         ),
     )
+    task: Task = field(
+        default="causal_lm",
+        metadata=described(
+            "What is learnt (largetrain_core.training.tasks): causal_lm (the next-token loss over the token shards: "
+            "pretraining, domain adaptation), classification (a label per record: a sequence-classification head "
+            "with LoRA) or chat (the trained assistant turns of conversations, packed). classification and chat "
+            "need mode lora and task examples (largetrain_core.training.tasks) as train_shards.",
+            omit_default=True,
+        ),
+    )
     seed: int = field(default=0, metadata=described("Seed of the initialization, the sampler and every RNG."))
     model: ModelSettings = field(default_factory=ModelSettings, metadata=described(ModelSettings.__doc__))
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings, metadata=described(ScheduleSettings.__doc__))
@@ -658,6 +669,10 @@ class TrainConfig:
             p.append(
                 "precision fp16 needs CUDA: DeepSpeed's CPU accelerator does not support fp16; use 'auto' or 'fp32'"
             )
+        if self.task != "causal_lm" and self.mode != "lora":
+            p.append(f"task {self.task!r} fine-tunes a base model: it needs mode 'lora' (pretraining is causal_lm)")
+        if self.task != "causal_lm" and self.lora.merge_export:
+            p.append(f"lora.merge_export is for task causal_lm; a {self.task} adapter is loaded with PeftModel")
         if self.mode == "pretrain" and self.lora.merge_export:
             p.append("lora.merge_export applies to mode 'lora' only; set it to false for pretraining")
         return p

@@ -1,5 +1,6 @@
 """The evaluation during training: the mean next-token cross-entropy (nats, loss.next_token_loss) on
-the first ``eval_max_sequences`` sequences of the token shards' validation split, strided over the
+the first ``eval_max_sequences`` sequences of the token shards' validation split (for a fine-tuning
+task, its loss on the task examples' validation rows: largetrain_core.training.tasks.task_loss), strided over the
 ranks (every rank a share, the same sequences every time). It runs in eval mode without gradients and
 restores every RNG state it could touch, so the training's losses are the same with it and without it."""
 
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from largetrain_core.shards import TokenShards
-from largetrain_core.training import checkpoints
+from largetrain_core.training import checkpoints, tasks
 from largetrain_core.training.loss import next_token_loss, targets
 
 
@@ -22,8 +23,11 @@ class Evaluator:
     """One rank's part of the validation loss. ``shards``: a token_shards directory or URL.
     Raises ValueError naming ``shards`` when its validation split holds no sequence."""
 
-    def __init__(self, shards, rank: int, world: int, micro_batch_size: int, max_sequences: int):
-        self.validation = TokenShards(shards, "validation")
+    def __init__(self, shards, rank: int, world: int, micro_batch_size: int, max_sequences: int, task="causal_lm"):
+        self.task = task
+        self.validation = (
+            TokenShards(shards, "validation") if task == "causal_lm" else tasks.TaskExamples(shards, "validation")
+        )
         if len(self.validation) == 0:
             raise ValueError(
                 f"{shards}: the validation split holds no sequence, so there is nothing to "
@@ -47,12 +51,17 @@ class Evaluator:
                 for start in range(0, self.batches * mb, mb):
                     idx = self.indices[start : start + mb]
                     counted = len(idx) > 0
-                    batch = torch.from_numpy(self.validation.take(idx if counted else [0]).astype(np.int64))
-                    batch = batch.to(device)
-                    nats = next_token_loss(engine, batch, reduction="sum")
+                    rows = self.validation.take(idx if counted else [0])
+                    if self.task == "causal_lm":
+                        batch = torch.from_numpy(rows.astype(np.int64)).to(device)
+                        nats, n = next_token_loss(engine, batch, reduction="sum"), targets(batch)
+                    else:
+                        batch = {k: torch.from_numpy(v).to(device) for k, v in rows.items()}
+                        nats = tasks.task_loss(self.task, engine, batch, reduction="sum")
+                        n = tasks.counted(self.task, batch)
                     if counted:
                         sums[0] += nats.double()
-                        sums[1] += targets(batch)
+                        sums[1] += n
             finally:
                 engine.train()
         dist.all_reduce(sums)

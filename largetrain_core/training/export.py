@@ -29,8 +29,12 @@ def export(engine, cfg: TrainConfig, out: Path, rank: int, dist) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         if cfg.mode == "pretrain":
             _save_model(engine.module, cfg, state, tmp)
+        elif cfg.task != "causal_lm":
+            from largetrain_core.training import tasks
+
+            tasks.export(engine.module, cfg, tasks.TaskExamples(cfg.train_shards, "train"), state, tmp)
         else:
-            _save_adapter(engine.module, cfg.lora.adapter_name, state, tmp)
+            save_adapter(engine.module, cfg.lora.adapter_name, state, tmp)
         _replace_dir(tmp, final)
         if cfg.mode == "lora" and cfg.lora.merge_export:
             export_merged(
@@ -48,7 +52,7 @@ def _save_model(module, cfg: TrainConfig, state: dict | None, tmp: Path) -> None
     save_hf_tokenizer(load_tokenizer_info(Path(cfg.model.tokenizer or cfg.train_shards)), tmp)
 
 
-def _save_adapter(module, name: str, state: dict | None, tmp: Path) -> None:
+def save_adapter(module, name: str, state: dict | None, tmp: Path) -> None:
     if state is not None:
         # PEFT's save_pretrained picks the adapter weights out of a full state dict itself
         module.save_pretrained(str(tmp), state_dict=state, selected_adapters=[name])

@@ -155,8 +155,10 @@ def target_problems(model, settings: LoraSettings) -> list[str]:
     return problems
 
 
-def add_lora(model, settings: LoraSettings, activation_checkpointing: bool):
+def add_lora(model, settings: LoraSettings, activation_checkpointing: bool, trainable_token_indices=None):
     """(PEFT model with a fresh adapter named ``settings.adapter_name``, the adapted module names).
+    ``trainable_token_indices``: token ids whose embedding rows are trained too (PEFT's
+    ``trainable_token_indices``: the chat template's added special tokens; a tied output head follows).
 
     Only the adapter trains (PEFT freezes the rest). ``fan_in_fan_out`` is set for transformers Conv1D
     targets (:func:`fan_in_fan_out`; PEFT would otherwise warn and set it itself). With activation
@@ -174,6 +176,7 @@ def add_lora(model, settings: LoraSettings, activation_checkpointing: bool):
         fan_in_fan_out=fan_in_fan_out(model, targets),
         task_type="CAUSAL_LM",
         bias="none",
+        trainable_token_indices=list(trainable_token_indices) if trainable_token_indices else None,
     )
     if activation_checkpointing:
         model.enable_input_require_grads()

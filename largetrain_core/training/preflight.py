@@ -52,10 +52,16 @@ def input_problems(cfg: TrainConfig) -> list[str]:
     Reads the shards' manifest and memory-maps them, and builds the base model from its config.json on
     the meta device: no weights are read. Raises ShardError (a ValueError) when the shards are unreadable."""
     from largetrain_core.shards import TokenShards
+    from largetrain_core.training.tasks import TaskExamples
 
-    data = TokenShards(cfg.train_shards, "train")  # a local path or a URL: the manifest, no shard read
+    def split(name: str):  # a local path or a URL: the manifest, no shard read
+        return TokenShards(cfg.train_shards, name) if cfg.task == "causal_lm" else TaskExamples(cfg.train_shards, name)
+
+    data = split("train")
     p = [] if len(data) else [f"{cfg.train_shards}: the train split holds no sequence"]
-    if cfg.evaluation.eval_strategy != "no" and not len(TokenShards(cfg.train_shards, "validation")):
+    if cfg.task != "causal_lm" and data.task != cfg.task:
+        p.append(f"{cfg.train_shards} holds {data.task} examples, the config's task is {cfg.task}")
+    if cfg.evaluation.eval_strategy != "no" and not len(split("validation")):
         p.append(
             f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to evaluate on; "
             "make the shards with validation_fraction > 0 or set eval_strategy 'no'"
@@ -80,7 +86,7 @@ def input_problems(cfg: TrainConfig) -> list[str]:
                 f"the shards {cfg.train_shards} hold sequences of seq_len={data.seq_len} tokens: re-materialize "
                 f"the token shards with seq_len <= {positions}, or use a base model with longer positions"
             )
-        if model.config.vocab_size < data.manifest["vocab_size"]:
+        if cfg.task != "chat" and model.config.vocab_size < data.manifest["vocab_size"]:
             p.append(
                 f"{cfg.train_shards}: token ids up to {data.manifest['vocab_size'] - 1} do not fit the base "
                 f"model's vocabulary of {model.config.vocab_size}: tokenize with the base model's tokenizer"

@@ -46,7 +46,7 @@ from largetrain_core.launch import (
 from largetrain_core.model import build_model, load_model, parameter_count
 from largetrain_core.shards import DistributedSampler, TokenShards
 from largetrain_core.storage import write_json_atomic
-from largetrain_core.training import checkpoints, distributed, preflight, sync
+from largetrain_core.training import checkpoints, distributed, preflight, sync, tasks
 from largetrain_core.training.config import TrainConfig
 from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
 from largetrain_core.training.early_stopping import EarlyStopping
@@ -162,7 +162,11 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         with concerning(cfg.train_shards, "opening the token shards"):
-            self.data = TokenShards(cfg.train_shards, "train")  # at a URL: streamed through the node's cache
+            self.data = (  # token shards at a URL: streamed through the node's cache
+                TokenShards(cfg.train_shards, "train")
+                if cfg.task == "causal_lm"
+                else tasks.TaskExamples(cfg.train_shards, "train")
+            )
         if len(self.data) == 0:
             raise ValueError(f"{cfg.train_shards}: the train split holds no sequence")
         if cfg.evaluation.eval_strategy != "no":
@@ -172,6 +176,7 @@ class Trainer:
                 self.world,
                 cfg.schedule.micro_batch_size,
                 cfg.evaluation.eval_max_sequences,
+                cfg.task,
             )
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
@@ -198,7 +203,8 @@ class Trainer:
             cfg.schedule.micro_batch_size * cfg.schedule.gradient_accumulation_steps * self.world * self.data.seq_len
         )
         mcfg = (model.get_base_model() if cfg.mode == "lora" else model).config
-        self.vocab_size = mcfg.vocab_size  # the logits' width: a uniform prediction's loss is ln of it
+        # the logits' width: a uniform prediction's loss is ln of it
+        self.vocab_size = mcfg.num_labels if cfg.task == "classification" else mcfg.vocab_size
         shape = (mcfg.num_hidden_layers, mcfg.hidden_size, self.data.seq_len)
         self.flops_per_token = model_flops_per_token(self.n_params, *shape, n_trainable=self.n_trainable)
         self.mfu_formula = flops_formula(self.n_params, self.n_trainable, *shape)
@@ -208,8 +214,14 @@ class Trainer:
         self.info(f"{self.mfu_formula}; peak {self.peak or float('nan'):.3g} FLOP/s: {self.peak_source}")
 
     def build_model(self):
-        """The preset built from scratch (pretrain) or the base model with a fresh LoRA adapter (lora)."""
+        """The preset built from scratch (pretrain), the base model with a fresh LoRA adapter (lora), or
+        the fine-tuning task's model on the base (largetrain_core.training.tasks.build_model)."""
         cfg, m = self.cfg, self.data.manifest
+        if cfg.task != "causal_lm":
+            with concerning(cfg.model.base_model, "loading the base model"):
+                model, targets = tasks.build_model(cfg, self.data)
+            self.info(f"{cfg.task}: LoRA r={cfg.lora.r} lora_alpha={cfg.lora.lora_alpha} on {targets}")
+            return model
         if cfg.mode == "pretrain":
             model = build_model(
                 cfg.model.preset, m["vocab_size"], self.data.seq_len, m["eos_id"], m.get("bos_id"), seed=cfg.seed
@@ -280,8 +292,12 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(ga):
             idx = self.sampler.indices(self.consumed + micro * mb * self.world, mb)
-            batch = torch.from_numpy(self.data.take(idx).astype(np.int64)).to(self.device)
-            loss = next_token_loss(self.engine, batch)
+            if self.cfg.task == "causal_lm":
+                batch = torch.from_numpy(self.data.take(idx).astype(np.int64)).to(self.device)
+                loss = next_token_loss(self.engine, batch)
+            else:
+                batch = {k: torch.from_numpy(v).to(self.device) for k, v in self.data.take(idx).items()}
+                loss = tasks.task_loss(self.cfg.task, self.engine, batch)
             self.engine.backward(loss)
             self.engine.step()
             loss_sum += loss.detach().double()
@@ -417,6 +433,7 @@ class Trainer:
                     best_eval_step=best["step"],
                 )
             title = {"pretrain": "pretraining", "lora": "LoRA adapter"}[self.cfg.mode]
+            title += "" if self.cfg.task == "causal_lm" else f" ({self.cfg.task})"
             summary["loss_curve"] = str(training_curves_png(rows, self.out / "loss_curve.png", title))
             write_json_atomic(self.out / "summary.json", summary)
             # Under Dagster (dagster_pipes) the asset logs the exported directories once it has written
@@ -455,6 +472,7 @@ class Trainer:
             "precision_reason": self.precision_reason,
             "world_size": self.world,
             "zero_stage": self.cfg.parallelism.zero_stage,
+            "task": self.cfg.task,
             "parameters": self.n_params,
             "trainable_parameters": self.n_trainable,
             "vocab_size": self.vocab_size,

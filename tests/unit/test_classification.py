@@ -31,6 +31,8 @@ from largetrain_core.classification import (
     weighted_cross_entropy,
 )
 
+from helpers.finetune import MAX_LENGTH, WORDS, separable_set, tiny_base
+
 pytestmark = pytest.mark.unit
 
 DATA = Path(__file__).parents[1] / "data"
@@ -289,37 +291,13 @@ def test_baselines_on_the_support_tickets():
 
 # ------------------------------------------------------------------------------------------------ the model
 
-WORDS = {
-    "billing": "invoice refund charged payment card price amount receipt".split(),
-    "shipping": "parcel courier delivery box tracking arrived package address".split(),
-    "account": "password login email username reset profile locked signin".split(),
-}
-MAX_LENGTH = 64  # the base's max_positions: no text of the set is truncated (the pipeline truncates none)
-
-
-def separable_set(seed: int = 0) -> tuple[list[str], np.ndarray]:
-    """120 texts of 3 to 6 words of one class's vocabulary each: 60 billing, 36 shipping, 24 account."""
-    rng = np.random.default_rng(seed)
-    texts, labels = [], []
-    for c, (name, n) in enumerate(zip(WORDS, (60, 36, 24))):
-        for _ in range(n):
-            texts.append(" ".join(rng.choice(WORDS[name], size=int(rng.integers(3, 7)))))
-            labels.append(c)
-    return texts, np.array(labels, dtype=np.int64)
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, bpe_dir):
     """A tiny Llama base saved with its tokenizer (the session's BPE), a LoRA classifier on it trained
     48 AdamW steps on the train split of :func:`separable_set`, and its export."""
-    from largetrain_core.model import build_model
-    from largetrain_core.tokenizer import load_tokenizer_info, save_hf_tokenizer
-
     root = tmp_path_factory.mktemp("classifier")
-    info = load_tokenizer_info(bpe_dir)
-    base = root / "base"
-    build_model("llama-tiny", info.vocab_size, MAX_LENGTH, info.eos_id, seed=3).save_pretrained(base)
-    save_hf_tokenizer(info, base)
+    base = tiny_base(bpe_dir, root / "base")
 
     texts, labels = separable_set()
     names = list(WORDS)

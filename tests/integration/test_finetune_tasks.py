@@ -1,0 +1,158 @@
+"""The fine-tuning tasks (issue 40) trained by the real entry point under torchrun with DeepSpeed (2 ranks,
+ZeRO-2, fp32): a classifier and a chat adapter on a tiny Llama base, their exports loaded by the clients
+(transformers' Auto classes, PEFT, pipelines), and a resume after a crash bitwise equal to the run without."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.finetune import MAX_LENGTH, conversations, separable_set, tiny_base
+from helpers.training import metrics, torchrun
+from largetrain_core.training import tasks
+from largetrain_core.training.config import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, bpe_dir):
+    return tiny_base(bpe_dir, tmp_path_factory.mktemp("finetune") / "base")
+
+
+@pytest.fixture(scope="module")
+def classification_examples(base, tmp_path_factory):
+    from largetrain_core.classification import load_classifier_tokenizer, stratified_split
+
+    texts, labels = separable_set()
+    names = ["billing", "shipping", "account"]
+    split = stratified_split(labels, names, (0.6, 0.2, 0.2), seed=0)
+    out = tmp_path_factory.mktemp("cls") / "examples"
+    manifest = tasks.write_classification(
+        out,
+        {s: ([texts[i] for i in getattr(split, s)], labels[getattr(split, s)]) for s in tasks.SPLITS},
+        names,
+        load_classifier_tokenizer(base),
+        seq_len=16,
+    )
+    assert manifest["splits"]["train"]["label_counts"] == {"billing": 36, "shipping": 22, "account": 14}
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat_examples(base, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    convs = conversations(60)
+    out = tmp_path_factory.mktemp("chat") / "examples"
+    tasks.write_chat(
+        out,
+        {"train": convs[:48], "validation": convs[48:54], "test": convs[54:]},
+        AutoTokenizer.from_pretrained(base),
+        64,
+    )
+    return out
+
+
+def config(task, out, examples, base, **settings) -> TrainConfig:
+    return TrainConfig.from_settings(
+        **{
+            "output_dir": str(out),
+            "train_shards": str(examples),
+            "mode": "lora",
+            "task": task,
+            "base_model": str(base),
+            "zero_stage": 2,
+            "precision": "fp32",
+            "activation_checkpointing": False,
+            "micro_batch_size": 4,
+            "max_steps": 30,
+            "learning_rate": 1e-2,
+            "weight_decay": 0.0,
+            "warmup_steps": 2,
+            "save_steps": 10,
+            "eval_steps": 10,
+            "logging_steps": 10,
+            "report_to": [],
+            "lora": {"r": 8, "lora_alpha": 16.0},
+            **settings,
+        }
+    )
+
+
+def test_a_classifier_trains_under_torchrun_and_its_export_labels_new_text(base, classification_examples, tmp_path):
+    from transformers import pipeline
+
+    from helpers.finetune import WORDS
+    from largetrain_core.classification import evaluate_predictions, load_classifier, predict_logits
+
+    cfg = config("classification", tmp_path / "out", classification_examples, base)
+    torchrun(cfg, tmp_path)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["task"] == "classification" and summary["vocab_size"] == 3  # the logits' width: 3 labels
+    assert summary["last_loss"] < summary["first_loss"]
+    assert summary["eval_loss"] < np.log(3)  # below a uniform guess over the 3 labels
+    model, tok = load_classifier(base, tmp_path / "out" / "adapter")
+    test = tasks.TaskExamples(classification_examples, "test")
+    texts, y = separable_set()
+    from largetrain_core.classification import stratified_split
+
+    split = stratified_split(y, list(WORDS), (0.6, 0.2, 0.2), seed=0)
+    pred = predict_logits(model, tok, [texts[i] for i in split.test], MAX_LENGTH).argmax(1)
+    assert test.take(np.arange(len(test)))["label"].tolist() == y[split.test].tolist()
+    m = evaluate_predictions(y[split.test], pred, list(WORDS))
+    assert m["accuracy"] > 0.5  # the majority class is 50 % of the test split
+    classify = pipeline("text-classification", model=model, tokenizer=tok)
+    assert classify("refund invoice payment")[0]["label"] in WORDS
+
+
+def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(base, chat_examples, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from largetrain_core import chat
+
+    cfg = config("chat", tmp_path / "out", chat_examples, base)
+    torchrun(cfg, tmp_path)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["task"] == "chat" and summary["last_loss"] < summary["first_loss"]
+    adapter = tmp_path / "out" / "adapter"
+    tok = AutoTokenizer.from_pretrained(adapter)
+    assert tok.chat_template == chat.CHATML_TEMPLATE and len(tok) == 302
+    messages = conversations(60)[55]
+    ids, _ = chat.render(tok, messages)
+    assert tok.apply_chat_template(messages, tokenize=True)["input_ids"] == ids.tolist()
+    from safetensors.torch import load_file
+    from transformers import pipeline
+
+    saved = load_file(adapter / "adapter_model.safetensors")
+    delta = "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta"
+    assert saved[delta].shape == (2, 64)  # the rows of <|im_start|> and <|im_end|>, trained (PEFT trainable tokens)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    model = PeftModel.from_pretrained(model, adapter).eval()
+    start = model.get_input_embeddings()(torch.tensor([300]))[0]
+    assert torch.equal(start.detach(), saved[delta][0])  # the client's fresh row is replaced by the trained one
+    generate = pipeline("text-generation", model=model, tokenizer=tok)
+    (reply,) = generate([{"role": "user", "content": "my refund question"}], max_new_tokens=4, do_sample=False)
+    assert reply["generated_text"][-1]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("task", ["classification", "chat"])
+def test_a_resume_after_a_crash_is_bitwise_the_run_without(
+    task, base, classification_examples, chat_examples, tmp_path
+):
+    from safetensors.torch import load_file
+
+    examples = classification_examples if task == "classification" else chat_examples
+    settings = {"max_steps": 8, "save_steps": 3, "eval_steps": 4, "logging_steps": 4}
+    whole = config(task, tmp_path / "whole", examples, base, **settings)
+    torchrun(whole, tmp_path, name="whole")
+    crashed = config(task, tmp_path / "crashed", examples, base, **settings)
+    torchrun(crashed, tmp_path, fault="after_step:4", name="crashed")
+    torchrun(crashed, tmp_path, name="resumed")
+    a, b = metrics(tmp_path / "whole"), metrics(tmp_path / "crashed")
+    assert [a[s]["loss"] for s in range(1, 9)] == [b[s]["loss"] for s in range(1, 9)]
+    assert a[8]["eval_loss"] == b[8]["eval_loss"]
+    wa = load_file(tmp_path / "whole" / "adapter" / "adapter_model.safetensors")
+    wb = load_file(tmp_path / "crashed" / "adapter" / "adapter_model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
