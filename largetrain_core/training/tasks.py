@@ -25,10 +25,13 @@ tokens, the embedding resized and those rows trained (PEFT ``trainable_token_ind
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
+
+from largetrain_core.settings import described
 
 TASKS = ("causal_lm", "classification", "chat")
 FINE_TUNING = ("classification", "chat")
@@ -290,3 +293,185 @@ def export(module, cfg, data: TaskExamples, state: dict | None, tmp: Path) -> No
         config.architectures = [type(module.get_base_model()).__name__]
         config.use_cache = True
         config.save_pretrained(str(tmp))
+
+
+@dataclass
+class TaskDataSettings:
+    """How a fine-tuning task's examples are made from the domain corpus's deduplicated text (the
+    lora_adapter stage, task classification)."""
+
+    seq_len: int = field(
+        default=128,
+        metadata=described(
+            "Tokens of a record (classification: longer records are truncated to their first seq_len tokens, "
+            "shorter ones right-padded); at most the base model's max_position_embeddings."
+        ),
+    )
+    validation_fraction: float = field(
+        default=0.1, metadata=described("Share of each class's records held out for the validation loss.")
+    )
+    test_fraction: float = field(
+        default=0.1,
+        metadata=described(
+            "Share of each class's records held out for the evaluation after training (accuracy, macro-F1, "
+            "per-class precision/recall/F1, confusion matrix, beside the majority and TF-IDF baselines)."
+        ),
+    )
+    labels: Optional[list[str]] = field(
+        default=None,
+        metadata=described(
+            "The label set, in label order (id2label). null: the labels found, sorted. A document whose label "
+            "is missing or not in the set is not trained on; each is named (source, position) in the metadata."
+        ),
+    )
+
+    def problems(self) -> list[str]:
+        p = [] if self.seq_len >= 1 else [f"task_data.seq_len must be >= 1, not {self.seq_len}"]
+        v, t = self.validation_fraction, self.test_fraction
+        if not (0 <= v < 1 and 0 <= t < 1 and v + t < 1):
+            p.append(f"task_data.validation_fraction and test_fraction must be in [0, 1) with a sum < 1, not {v}, {t}")
+        if self.labels is not None and (len(self.labels) < 2 or len(set(self.labels)) != len(self.labels)):
+            p.append(f"task_data.labels must be at least 2 distinct labels or null, not {self.labels}")
+        return p
+
+
+def labelled_documents(parts: list[Path], declared: list[str] | None) -> tuple[dict, list[dict]]:
+    """The documents of deduplicated_text part files ``parts`` that have a label in the set:
+    ``({"doc_id", "source", "text", "label": int64 indices, "copies": int64, "label_names"}, left_out)``;
+    ``left_out``: ``{"doc_id", "source", "reason"}`` of each document without a label or with one outside
+    the declared set (``source``: the file and line or row the reader read it from). ``copies``: the
+    balancing's intended repeats (largetrain_core.balance; 1 without). Raises ValueError when no part
+    has a ``label`` column (no raw_corpus label_field) or no document is labelled."""
+    import polars as pl
+
+    frames = [pl.read_parquet(p) for p in parts]
+    if not frames or any("label" not in f.columns for f in frames):
+        raise ValueError(
+            "task classification needs labelled documents: set raw_corpus label_field to the field holding the "
+            "class and re-materialize the domain corpus"
+        )
+    df = pl.concat(
+        [f.select(c for c in ("doc_id", "source", "text", "label", "copies") if c in f.columns) for f in frames],
+        how="diagonal",
+    )
+    labels = df["label"].to_list()
+    names = list(declared) if declared else sorted({x for x in labels if x is not None})
+    index = {n: i for i, n in enumerate(names)}
+    keep = [x in index for x in labels]
+    left_out = [
+        {
+            "doc_id": d,
+            "source": s,
+            "reason": "no label" if x is None else f"label {x!r} is not in the label set {names}",
+        }
+        for d, s, x, k in zip(df["doc_id"].to_list(), df["source"].to_list(), labels, keep)
+        if not k
+    ]
+    kept = df.filter(pl.Series(keep))
+    if kept.height == 0:
+        raise ValueError(f"no document has a label in the set {names}")
+    copies = (
+        kept["copies"].fill_null(1).to_numpy().astype(np.int64)
+        if "copies" in kept.columns
+        else np.ones(kept.height, np.int64)
+    )
+    docs = {
+        "doc_id": kept["doc_id"].to_list(),
+        "source": kept["source"].to_list(),
+        "text": kept["text"].to_list(),
+        "label": np.array([index[x] for x in kept["label"].to_list()], dtype=np.int64),
+        "copies": copies,
+        "label_names": names,
+    }
+    return docs, left_out
+
+
+def classification_examples(
+    parts: list[Path], base_model: Path, settings: TaskDataSettings, seed: int, out: Path
+) -> dict:
+    """Write the classification examples of the labelled documents of ``parts`` (:func:`labelled_documents`)
+    into ``out``: split by record, stratified by label (largetrain_core.classification.stratified_split with
+    ``settings``' fractions and ``seed``), the train split's documents repeated by their ``copies`` (the
+    balancing), encoded with the base model's tokenizer (:func:`write_classification`). Also writes
+    ``records.json`` (per split the doc_ids, texts and labels, for the evaluation and the baselines).
+    Returns ``{"manifest", "left_out", "split"}`` (the split's counts, the classes too small, the held-out
+    records whose text is also in train)."""
+    from largetrain_core.classification import load_classifier_tokenizer, stratified_split
+
+    docs, left_out = labelled_documents(parts, settings.labels)
+    names = docs["label_names"]
+    fractions = (
+        1 - settings.validation_fraction - settings.test_fraction,
+        settings.validation_fraction,
+        settings.test_fraction,
+    )
+    split = stratified_split(docs["label"], names, fractions, seed=seed, texts=docs["text"])
+    train = np.repeat(split.train, docs["copies"][split.train])
+    rows = {"train": train, "validation": split.validation, "test": split.test}
+    tokenizer = load_classifier_tokenizer(base_model)
+    manifest = write_classification(
+        out,
+        {s: ([docs["text"][i] for i in r], docs["label"][r]) for s, r in rows.items()},
+        names,
+        tokenizer,
+        settings.seq_len,
+    )
+    records = {
+        s: {
+            "doc_id": [docs["doc_id"][i] for i in r],
+            "text": [docs["text"][i] for i in r],
+            "label": docs["label"][r].tolist(),
+        }
+        for s, r in rows.items()
+    }
+    (out / "records.json").write_text(json.dumps(records))
+    return {
+        "manifest": manifest,
+        "left_out": left_out,
+        "split": {"counts": split.counts, "too_small": split.too_small, "in_train": split.in_train},
+    }
+
+
+def evaluate_classifier(base_model: Path, adapter: Path, examples: Path, out: Path, seed: int = 0) -> dict:
+    """Evaluate a trained classifier (``adapter``, exported by :func:`export`, on ``base_model``) on the
+    test split of ``examples`` (its ``records.json``), beside the baselines trained on the same train
+    split: the majority class and TF-IDF + logistic regression (largetrain_core.classification). Writes
+    ``out/evaluation.json`` (``{"lora", "majority", "tfidf_logreg"}``: each
+    largetrain_core.classification.evaluate_predictions; ``validation_loss_per_class``: nats per class on
+    the validation split) and ``out/confusion_matrix.png``; returns the dict."""
+    from largetrain_core.classification import (
+        confusion_matrix_png,
+        evaluate_predictions,
+        load_classifier,
+        majority_baseline,
+        per_class_loss,
+        predict_logits,
+        tfidf_logreg_baseline,
+    )
+
+    manifest = json.loads((examples / MANIFEST).read_text())
+    names, seq_len = manifest["label_names"], manifest["seq_len"]
+    records = json.loads((examples / "records.json").read_text())
+    train, test, val = records["train"], records["test"], records["validation"]
+    if not test["label"]:
+        raise ValueError(f"{examples}: the test split holds no record: set task_data.test_fraction > 0")
+    model, tok = load_classifier(base_model, adapter)
+    y = np.array(test["label"], dtype=np.int64)
+    result = {
+        "lora": evaluate_predictions(y, predict_logits(model, tok, test["text"], seq_len).argmax(1), names),
+        "majority": evaluate_predictions(y, majority_baseline(np.array(train["label"]), len(y)), names),
+        "tfidf_logreg": evaluate_predictions(
+            y, tfidf_logreg_baseline(train["text"], np.array(train["label"]), test["text"], seed=seed), names
+        ),
+        "label_names": names,
+    }
+    if val["label"]:
+        loss = per_class_loss(predict_logits(model, tok, val["text"], seq_len), np.array(val["label"]))
+        result["validation_loss_per_class"] = {
+            n: (None if np.isnan(v) else round(float(v), 4)) for n, v in zip(names, loss)
+        }
+    confusion_matrix_png(
+        result["lora"]["confusion"], names, out / "confusion_matrix.png", "Confusion matrix (test split)"
+    )
+    (out / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
