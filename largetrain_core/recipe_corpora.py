@@ -215,7 +215,8 @@ def _titles(lines: list[str]) -> list[tuple[int, int, tuple[str, bool], str]]:
         text, under = lines[i], lines[i + 1]
         long_enough = len(under.rstrip()) >= min(4, len(text.strip()))
         if text.strip() and not _ADORNMENT.fullmatch(text) and _ADORNMENT.fullmatch(under) and long_enough:
-            over = i > 0 and _ADORNMENT.fullmatch(lines[i - 1]) and lines[i - 1].rstrip()[0] == under[0]
+            free = not found or found[-1][1] < i  # the line above is not the underline of the title before
+            over = free and i > 0 and _ADORNMENT.fullmatch(lines[i - 1]) and lines[i - 1].rstrip()[0] == under[0]
             if over or _indent(text) == 0:
                 start = i - 1 if over else i
                 found.append((start, i + 2, (under[0], bool(over)), text.strip()))

@@ -96,6 +96,8 @@ def test_parse_faq_rst_questions_answers_directives_and_nesting():
 def test_parse_faq_rst_group_with_text_is_a_question_and_same_level_titles_end_it():
     text = "Page\n====\n\nGroup\n-----\n\nIntro.\n\nQ?\n~~~~\n\nA.\n\nNext?\n-----\n\nB.\n"
     assert parse_faq_rst(text, "p") == [("Group", "Intro.\n\nQ?\n~~~~\n\nA."), ("Next?", "B.")]
+    # a title right under another title's underline is underlined, not overlined by it
+    assert parse_faq_rst("P\n=\n\nA?\n--\nB?\n--\n\nb.\n", "p") == [("B?", "b.")]
     # a footnote, a kept directive and an empty comment stay content; an indented 'title' is not one
     text = "Page\n====\n\nQ?\n--\n\n..\n\n   quoted\n   ------\n\n.. note:: n\n\n.. [1] f\n"
     assert parse_faq_rst(text, "p") == [("Q?", "   quoted\n   ------\n\n.. note:: n\n\n.. [1] f")]
