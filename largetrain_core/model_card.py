@@ -166,6 +166,38 @@ def _corpora_section(corpora: list[dict]) -> list[str]:
     return out
 
 
+def _task_section(task: dict | None) -> list[str]:
+    """What a fine-tuned model does (``lineage["task"]``): for classification the label set in label order
+    and the held-out test metrics beside the baselines; for chat the chat template."""
+    if not task or task.get("task") in (None, "causal_lm"):
+        return []
+    out = ["## Task", "", f"Task: `{task['task']}`.", ""]
+    if task["task"] == "classification":
+        out += [
+            "Labels, in label order (the config's id2label): " + ", ".join(f"`{n}`" for n in task["label_names"]) + ".",
+            "",
+            "Held-out test split (records never trained on):",
+            "",
+            _table(
+                ("model", "accuracy", "macro-F1"),
+                [(name, round(m["accuracy"], 4), round(m["macro_f1"], 4)) for name, m in task["test"].items()],
+            ),
+            "",
+        ]
+        if task.get("balancing"):
+            out += [f"Class balancing in training: {task['balancing']}.", ""]
+    if task["task"] == "chat" and task.get("chat_template"):
+        out += [
+            "Chat template (saved with the tokenizer; `tokenizer.apply_chat_template`):",
+            "",
+            "```jinja",
+            task["chat_template"],
+            "```",
+            "",
+        ]
+    return out
+
+
 def _training_section(lineage: dict) -> list[str]:
     if lineage.get("imported"):
         imp = lineage["imported"]
@@ -266,7 +298,7 @@ def render_model_card(lineage: dict, existing: str | None = None) -> str:
         "## Training",
         "",
     ]
-    body += _training_section(lineage)
+    body += _training_section(lineage) + _task_section(lineage.get("task"))
     if adapter:
         base = lineage.get("base") or {}
         body += [

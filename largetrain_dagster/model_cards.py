@@ -89,12 +89,14 @@ def write_card(
     train_dir: Path | None = None,
     base_model: Path | None = None,
     imported: dict | None = None,
+    task: dict | None = None,
 ) -> list[Path]:
     """Write README.md + lineage.json into ``model_dir`` (kind ``base_model`` or ``lora_adapter``) unless a
     card made by largetrain is already there (a reused artifact keeps the card of its first making).
     ``train_dir``: the training's output directory (train_config.json, summary.json); ``base_model``: the
     adapter's base model directory (its lineage.json); ``imported``: ``{from, content_digest}`` of an
-    imported base model. Returns the files written (none when the card was there)."""
+    imported base model; ``task``: what a fine-tuned adapter does (largetrain_core.model_card's Task section).
+    Returns the files written (none when the card was there)."""
     model_dir = Path(model_dir)
     if read_lineage(model_dir) is not None and (model_dir / CARD).exists():
         return []
@@ -133,6 +135,8 @@ def write_card(
     }
     if imported:
         lineage["imported"] = imported
+    if task:
+        lineage["task"] = task
     if kind == "lora_adapter":
         lineage["base"] = read_lineage(base_model) if base_model else None
     card = write_model_card(model_dir, lineage)

@@ -189,7 +189,9 @@ def _training(m: dict) -> str:
     parts = [
         f"loss {_fmt(m.get('first_loss'), '.3f')} -> {_fmt(m.get('last_loss'), '.3f')} in {_fmt(m.get('steps'))} steps"
     ]
-    if m.get("eval_loss") is not None:
+    if m.get("eval_loss") is not None and m.get("task", "causal_lm") == "classification":
+        parts.append(f"validation loss {_fmt(m.get('eval_loss'), '.3f')}")
+    elif m.get("eval_loss") is not None:
         parts.append(
             f"validation loss {_fmt(m.get('eval_loss'), '.3f')} (perplexity {_fmt(m.get('eval_perplexity'), '.1f')})"
         )
@@ -224,6 +226,12 @@ def _models(instance: DagsterInstance) -> list[str]:
             f"LoRA adapter: r={_fmt(lora.get('lora_r'))}, lora_alpha={_fmt(lora.get('lora_alpha'), 'g')} on {targets}: "
             f"{_training(lora)}; {lora.get('output', 'n/a')}"
         )
+        if lora.get("task") == "classification":
+            lines.append(
+                f"classifier ({', '.join(lora.get('label_names') or [])}): on the held-out test split accuracy "
+                f"{_fmt(lora.get('test_accuracy'), '.3f')}, macro-F1 {_fmt(lora.get('test_macro_f1'), '.3f')}; "
+                "beside the majority class and TF-IDF + logistic regression in lora_adapter's baselines"
+            )
     else:
         lines.append("LoRA adapter: not materialized")
     return lines

@@ -5,6 +5,7 @@ the launcher resource through Dagster Pipes (largetrain_dagster.resources)."""
 
 import functools
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -34,10 +35,13 @@ from largetrain_core.storage import (
     fetch_tree,
     local_copy,
     local_files,
+    read_json,
     stored_location,
 )
 from largetrain_core.stages.base import StageError
-from largetrain_core.stages.training import local_dir, seal_training, train, training_version
+from largetrain_core.stages.training import fine_tuning_examples, local_dir, seal_training, train, training_version
+from largetrain_core.training import tasks
+from largetrain_core.training.tasks import TaskDataSettings
 from largetrain_core.training import health
 from largetrain_core.training.config import TrainConfig, sectioned
 from largetrain_core.training.plan import PlanSettings
@@ -65,6 +69,7 @@ TRAINING_DEFAULTS = {
 
 
 TrainingPlanConfig = dagster_config(PlanSettings, "TrainingPlanConfig")
+TaskDataConfig = dagster_config(TaskDataSettings, "TaskDataConfig")
 PLAN_FIELD = (
     "The training plan computed before the launch (largetrain_core.training.plan): memory, disk, time and "
     "cost, and what it is checked against. Not part of the data version."
@@ -72,6 +77,7 @@ PLAN_FIELD = (
 NOT_TRAIN_CONFIG = {
     "pretrained_model",
     "plan",
+    "task_data",
 }  # run config fields of the training assets that are no TrainConfig setting
 
 
@@ -118,6 +124,13 @@ class LoraAdapterConfig(
     into its section with a warning."""
 
     plan: TrainingPlanConfig = Field(default_factory=TrainingPlanConfig, description=PLAN_FIELD)
+    task_data: TaskDataConfig = Field(
+        default_factory=TaskDataConfig,
+        description=(
+            "How the examples of task classification are made from domain/deduplicated_text "
+            "(largetrain_core.training.tasks.TaskDataSettings); part of the data version for that task only."
+        ),
+    )
 
 
 def train_config(context, config: Config, **set_by_asset) -> TrainConfig:
@@ -304,6 +317,11 @@ LOSS_CHECK = (
     "health.min_nats_below_uniform nats (blocking)"
 )
 
+MAJORITY_CHECK = (
+    "task classification: the classifier's macro-F1 on the held-out test split is above the majority-class "
+    "baseline's (largetrain_core.training.tasks.evaluate_classifier; blocking). Other tasks: passes, with a note."
+)
+
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
 # Raised in the asset's own process, these say that a config, a file or the data is wrong: a retry would
 # fail the same way. (What fails inside the training processes is classified by the launcher.)
@@ -450,15 +468,21 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
     key="lora_adapter",
     group_name="training",
     code_version=CODE_VERSIONS["lora_adapter"],
-    ins={"base": AssetIn(key="base_checkpoint"), "shards": AssetIn(key=["domain", "token_shards"])},
+    ins={
+        "base": AssetIn(key="base_checkpoint"),
+        "shards": AssetIn(key=["domain", "token_shards"]),
+        "text": AssetIn(key=["domain", "deduplicated_text"]),
+    },
     io_manager_key="handles",
     pool="accelerators",
     retry_policy=TRAIN_RETRY,
     kinds={"peft", "deepspeed"},
     check_specs=[
-        AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True, description=LOSS_CHECK)
+        AssetCheckSpec("loss_finite_and_decreasing", asset="lora_adapter", blocking=True, description=LOSS_CHECK),
+        AssetCheckSpec("beats_majority_baseline", asset="lora_adapter", blocking=True, description=MAJORITY_CHECK),
     ],
-    description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed on the domain shards; a PEFT directory.",
+    description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed: on the domain shards (task "
+    "causal_lm), or a classifier on the domain corpus's labelled records (task classification); a PEFT directory.",
 )
 @not_retried_when_deterministic
 def lora_adapter(
@@ -469,14 +493,38 @@ def lora_adapter(
     trackers: TrackerSettings,
     base: dict,
     shards: dict,
+    text: dict,
 ):
     _check_shards_fit_base(base, shards)
     set_by_asset = {"mode": "lora", "train_shards": shards["path"], "model": {"base_model": base["stats"]["output"]}}
     settled = _settled(context, config, set_by_asset)
+    if settled.task == "causal_lm":
+        version = training_version(
+            "lora_adapter", settled, base["data_version"], shards["data_version"], ranks=launcher.nproc_per_node
+        )
+        yield from _trained(
+            context, storage, launcher, trackers, "lora_adapter", version, settled, config, shards, base
+        )
+        return
+    task_data = config.task_data.to_core()
     version = training_version(
-        "lora_adapter", settled, base["data_version"], shards["data_version"], ranks=launcher.nproc_per_node
+        "lora_adapter",
+        settled,
+        base["data_version"],
+        text["data_version"],
+        ranks=launcher.nproc_per_node,
+        task_data=asdict(task_data),
     )
-    yield from _trained(context, storage, launcher, trackers, "lora_adapter", version, settled, config, shards, base)
+    try:
+        settled, report = fine_tuning_examples(
+            stage_run(context, storage), version, settled, local_copy(text["path"]), task_data
+        )
+    except StageError as e:
+        raise Failure(str(e), allow_retries=e.retryable) from e
+    report["balancing"] = text["stats"].get("balance")
+    yield from _trained(
+        context, storage, launcher, trackers, "lora_adapter", version, settled, config, shards, base, report
+    )
 
 
 def _check_shards_fit_base(base: dict, shards: dict) -> None:
@@ -495,7 +543,7 @@ def _check_shards_fit_base(base: dict, shards: dict) -> None:
         )
 
 
-def _trained(context, storage, launcher, trackers, key, version, settled, config, shards, base=None):
+def _trained(context, storage, launcher, trackers, key, version, settled, config, shards, base=None, examples=None):
     """Train ``key`` (base_checkpoint, or lora_adapter on ``base``) or reuse it (largetrain_core.stages.training.train), write
     its model card, seal a new training, then yield the Output and the loss check."""
     run = stage_run(context, storage)
@@ -512,6 +560,15 @@ def _trained(context, storage, launcher, trackers, key, version, settled, config
     except StageError as e:
         raise Failure(str(e), allow_retries=e.retryable) from e
     model_dir = local_dir(summary["output"])
+    evaluated = None
+    if settled.task == "classification":
+        evaluated = (
+            read_json(out / "evaluation.json", "classifier evaluation (evaluation.json)")
+            if reused
+            else tasks.evaluate_classifier(
+                local_copy(base["stats"]["output"]), model_dir, Path(settled.train_shards), out, settled.seed
+            )
+        )
     card = write_card(
         context,
         storage,
@@ -521,12 +578,97 @@ def _trained(context, storage, launcher, trackers, key, version, settled, config
         shards,
         train_dir=out,
         **({"base_model": local_copy(base["stats"]["output"])} if base is not None else {}),
+        task=card_task(settled, evaluated, examples),
     )
     if not reused:
         log_trained_outputs(context, out, summary)
         seal_training(out, storage.location(key, version), card)
     output = _train_output(out, version, summary, settled, reused)
     if base is not None:
-        output = output.with_metadata({**output.metadata, **adapter_metadata(model_dir)})
+        output = output.with_metadata(
+            {**output.metadata, **adapter_metadata(model_dir), **task_metadata(settled, out, examples, evaluated)}
+        )
     yield output
     yield _loss_check(context, out, summary, settled)
+    if base is not None:
+        yield _majority_check(context, evaluated)
+
+
+def task_metadata(cfg: TrainConfig, out: Path, examples: dict | None, evaluated: dict | None) -> dict:
+    """The adapter's task in the metadata; for classification the label set, the split, the documents left
+    out (no label in the set), the test metrics beside the baselines (tables) and the confusion matrix."""
+    import base64
+
+    from largetrain_core.classification import metrics_markdown
+
+    md = {"task": cfg.task}
+    if examples is None or evaluated is None:
+        return md
+    names = evaluated["label_names"]
+    rows = "\n".join(
+        f"| {name} | {evaluated[name]['accuracy']:.4f} | {evaluated[name]['macro_f1']:.4f} |"
+        for name in ("lora", "tfidf_logreg", "majority")
+    )
+    png = out / "confusion_matrix.png"
+    md.update(
+        {
+            "label_names": MetadataValue.json(names),
+            "test_accuracy": round(evaluated["lora"]["accuracy"], 4),
+            "test_macro_f1": round(evaluated["lora"]["macro_f1"], 4),
+            "baselines": MetadataValue.md("| model | accuracy | macro-F1 |\n|---|---|---|\n" + rows),
+            "per_class": MetadataValue.md(metrics_markdown(evaluated["lora"])),
+            "validation_loss_per_class": MetadataValue.json(evaluated.get("validation_loss_per_class")),
+            "split": MetadataValue.json(examples["split"]["counts"]),
+            "documents_left_out": len(examples["left_out"]),
+            "left_out": MetadataValue.json(examples["left_out"][:100]),
+        }
+    )
+    if png.exists():
+        b64 = base64.b64encode(png.read_bytes()).decode()
+        md["confusion_matrix"] = MetadataValue.md(f"![confusion matrix, test split](data:image/png;base64,{b64})")
+    return md
+
+
+def _majority_check(context, evaluated: dict | None) -> AssetCheckResult:
+    """``beats_majority_baseline`` (MAJORITY_CHECK) of a classifier's evaluation, or a pass with a note."""
+    if evaluated is None:
+        return AssetCheckResult(
+            check_name="beats_majority_baseline", passed=True, metadata={"note": "not a classifier: nothing to check"}
+        )
+    lora, majority = evaluated["lora"]["macro_f1"], evaluated["majority"]["macro_f1"]
+    passed = lora > majority
+    description = (
+        None
+        if passed
+        else (
+            f"the classifier's test macro-F1 {lora:.4f} is not above the majority-class baseline's {majority:.4f}: "
+            "it has not learnt the classes (train longer, raise learning_rate, balance the classes, or check the labels)"
+        )
+    )
+    if not passed:
+        context.log.error(f"lora_adapter: {description}")
+    return AssetCheckResult(
+        check_name="beats_majority_baseline",
+        passed=passed,
+        severity=AssetCheckSeverity.ERROR,
+        description=description,
+        metadata={"macro_f1": round(lora, 4), "majority_macro_f1": round(majority, 4)},
+    )
+
+
+def card_task(cfg: TrainConfig, evaluated: dict | None, examples: dict | None) -> dict | None:
+    """The model card's Task section (largetrain_core.model_card) of a fine-tuning task, else None: the
+    label set, the test metrics beside the baselines, and the balancing of the train split."""
+    if cfg.task == "causal_lm":
+        return None
+    task = {"task": cfg.task}
+    balance = (examples or {}).get("balancing")
+    if balance:
+        per_class = ", ".join(f"{c} {balance['before'][c]} -> {balance['after'].get(c, 0)}" for c in balance["before"])
+        task["balancing"] = f"{balance['mode']} (seed {balance['seed']}), documents per class {per_class}"
+    if evaluated is not None:
+        task.update(
+            label_names=evaluated["label_names"],
+            test={k: evaluated[k] for k in ("lora", "tfidf_logreg", "majority")},
+        )
+    return task

@@ -71,6 +71,12 @@ def evaluation(
     problems = settings.benchmark.problems()
     if problems:
         raise StageError("evaluation: " + "; ".join(problems))
+    if adapter.stats.get("task", "causal_lm") != "causal_lm":
+        raise StageError(
+            f"evaluation measures a language-modelling adapter's perplexity; lora_adapter is a {adapter.stats['task']} "
+            "adapter, evaluated on its held-out test split by the lora_adapter asset itself (its metadata and "
+            "evaluation.json): materialize lora_adapter without evaluation"
+        )
     try:
         tasks = _task_digests(settings.benchmark.tasks)
     except TaskFileError as e:

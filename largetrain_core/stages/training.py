@@ -11,6 +11,8 @@ A stage builds its :class:`TrainConfig` once (paths, mode and trackers set), che
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -20,6 +22,7 @@ from largetrain_core.settings import merged
 from largetrain_core.stages.base import StageError, StageRun
 from largetrain_core.storage import (
     COMMIT,
+    part_files,
     data_version,
     local_copy,
     mirror_path,
@@ -31,8 +34,9 @@ from largetrain_core.storage import (
     write_json_atomic,
     write_manifest,
 )
-from largetrain_core.training import preflight
+from largetrain_core.training import preflight, tasks
 from largetrain_core.training.config import TrainConfig
+from largetrain_core.training.tasks import TaskDataSettings
 from largetrain_core.training.trackers import METRICS
 
 # The directory a finished training exports, by stage.
@@ -47,6 +51,9 @@ TRAINED_OUTPUTS = (
     "loss_curve.png",
     "train_config.json",
     "trackers.json",
+    "examples",
+    "evaluation.json",
+    "confusion_matrix.png",
 )
 
 
@@ -170,3 +177,43 @@ def moved_summary(out: Path, where: str | Path | None = None) -> dict:
 def local_dir(location: str | Path) -> Path:
     """The local directory of a location under the storage root: itself, or its working copy (for a URL)."""
     return mirror_path(str(location)) if fs.is_url(location) else Path(location)
+
+
+def fine_tuning_examples(
+    run: StageRun, version: str, settled: TrainConfig, text: Path, settings: TaskDataSettings
+) -> tuple[TrainConfig, dict]:
+    """The examples of a fine-tuning task (``settled.task``) under ``<root>/<key>/<version>/examples``,
+    built once from the documents of the deduplicated_text directory ``text``
+    (largetrain_core.training.tasks.classification_examples, with the base model's tokenizer), and
+    ``settled`` with ``train_shards`` set to them. Returns (that config, the examples' report: manifest,
+    the documents left out, the split). Raises StageError (not retryable) for a task the lineage cannot
+    make examples for, an object-store root, or documents without the labels the task needs."""
+    key = run.key[0]
+    if settled.task != "classification":
+        raise StageError(
+            f"{key}: task {settled.task!r} through the lineage needs its records kept through the data stages; only "
+            "classification is (task chat runs from task examples written by largetrain_core.training.tasks.write_chat, "
+            "through the training entry point)"
+        )
+    problems = settings.problems()
+    if problems:
+        raise StageError(f"{key}: " + "; ".join(problems))
+    where = artifacts.location(run.root, run.key, version)
+    if fs.is_url(where):
+        raise StageError(f"{key}: task {settled.task} needs a local storage root (an object-store root: not yet)")
+    examples = local_dir(where) / "examples"
+    report_file = examples / "report.json"
+    if not report_file.exists():
+        tmp = examples.with_name(".tmp-examples")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            report = tasks.classification_examples(
+                part_files(text), Path(settled.model.base_model), settings, settled.seed, tmp
+            )
+        except ValueError as e:
+            raise StageError(f"{key}: {text}: {e}") from e
+        write_json_atomic(tmp / "report.json", report)
+        shutil.rmtree(examples, ignore_errors=True)
+        os.replace(tmp, examples)
+        run.log.info(f"{key}: {settled.task} examples written to {examples}")
+    return settled.with_settings(train_shards=str(examples)), read_json(report_file, "task examples report")

@@ -83,8 +83,13 @@ def input_problems(cfg: TrainConfig) -> list[str]:
         if positions is not None and positions < data.seq_len:
             p.append(
                 f"the base model {base} takes at most max_position_embeddings={positions} positions, "
-                f"the shards {cfg.train_shards} hold sequences of seq_len={data.seq_len} tokens: re-materialize "
-                f"the token shards with seq_len <= {positions}, or use a base model with longer positions"
+                f"the shards {cfg.train_shards} hold sequences of seq_len={data.seq_len} tokens: "
+                + (
+                    f"re-materialize the token shards with seq_len <= {positions}"
+                    if cfg.task == "causal_lm"
+                    else f"set lora_adapter's task_data.seq_len to at most {positions}"
+                )
+                + ", or use a base model with longer positions"
             )
         if cfg.task != "chat" and model.config.vocab_size < data.manifest["vocab_size"]:
             p.append(

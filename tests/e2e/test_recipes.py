@@ -270,3 +270,36 @@ def test_recipe_3_import_a_hugging_face_model_and_adapt_it(lab, recipe2, tickets
     text = render(lab.instance)
     assert f"base model: imported from {someones_model}" in text and "not trained here" in text
     assert "LoRA adapter: r=16, lora_alpha=32 on" in text
+
+
+def test_recipe_4_a_classifier_on_your_labelled_records(lab, recipe2, tickets):
+    """The classifier recipe on the base the lab has: the tickets' category learnt by a LoRA sequence classifier,
+    evaluated on the held-out test split beside the baselines, its blocking check passed, its export labelling text."""
+    from transformers import pipeline
+
+    from largetrain_core.classification import load_classifier
+
+    done, _ = lab.run(
+        "classifier_on_my_records.yaml",
+        {
+            "domain__raw_corpus": {"path": str(tickets)},
+            "lora_adapter": {
+                "schedule": {"max_steps": 24},
+                "evaluation": {"eval_steps": 12},
+                "task_data": {"seq_len": 32},  # the small base's positions
+            },
+        },
+    )
+    assert done == documented_keys(REPO / "configs" / "classifier_on_my_records.yaml")
+    lora = md(lab.instance, "lora_adapter")
+    assert lora["task"] == "classification"
+    assert lora["label_names"] == ["account", "billing", "shipping", "technical"]
+    assert "| tfidf_logreg |" in lora["baselines"] and "| majority |" in lora["baselines"]
+    assert (
+        lora["test_macro_f1"] > json.loads((Path(lora["path"]) / "evaluation.json").read_text())["majority"]["macro_f1"]
+    )
+    split = lora["split"]
+    assert sum(split["test"].values()) > 0 and set(split["test"]) == set(lora["label_names"])
+    model, tok = load_classifier(md(lab.instance, "base_checkpoint")["output"], Path(lora["path"]) / "adapter")
+    (label,) = pipeline("text-classification", model=model, tokenizer=tok)(["I was charged twice for my order"])
+    assert label["label"] in lora["label_names"]
