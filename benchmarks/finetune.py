@@ -48,7 +48,8 @@ Parts (``--parts``, comma-separated):
   length grouping; the measured ratio departs from it by the per-step overhead (packing takes fewer,
   larger steps) and by attention over whole packed rows (sdpa on CPU computes every query-key pair
   of a row under the block-diagonal mask, seq_len keys a token, where a padded batch has its longest
-  example's). Also the settings, the
+  example's). ``attention_cost`` (attention_cost's doc) times one packed micro-batch three ways to show
+  which of the two it is. Also the settings, the
   data's length statistics, the versions, the CPU model and the load average before and after.
 
 Threads: ``torch.set_num_threads(--threads)`` (default 1; on a shared machine a process of several
@@ -254,6 +255,38 @@ def train_step(model, opt, batch: dict) -> float:
     return float(loss.detach())
 
 
+def attention_cost(model, opt, batch: dict, repeats: int) -> dict:
+    """Where packed rows lose time: the median seconds of a training step on the first packed micro-batch
+    as packed (block-diagonal mask from its position_ids), on the same rows without position_ids (one
+    causal sequence a row: sdpa's own causal path, no mask tensor), and on the same tokens cut into
+    rows of a quarter of the length (causal; a quarter the keys a token). Interleaved, after one step
+    of each; the model trains on."""
+    ids, labels = batch["input_ids"], batch["labels"]
+    rows, length = ids.shape
+    quarter = length // 4
+    variants = {
+        "packed_block_diagonal": batch,
+        "same_rows_causal": {"input_ids": ids, "labels": labels},
+        "quarter_rows_causal": {
+            "input_ids": ids[:, : 4 * quarter].reshape(4 * rows, quarter),
+            "labels": labels[:, : 4 * quarter].reshape(4 * rows, quarter),
+        },
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for x in variants.values():
+        train_step(model, opt, x)
+    for _ in range(repeats):
+        for name, x in variants.items():
+            t = time.perf_counter()
+            train_step(model, opt, x)
+            times[name].append(time.perf_counter() - t)
+    return {
+        "shape": [rows, length],
+        "seconds_median": {k: statistics.median(v) for k, v in times.items()},
+        "seconds_all": times,
+    }
+
+
 def run_packing(s: dict, work: Path) -> dict:
     """The packing part (module doc) with settings ``s`` (packing_settings's keys); temporary files in
     ``work``. Returns the JSON's ``packing`` object."""
@@ -295,6 +328,7 @@ def run_packing(s: dict, work: Path) -> dict:
             seconds[name].append(time.perf_counter() - t)
             losses[name].append(statistics.fmean(epoch))
 
+    attention = attention_cost(*state["packed"], paths["packed"]["batches"][0], s["repeats"])
     res: dict = {}
     for name, path in paths.items():
         best = min(seconds[name])
@@ -354,6 +388,7 @@ def run_packing(s: dict, work: Path) -> dict:
             "python": platform.python_version(),
         },
         "machine": machine() | {"load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "attention_cost": attention,
         "prepare_seconds": prepare_s,
         "total_seconds": time.perf_counter() - t0,
     }
@@ -426,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
             f"packed / padded_random {res['trained_tokens_per_s_ratio_vs_random']:.2f}x; "
             f"load {res['machine']['load_average_before']} -> {res['machine']['load_average_after']}"
         )
+        print(f"one packed micro-batch {res['attention_cost']['shape']}, median step seconds:")
+        for name, sec in res["attention_cost"]["seconds_median"].items():
+            print(f"  {name}: {sec:.3f}")
     merge_write(Path(args.out), results)
     return 0
 

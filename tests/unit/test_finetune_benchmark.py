@@ -57,6 +57,11 @@ def test_each_path_has_its_figures_and_the_settings_are_recorded(result):
     )
     assert {"torch", "transformers"} <= set(p["versions"]) and p["machine"]["cpu_model"]
     assert p["data"]["conversations"] == 12
+    assert set(p["attention_cost"]["seconds_median"]) == {
+        "packed_block_diagonal",
+        "same_rows_causal",
+        "quarter_rows_causal",
+    }
 
 
 def test_packed_and_padded_train_on_the_same_tokens(result):
