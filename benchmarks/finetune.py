@@ -18,8 +18,8 @@ Parts (``--parts``, comma-separated):
   library of the interpreter that runs the script (its ``.py`` files under ``sysconfig``'s stdlib path,
   parsed with ``ast``, never imported; test and idlelib directories skipped; the files in a seeded
   order). Each conversation: a system prompt (3 fixed ones) with probability 0.3; 1-4 user/assistant
-  turns (1 + a geometric count, p=0.6: 60% single-turn); a user turn asks about a documented
-  function/class/module by name, or (1 in 4) pastes 2-6 of its docstring's sentences and asks for a
+  turns (a geometric count, p=0.6, capped at 4: 60% single-turn); a user turn asks about a documented
+  function/class/module by its module and name (methods as module.method), or (1 in 4) pastes 2-6 of its docstring's sentences and asks for a
   summary; the assistant answers with the first k sentences of that docstring, k = round(lognormal(0.3,
   1.0)) >= 1, at most what the docstring has: many short answers, a long tail (module docstrings run to
   dozens of sentences), as chat data is. A byte-level BPE (``--vocab`` ids, largetrain_core.tokenizer.
@@ -46,11 +46,12 @@ Parts (``--parts``, comma-separated):
   ``ratio_if_time_per_position``: padded_grouped's positions / packed's, the ratio if a step's time
   were proportional to its positions (padding included), i.e. what removing padding alone can gain over
   length grouping; the measured ratio departs from it by the per-step overhead (packing takes fewer,
-  larger steps) and by attention over whole packed rows (sdpa on CPU computes every query-key pair
-  of a row under the block-diagonal mask, seq_len keys a token, where a padded batch has its longest
-  example's). ``attention_cost`` (attention_cost's doc) times one packed micro-batch three ways to show
-  which of the two it is. Also the settings, the
-  data's length statistics, the versions, the CPU model and the load average before and after.
+  larger steps) and by attention over whole packed rows (a token attends over its packed row of
+  seq_len, where in a padded batch it attends over its batch's longest example; the block-diagonal mask
+  hides the other examples' keys, but on CPU sdpa's cost still grows with the row's length).
+  ``attention_cost`` (attention_cost's doc) times one packed micro-batch three ways to show which it is.
+  Also the settings, the data's length statistics, the versions, the CPU model and the load average
+  before and after; ``--quick``: 96 examples, 1 warm-up step, 2 passes.
 
 Threads: ``torch.set_num_threads(--threads)`` (default 1; on a shared machine a process of several
 OpenMP threads slows down by an order of magnitude as soon as other jobs take a core: see
