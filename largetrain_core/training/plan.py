@@ -781,14 +781,14 @@ def make_plan(
     CUDA devices). Reads the shards' manifest and builds the model on the meta device (no weights read);
     ``calibration``: a calibration's result (device memory); ``workdir``: where the training's checkpoints
     are found, when ``cfg.output_dir`` is a URL (its local working copy). Raises ValueError for invalid settings."""
-    from largetrain_core.shards import TokenShards
     from largetrain_core.training import checkpoints
     from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
+    from largetrain_core.training.tasks import open_split
 
     problems = settings.problems()
     if problems:
         raise ValueError("invalid plan settings: " + "; ".join(problems))
-    data = TokenShards(cfg.train_shards, "train")
+    data = open_split(cfg, "train")
     man = data.manifest
     precision, _ = resolve_precision(cfg.precision.dtype, cuda)
     zero = zero_settings(deepspeed_config(cfg, world_size, precision))
@@ -819,7 +819,7 @@ def make_plan(
         else device_memory(cuda, ranks_per_host, calibration)
     )
     free, free_source = free_disk(storage_root)
-    validation = len(TokenShards(cfg.train_shards, "validation")) if cfg.evaluation.eval_strategy != "no" else 0
+    validation = len(open_split(cfg, "validation")) if cfg.evaluation.eval_strategy != "no" else 0
     config = {
         k: cfg.settings()[k]
         for k in (

@@ -51,11 +51,10 @@ def input_problems(cfg: TrainConfig) -> list[str]:
 
     Reads the shards' manifest and memory-maps them, and builds the base model from its config.json on
     the meta device: no weights are read. Raises ShardError (a ValueError) when the shards are unreadable."""
-    from largetrain_core.shards import TokenShards
-    from largetrain_core.training.tasks import TaskExamples
+    from largetrain_core.training.tasks import open_split
 
     def split(name: str):  # a local path or a URL: the manifest, no shard read
-        return TokenShards(cfg.train_shards, name) if cfg.task == "causal_lm" else TaskExamples(cfg.train_shards, name)
+        return open_split(cfg, name)
 
     data = split("train")
     p = [] if len(data) else [f"{cfg.train_shards}: the train split holds no sequence"]

@@ -6,7 +6,7 @@ fine-tuning tasks on disk, their loss, their model and their export; the trainer
 
 Task examples (a directory, written once by :func:`write_classification` or :func:`write_chat`):
 
-* ``manifest.json``: ``task``, ``seq_len``, ``pad_id``, ``vocab_size`` (the tokenizer's length), per split
+* ``manifest.json``: ``task``, ``seq_len``, ``pad_id``, ``eos_id``, ``vocab_size`` (the tokenizer's length), per split
   ``{"examples", "rows", "trained_tokens", "truncated"}``; classification also ``label_names`` (in label
   order) and the train split's ``label_counts``; chat ``added_token_ids`` (the chat template's special
   tokens added to the tokenizer) and ``chat_template``;
@@ -91,6 +91,16 @@ class TaskExamples:
         return {k: v[idx].astype(np.int64) for k, v in self.columns.items()}
 
 
+def open_split(cfg, split: str):
+    """The ``split`` of ``cfg.train_shards`` as the training reads it: token shards
+    (largetrain_core.shards.TokenShards) for task causal_lm, else :class:`TaskExamples`."""
+    if cfg.task == "causal_lm":
+        from largetrain_core.shards import TokenShards
+
+        return TokenShards(cfg.train_shards, split)
+    return TaskExamples(cfg.train_shards, split)
+
+
 def _write_split(path: Path, columns: dict[str, np.ndarray], seq_len: int) -> None:
     """``columns`` as one Arrow IPC file at ``path`` (2-D arrays as fixed-size lists of ``seq_len`` int32)."""
     import pyarrow as pa
@@ -150,6 +160,7 @@ def write_classification(
         "task": "classification",
         "seq_len": seq_len,
         "pad_id": int(tokenizer.pad_token_id),
+        "eos_id": tokenizer.eos_token_id,
         "vocab_size": len(tokenizer),
         "label_names": list(label_names),
         "splits": info,
@@ -188,6 +199,7 @@ def write_chat(out: Path, splits: dict[str, Sequence[Sequence[dict]]], tokenizer
         "task": "chat",
         "seq_len": seq_len,
         "pad_id": int(pad_id),
+        "eos_id": tokenizer.eos_token_id,
         "vocab_size": len(tokenizer),
         "added_token_ids": added,
         "chat_template": tokenizer.chat_template,
@@ -393,7 +405,8 @@ def classification_examples(
     into ``out``: split by record, stratified by label (largetrain_core.classification.stratified_split with
     ``settings``' fractions and ``seed``), the train split's documents repeated by their ``copies`` (the
     balancing), encoded with the base model's tokenizer (:func:`write_classification`). Also writes
-    ``records.json`` (per split the doc_ids, texts and labels, for the evaluation and the baselines).
+    ``records.json`` (per split the doc_ids, texts and labels, each record once: for the evaluation and the
+    baselines, whose majority class is the natural train split's).
     Returns ``{"manifest", "left_out", "split"}`` (the split's counts, the classes too small, the held-out
     records whose text is also in train)."""
     from largetrain_core.classification import load_classifier_tokenizer, stratified_split
@@ -422,7 +435,7 @@ def classification_examples(
             "text": [docs["text"][i] for i in r],
             "label": docs["label"][r].tolist(),
         }
-        for s, r in rows.items()
+        for s, r in {"train": split.train, "validation": split.validation, "test": split.test}.items()
     }
     (out / "records.json").write_text(json.dumps(records))
     return {

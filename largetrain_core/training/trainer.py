@@ -44,7 +44,7 @@ from largetrain_core.launch import (
     terminated,
 )
 from largetrain_core.model import build_model, load_model, parameter_count
-from largetrain_core.shards import DistributedSampler, TokenShards
+from largetrain_core.shards import DistributedSampler
 from largetrain_core.storage import write_json_atomic
 from largetrain_core.training import checkpoints, distributed, preflight, sync, tasks
 from largetrain_core.training.config import TrainConfig
@@ -162,11 +162,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         with concerning(cfg.train_shards, "opening the token shards"):
-            self.data = (  # token shards at a URL: streamed through the node's cache
-                TokenShards(cfg.train_shards, "train")
-                if cfg.task == "causal_lm"
-                else tasks.TaskExamples(cfg.train_shards, "train")
-            )
+            self.data = tasks.open_split(cfg, "train")  # token shards at a URL: streamed through the node's cache
         if len(self.data) == 0:
             raise ValueError(f"{cfg.train_shards}: the train split holds no sequence")
         if cfg.evaluation.eval_strategy != "no":
