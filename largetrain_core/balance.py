@@ -149,7 +149,14 @@ COPIES = "copies"  # the column of intended repetition: how many times the train
 _ROW_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "label": pl.Utf8}
 
 
-def balance_parts(directory: Path, target: dict[str, float] | None = None, mode: str = "down", seed: int = 0) -> dict:
+def balance_parts(
+    directory: Path,
+    target: dict[str, float] | None = None,
+    mode: str = "down",
+    seed: int = 0,
+    max_repeats: int | None = None,
+    temperature: float | None = None,
+) -> dict:
     """Balance the ``part-*.parquet`` files of ``directory`` (columns doc_id, source, text, label) in place.
 
     The class histogram is taken over all parts together (global row order = sorted part files,
@@ -160,15 +167,21 @@ def balance_parts(directory: Path, target: dict[str, float] | None = None, mode:
     adds the column ``copies`` (UInt32: 1 + the extra copies drawn; see the module docstring), so the
     parts still hold distinct documents. Returns ``{"before", "after" (counting copies), "target",
     "mode", "seed", "balance_dropped", "balance_repeats" (extra copies, the sum of copies - 1),
-    "repeated_documents" (documents with copies > 1)}``. Raises ValueError when the parts have no
-    ``label`` column and as :func:`balance`.
+    "repeated_documents" (documents with copies > 1)}``. ``max_repeats``: :func:`balance`'s cap on one
+    document's copies; ``temperature``: the target is :func:`temperature_target` of the classes' counts
+    (``target`` is then not used). Raises ValueError when the parts have no ``label`` column and as
+    :func:`balance`.
     """
     directory = Path(directory)
     parts = part_files(directory)
     if not parts or any("label" not in pl.read_parquet_schema(p) for p in parts):
         raise ValueError(f"{directory}: no label column to balance on (set the reader's label_field)")
     labels = pl.concat([pl.read_parquet(p, columns=["label"]) for p in parts]).with_row_index("row")
-    chosen, meta = balance(labels, "label", target, mode, seed)
+    if temperature is not None:  # shares between the natural and the uniform ones (temperature_target)
+        target = temperature_target(class_histogram(labels["label"]), temperature)
+    chosen, meta = balance(labels, "label", target, mode, seed, max_repeats=max_repeats)
+    if temperature is not None:
+        meta["temperature"] = temperature
     picks = chosen["row"].to_numpy()
     dropped, start, repeats, repeated = [], 0, 0, 0
     for p in parts:

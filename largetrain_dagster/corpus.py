@@ -119,10 +119,32 @@ class DeduplicatedTextConfig(Config):
         ),
     )
     balance_seed: int = Field(default=0, description="Seed of the balancing draw (numpy PCG64).")
+    balance_max_repeats: Optional[int] = Field(
+        default=None,
+        description=(
+            "upsample: the most copies of one document (its extra copies spread evenly over its class's documents, "
+            "not drawn); a small class then stays below its target share instead of one document being trained on "
+            "many times. null = no cap."
+        ),
+    )
+    balance_temperature: Optional[float] = Field(
+        default=None,
+        description=(
+            "With balance_target {}: target shares between the natural (1) and the uniform (.inf) ones, "
+            "p_c proportional to n_c^(1/T) (temperature sampling, Conneau & Lample 2019; largetrain_core.balance."
+            "temperature_target). null = the shares of balance_target."
+        ),
+    )
 
     def balancing(self) -> Optional[dict]:
         """The balance settings (largetrain_core.stages.deduplicated_text.balance_settings)."""
-        return balance_settings(self.balance_target, self.balance_mode, self.balance_seed)
+        return balance_settings(
+            self.balance_target,
+            self.balance_mode,
+            self.balance_seed,
+            self.balance_max_repeats,
+            self.balance_temperature,
+        )
 
 
 @dataclass(frozen=True)

@@ -51,14 +51,31 @@ from largetrain_core.storage import data_version, stored_location
 BALANCE_MODES = {"downsample": "down", "upsample": "up"}
 
 
-def balance_settings(target: dict[str, float] | None, mode: str = "downsample", seed: int = 0) -> dict | None:
+def balance_settings(
+    target: dict[str, float] | None,
+    mode: str = "downsample",
+    seed: int = 0,
+    max_repeats: int | None = None,
+    temperature: float | None = None,
+) -> dict | None:
     """The balance settings as they enter the data version (None without a target: no balancing).
-    ``target`` {} means uniform; ``mode`` downsample or upsample. Raises StageError on another mode."""
+    ``target`` {} means uniform; ``mode`` downsample or upsample; ``max_repeats`` and ``temperature``
+    (largetrain_core.balance.balance_parts) enter only when set, so the versions balanced before them
+    hold. Raises StageError on another mode, a temperature < 1 or beside a non-empty target, or a cap < 1."""
     if target is None:
         return None
     if mode not in BALANCE_MODES:
         raise StageError(f"balance_mode must be downsample or upsample, got {mode!r}")
-    return {"target": dict(sorted(target.items())) or None, "mode": BALANCE_MODES[mode], "seed": seed}
+    if max_repeats is not None and max_repeats < 1:
+        raise StageError(f"balance_max_repeats must be >= 1 or null, got {max_repeats}")
+    if temperature is not None and (not temperature >= 1 or target):
+        raise StageError(
+            f"balance_temperature must be >= 1 (1: natural shares, .inf: uniform) with balance_target {{}}, got "
+            f"{temperature} with {target}"
+        )
+    out = {"target": dict(sorted(target.items())) or None, "mode": BALANCE_MODES[mode], "seed": seed}
+    out.update({k: v for k, v in (("max_repeats", max_repeats), ("temperature", temperature)) if v is not None})
+    return out
 
 
 def deduplicated_text(
@@ -122,7 +139,14 @@ def deduplicated_text(
             )
         if balance:
             try:
-                stats["balance"] = balance_parts(out, balance["target"], balance["mode"], balance["seed"])
+                stats["balance"] = balance_parts(
+                    out,
+                    balance["target"],
+                    balance["mode"],
+                    balance["seed"],
+                    balance.get("max_repeats"),
+                    balance.get("temperature"),
+                )
             except ValueError as e:
                 raise StageError(f"{role} deduplicated_text: cannot balance: {e}") from e
             stats["kept"] = stats["kept"] - stats["balance"]["balance_dropped"]

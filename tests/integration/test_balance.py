@@ -99,6 +99,31 @@ def test_balance_parts_up_is_a_copies_weight_not_copied_rows(tmp_path):
     assert sorted(c for doc, c in weights.items() if c > 1) == [2, 3] and after["copies"].dtype == pl.UInt32
 
 
+def test_balance_parts_up_with_a_repeat_cap_and_temperature(tmp_path):
+    """The controls of issue 40: a cap on one document's copies, and shares between natural and uniform."""
+    from largetrain_core.balance import balance_parts
+    from largetrain_core.stages.deduplicated_text import balance_settings
+
+    d = _parts(tmp_path / "d", [["a"] * 16, ["b"] * 4, ["c"]])
+    capped = balance_parts(d, None, "up", seed=0, max_repeats=3)
+    # uniform would need 16 of each: c's one document may have at most 3 copies, b's four 12 in all
+    assert capped["after"] == {"a": 16, "b": 12, "c": 3} and capped["max_repeats"] == 3
+    d2 = _parts(tmp_path / "d2", [["a"] * 16, ["b"] * 4, ["c"]])
+    tempered = balance_parts(d2, {}, "up", seed=0, temperature=2.0)
+    # shares 4 : 2 : 1 (sqrt of 16, 4, 1): a keeps 16, b up to 8, c up to 4
+    assert tempered["after"] == {"a": 16, "b": 8, "c": 4} and tempered["temperature"] == 2.0
+    assert balance_settings({}, "upsample", 0) == {"target": None, "mode": "up", "seed": 0}  # versions before hold
+    assert balance_settings({}, "upsample", 0, 3, 2.0) == {
+        "target": None,
+        "mode": "up",
+        "seed": 0,
+        "max_repeats": 3,
+        "temperature": 2.0,
+    }
+    with pytest.raises(Exception, match="balance_temperature must be >= 1"):
+        balance_settings({"a": 1}, "upsample", 0, None, 2.0)
+
+
 def test_balance_parts_needs_a_label_column(tmp_path):
     from largetrain_core.balance import balance_parts
 
