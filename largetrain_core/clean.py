@@ -32,6 +32,7 @@ from largetrain_core.language import check_languages
 from largetrain_core.parts import map_parts
 from largetrain_core.pii import NAMES as PII_KINDS, check_kinds, redact
 from largetrain_core.pii import columns as pii_columns
+from largetrain_core.readers import MESSAGES
 from largetrain_core.rules import GROUPS, WORD_PATTERNS, blank_whitespace_lines
 from largetrain_core.settings import described
 
@@ -210,14 +211,65 @@ def clean_part(df: pl.DataFrame, cfg: QualityConfig) -> tuple[pl.DataFrame, pl.D
     removed = df.filter(pl.col("reason").is_not_null()).select("doc_id", "source", "reason", *extra)
     counts = {k: int(df[k].sum() or 0) for k in part_counts(cfg) if k in df.columns}
     pii = pii_columns(cfg.pii_kinds) if cfg.redact_pii else []
+    chat = MESSAGES in df.columns
+    if chat:  # a conversation: its messages' contents are the training text (clean_messages)
+        kept, found = clean_messages(kept, cfg)
     if cfg.redact_pii:
-        text, found = redact(kept["text"], cfg.pii_kinds)
-        kept = kept.with_columns(text=text).hstack(found)
+        if not chat:
+            text, found = redact(kept["text"], cfg.pii_kinds)
+            kept = kept.with_columns(text=text)
+        kept = kept.hstack(found)
         counts.update({k: int(found[k].sum() or 0) for k in pii})
         counts["pii_documents"] = int((found.sum_horizontal() > 0).sum()) if pii else 0
     counts["bytes_kept"] = int(kept["text"].str.len_bytes().sum() or 0)
-    kept = kept.select("doc_id", "source", "text", *(["label"] if "label" in df.columns else []), *extra, *pii)
+    labelled = ["label"] if "label" in df.columns else []
+    kept = kept.select("doc_id", "source", "text", *labelled, *([MESSAGES] if chat else []), *extra, *pii)
     return kept, removed, counts
+
+
+def clean_messages(kept: pl.DataFrame, cfg: QualityConfig) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """The conversations of ``kept`` (column ``messages``, largetrain_core.readers format chat) with each
+    message's content normalized (:func:`normalize`) and, with ``redact_pii``, its PII replaced
+    (largetrain_core.pii.redact), and ``text`` made again from them (largetrain_core.chat.conversation_text),
+    so that the training text, the deduplication and the token shards see the cleaned contents. The
+    rules decided each conversation's fate on its whole text before; they edit no message (the C4 rules'
+    line removal applies to the text only). Returns (the frame, the PII counts per conversation: a frame
+    of ``pii_<kind>`` UInt32 columns, or None without redaction)."""
+    import json
+
+    from largetrain_core.chat import conversation_text
+
+    conversations = [json.loads(m) for m in kept[MESSAGES].to_list()]
+    owner = [i for i, msgs in enumerate(conversations) for _ in msgs]
+    contents = normalize(
+        pl.DataFrame({"text": [m["content"] for msgs in conversations for m in msgs]}, schema={"text": pl.Utf8})
+    )["text"]
+    found = None
+    if cfg.redact_pii:
+        contents, per_message = redact(contents, cfg.pii_kinds)
+        found = (
+            per_message.with_columns(owner=pl.Series(owner, dtype=pl.UInt32))
+            .group_by("owner")
+            .sum()
+            .join(
+                pl.DataFrame({"owner": range(len(conversations))}, schema={"owner": pl.UInt32}), on="owner", how="right"
+            )
+            .sort("owner")
+            .fill_null(0)
+            .drop("owner")
+            .cast(pl.UInt32)
+        )
+    it = iter(contents.to_list())
+    for msgs in conversations:
+        for m in msgs:
+            m["content"] = next(it)
+    return (
+        kept.with_columns(
+            text=pl.Series([conversation_text(msgs) for msgs in conversations], dtype=pl.Utf8),
+            messages=pl.Series([json.dumps(msgs, ensure_ascii=False) for msgs in conversations], dtype=pl.Utf8),
+        ),
+        found,
+    )
 
 
 def pii_redactions(stats: list[dict]) -> dict[str, int]:

@@ -186,6 +186,11 @@ def _task_section(task: dict | None) -> list[str]:
         ]
         if task.get("balancing"):
             out += [f"Class balancing in training: {task['balancing']}.", ""]
+    if task["task"] == "chat" and task.get("assistant_perplexity") is not None:
+        out += [
+            f"Held-out test conversations: perplexity {round(task['assistant_perplexity'], 2)} on the assistant tokens.",
+            "",
+        ]
     if task["task"] == "chat" and task.get("chat_template"):
         out += [
             "Chat template (saved with the tokenizer; `tokenizer.apply_chat_template`):",

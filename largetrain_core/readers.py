@@ -69,6 +69,8 @@ from largetrain_core.settings import described
 
 DOC_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("source", pa.large_string()), ("text", pa.large_string())])
 LABELLED_DOC_SCHEMA = DOC_SCHEMA.append(pa.field("label", pa.large_string()))
+MESSAGES = "messages"  # format chat: a conversation's messages, JSON ([{"role", "content", "weight"}])
+FORMATS = ("text", "chat")
 REJECT_SCHEMA = pa.schema([("source", pa.large_string()), ("position", pa.int64()), ("reason", pa.large_string())])
 # a document whose id repeats one read before it: doc_id is "<id>@<fallback id>"
 RENAMED_SCHEMA = pa.schema(
@@ -99,6 +101,17 @@ class ReaderConfig:
             "JSONL key / column holding the document id, used where a record has one (not null, not empty); "
             "otherwise, and for text files, the id is <relative path>:<line or row> (<relative path> for a text file). "
             "null: always the file and position. A repeated id becomes <id>@<file>:<line or row> (counted: renamed_ids)."
+        ),
+    )
+    format: str = field(
+        default="text",
+        metadata=described(
+            "text: a document is the text of text_field. chat (JSONL): a document is one conversation, a record "
+            'in the chat messages format ({"messages": [{"role", "content", "weight"}]}), or a '
+            '{"prompt", "completion"} pair, or alpaca\'s instruction/input/output (largetrain_core.chat: '
+            "malformed conversations rejected with line and reason); its messages are kept in a `messages` "
+            "column, its text is the conversation's canonical text (chat.conversation_text: what cleaning's rules, "
+            "deduplication and the token shards see). text_field is not used."
         ),
     )
     label_field: str | None = field(
@@ -137,6 +150,8 @@ class ReaderConfig:
             raise ValueError(f"partition must be in [0, {self.partitions}), got {self.partition}")
         if not 0.0 < self.sample_fraction <= 1.0:
             raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
 
 
 # ------------------------------------------------------------------------------------------------ compression
@@ -351,9 +366,11 @@ class Collector:
     ``Batch.renamed``.
     """
 
-    def __init__(self, batch_size: int, labelled: bool = False):
+    def __init__(self, batch_size: int, labelled: bool = False, chat: bool = False):
         self.batch_size = batch_size
         self.schema = LABELLED_DOC_SCHEMA if labelled else DOC_SCHEMA
+        if chat:
+            self.schema = self.schema.append(pa.field(MESSAGES, pa.large_string()))
         self.seen: set[str] = set()
         self.outcomes = 0  # documents + rejected records of the whole read (read_source checks the readers by it)
         self._clear()
@@ -373,6 +390,7 @@ class Collector:
         at: str,
         text: str,
         label: str | None = None,
+        messages: str | None = None,
     ) -> None:
         """Add one document; ``at`` ("line 3", "row 2", "" for a whole file) prefixes a rejection's reason."""
         doc_id = record_id or fallback
@@ -394,6 +412,8 @@ class Collector:
         self.docs["text"].append(text)
         if "label" in self.docs:
             self.docs["label"].append(label)
+        if MESSAGES in self.docs:
+            self.docs[MESSAGES].append(messages)
 
     def reject(self, source: str, position: int, reason: str) -> None:
         self.outcomes += 1
@@ -577,17 +597,42 @@ def exception_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).split('; use sys.set_int_max_str_digits()')[0]}"
 
 
-def _jsonl_record(raw: bytes, config: ReaderConfig) -> tuple[tuple[str | None, str | None, str] | None, str | None]:
-    """((id, label, text), None) for a line that makes a document, else (None, the reason)."""
+def _jsonl_record(raw: bytes, config: ReaderConfig) -> tuple[tuple | None, str | None]:
+    """((id, label, text, messages), None) for a line that makes a document, else (None, the reason);
+    ``messages`` (format chat, largetrain_core.chat.to_messages) as JSON, else None."""
     try:
+        if config.format == "chat":
+            return _chat_record(raw, config)
         record, reason = _parse_line(raw, config)
         if reason:
             return None, reason
         record_id = value_text(record.get(config.id_field)) if config.id_field else None
         label = value_text(record.get(config.label_field)) if config.label_field else None
-        return (record_id, label, record[config.text_field]), None
+        return (record_id, label, record[config.text_field], None), None
     except Exception as e:  # noqa: BLE001 -- one record's fault rejects that record
         return None, f"cannot read the record: {exception_text(e)}"
+
+
+def _chat_record(raw: bytes, config: ReaderConfig) -> tuple[tuple | None, str | None]:
+    """:func:`_jsonl_record` of format chat: the record's conversation (largetrain_core.chat.to_messages,
+    its format found from its keys), its canonical text and its messages as JSON; or the reason it is
+    no conversation (largetrain_core.chat's wording)."""
+    from largetrain_core import chat
+
+    try:
+        record = json.loads(raw)
+    except Exception as e:  # noqa: BLE001 -- whatever the parser raises on one line rejects that line
+        return None, f"cannot parse the JSON: {exception_text(e)}"
+    if not isinstance(record, dict):
+        return None, f"the line is a JSON {_json_type(record)}, not an object"
+    try:
+        _, messages = chat.to_messages(record)
+    except ValueError as e:
+        return None, str(e)
+    record_id = value_text(record.get(config.id_field)) if config.id_field else None
+    label = value_text(record.get(config.label_field)) if config.label_field else None
+    text = chat.conversation_text(messages)
+    return (record_id, label, text, json.dumps(messages, ensure_ascii=False)), None
 
 
 def _json_type(value) -> str:
@@ -672,8 +717,8 @@ def _read_jsonl(src: Source, config: ReaderConfig, out: Collector) -> Generator[
             if reason:
                 out.reject(src.rel, pos, f"line {pos}: {reason}")
             else:
-                record_id, label, text = fields
-                out.doc(record_id, f"{src.rel}:{pos}", src.rel, pos, f"line {pos}", text, label)
+                record_id, label, text, messages = fields
+                out.doc(record_id, f"{src.rel}:{pos}", src.rel, pos, f"line {pos}", text, label, messages)
             if out.full():
                 yield out.flush()
     return records

@@ -127,8 +127,8 @@ class LoraAdapterConfig(
     task_data: TaskDataConfig = Field(
         default_factory=TaskDataConfig,
         description=(
-            "How the examples of task classification are made from domain/deduplicated_text "
-            "(largetrain_core.training.tasks.TaskDataSettings); part of the data version for that task only."
+            "How the examples of tasks classification and chat are made from domain/deduplicated_text "
+            "(largetrain_core.training.tasks.TaskDataSettings); part of the data version for those tasks only."
         ),
     )
 
@@ -482,7 +482,8 @@ def _import_base(context: AssetExecutionContext, config: BaseCheckpointConfig, s
         AssetCheckSpec("beats_majority_baseline", asset="lora_adapter", blocking=True, description=MAJORITY_CHECK),
     ],
     description="A LoRA adapter (peft) on the base checkpoint, trained with DeepSpeed: on the domain shards (task "
-    "causal_lm), or a classifier on the domain corpus's labelled records (task classification); a PEFT directory.",
+    "causal_lm), a classifier on the domain corpus's labelled records (task classification), or an assistant on "
+    "its conversations (task chat, raw_corpus format chat); a PEFT directory.",
 )
 @not_retried_when_deterministic
 def lora_adapter(
@@ -561,13 +562,14 @@ def _trained(context, storage, launcher, trackers, key, version, settled, config
         raise Failure(str(e), allow_retries=e.retryable) from e
     model_dir = local_dir(summary["output"])
     evaluated = None
-    if settled.task == "classification":
+    if settled.task != "causal_lm":
+        base_dir, examples_dir = local_copy(base["stats"]["output"]), Path(settled.train_shards)
         evaluated = (
-            read_json(out / "evaluation.json", "classifier evaluation (evaluation.json)")
+            read_json(out / "evaluation.json", f"{settled.task} evaluation (evaluation.json)")
             if reused
-            else tasks.evaluate_classifier(
-                local_copy(base["stats"]["output"]), model_dir, Path(settled.train_shards), out, settled.seed
-            )
+            else tasks.evaluate_classifier(base_dir, model_dir, examples_dir, out, settled.seed)
+            if settled.task == "classification"
+            else tasks.evaluate_chat(base_dir, model_dir, examples_dir, out)
         )
     card = write_card(
         context,
@@ -604,6 +606,26 @@ def task_metadata(cfg: TrainConfig, out: Path, examples: dict | None, evaluated:
     md = {"task": cfg.task}
     if examples is None or evaluated is None:
         return md
+    if cfg.task == "chat":
+        rows = "\n".join(
+            "| {} | {} | {} |".format(
+                *(x.replace("|", "\\|").replace("\n", " ") for x in (g["prompt"], g["reference"], g["generated"]))
+            )
+            for g in evaluated["generations"]
+        )
+        md.update(
+            {
+                "test_assistant_loss": round(evaluated["assistant_loss"], 4),
+                "test_assistant_perplexity": evaluated["assistant_perplexity"]
+                and round(evaluated["assistant_perplexity"], 2),
+                "test_assistant_tokens": evaluated["assistant_tokens"],
+                "generations": MetadataValue.md("| prompt | reference | generated |\n|---|---|---|\n" + rows),
+                "split": MetadataValue.json(examples["split"]["counts"]),
+                "documents_left_out": len(examples["left_out"]),
+                "chat_template": MetadataValue.text(examples["manifest"].get("chat_template") or ""),
+            }
+        )
+        return md
     names = evaluated["label_names"]
     rows = "\n".join(
         f"| {name} | {evaluated[name]['accuracy']:.4f} | {evaluated[name]['macro_f1']:.4f} |"
@@ -631,7 +653,7 @@ def task_metadata(cfg: TrainConfig, out: Path, examples: dict | None, evaluated:
 
 def _majority_check(context, evaluated: dict | None) -> AssetCheckResult:
     """``beats_majority_baseline`` (MAJORITY_CHECK) of a classifier's evaluation, or a pass with a note."""
-    if evaluated is None:
+    if evaluated is None or "majority" not in evaluated:
         return AssetCheckResult(
             check_name="beats_majority_baseline", passed=True, metadata={"note": "not a classifier: nothing to check"}
         )
@@ -666,9 +688,13 @@ def card_task(cfg: TrainConfig, evaluated: dict | None, examples: dict | None) -
     if balance:
         per_class = ", ".join(f"{c} {balance['before'][c]} -> {balance['after'].get(c, 0)}" for c in balance["before"])
         task["balancing"] = f"{balance['mode']} (seed {balance['seed']}), documents per class {per_class}"
-    if evaluated is not None:
+    if evaluated is not None and cfg.task == "classification":
         task.update(
             label_names=evaluated["label_names"],
             test={k: evaluated[k] for k in ("lora", "tfidf_logreg", "majority")},
         )
+    if cfg.task == "chat" and examples:
+        task["chat_template"] = examples["manifest"].get("chat_template")
+        if evaluated is not None:
+            task["assistant_perplexity"] = evaluated["assistant_perplexity"]
     return task

@@ -184,17 +184,12 @@ def fine_tuning_examples(
 ) -> tuple[TrainConfig, dict]:
     """The examples of a fine-tuning task (``settled.task``) under ``<root>/<key>/<version>/examples``,
     built once from the documents of the deduplicated_text directory ``text``
-    (largetrain_core.training.tasks.classification_examples, with the base model's tokenizer), and
+    (largetrain_core.training.tasks.classification_examples or chat_examples, with the base model's
+    tokenizer), and
     ``settled`` with ``train_shards`` set to them. Returns (that config, the examples' report: manifest,
-    the documents left out, the split). Raises StageError (not retryable) for a task the lineage cannot
-    make examples for, an object-store root, or documents without the labels the task needs."""
+    the documents left out, the split). Raises StageError (not retryable) for an object-store root, or
+    documents without the labels or messages the task needs."""
     key = run.key[0]
-    if settled.task != "classification":
-        raise StageError(
-            f"{key}: task {settled.task!r} through the lineage needs its records kept through the data stages; only "
-            "classification is (task chat runs from task examples written by largetrain_core.training.tasks.write_chat, "
-            "through the training entry point)"
-        )
     problems = settings.problems()
     if problems:
         raise StageError(f"{key}: " + "; ".join(problems))
@@ -207,9 +202,8 @@ def fine_tuning_examples(
         tmp = examples.with_name(".tmp-examples")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            report = tasks.classification_examples(
-                part_files(text), Path(settled.model.base_model), settings, settled.seed, tmp
-            )
+            make = tasks.classification_examples if settled.task == "classification" else tasks.chat_examples
+            report = make(part_files(text), Path(settled.model.base_model), settings, settled.seed, tmp)
         except ValueError as e:
             raise StageError(f"{key}: {text}: {e}") from e
         write_json_atomic(tmp / "report.json", report)

@@ -310,30 +310,36 @@ def export(module, cfg, data: TaskExamples, state: dict | None, tmp: Path) -> No
 @dataclass
 class TaskDataSettings:
     """How a fine-tuning task's examples are made from the domain corpus's deduplicated text (the
-    lora_adapter stage, task classification)."""
+    lora_adapter stage, tasks classification and chat)."""
 
     seq_len: int = field(
         default=128,
         metadata=described(
             "Tokens of a record (classification: longer records are truncated to their first seq_len tokens, "
-            "shorter ones right-padded); at most the base model's max_position_embeddings."
+            "shorter ones right-padded) or of a packed row of conversations (chat: a longer conversation is cut "
+            "to its first seq_len tokens, counted); at most the base model's max_position_embeddings."
         ),
     )
     validation_fraction: float = field(
-        default=0.1, metadata=described("Share of each class's records held out for the validation loss.")
+        default=0.1,
+        metadata=described(
+            "Share of the records (of each class, for classification) held out for the validation loss."
+        ),
     )
     test_fraction: float = field(
         default=0.1,
         metadata=described(
-            "Share of each class's records held out for the evaluation after training (accuracy, macro-F1, "
-            "per-class precision/recall/F1, confusion matrix, beside the majority and TF-IDF baselines)."
+            "Share of the records held out for the evaluation after training: classification (stratified) accuracy, "
+            "macro-F1, per-class precision/recall/F1, confusion matrix, beside the majority and TF-IDF baselines; "
+            "chat the assistant tokens' perplexity and generations beside the reference answers."
         ),
     )
     labels: Optional[list[str]] = field(
         default=None,
         metadata=described(
-            "The label set, in label order (id2label). null: the labels found, sorted. A document whose label "
-            "is missing or not in the set is not trained on; each is named (source, position) in the metadata."
+            "Classification: the label set, in label order (id2label). null: the labels found, sorted. A document "
+            "whose label is missing or not in the set is not trained on; each is named (source, position) in the "
+            "metadata."
         ),
     )
 
@@ -487,4 +493,125 @@ def evaluate_classifier(base_model: Path, adapter: Path, examples: Path, out: Pa
         result["lora"]["confusion"], names, out / "confusion_matrix.png", "Confusion matrix (test split)"
     )
     (out / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def split_records(n: int, validation_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
+    """Record indices (int64, ascending) of the train, validation and test splits of ``n`` records: a
+    numpy PCG64 permutation seeded with ``seed``, validation the first ``round(n * validation_fraction)``
+    (at least 1 when the fraction is positive and n >= 3), test the next likewise, train the rest. Whole
+    records only: a conversation is never cut between splits."""
+    order = np.random.default_rng(seed).permutation(n)
+    sizes = [max(1, round(n * f)) if f > 0 and n >= 3 else 0 for f in (validation_fraction, test_fraction)]
+    v, t = sizes
+    return {
+        "train": np.sort(order[v + t :]).astype(np.int64),
+        "validation": np.sort(order[:v]).astype(np.int64),
+        "test": np.sort(order[v : v + t]).astype(np.int64),
+    }
+
+
+def chat_examples(parts: list[Path], base_model: Path, settings: TaskDataSettings, seed: int, out: Path) -> dict:
+    """Write the chat examples of the conversations in deduplicated_text part files ``parts`` (their
+    ``messages`` column: largetrain_core.readers format chat) into ``out``: split by record
+    (:func:`split_records`), rendered with the base model's tokenizer and chat template (ChatML when it
+    has none) and packed (:func:`write_chat`); ``records.json`` holds each split's doc_ids and messages.
+    Returns ``{"manifest", "left_out", "split"}``. Raises ValueError when no part has a ``messages``
+    column (raw_corpus read without format chat) or no conversation is left."""
+    import polars as pl
+    from transformers import AutoTokenizer
+
+    from largetrain_core.readers import MESSAGES
+
+    frames = [pl.read_parquet(p) for p in parts]
+    if not frames or any(MESSAGES not in f.columns for f in frames):
+        raise ValueError(
+            "task chat needs conversations: set raw_corpus format: chat and re-materialize the domain corpus"
+        )
+    df = pl.concat([f.select("doc_id", "source", MESSAGES) for f in frames])
+    left_out = [
+        {"doc_id": d, "source": s, "reason": "no messages"}
+        for d, s, m in zip(df["doc_id"].to_list(), df["source"].to_list(), df[MESSAGES].to_list())
+        if m is None
+    ]
+    df = df.filter(pl.col(MESSAGES).is_not_null())
+    if df.height == 0:
+        raise ValueError("no conversation to train on")
+    conversations = [json.loads(m) for m in df[MESSAGES].to_list()]
+    rows = split_records(len(conversations), settings.validation_fraction, settings.test_fraction, seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(base_model), local_files_only=True)
+    manifest = write_chat(out, {s: [conversations[i] for i in r] for s, r in rows.items()}, tokenizer, settings.seq_len)
+    ids = df["doc_id"].to_list()
+    records = {s: {"doc_id": [ids[i] for i in r], "messages": [conversations[i] for i in r]} for s, r in rows.items()}
+    (out / "records.json").write_text(json.dumps(records, ensure_ascii=False))
+    return {"manifest": manifest, "left_out": left_out, "split": {"counts": {s: len(r) for s, r in rows.items()}}}
+
+
+def load_chat_adapter(base_model: Path, adapter: Path):
+    """(model, tokenizer) of a chat adapter exported by :func:`export` on ``base_model``: the tokenizer
+    (with its chat template) from ``adapter``, the base with its embedding resized to it
+    (``resize_token_embeddings(len(tokenizer), mean_resizing=False)``: the template's rows come from the
+    adapter), then ``PeftModel.from_pretrained``; fp32, eval mode, local files only."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(base_model), dtype=torch.float32, use_safetensors=True, local_files_only=True
+    )
+    if len(tok) > model.config.vocab_size:
+        model.resize_token_embeddings(len(tok), mean_resizing=False)
+    return PeftModel.from_pretrained(model, str(adapter)).eval(), tok
+
+
+def evaluate_chat(
+    base_model: Path, adapter: Path, examples: Path, out: Path, generations: int = 5, max_new_tokens: int = 48
+) -> dict:
+    """Evaluate a chat adapter on the held-out test conversations of ``examples``: the loss (nats) and
+    perplexity on their trained assistant tokens only (:func:`task_loss` over the test rows, every
+    trained token counted once), and greedy generations through the chat template for the first
+    ``generations`` test conversations' last prompt, beside the reference answer. Writes
+    ``out/evaluation.json`` and returns it: ``{"assistant_loss", "assistant_perplexity",
+    "assistant_tokens", "generations": [{"doc_id", "prompt", "reference", "generated"}]}``."""
+    import math
+
+    import torch
+
+    model, tok = load_chat_adapter(base_model, adapter)
+    test = TaskExamples(examples, "test")
+    nats, n = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(test), 8):
+            batch = {k: torch.from_numpy(v) for k, v in test.take(np.arange(start, min(start + 8, len(test)))).items()}
+            nats += float(task_loss("chat", model, batch, reduction="sum"))
+            n += counted("chat", batch)
+    records = json.loads((examples / "records.json").read_text())["test"]
+    shown = []
+    for doc_id, messages in list(zip(records["doc_id"], records["messages"]))[:generations]:
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        prompt = tok.apply_chat_template(
+            messages[:last], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        with torch.no_grad():
+            ids = model.generate(
+                **prompt, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.eos_token_id
+            )
+        generated = tok.decode(ids[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+        shown.append(
+            {
+                "doc_id": doc_id,
+                "prompt": messages[last - 1]["content"],
+                "reference": messages[last]["content"],
+                "generated": generated,
+            }
+        )
+    loss = nats / n if n else float("nan")
+    result = {
+        "assistant_loss": loss,
+        "assistant_perplexity": math.exp(loss) if n and loss < 700 else None,
+        "assistant_tokens": n,
+        "generations": shown,
+    }
+    (out / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result

@@ -304,3 +304,41 @@ def test_recipe_4_a_classifier_on_your_labelled_records(lab, recipe2, tickets):
     model, tok = load_classifier(md(lab.instance, "base_checkpoint")["output"], Path(lora["path"]) / "adapter")
     (label,) = pipeline("text-classification", model=model, tokenizer=tok)(["I was charged twice for my order"])
     assert label["label"] in lora["label_names"]
+
+
+def test_recipe_5_an_assistant_from_your_chat_records(lab, recipe2, tmp_path):
+    """The chat recipe on the base the lab has: conversations read (malformed ones rejected by line), a message's
+    e-mail address redacted in the messages the adapter trains on, the adapter trained on assistant tokens and
+    evaluated on held-out conversations, its template saved with its tokenizer."""
+    from helpers.finetune import conversations
+    from largetrain_core.training.tasks import load_chat_adapter
+
+    chats = tmp_path / "chats.jsonl"
+    convs = conversations(60)
+    convs[1][0]["content"] = "write to jane.doe@acmemail.org please"
+    lines = [json.dumps({"id": f"c{i}", "messages": m}) for i, m in enumerate(convs)]
+    lines.append(json.dumps({"id": "bad", "messages": [{"role": "narrator", "content": "once"}]}))
+    chats.write_text("\n".join(lines) + "\n")
+    done, _ = lab.run(
+        "assistant_from_my_chats.yaml",
+        {
+            "domain__raw_corpus": {"path": str(chats), "max_rejected_fraction": 0.2},  # 1 of ~15 in a partition
+            "lora_adapter": {
+                "schedule": {"max_steps": 12},
+                "evaluation": {"eval_steps": 6},
+                "task_data": {"seq_len": 32},
+            },
+        },
+    )
+    assert done == documented_keys(REPO / "configs" / "assistant_from_my_chats.yaml")
+    lora = md(lab.instance, "lora_adapter")
+    assert (
+        lora["task"] == "chat" and lora["test_assistant_tokens"] > 0 and "| prompt | reference |" in lora["generations"]
+    )
+    out = Path(lora["path"])
+    records = json.loads((out / "examples" / "records.json").read_text())
+    contents = [m["content"] for s in records.values() for c in s["messages"] for m in c]
+    assert not any("acmemail" in c for c in contents) and "write to <EMAIL> please" in contents
+    assert "narrator" not in json.dumps(records)
+    model, tok = load_chat_adapter(md(lab.instance, "base_checkpoint")["output"], out / "adapter")
+    assert "<|im_start|>" in tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
