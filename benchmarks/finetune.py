@@ -445,15 +445,17 @@ def run_packing(s: dict, work: Path) -> dict:
 
 
 def default_base() -> Path:
-    """The newest ``.largetrain/base_checkpoint/*/model`` under the repository root (``make demo``'s
-    base, llama-3m); SystemExit with what to do when there is none."""
-    found = [p for p in (REPO / ".largetrain" / "base_checkpoint").glob("*/model") if (p / "config.json").is_file()]
-    if not found:
-        raise SystemExit(
-            f"no base model under {REPO / '.largetrain' / 'base_checkpoint'}/*/model: run `make demo` first, "
-            "or give --base DIR (a Hugging Face causal-LM directory with its tokenizer)"
-        )
-    return max(found, key=lambda p: p.stat().st_mtime)
+    """The newest ``.largetrain/base_checkpoint/*/model`` (``make demo``'s base, llama-3m) under the
+    working directory, else under the repository root; SystemExit with what to do when there is none."""
+    roots = dict.fromkeys([Path.cwd() / ".largetrain", REPO / ".largetrain"])
+    for root in roots:
+        found = [p for p in (root / "base_checkpoint").glob("*/model") if (p / "config.json").is_file()]
+        if found:
+            return max(found, key=lambda p: p.stat().st_mtime)
+    raise SystemExit(
+        f"no base model under {' or '.join(str(r / 'base_checkpoint') for r in roots)} (*/model): run `make demo` "
+        "first, or give --base DIR (a Hugging Face causal-LM directory with its tokenizer)"
+    )
 
 
 def lora_config(task: str, s: dict, examples: Path, base: Path, out: Path):
@@ -629,6 +631,9 @@ def run_classification(s: dict, fortunes: Path, base: Path, work: Path) -> dict:
         "tfidf_logreg": tfidf,
         "majority": majority,
         "label_names": names,
+        "steps": s["max_steps"],
+        "seq_len": s["seq_len"],
+        "learning_rate": s["learning_rate"],
         "label_counts": {
             "train": split.counts["train"],
             "train_balanced": balanced.report["after"],

@@ -59,6 +59,7 @@ def test_the_classification_part_has_each_classifier_and_the_label_counts(result
     for run in (c["lora"], c["unbalanced"]["lora"]):
         assert set(RUN) <= set(run) and run["steps"] == 2
     assert c["label_names"] == names
+    assert (c["steps"], c["seq_len"], c["learning_rate"]) == (2, 64, 3e-3)
     assert set(c["label_counts"]) == {"train", "train_balanced", "validation", "test"}
     assert sum(c["label_counts"]["test"].values()) == c["majority"]["n"] == 2  # one fortune of each class
     assert c["lora"]["train_rows"] == sum(c["label_counts"]["train_balanced"].values())
