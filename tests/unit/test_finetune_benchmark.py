@@ -86,4 +86,4 @@ def test_trained_tokens_equal_on_batches_with_truncation(finetune):
 
 def test_an_unknown_part_is_refused(finetune):
     with pytest.raises(SystemExit):
-        finetune.main(["--parts", "classification"])
+        finetune.main(["--parts", "unknown"])
