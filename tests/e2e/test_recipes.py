@@ -1,7 +1,7 @@
-"""The four recipes of docs/guides/your-data.md (recipe 1 is the README's quick start), materialized from their config files
+"""The five recipes of docs/guides/your-data.md (recipe 1 is the README's quick start), materialized from their config files
 in configs/ with the asset selections their headers give to `dagster asset materialize`, so that the
 recipes cannot rot: 2 (pretrain on your corpus) on an empty storage root, then 1 (LoRA on your corpus
-with the existing base), then 3 (import a Hugging Face model directory and adapt it), then 4 (a classifier on the labelled records).
+with the existing base), then 3 (import a Hugging Face model directory and adapt it), then 4 (a classifier on the labelled records) and 5 (an assistant from chat records).
 
 Each config file is read as it is; the test overrides only paths (the corpora, the model directory)
 and sizes (sequence length, vocabulary, preset, steps, evaluation) to keep it small, and cuts the run

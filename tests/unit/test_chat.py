@@ -398,3 +398,51 @@ def test_each_example_loses_the_same_packed_padded_or_alone(tok):
                 model, b["input_ids"], b["labels"], attention_mask=torch.as_tensor(b["attention_mask"])
             )
             assert per_pos.sum(1).tolist() == pytest.approx([alone[i] for i in batch], abs=1e-5, rel=0)
+
+
+def test_the_corpus_reader_keeps_conversations_and_cleaning_acts_on_each_message(tmp_path):
+    """raw_corpus format chat: one document per conversation (its messages kept, its text the canonical
+    conversation text), the malformed records rejected by line; cleaned_text normalizes and redacts each
+    message's content and makes the text again from them."""
+    import polars as pl
+
+    from largetrain_core.clean import QualityConfig, clean_part
+    from largetrain_core.corpus import ingest
+    from largetrain_core.readers import ReaderConfig
+    from largetrain_core.stages.raw_corpus import settings_version
+
+    src = tmp_path / "chats.jsonl"
+    src.write_text(
+        json.dumps(
+            {
+                "id": "a",
+                "messages": [
+                    {"role": "user", "content": "mail bob@acmemail.org\r\nnow"},
+                    {"role": "assistant", "content": "Done."},
+                ],
+            }
+        )
+        + "\n"
+        + json.dumps({"prompt": "2+2?", "completion": "4"})
+        + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "hi"}]})
+        + "\n"
+    )
+    out = tmp_path / "raw"
+    out.mkdir()
+    stats = ingest(ReaderConfig(path=str(src), format="chat"), out)
+    assert (stats["documents"], stats["rejected"]) == (2, 1)
+    assert pl.read_parquet(out / "rejected.parquet")["reason"].to_list() == [
+        "line 3: no assistant message: nothing to train on"
+    ]
+    raw = pl.read_parquet(out / "part-00000.parquet")
+    assert raw.columns == ["doc_id", "source", "text", "messages"]
+    assert raw["doc_id"].to_list() == ["a", "chats.jsonl:2"]
+    assert raw["text"][1] == chat.conversation_text(json.loads(raw["messages"][1]))
+    kept, removed, counts = clean_part(raw, QualityConfig(gopher_quality=False, gopher_repetition=False, c4=False))
+    first = json.loads(kept["messages"][0])
+    assert first[0]["content"] == "mail <EMAIL>\nnow" and counts["pii_email"] == 1
+    assert kept["pii_email"].to_list() == [1, 0] and removed.height == 0
+    assert kept["text"][0] == chat.conversation_text(first)
+    assert "format" not in settings_version(ReaderConfig(path="x"))  # text corpora keep their versions
+    assert settings_version(ReaderConfig(path="x", format="chat"))["format"] == "chat"
