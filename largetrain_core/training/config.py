@@ -671,8 +671,8 @@ class TrainConfig:
             )
         if self.task != "causal_lm" and self.mode != "lora":
             p.append(f"task {self.task!r} fine-tunes a base model: it needs mode 'lora' (pretraining is causal_lm)")
-        if self.task != "causal_lm" and self.lora.merge_export:
-            p.append(f"lora.merge_export is for task causal_lm; a {self.task} adapter is loaded with PeftModel")
+        if self.task == "classification" and self.lora.merge_export:
+            p.append("lora.merge_export is for tasks causal_lm and chat; a classifier is loaded with PeftModel")
         if self.mode == "pretrain" and self.lora.merge_export:
             p.append("lora.merge_export applies to mode 'lora' only; set it to false for pretraining")
         return p

@@ -36,7 +36,11 @@ def export(engine, cfg: TrainConfig, out: Path, rank: int, dist) -> Path:
         else:
             save_adapter(engine.module, cfg.lora.adapter_name, state, tmp)
         _replace_dir(tmp, final)
-        if cfg.mode == "lora" and cfg.lora.merge_export:
+        if cfg.task == "chat" and cfg.lora.merge_export:
+            from largetrain_core.training import tasks
+
+            tasks.export_chat_merged(Path(cfg.model.base_model), final, out / "merged", tasks.probe(cfg.train_shards))
+        elif cfg.mode == "lora" and cfg.lora.merge_export:
             export_merged(
                 Path(cfg.model.base_model), final, cfg.lora.adapter_name, out / "merged", probe_batch(cfg.train_shards)
             )

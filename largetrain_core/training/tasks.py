@@ -615,3 +615,51 @@ def evaluate_chat(
     }
     (out / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result
+
+
+def probe(examples: str | Path, n: int = 2):
+    """The first ``n`` validation rows' input_ids of chat ``examples`` (train rows when there is no
+    validation row), int64 of shape (rows, seq_len): the probe batch of :func:`export_chat_merged`."""
+    import torch
+
+    directory = Path(examples)
+    data = TaskExamples(directory, "validation") if (directory / "validation.arrow").is_file() else None
+    if data is None or not len(data):
+        data = TaskExamples(directory, "train")
+    return torch.from_numpy(data.take(np.arange(min(n, len(data))))["input_ids"])
+
+
+def export_chat_merged(base_model: Path, adapter: Path, final: Path, probe_ids) -> None:
+    """``final``: a chat adapter folded into its base (the embedding resized, the template's rows and the
+    LoRA updates merged: PEFT ``merge_and_unload``), a Hugging Face directory with the adapter's tokenizer
+    and chat template, so that ``AutoModelForCausalLM`` and ``pipeline("text-generation")`` load it
+    without PEFT. Verified as largetrain_core.training.export.export_merged verifies: loaded again it
+    must give base + adapter's logits on ``probe_ids`` within MERGE_TOLERANCE relative, else nothing is
+    written and ValueError says by how much they differ."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from largetrain_core.training.export import MERGE_TOLERANCE
+
+    model, tok = load_chat_adapter(base_model, adapter)
+    with torch.no_grad():
+        want = model(input_ids=probe_ids).logits
+    merged = model.merge_and_unload()
+    merged.config.use_cache = True
+    tmp = final.with_name(f".tmp-{final.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(str(tmp), safe_serialization=True)
+    tok.save_pretrained(str(tmp))
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(str(tmp), local_files_only=True).eval()(input_ids=probe_ids).logits
+    diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+    if not diff <= MERGE_TOLERANCE:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(
+            f"merged export of {adapter} on {base_model} refused: its logits differ from base + adapter by {diff:.3g} "
+            f"(max relative), more than {MERGE_TOLERANCE:g}; load the adapter with PEFT instead"
+        )
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)

@@ -111,7 +111,7 @@ def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(b
 
     from largetrain_core import chat
 
-    cfg = config("chat", tmp_path / "out", chat_examples, base)
+    cfg = config("chat", tmp_path / "out", chat_examples, base, lora={"r": 8, "lora_alpha": 16.0, "merge_export": True})
     torchrun(cfg, tmp_path)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["task"] == "chat" and summary["last_loss"] < summary["first_loss"]
@@ -135,6 +135,14 @@ def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(b
     generate = pipeline("text-generation", model=model, tokenizer=tok)
     (reply,) = generate([{"role": "user", "content": "my refund question"}], max_new_tokens=4, do_sample=False)
     assert reply["generated_text"][-1]["role"] == "assistant"
+    # merged/: loaded without PEFT, the same next-token logits as base + adapter, and the template with it
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "merged").eval()
+    merged_tok = AutoTokenizer.from_pretrained(tmp_path / "out" / "merged")
+    assert merged_tok.chat_template == chat.CHATML_TEMPLATE
+    ids = torch.tensor([chat.render(tok, messages)[0].tolist()])
+    with torch.no_grad():
+        a, b = merged(input_ids=ids).logits, model(input_ids=ids).logits
+    assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
 
 
 @pytest.mark.parametrize("task", ["classification", "chat"])
