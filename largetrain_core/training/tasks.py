@@ -208,7 +208,7 @@ def write_chat(out: Path, splits: dict[str, Sequence[Sequence[dict]]], tokenizer
     return _write_manifest(out, manifest, tokenizer)
 
 
-def task_loss(task: str, model, batch: dict, reduction: str = "mean"):
+def task_loss(task: str, model, batch: dict, reduction: str = "mean", weights=None):
     """The loss (nats, a 0-d fp32 tensor) of ``model`` (or a DeepSpeed engine around it) on ``batch``
     (int64 tensors from :meth:`TaskExamples.take`):
 
@@ -218,7 +218,8 @@ def task_loss(task: str, model, batch: dict, reduction: str = "mean"):
       tokens), position t predicted from positions < t (logits ``[:, :-1]`` against labels ``[:, 1:]``),
       attention kept within each packed example by its ``position_ids`` (largetrain_core.chat).
 
-    ``reduction``: ``mean`` over the counted targets (0 when there is none), or ``sum``."""
+    ``reduction``: ``mean`` over the counted targets (0 when there is none), or ``sum``. ``weights``:
+    classification's class weights (float32 tensor of shape (num_labels,); the weighted mean)."""
     import torch
     import torch.nn.functional as F
 
@@ -226,7 +227,7 @@ def task_loss(task: str, model, batch: dict, reduction: str = "mean"):
         ids = batch["input_ids"]
         mask = (torch.arange(ids.shape[1], device=ids.device)[None, :] < batch["length"][:, None]).long()
         logits = model(input_ids=ids, attention_mask=mask).logits
-        return F.cross_entropy(logits.float(), batch["label"], reduction=reduction)
+        return F.cross_entropy(logits.float(), batch["label"], weight=weights, reduction=reduction)
     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
     targets = batch["labels"][:, 1:]
     total = F.cross_entropy(
@@ -334,6 +335,13 @@ class TaskDataSettings:
             "chat the assistant tokens' perplexity and generations beside the reference answers."
         ),
     )
+    class_weights: bool = field(
+        default=False,
+        metadata=described(
+            "Classification: weight each class's loss by n / (k n_c) over the train split (scikit-learn's "
+            "'balanced'), the other way to balance than deduplicated_text's up- or down-sampling; use one of them."
+        ),
+    )
     labels: Optional[list[str]] = field(
         default=None,
         metadata=described(
@@ -435,6 +443,11 @@ def classification_examples(
         tokenizer,
         settings.seq_len,
     )
+    if settings.class_weights:
+        from largetrain_core.classification import class_weights
+
+        manifest["class_weights"] = [round(float(w), 6) for w in class_weights(docs["label"][split.train], len(names))]
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     records = {
         s: {
             "doc_id": [docs["doc_id"][i] for i in r],

@@ -165,6 +165,8 @@ class Trainer:
             self.data = tasks.open_split(cfg, "train")  # token shards at a URL: streamed through the node's cache
         if len(self.data) == 0:
             raise ValueError(f"{cfg.train_shards}: the train split holds no sequence")
+        weights = self.data.manifest.get("class_weights")  # classification: the loss's class weights, if any
+        self.class_weights = torch.tensor(weights, dtype=torch.float32, device=self.device) if weights else None
         if cfg.evaluation.eval_strategy != "no":
             self.evaluator = Evaluator(
                 cfg.train_shards,
@@ -293,7 +295,7 @@ class Trainer:
                 loss = next_token_loss(self.engine, batch)
             else:
                 batch = {k: torch.from_numpy(v).to(self.device) for k, v in self.data.take(idx).items()}
-                loss = tasks.task_loss(self.cfg.task, self.engine, batch)
+                loss = tasks.task_loss(self.cfg.task, self.engine, batch, weights=self.class_weights)
             self.engine.backward(loss)
             self.engine.step()
             loss_sum += loss.detach().double()

@@ -398,3 +398,42 @@ def test_export_loads_back_with_the_documented_client_code(trained):
     # without the exported config the base knows no labels: the names would be lost
     bare = AutoModelForSequenceClassification.from_pretrained(base_model_dir)
     assert bare.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
+
+
+def test_classification_examples_from_deduplicated_parts(tmp_path, bpe_dir):
+    """lora_adapter's examples (largetrain_core.training.tasks.classification_examples): documents without a
+    label in the set left out and named, the split stratified by record, the balancing's copies repeated in
+    the train split only, and the class weights of the natural train split."""
+    from largetrain_core.training.tasks import TaskDataSettings, TaskExamples, classification_examples
+
+    base = tiny_base(bpe_dir, tmp_path / "base")
+    texts, labels = separable_set()
+    names = list(WORDS)
+    parts = tmp_path / "text"
+    parts.mkdir()
+    label_col = [names[i] for i in labels] + [None, "refunds"]
+    copies = [2 if names[i] == "account" else 1 for i in labels] + [1, 1]
+    pl.DataFrame(
+        {
+            "doc_id": [f"d{i}" for i in range(len(label_col))],
+            "source": [f"t.jsonl:{i + 1}" for i in range(len(label_col))],
+            "text": texts + ["no label", "another label"],
+            "label": label_col,
+            "copies": pl.Series(copies, dtype=pl.UInt32),
+        }
+    ).write_parquet(parts / "part-00000.parquet")
+    settings = TaskDataSettings(
+        seq_len=16, validation_fraction=0.2, test_fraction=0.2, class_weights=True, labels=names
+    )
+    report = classification_examples([parts / "part-00000.parquet"], base, settings, 0, tmp_path / "examples")
+    assert [(d["doc_id"], d["source"], d["reason"]) for d in report["left_out"]] == [
+        ("d120", "t.jsonl:121", "no label"),
+        ("d121", "t.jsonl:122", "label 'refunds' is not in the label set ['billing', 'shipping', 'account']"),
+    ]
+    counts = report["split"]["counts"]
+    assert counts["train"] == {"billing": 36, "shipping": 22, "account": 14}  # 60 / 36 / 24 at 0.6 / 0.2 / 0.2
+    train = TaskExamples(tmp_path / "examples", "train").take(np.arange(72 + 14))["label"]
+    assert np.bincount(train).tolist() == [36, 22, 28]  # account's 14 documents, 2 copies each
+    assert np.bincount(TaskExamples(tmp_path / "examples", "test").take(np.arange(24))["label"]).tolist() == [12, 7, 5]
+    weights = report["manifest"]["class_weights"]
+    assert weights == [round(72 / (3 * n), 6) for n in (36, 22, 14)]  # sklearn's balanced, natural train split
