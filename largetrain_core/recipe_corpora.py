@@ -77,6 +77,17 @@ def _overstrike(line: str) -> str:
     return "".join(cells)
 
 
+def read_utf8(path: Path) -> str:
+    """The text of ``path``, strictly UTF-8. Raises ValueError naming the file, the line and the byte offset
+    of the first byte that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}: line {line} (byte {e.start}): not UTF-8: {e.reason}") from e
+
+
 def parse_fortunes(text: str, category: str) -> list[str]:
     """The fortunes of one fortune file's ``text``, in file order.
 
@@ -144,12 +155,7 @@ def fortune_records(directory: str | Path, categories: list[str] | tuple[str, ..
             raise ValueError(f"{path}: a symlink (fortune's .u8 links name the real files); give the file's name")
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such fortune file (category {category!r})")
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = data.count(b"\n", 0, e.start) + 1
-            raise ValueError(f"{path}: line {line} (byte {e.start}): not UTF-8: {e.reason}") from e
+        text = read_utf8(path)
         fortunes = parse_fortunes(text, category)
         if not fortunes:
             raise ValueError(f"{path}: no fortune in the file (entries are separated by lines holding only '%')")
@@ -304,12 +310,7 @@ def faq_records(directory: str | Path) -> list[dict]:
     records: list[dict] = []
     for path in pages:
         page = path.name.removesuffix(".txt").removesuffix(".rst")
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = data.count(b"\n", 0, e.start) + 1
-            raise ValueError(f"{path}: line {line} (byte {e.start}): not UTF-8: {e.reason}") from e
+        text = read_utf8(path)
         try:
             pairs = parse_faq_rst(text, page)
         except ValueError as e:

@@ -99,7 +99,6 @@ def export_merged(base_dir: Path, adapter_dir: Path, adapter_name: str, final: P
     base + adapter (unmerged) on ``probe`` (int64 token ids, shape (batch, positions)) within
     MERGE_TOLERANCE relative; else nothing is written and ValueError names the difference and its cause
     (the adapted modules whose weight is tied to another's, lora.tied_targets, when there are any)."""
-    import torch
     from peft import PeftConfig, PeftModel
 
     from largetrain_core.model import load_model
@@ -110,16 +109,8 @@ def export_merged(base_dir: Path, adapter_dir: Path, adapter_name: str, final: P
     targets = PeftConfig.from_pretrained(str(adapter_dir)).target_modules
     tied = tied_targets(base, [targets] if isinstance(targets, str) else sorted(targets))
     model = PeftModel.from_pretrained(base, str(adapter_dir), adapter_name=adapter_name).eval()
-    with torch.no_grad():
-        want = model(input_ids=probe).logits
-    merged = model.merge_and_unload()
-    merged.config.use_cache = True
     tmp = final.with_name(f".tmp-{final.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(str(tmp), safe_serialization=True)
-    with torch.no_grad():
-        got = load_model(tmp).eval()(input_ids=probe).logits
-    diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+    diff = merge_into(model, probe, tmp)
     if not diff <= MERGE_TOLERANCE:
         shutil.rmtree(tmp, ignore_errors=True)
         cause = (
@@ -139,6 +130,26 @@ def export_merged(base_dir: Path, adapter_dir: Path, adapter_name: str, final: P
     if (base_dir / "tokenizer.json").exists():
         save_hf_tokenizer(load_tokenizer_info(base_dir), tmp)
     _replace_dir(tmp, final)
+
+
+def merge_into(model, probe, tmp: Path) -> float:
+    """Fold the PEFT ``model``'s adapter into its base (``merge_and_unload``), save the result as a Hugging
+    Face directory ``tmp`` (replaced; safetensors, ``use_cache`` on) and load it again: returns the max
+    relative difference of its logits from the unmerged model's on ``probe`` (int64 token ids, shape
+    (batch, positions)), max |merged - unmerged| / max |unmerged|."""
+    import torch
+
+    from largetrain_core.model import load_model
+
+    with torch.no_grad():
+        want = model(input_ids=probe).logits
+    merged = model.merge_and_unload()
+    merged.config.use_cache = True
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(str(tmp), safe_serialization=True)
+    with torch.no_grad():
+        got = load_model(tmp).eval()(input_ids=probe).logits
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:

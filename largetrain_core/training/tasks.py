@@ -651,23 +651,12 @@ def export_chat_merged(base_model: Path, adapter: Path, final: Path, probe_ids) 
     written and ValueError says by how much they differ."""
     import shutil
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from largetrain_core.training.export import MERGE_TOLERANCE
+    from largetrain_core.training.export import MERGE_TOLERANCE, merge_into
 
     model, tok = load_chat_adapter(base_model, adapter)
-    with torch.no_grad():
-        want = model(input_ids=probe_ids).logits
-    merged = model.merge_and_unload()
-    merged.config.use_cache = True
     tmp = final.with_name(f".tmp-{final.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(str(tmp), safe_serialization=True)
+    diff = merge_into(model, probe_ids, tmp)
     tok.save_pretrained(str(tmp))
-    with torch.no_grad():
-        got = AutoModelForCausalLM.from_pretrained(str(tmp), local_files_only=True).eval()(input_ids=probe_ids).logits
-    diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
     if not diff <= MERGE_TOLERANCE:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(

@@ -54,3 +54,15 @@ def tiny_base(bpe_dir: Path, out: Path) -> Path:
     build_model("llama-tiny", info.vocab_size, MAX_LENGTH, info.eos_id, seed=3).save_pretrained(out)
     save_hf_tokenizer(info, out)
     return out
+
+
+def benchmark_module():
+    """benchmarks/finetune.py loaded as a module (it is a script, not a package module)."""
+    import importlib.util
+
+    from helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("finetune_benchmark", REPO / "benchmarks" / "finetune.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,13 +3,12 @@ main() on a tiny Llama base, the fortune sample of tests/data/recipe_corpora and
 tests/data/chat, 2 steps a LoRA run (4 trainings under torchrun, 1 rank each). The JSON's structure only:
 never timing, never that one classifier or adapter beats another."""
 
-import importlib.util
 import json
 import math
 
 import pytest
 
-from helpers import REPO, TESTS
+from helpers import TESTS
 from helpers.finetune import tiny_base
 
 CLASSIFIERS = ("macro_f1", "accuracy", "per_class_f1", "per_class", "confusion", "n")
@@ -18,10 +17,9 @@ RUN = ("steps", "first_loss", "last_loss", "train_seconds", "wall_seconds")
 
 @pytest.fixture(scope="module")
 def finetune():
-    spec = importlib.util.spec_from_file_location("finetune_benchmark", REPO / "benchmarks" / "finetune.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from helpers.finetune import benchmark_module
+
+    return benchmark_module()
 
 
 @pytest.fixture(scope="module")

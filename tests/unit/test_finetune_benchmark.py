@@ -1,12 +1,10 @@
 """benchmarks/finetune.py's packing part (issue 40 (b)) at a tiny size: the JSON's structure, the three
 paths training on the same tokens, and the merge that keeps other parts' keys. Never on timing."""
 
-import importlib.util
 import json
 
 import pytest
 
-from helpers import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -16,10 +14,9 @@ PER_PATH = ("trained_tokens_per_s", "padding_fraction", "steps", "seconds", "tra
 
 @pytest.fixture(scope="module")
 def finetune():
-    spec = importlib.util.spec_from_file_location("finetune_benchmark", REPO / "benchmarks" / "finetune.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from helpers.finetune import benchmark_module
+
+    return benchmark_module()
 
 
 @pytest.fixture(scope="module")
