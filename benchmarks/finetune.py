@@ -61,7 +61,7 @@ Parts (``--parts``, comma-separated):
   ``{"id", "text", "label"}``: 12 unbalanced categories, ~4,100 records; scripts/fetch_corpora.sh) read by
   largetrain_core.classification.read_labelled, split by record stratified by label (stratified_split, the
   stage's helper: 0.7 / 0.1 / 0.2, seed 0). Four classifiers, evaluated on the test split by
-  largetrain_core.training.tasks.evaluate_classifier (the stage's evaluation): the majority class and
+  largetrain_core.training.task_evaluation.evaluate_classifier (the stage's evaluation): the majority class and
   TF-IDF + logistic regression fitted on the natural train split, and two LoRA sequence classifiers trained
   by the real entry point under torchrun (``python -m torch.distributed.run --standalone
   --nproc_per_node=1 -m largetrain_core.training CONFIG.json``: a TrainConfig of mode lora, task
@@ -586,7 +586,7 @@ def run_classification(s: dict, fortunes: Path, base: Path, work: Path) -> dict:
         read_labelled,
         stratified_split,
     )
-    from largetrain_core.training import tasks
+    from largetrain_core.training import task_evaluation, tasks
 
     torch.set_num_threads(1)
     load_before = os.getloadavg()
@@ -619,7 +619,9 @@ def run_classification(s: dict, fortunes: Path, base: Path, work: Path) -> dict:
         out = work / f"cls-{name}" / "out"
         summary = launch_training(lora_config("classification", s, examples, base, out), work, f"cls-{name}")
         t = time.perf_counter()
-        evaluations[name] = tasks.evaluate_classifier(base, out / "adapter", examples, work / f"cls-{name}", s["seed"])
+        evaluations[name] = task_evaluation.evaluate_classifier(
+            base, out / "adapter", examples, work / f"cls-{name}", s["seed"]
+        )
         runs[name] = {**run_facts(summary), "evaluation_seconds": time.perf_counter() - t, "train_rows": len(rows)}
     first = evaluations["balanced"]
     majority, tfidf = classifier_scores(first["majority"]), classifier_scores(first["tfidf_logreg"])

@@ -201,9 +201,9 @@ class _PositionedCollector(Collector):
         super().__init__(batch_size, labelled=True)
         self.positions: list[tuple[str, int, str]] = []
 
-    def doc(self, record_id, fallback, source, position, at, text, label=None):
+    def doc(self, record_id, fallback, source, position, at, text, label=None, messages=None):
         before = len(self.docs["doc_id"])
-        super().doc(record_id, fallback, source, position, at, text, label)
+        super().doc(record_id, fallback, source, position, at, text, label, messages)
         if len(self.docs["doc_id"]) > before:
             self.positions.append((source, position, at))
 

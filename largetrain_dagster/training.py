@@ -40,8 +40,8 @@ from largetrain_core.storage import (
 )
 from largetrain_core.stages.base import StageError
 from largetrain_core.stages.training import fine_tuning_examples, local_dir, seal_training, train, training_version
-from largetrain_core.training import tasks
-from largetrain_core.training.tasks import TaskDataSettings
+from largetrain_core.training import task_evaluation
+from largetrain_core.training.task_data import TaskDataSettings
 from largetrain_core.training import health
 from largetrain_core.training.config import TrainConfig, sectioned
 from largetrain_core.training.plan import PlanSettings
@@ -128,7 +128,7 @@ class LoraAdapterConfig(
         default_factory=TaskDataConfig,
         description=(
             "How the examples of tasks classification and chat are made from domain/deduplicated_text "
-            "(largetrain_core.training.tasks.TaskDataSettings); part of the data version for those tasks only."
+            "(largetrain_core.training.task_data.TaskDataSettings); part of the data version for those tasks only."
         ),
     )
 
@@ -319,7 +319,7 @@ LOSS_CHECK = (
 
 MAJORITY_CHECK = (
     "task classification: the classifier's macro-F1 on the held-out test split is above the majority-class "
-    "baseline's (largetrain_core.training.tasks.evaluate_classifier; blocking). Other tasks: passes, with a note."
+    "baseline's (largetrain_core.training.task_evaluation.evaluate_classifier; blocking). Other tasks: passes, with a note."
 )
 
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
@@ -567,9 +567,9 @@ def _trained(context, storage, launcher, trackers, key, version, settled, config
         evaluated = (
             read_json(out / "evaluation.json", f"{settled.task} evaluation (evaluation.json)")
             if reused
-            else tasks.evaluate_classifier(base_dir, model_dir, examples_dir, out, settled.seed)
+            else task_evaluation.evaluate_classifier(base_dir, model_dir, examples_dir, out, settled.seed)
             if settled.task == "classification"
-            else tasks.evaluate_chat(base_dir, model_dir, examples_dir, out)
+            else task_evaluation.evaluate_chat(base_dir, model_dir, examples_dir, out)
         )
     card = write_card(
         context,

@@ -34,9 +34,10 @@ from largetrain_core.storage import (
     write_json_atomic,
     write_manifest,
 )
-from largetrain_core.training import preflight, tasks
+from largetrain_core.training import preflight
 from largetrain_core.training.config import TrainConfig
-from largetrain_core.training.tasks import TaskDataSettings
+from largetrain_core.training import task_data
+from largetrain_core.training.task_data import TaskDataSettings
 from largetrain_core.training.trackers import METRICS
 
 # The directory a finished training exports, by stage.
@@ -184,7 +185,7 @@ def fine_tuning_examples(
 ) -> tuple[TrainConfig, dict]:
     """The examples of a fine-tuning task (``settled.task``) under ``<root>/<key>/<version>/examples``,
     built once from the documents of the deduplicated_text directory ``text``
-    (largetrain_core.training.tasks.classification_examples or chat_examples, with the base model's
+    (largetrain_core.training.task_data.classification_examples or chat_examples, with the base model's
     tokenizer), and
     ``settled`` with ``train_shards`` set to them. Returns (that config, the examples' report: manifest,
     the documents left out, the split). Raises StageError (not retryable) for an object-store root, or
@@ -202,7 +203,7 @@ def fine_tuning_examples(
         tmp = examples.with_name(".tmp-examples")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            make = tasks.classification_examples if settled.task == "classification" else tasks.chat_examples
+            make = task_data.classification_examples if settled.task == "classification" else task_data.chat_examples
             report = make(part_files(text), Path(settled.model.base_model), settings, settled.seed, tmp)
         except ValueError as e:
             raise StageError(f"{key}: {text}: {e}") from e

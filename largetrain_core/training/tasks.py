@@ -25,13 +25,11 @@ tokens, the embedding resized and those rows trained (PEFT ``trainable_token_ind
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from largetrain_core.settings import described
 
 TASKS = ("causal_lm", "classification", "chat")
 FINE_TUNING = ("classification", "chat")
@@ -308,328 +306,6 @@ def export(module, cfg, data: TaskExamples, state: dict | None, tmp: Path) -> No
         config.save_pretrained(str(tmp))
 
 
-@dataclass
-class TaskDataSettings:
-    """How a fine-tuning task's examples are made from the domain corpus's deduplicated text (the
-    lora_adapter stage, tasks classification and chat)."""
-
-    seq_len: int = field(
-        default=128,
-        metadata=described(
-            "Tokens of a record (classification: longer records are truncated to their first seq_len tokens, "
-            "shorter ones right-padded) or of a packed row of conversations (chat: a longer conversation is cut "
-            "to its first seq_len tokens, counted); at most the base model's max_position_embeddings."
-        ),
-    )
-    validation_fraction: float = field(
-        default=0.1,
-        metadata=described(
-            "Share of the records (of each class, for classification) held out for the validation loss."
-        ),
-    )
-    test_fraction: float = field(
-        default=0.1,
-        metadata=described(
-            "Share of the records held out for the evaluation after training: classification (stratified) accuracy, "
-            "macro-F1, per-class precision/recall/F1, confusion matrix, beside the majority and TF-IDF baselines; "
-            "chat the assistant tokens' perplexity and generations beside the reference answers."
-        ),
-    )
-    class_weights: bool = field(
-        default=False,
-        metadata=described(
-            "Classification: weight each class's loss by n / (k n_c) over the train split (scikit-learn's "
-            "'balanced'), the other way to balance than deduplicated_text's up- or down-sampling; use one of them."
-        ),
-    )
-    labels: Optional[list[str]] = field(
-        default=None,
-        metadata=described(
-            "Classification: the label set, in label order (id2label). null: the labels found, sorted. A document "
-            "whose label is missing or not in the set is not trained on; each is named (source, position) in the "
-            "metadata."
-        ),
-    )
-
-    def problems(self) -> list[str]:
-        p = [] if self.seq_len >= 1 else [f"task_data.seq_len must be >= 1, not {self.seq_len}"]
-        v, t = self.validation_fraction, self.test_fraction
-        if not (0 <= v < 1 and 0 <= t < 1 and v + t < 1):
-            p.append(f"task_data.validation_fraction and test_fraction must be in [0, 1) with a sum < 1, not {v}, {t}")
-        if self.labels is not None and (len(self.labels) < 2 or len(set(self.labels)) != len(self.labels)):
-            p.append(f"task_data.labels must be at least 2 distinct labels or null, not {self.labels}")
-        return p
-
-
-def labelled_documents(parts: list[Path], declared: list[str] | None) -> tuple[dict, list[dict]]:
-    """The documents of deduplicated_text part files ``parts`` that have a label in the set:
-    ``({"doc_id", "source", "text", "label": int64 indices, "copies": int64, "label_names"}, left_out)``;
-    ``left_out``: ``{"doc_id", "source", "reason"}`` of each document without a label or with one outside
-    the declared set (``source``: the file and line or row the reader read it from). ``copies``: the
-    balancing's intended repeats (largetrain_core.balance; 1 without). Raises ValueError when no part
-    has a ``label`` column (no raw_corpus label_field) or no document is labelled."""
-    import polars as pl
-
-    frames = [pl.read_parquet(p) for p in parts]
-    if not frames or any("label" not in f.columns for f in frames):
-        raise ValueError(
-            "task classification needs labelled documents: set raw_corpus label_field to the field holding the "
-            "class and re-materialize the domain corpus"
-        )
-    df = pl.concat(
-        [f.select(c for c in ("doc_id", "source", "text", "label", "copies") if c in f.columns) for f in frames],
-        how="diagonal",
-    )
-    labels = df["label"].to_list()
-    names = list(declared) if declared else sorted({x for x in labels if x is not None})
-    index = {n: i for i, n in enumerate(names)}
-    keep = [x in index for x in labels]
-    left_out = [
-        {
-            "doc_id": d,
-            "source": s,
-            "reason": "no label" if x is None else f"label {x!r} is not in the label set {names}",
-        }
-        for d, s, x, k in zip(df["doc_id"].to_list(), df["source"].to_list(), labels, keep)
-        if not k
-    ]
-    kept = df.filter(pl.Series(keep))
-    if kept.height == 0:
-        raise ValueError(f"no document has a label in the set {names}")
-    copies = (
-        kept["copies"].fill_null(1).to_numpy().astype(np.int64)
-        if "copies" in kept.columns
-        else np.ones(kept.height, np.int64)
-    )
-    docs = {
-        "doc_id": kept["doc_id"].to_list(),
-        "source": kept["source"].to_list(),
-        "text": kept["text"].to_list(),
-        "label": np.array([index[x] for x in kept["label"].to_list()], dtype=np.int64),
-        "copies": copies,
-        "label_names": names,
-    }
-    return docs, left_out
-
-
-def classification_examples(
-    parts: list[Path], base_model: Path, settings: TaskDataSettings, seed: int, out: Path
-) -> dict:
-    """Write the classification examples of the labelled documents of ``parts`` (:func:`labelled_documents`)
-    into ``out``: split by record, stratified by label (largetrain_core.classification.stratified_split with
-    ``settings``' fractions and ``seed``), the train split's documents repeated by their ``copies`` (the
-    balancing), encoded with the base model's tokenizer (:func:`write_classification`). Also writes
-    ``records.json`` (per split the doc_ids, texts and labels, each record once: for the evaluation and the
-    baselines, whose majority class is the natural train split's).
-    Returns ``{"manifest", "left_out", "split"}`` (the split's counts, the classes too small, the held-out
-    records whose text is also in train)."""
-    from largetrain_core.classification import load_classifier_tokenizer, stratified_split
-
-    docs, left_out = labelled_documents(parts, settings.labels)
-    names = docs["label_names"]
-    fractions = (
-        1 - settings.validation_fraction - settings.test_fraction,
-        settings.validation_fraction,
-        settings.test_fraction,
-    )
-    split = stratified_split(docs["label"], names, fractions, seed=seed, texts=docs["text"])
-    train = np.repeat(split.train, docs["copies"][split.train])
-    rows = {"train": train, "validation": split.validation, "test": split.test}
-    tokenizer = load_classifier_tokenizer(base_model)
-    manifest = write_classification(
-        out,
-        {s: ([docs["text"][i] for i in r], docs["label"][r]) for s, r in rows.items()},
-        names,
-        tokenizer,
-        settings.seq_len,
-    )
-    if settings.class_weights:
-        from largetrain_core.classification import class_weights
-
-        manifest["class_weights"] = [round(float(w), 6) for w in class_weights(docs["label"][split.train], len(names))]
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    records = {
-        s: {
-            "doc_id": [docs["doc_id"][i] for i in r],
-            "text": [docs["text"][i] for i in r],
-            "label": docs["label"][r].tolist(),
-        }
-        for s, r in {"train": split.train, "validation": split.validation, "test": split.test}.items()
-    }
-    (out / "records.json").write_text(json.dumps(records))
-    return {
-        "manifest": manifest,
-        "left_out": left_out,
-        "split": {"counts": split.counts, "too_small": split.too_small, "in_train": split.in_train},
-    }
-
-
-def evaluate_classifier(base_model: Path, adapter: Path, examples: Path, out: Path, seed: int = 0) -> dict:
-    """Evaluate a trained classifier (``adapter``, exported by :func:`export`, on ``base_model``) on the
-    test split of ``examples`` (its ``records.json``), beside the baselines trained on the same train
-    split: the majority class and TF-IDF + logistic regression (largetrain_core.classification). Writes
-    ``out/evaluation.json`` (``{"lora", "majority", "tfidf_logreg"}``: each
-    largetrain_core.classification.evaluate_predictions; ``validation_loss_per_class``: nats per class on
-    the validation split) and ``out/confusion_matrix.png``; returns the dict."""
-    from largetrain_core.classification import (
-        confusion_matrix_png,
-        evaluate_predictions,
-        load_classifier,
-        majority_baseline,
-        per_class_loss,
-        predict_logits,
-        tfidf_logreg_baseline,
-    )
-
-    manifest = json.loads((examples / MANIFEST).read_text())
-    names, seq_len = manifest["label_names"], manifest["seq_len"]
-    records = json.loads((examples / "records.json").read_text())
-    train, test, val = records["train"], records["test"], records["validation"]
-    if not test["label"]:
-        raise ValueError(f"{examples}: the test split holds no record: set task_data.test_fraction > 0")
-    model, tok = load_classifier(base_model, adapter)
-    y = np.array(test["label"], dtype=np.int64)
-    result = {
-        "lora": evaluate_predictions(y, predict_logits(model, tok, test["text"], seq_len).argmax(1), names),
-        "majority": evaluate_predictions(y, majority_baseline(np.array(train["label"]), len(y)), names),
-        "tfidf_logreg": evaluate_predictions(
-            y, tfidf_logreg_baseline(train["text"], np.array(train["label"]), test["text"], seed=seed), names
-        ),
-        "label_names": names,
-    }
-    if val["label"]:
-        loss = per_class_loss(predict_logits(model, tok, val["text"], seq_len), np.array(val["label"]))
-        result["validation_loss_per_class"] = {
-            n: (None if np.isnan(v) else round(float(v), 4)) for n, v in zip(names, loss)
-        }
-    confusion_matrix_png(
-        result["lora"]["confusion"], names, out / "confusion_matrix.png", "Confusion matrix (test split)"
-    )
-    (out / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
-
-
-def split_records(n: int, validation_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
-    """Record indices (int64, ascending) of the train, validation and test splits of ``n`` records: a
-    numpy PCG64 permutation seeded with ``seed``, validation the first ``round(n * validation_fraction)``
-    (at least 1 when the fraction is positive and n >= 3), test the next likewise, train the rest. Whole
-    records only: a conversation is never cut between splits."""
-    order = np.random.default_rng(seed).permutation(n)
-    sizes = [max(1, round(n * f)) if f > 0 and n >= 3 else 0 for f in (validation_fraction, test_fraction)]
-    v, t = sizes
-    return {
-        "train": np.sort(order[v + t :]).astype(np.int64),
-        "validation": np.sort(order[:v]).astype(np.int64),
-        "test": np.sort(order[v : v + t]).astype(np.int64),
-    }
-
-
-def chat_examples(parts: list[Path], base_model: Path, settings: TaskDataSettings, seed: int, out: Path) -> dict:
-    """Write the chat examples of the conversations in deduplicated_text part files ``parts`` (their
-    ``messages`` column: largetrain_core.readers format chat) into ``out``: split by record
-    (:func:`split_records`), rendered with the base model's tokenizer and chat template (ChatML when it
-    has none) and packed (:func:`write_chat`); ``records.json`` holds each split's doc_ids and messages.
-    Returns ``{"manifest", "left_out", "split"}``. Raises ValueError when no part has a ``messages``
-    column (raw_corpus read without format chat) or no conversation is left."""
-    import polars as pl
-    from transformers import AutoTokenizer
-
-    from largetrain_core.readers import MESSAGES
-
-    frames = [pl.read_parquet(p) for p in parts]
-    if not frames or any(MESSAGES not in f.columns for f in frames):
-        raise ValueError(
-            "task chat needs conversations: set raw_corpus format: chat and re-materialize the domain corpus"
-        )
-    df = pl.concat([f.select("doc_id", "source", MESSAGES) for f in frames])
-    left_out = [
-        {"doc_id": d, "source": s, "reason": "no messages"}
-        for d, s, m in zip(df["doc_id"].to_list(), df["source"].to_list(), df[MESSAGES].to_list())
-        if m is None
-    ]
-    df = df.filter(pl.col(MESSAGES).is_not_null())
-    if df.height == 0:
-        raise ValueError("no conversation to train on")
-    conversations = [json.loads(m) for m in df[MESSAGES].to_list()]
-    rows = split_records(len(conversations), settings.validation_fraction, settings.test_fraction, seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(base_model), local_files_only=True)
-    manifest = write_chat(out, {s: [conversations[i] for i in r] for s, r in rows.items()}, tokenizer, settings.seq_len)
-    ids = df["doc_id"].to_list()
-    records = {s: {"doc_id": [ids[i] for i in r], "messages": [conversations[i] for i in r]} for s, r in rows.items()}
-    (out / "records.json").write_text(json.dumps(records, ensure_ascii=False))
-    return {"manifest": manifest, "left_out": left_out, "split": {"counts": {s: len(r) for s, r in rows.items()}}}
-
-
-def load_chat_adapter(base_model: Path, adapter: Path):
-    """(model, tokenizer) of a chat adapter exported by :func:`export` on ``base_model``: the tokenizer
-    (with its chat template) from ``adapter``, the base with its embedding resized to it
-    (``resize_token_embeddings(len(tokenizer), mean_resizing=False)``: the template's rows come from the
-    adapter), then ``PeftModel.from_pretrained``; fp32, eval mode, local files only."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(base_model), dtype=torch.float32, use_safetensors=True, local_files_only=True
-    )
-    if len(tok) > model.config.vocab_size:
-        model.resize_token_embeddings(len(tok), mean_resizing=False)
-    return PeftModel.from_pretrained(model, str(adapter)).eval(), tok
-
-
-def evaluate_chat(
-    base_model: Path, adapter: Path, examples: Path, out: Path, generations: int = 5, max_new_tokens: int = 48
-) -> dict:
-    """Evaluate a chat adapter on the held-out test conversations of ``examples``: the loss (nats) and
-    perplexity on their trained assistant tokens only (:func:`task_loss` over the test rows, every
-    trained token counted once), and greedy generations through the chat template for the first
-    ``generations`` test conversations' last prompt, beside the reference answer. Writes
-    ``out/evaluation.json`` and returns it: ``{"assistant_loss", "assistant_perplexity",
-    "assistant_tokens", "generations": [{"doc_id", "prompt", "reference", "generated"}]}``."""
-    import math
-
-    import torch
-
-    model, tok = load_chat_adapter(base_model, adapter)
-    test = TaskExamples(examples, "test")
-    nats, n = 0.0, 0
-    with torch.no_grad():
-        for start in range(0, len(test), 8):
-            batch = {k: torch.from_numpy(v) for k, v in test.take(np.arange(start, min(start + 8, len(test)))).items()}
-            nats += float(task_loss("chat", model, batch, reduction="sum"))
-            n += counted("chat", batch)
-    records = json.loads((examples / "records.json").read_text())["test"]
-    shown = []
-    for doc_id, messages in list(zip(records["doc_id"], records["messages"]))[:generations]:
-        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        prompt = tok.apply_chat_template(
-            messages[:last], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        with torch.no_grad():
-            ids = model.generate(
-                **prompt, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.eos_token_id
-            )
-        generated = tok.decode(ids[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
-        shown.append(
-            {
-                "doc_id": doc_id,
-                "prompt": messages[last - 1]["content"],
-                "reference": messages[last]["content"],
-                "generated": generated,
-            }
-        )
-    loss = nats / n if n else float("nan")
-    result = {
-        "assistant_loss": loss,
-        "assistant_perplexity": math.exp(loss) if n and loss < 700 else None,
-        "assistant_tokens": n,
-        "generations": shown,
-    }
-    (out / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    return result
-
-
 def probe(examples: str | Path, n: int = 2):
     """The first ``n`` validation rows' input_ids of chat ``examples`` (train rows when there is no
     validation row), int64 of shape (rows, seq_len): the probe batch of :func:`export_chat_merged`."""
@@ -665,3 +341,21 @@ def export_chat_merged(base_model: Path, adapter: Path, final: Path, probe_ids) 
         )
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+
+
+def load_chat_adapter(base_model: Path, adapter: Path):
+    """(model, tokenizer) of a chat adapter exported by :func:`export` on ``base_model``: the tokenizer
+    (with its chat template) from ``adapter``, the base with its embedding resized to it
+    (``resize_token_embeddings(len(tokenizer), mean_resizing=False)``: the template's rows come from the
+    adapter), then ``PeftModel.from_pretrained``; fp32, eval mode, local files only."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(base_model), dtype=torch.float32, use_safetensors=True, local_files_only=True
+    )
+    if len(tok) > model.config.vocab_size:
+        model.resize_token_embeddings(len(tok), mean_resizing=False)
+    return PeftModel.from_pretrained(model, str(adapter)).eval(), tok

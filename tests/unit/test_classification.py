@@ -401,10 +401,11 @@ def test_export_loads_back_with_the_documented_client_code(trained):
 
 
 def test_classification_examples_from_deduplicated_parts(tmp_path, bpe_dir):
-    """lora_adapter's examples (largetrain_core.training.tasks.classification_examples): documents without a
+    """lora_adapter's examples (largetrain_core.training.task_data.classification_examples): documents without a
     label in the set left out and named, the split stratified by record, the balancing's copies repeated in
     the train split only, and the class weights of the natural train split."""
-    from largetrain_core.training.tasks import TaskDataSettings, TaskExamples, classification_examples
+    from largetrain_core.training.task_data import TaskDataSettings, classification_examples
+    from largetrain_core.training.tasks import TaskExamples
 
     base = tiny_base(bpe_dir, tmp_path / "base")
     texts, labels = separable_set()
