@@ -284,9 +284,9 @@ def test_recipe_4_a_classifier_on_your_labelled_records(lab, recipe2, tickets):
         {
             "domain__raw_corpus": {"path": str(tickets)},
             "lora_adapter": {
-                "schedule": {"max_steps": 40, "micro_batch_size": 8},
-                "optimizer": {"learning_rate": 0.02},
-                "evaluation": {"eval_steps": 20},
+                "schedule": {"max_steps": 80, "micro_batch_size": 16},
+                "optimizer": {"learning_rate": 0.01},
+                "evaluation": {"eval_steps": 40},
                 "task_data": {"seq_len": 32},  # the small base's positions
             },
         },
