@@ -38,6 +38,7 @@ LINEAGE = "lineage.json"
 TRAINING_KEYS = (
     "preset",
     "mode",
+    "task",
     "zero_stage",
     "offload_optimizer",
     "precision",

@@ -649,6 +649,11 @@ def missing_field_hint(names: list[str], has: str, limit: int = 12) -> str:
     ``has`` ("the record has fields", "the file has columns"): the first ``limit`` of ``names``, and
     the setting to change."""
     shown = ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    keys = set(names)
+    if "messages" in keys or {"prompt", "completion"} <= keys or {"instruction", "output"} <= keys:
+        return (
+            f"{has} {shown}; {MISSING_FIELD}, or, for conversations (largetrain_core.chat), set raw_corpus format: chat"
+        )
     return f"{has} {shown or '(none)'}; {MISSING_FIELD}"
 
 

@@ -446,3 +446,19 @@ def test_the_corpus_reader_keeps_conversations_and_cleaning_acts_on_each_message
     assert kept["text"][0] == chat.conversation_text(first)
     assert "format" not in settings_version(ReaderConfig(path="x"))  # text corpora keep their versions
     assert settings_version(ReaderConfig(path="x", format="chat"))["format"] == "chat"
+
+
+def test_a_conversation_file_read_as_text_says_to_set_format_chat(tmp_path):
+    import polars as pl
+
+    from largetrain_core.corpus import ingest
+    from largetrain_core.readers import ReaderConfig
+
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(line for line in (DATA / "messages.jsonl").read_text().splitlines(True)[:2]))
+    out = tmp_path / "raw"
+    out.mkdir()
+    ingest(ReaderConfig(path=str(src)), out)
+    (reason,) = pl.read_parquet(out / "rejected.parquet")["reason"].to_list()
+    assert reason.startswith("no string field 'text' on any line: its 2 non-empty lines lack it")
+    assert reason.endswith("or, for conversations (largetrain_core.chat), set raw_corpus format: chat")
