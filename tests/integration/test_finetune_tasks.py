@@ -79,19 +79,36 @@ def config(task, out, examples, base, **settings) -> TrainConfig:
     )
 
 
-def test_a_classifier_trains_under_torchrun_and_its_export_labels_new_text(base, classification_examples, tmp_path):
+@pytest.fixture(scope="module")
+def classifier_run(base, classification_examples, tmp_path_factory):
+    """The classifier trained 30 steps (checkpoints at 10, 20, 30): the clients' test and the resume's reference."""
+    tmp = tmp_path_factory.mktemp("classifier_run")
+    torchrun(config("classification", tmp / "out", classification_examples, base), tmp)
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def chat_run(base, chat_examples, tmp_path_factory):
+    """The chat adapter trained 30 steps with its merged export: the clients' test and the resume's reference."""
+    tmp = tmp_path_factory.mktemp("chat_run")
+    lora = {"r": 8, "lora_alpha": 16.0, "merge_export": True}
+    torchrun(config("chat", tmp / "out", chat_examples, base, lora=lora), tmp)
+    return tmp / "out"
+
+
+def test_a_classifier_trains_under_torchrun_and_its_export_labels_new_text(
+    base, classification_examples, classifier_run
+):
     from transformers import pipeline
 
     from helpers.finetune import WORDS
     from largetrain_core.classification import evaluate_predictions, load_classifier, predict_logits
 
-    cfg = config("classification", tmp_path / "out", classification_examples, base)
-    torchrun(cfg, tmp_path)
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((classifier_run / "summary.json").read_text())
     assert summary["task"] == "classification" and summary["vocab_size"] == 3  # the logits' width: 3 labels
     assert summary["last_loss"] < summary["first_loss"]
     assert summary["eval_loss"] < np.log(3)  # below a uniform guess over the 3 labels
-    model, tok = load_classifier(base, tmp_path / "out" / "adapter")
+    model, tok = load_classifier(base, classifier_run / "adapter")
     test = tasks.TaskExamples(classification_examples, "test")
     texts, y = separable_set()
     from largetrain_core.classification import stratified_split
@@ -105,17 +122,15 @@ def test_a_classifier_trains_under_torchrun_and_its_export_labels_new_text(base,
     assert classify("refund invoice payment")[0]["label"] in WORDS
 
 
-def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(base, chat_examples, tmp_path):
+def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(base, chat_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from largetrain_core import chat
 
-    cfg = config("chat", tmp_path / "out", chat_examples, base, lora={"r": 8, "lora_alpha": 16.0, "merge_export": True})
-    torchrun(cfg, tmp_path)
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((chat_run / "summary.json").read_text())
     assert summary["task"] == "chat" and summary["last_loss"] < summary["first_loss"]
-    adapter = tmp_path / "out" / "adapter"
+    adapter = chat_run / "adapter"
     tok = AutoTokenizer.from_pretrained(adapter)
     assert tok.chat_template == chat.CHATML_TEMPLATE and len(tok) == 302
     messages = conversations(60)[55]
@@ -136,8 +151,8 @@ def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(b
     (reply,) = generate([{"role": "user", "content": "my refund question"}], max_new_tokens=4, do_sample=False)
     assert reply["generated_text"][-1]["role"] == "assistant"
     # merged/: loaded without PEFT, the same next-token logits as base + adapter, and the template with it
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "merged").eval()
-    merged_tok = AutoTokenizer.from_pretrained(tmp_path / "out" / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(chat_run / "merged").eval()
+    merged_tok = AutoTokenizer.from_pretrained(chat_run / "merged")
     assert merged_tok.chat_template == chat.CHATML_TEMPLATE
     ids = torch.tensor([chat.render(tok, messages)[0].tolist()])
     with torch.no_grad():
@@ -149,6 +164,8 @@ def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(b
 def test_a_resume_after_a_crash_is_bitwise_the_run_without(
     task, base, classification_examples, chat_examples, tmp_path
 ):
+    """8 steps (checkpoints at 3, 6 and 8, evaluations at 4 and 8), killed after step 4 and run again from
+    step 3: every step's loss, the evaluations and the exported adapter bitwise those of the run without."""
     from safetensors.torch import load_file
 
     examples = classification_examples if task == "classification" else chat_examples
