@@ -22,7 +22,7 @@ from largetrain_core.launch import describe_failure, rank_errors
 from largetrain_core.model import PRESETS, build_model
 from largetrain_core.training import preflight
 from largetrain_core.training.config import PRECISIONS, WANDB_MODES, ZERO_STAGES, TrainConfig
-from largetrain_core.training.trackers import TRACKERS
+from largetrain_core.training.trackers import TRACKERS, TrackerError
 from helpers import REPO
 from helpers.lineage import step_events, step_failure
 from helpers.training import assert_logged_with_card, launch, metrics, resume_config
@@ -516,11 +516,13 @@ def test_k8s_pods_write_error_files_on_the_shared_volume():
         (ValueError("bad"), False),
         (ConnectionResetError("peer"), True),
         (SignalException("stopped", sigval=signal.SIGTERM), True),
+        (TrackerError("finish", [("wandb", ConnectionResetError("peer")), ("mlflow", ValueError("bad"))]), True),
+        (TrackerError("finish", [("mlflow", ValueError("bad")), ("wandb", ConnectionResetError("peer"))]), False),
     ],
 )
 def test_transient_means_a_consequence(exc, transient):
     """Only errors that another process's end causes are transient, and a SIGTERM from outside
-    (launch.raise_on_sigterm); a ValueError never is."""
+    (launch.raise_on_sigterm); a ValueError never is; a tracker's failure is its first tracker's error."""
     from largetrain_core.launch import error_record
 
     try:
