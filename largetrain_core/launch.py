@@ -256,11 +256,17 @@ def is_transient(e: BaseException) -> bool:
     ``torch.distributed.DistError`` (store, network, backend), a ConnectionError or TimeoutError, a
     RuntimeError raised inside ``torch/distributed`` (gloo raises a plain RuntimeError from a collective
     when a peer process has died), or the ``SignalException`` of a SIGTERM from outside
-    (:func:`raise_on_sigterm`). Everything else (a bad config, a damaged file, a ValueError of a
-    check) would fail the same way again."""
+    (:func:`raise_on_sigterm`). A ``TrackerError`` (a tracker failed while the others went on) is
+    what the first failing tracker raised: W&B's ConnectionResetError when its service process is
+    gone is transient. Everything else (a bad config, a damaged file, a ValueError of a check) would
+    fail the same way again."""
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    from largetrain_core.training.trackers import TrackerError
+
+    if isinstance(e, TrackerError):
+        return is_transient(e.errors[0][1])
     if isinstance(e, (dist.DistError, ConnectionError, TimeoutError, SignalException)):
         return True
     frames = traceback.extract_tb(e.__traceback__)

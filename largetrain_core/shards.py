@@ -1349,42 +1349,60 @@ def _document_pieces(data: TokenShards, chunk_sequences: int = 8192):
 
 
 def split_documents(data: TokenShards, chunk_sequences: int = 8192):
-    """The complete documents of a split in packing order (corpus order, then the train split's
-    repeat passes), each a numpy array of its tokens, EOS last, reassembled from the shards
-    (:func:`_document_pieces`); a generator whose return value (``StopIteration.value``) is the number
-    of tokens of the documents the dropped remainder cut, left out. Packing appends EOS to every
-    document and encodes special-token text inside a document as plain text
+    """Every document of a split that the shards hold tokens of, in packing order (corpus order, then
+    the train split's repeat passes), each a numpy array of its tokens, EOS last, reassembled from the
+    shards (:func:`_document_pieces`). A document the dropped remainder cut (its last tokens fell in
+    the tail shorter than a window that packing dropped: at most one per part and pass, the end of the
+    last parts' tails) is the tokens of it that the shards hold, then EOS, appended here as
+    Megatron's own preprocessing (tools/preprocess_data.py, ``--append-eod``) ends every document, so
+    a reader that concatenates documents never joins it to the next one. The documents that fell
+    wholly into the remainder are not in the shards and not here. A generator whose return value
+    (``StopIteration.value``) is the number of cut documents. Packing appends EOS to every document
+    and encodes special-token text inside a document as plain text
     (largetrain_core.tokenizer.encode_documents), so EOS marks exactly the document ends. Raises
     ShardError when the split holds more EOS-delimited documents than it was packed from (EOS inside
     a document: its boundaries cannot be told)."""
     eos = data.manifest["eos_id"]
     split = data.manifest["splits"][data.split]
     packed = split["documents"] + split.get("repeat_copies", 0)
+    eos_token = np.asarray([eos], dtype=data.dtype)
     partial: list[np.ndarray] = []  # the document in progress
     cut = found = 0
+
+    def count() -> None:
+        nonlocal found
+        found += 1
+        if found > packed:
+            raise ShardError(
+                f"{data.directory}: split {data.split!r} holds more EOS-delimited documents than "
+                f"the {packed} it was packed from: EOS occurs inside documents, so their "
+                "boundaries cannot be told"
+            )
+
     for piece in _document_pieces(data, chunk_sequences):
         if piece is None:  # tokens missing up to the end of a part: the document in progress is cut
-            cut += sum(len(p) for p in partial)
+            if partial:
+                count()
+                cut += 1
+                yield np.concatenate([*partial, eos_token])
             partial = []
             continue
         start = 0
         for end in np.flatnonzero(piece == eos) + 1:
-            found += 1
-            if found > packed:
-                raise ShardError(
-                    f"{data.directory}: split {data.split!r} holds more EOS-delimited documents than "
-                    f"the {packed} it was packed from: EOS occurs inside documents, so their "
-                    "boundaries cannot be told"
-                )
+            count()
             yield np.concatenate([*partial, piece[start:end]]) if partial else piece[start:end]
             partial, start = [], int(end)
         if start < len(piece):
             partial.append(piece[start:])
-    return cut + sum(len(p) for p in partial)
+    if partial:  # tokens after the last EOS with nothing recorded as dropped: cut all the same
+        count()
+        cut += 1
+        yield np.concatenate([*partial, eos_token])
+    return cut
 
 
 def document_offsets(data: TokenShards, chunk_sequences: int = 8192) -> np.ndarray:
-    """Where each complete document of :func:`split_documents` starts in their concatenation, plus its
+    """Where each document of :func:`split_documents` starts in their concatenation, plus its
     length at the end: int64, shape (documents + 1,). Raises ShardError as :func:`split_documents`."""
     lengths = [len(d) for d in split_documents(data, chunk_sequences)]
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
@@ -1415,8 +1433,8 @@ def megatron_paths(out_prefix: Path | str) -> tuple[Path, Path]:
 
 
 def _documents_with_cut(data: TokenShards, chunk_sequences: int = 8192):
-    """:func:`split_documents` as (a generator of the documents, a list that receives the cut tokens
-    when it ends)."""
+    """:func:`split_documents` as (a generator of the documents, a list that receives the number of
+    cut documents when it ends)."""
     box: list[int] = []
 
     def gen():
@@ -1425,26 +1443,43 @@ def _documents_with_cut(data: TokenShards, chunk_sequences: int = 8192):
     return gen(), box
 
 
+def _exportable(data: TokenShards) -> None:
+    """Raise ShardError when the split holds no tokens: an export of it would be empty (Megatron's
+    IndexedDataset cannot memory-map an empty ``.bin``)."""
+    if len(data):
+        return
+    s = data.manifest["splits"][data.split]
+    raise ShardError(
+        f"{data.directory}: split {data.split!r} holds no tokens, so there is nothing to export: its "
+        f"{s['documents']} document(s) ({s['document_tokens']} tokens) are fewer than one window of "
+        f"seq_len + 1 = {data.seq_len + 1} tokens, and packing dropped them as the remainder "
+        f"({s['dropped_remainder_tokens']} tokens); pack with a smaller seq_len or give the split more text"
+    )
+
+
 def export_megatron(shards_dir: Path, split: str, out_prefix: Path) -> dict:
     """Write one split as a Megatron-Core ``IndexedDataset`` pair ``<out_prefix>.bin`` / ``<out_prefix>.idx``.
 
     The split's documents, as Megatron's own preprocessing (tools/preprocess_data.py) writes them:
     one sequence per document (its tokens, EOS last; BOS first where the tokenizer has one), in the
     order packing put them (corpus order, then the train split's intended repeats, each copy a
-    document of its own), reassembled from the shards (:func:`split_documents`). Megatron's GPTDataset
-    then builds its samples from whole documents with its own defaults (``sequence_length`` tokens
-    plus one, documents shuffled and concatenated across their EOS). The documents the split's
-    dropped remainder cut are left out (``dropped_partial_tokens``: the tokens of theirs that the shards
-    hold); the documents that fell wholly into the remainder are not in the shards. Token dtype: uint16
-    as is; uint32 is written as int32 (Megatron has no uint32 code; ids < 2**31 always fit). Both files
-    are written under temporary names and renamed.
+    document of its own), reassembled from the shards (:func:`split_documents`): every document the
+    shards hold tokens of. A document the dropped remainder cut is the tokens of it the shards hold,
+    then EOS (``truncated_documents`` counts them); the documents that fell wholly into the remainder
+    are not in the shards. Megatron's GPTDataset then builds its samples from whole documents with its
+    own defaults (``sequence_length`` tokens plus one, documents shuffled and concatenated across
+    their EOS). Token dtype: uint16 as is; uint32 is written as int32 (Megatron has no uint32 code;
+    ids < 2**31 always fit). Both files are written under temporary names and renamed.
 
-    Returns ``{"documents", "tokens", "dropped_partial_tokens", "dtype", "bin", "idx"}``. Raises
-    ShardError as :class:`TokenShards` and :func:`split_documents`.
+    Returns ``{"documents", "tokens", "truncated_documents", "dtype", "bin", "idx"}`` (``tokens``: the
+    tokens written, the shards' held tokens plus one EOS per truncated document). Raises ShardError
+    as :class:`TokenShards` and :func:`split_documents`, and when the split holds no tokens (nothing
+    is written then).
     """
     import struct
 
     data = TokenShards(Path(shards_dir), split)
+    _exportable(data)
     dtype = np.dtype(np.uint16) if data.dtype == np.uint16 else np.dtype(np.int32)
     bin_path, idx_path = megatron_paths(out_prefix)
     bin_path.parent.mkdir(parents=True, exist_ok=True)
@@ -1471,7 +1506,7 @@ def export_megatron(shards_dir: Path, split: str, out_prefix: Path) -> dict:
     return {
         "documents": n_docs,
         "tokens": tokens,
-        "dropped_partial_tokens": cut[0],
+        "truncated_documents": cut[0],
         "dtype": dtype.name,
         "bin": str(bin_path),
         "idx": str(idx_path),
@@ -1486,23 +1521,25 @@ def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: i
     * ``input_ids``: (sequences, seq_len + 1), the shards' dtype (uint16/uint32), chunked by
       ``chunk_sequences`` rows, uncompressed: the packed windows exactly as training reads them.
     * ``document_tokens``: (tokens,), the same dtype: the split's complete documents, each its
-      tokens with EOS last, in packing order (corpus order, then the train split's repeat passes;
-      :func:`split_documents`: the documents the dropped remainder cut are left out, counted in the
-      attribute ``dropped_partial_tokens``).
+      tokens with EOS last, in packing order (corpus order, then the train split's repeat passes):
+      every document the shards hold tokens of (:func:`split_documents`; a document the dropped
+      remainder cut is its held tokens then EOS, counted in the attribute ``truncated_documents``).
     * ``document_offsets``: int64, (documents + 1,): where each document starts in
       ``document_tokens``, its length last: document ``k`` is ``document_tokens[offsets[k]:offsets[k + 1]]``.
     * attributes of the root: the manifest's scalars (``format``, ``seq_len``, ``dtype``, ``eos_id``,
       ``bos_id`` (-1 without BOS), ``vocab_size``, ``tokenizer_sha256``, ``source_data_version``,
       ``validation_fraction``, ``seed``), ``split``, the split's counts (``sequences``, ``tokens``,
-      ``documents``, ``document_tokens``, ``dropped_remainder_tokens``), ``dropped_partial_tokens``
+      ``documents``, ``document_tokens``, ``dropped_remainder_tokens``), ``truncated_documents``
       and ``manifest_json`` (the whole manifest.json, with every shard's checksum).
 
     Written under a temporary name and renamed. Returns ``{"sequences", "tokens", "documents", "dtype"}``.
-    Raises ShardError when the shard directory does not match its manifest, or as :func:`split_documents`.
+    Raises ShardError when the shard directory does not match its manifest, as :func:`split_documents`,
+    and when the split holds no tokens (nothing is written then).
     """
     import h5py
 
     data = TokenShards(Path(shards_dir), split)
+    _exportable(data)
     m = data.manifest
     n, width = len(data), data.seq_len + 1
     out_path = Path(out_path)
@@ -1556,7 +1593,7 @@ def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: i
         f.attrs["split"] = split
         for key in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens"):
             f.attrs[key] = m["splits"][split][key]
-        f.attrs["dropped_partial_tokens"] = cut[0]
+        f.attrs["truncated_documents"] = cut[0]
         f.attrs["manifest_json"] = json.dumps(m)
     os.replace(tmp, out_path)
     return {"sequences": n, "tokens": n * width, "documents": len(lengths), "dtype": data.dtype.name}

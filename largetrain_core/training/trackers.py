@@ -366,7 +366,9 @@ def log_outputs(out: Path, paths: list[Path], metrics: dict | None = None) -> li
     ``out/train_config.json`` that recorded a run continues it (W&B resumes it, in a new offline-run
     directory when offline; MLflow reopens it), logs the paths that exist and ``metrics`` (name ->
     number, at the training's last step: results measured after it, such as its benchmarks) and
-    finishes it again as succeeded with ``out/summary.json``. Returns the names of the trackers that logged."""
+    finishes it again as succeeded with ``out/summary.json``. Returns the names of the trackers that logged.
+    A tracker that raises is finished all the same where it started, and the others still log; then
+    TrackerError names the first."""
     from largetrain_core.storage import read_json
 
     records_file = out / RECORDS
@@ -375,25 +377,54 @@ def log_outputs(out: Path, paths: list[Path], metrics: dict | None = None) -> li
         TrainConfig.from_dict(read_json(out / "train_config.json", "training config (train_config.json)")), out
     )
     summary = read_json(out / "summary.json", "training summary (summary.json)")
-    done = []
+    done, errors = [], []
     for name in config.tracking.report_to:
         if name not in records or name == DagsterPipesTracker.name:
             continue
         tracker = TRACKERS[name]()
-        tracker.start(config, records[name]["run_id"])
-        for path in paths:
-            if Path(path).exists():
-                tracker.log_artifact(Path(path))
-        if metrics:
-            tracker.log_metrics(summary.get("steps", 0), metrics)
-        tracker.finish({k: v for k, v in summary.items() if v is not None})
+        try:
+            tracker.start(config, records[name]["run_id"])
+            try:
+                for path in paths:
+                    if Path(path).exists():
+                        tracker.log_artifact(Path(path))
+                if metrics:
+                    tracker.log_metrics(summary.get("steps", 0), metrics)
+            finally:
+                tracker.finish({k: v for k, v in summary.items() if v is not None})
+        except Exception as e:  # the other trackers still log; raised below, with the tracker named
+            log.error(f"tracker {name!r} failed to log the outputs: {type(e).__name__}: {e}")
+            errors.append((name, e))
+            continue
         done.append(name)
+    if errors:
+        raise TrackerError("log the outputs", errors) from errors[0][1]
     return done
+
+
+class TrackerError(RuntimeError):
+    """One or more trackers raised while :class:`Trackers` drove them all. ``errors``: (tracker name,
+    exception) of each, in the trackers' order; the first is the ``__cause__``."""
+
+    def __init__(self, action: str, errors: list[tuple[str, BaseException]]):
+        self.errors = errors
+        name, first = errors[0]
+        others = "".join(f"; then tracker {n!r}: {type(e).__name__}: {e}" for n, e in errors[1:])
+        super().__init__(
+            f"tracker {name!r} failed to {action}: {type(first).__name__}: {first}{others} "
+            "(every other tracker did it all the same)"
+        )
 
 
 class Trackers:
     """Rank 0's trackers, driven as one: :class:`JsonlTracker` and those ``config.tracking.report_to`` names.
-    Other ranks hold none. Each tracker's record (``start``'s return) is kept in ``trackers.json``."""
+    Other ranks hold none. Each tracker's record (``start``'s return) is kept in ``trackers.json``.
+
+    Every call reaches every tracker: one that raises (W&B's ``ConnectionResetError`` when its service
+    process is gone, an unreachable MLflow server) is logged and the others go on; then the first
+    error is raised as :class:`TrackerError`, naming the tracker, with the exception as its cause.
+    So a failing tracker never leaves another's run open (an MLflow run RUNNING, Dagster Pipes
+    without its closed message)."""
 
     def __init__(self, config: TrainConfig, rank: int):
         self.config = config
@@ -402,30 +433,46 @@ class Trackers:
         self.records_file = Path(config.output_dir) / RECORDS
         self.finished = False
 
+    def _each(self, action: str, call) -> None:
+        """``call(tracker)`` for every tracker; then raise TrackerError on the first that raised."""
+        errors = []
+        for t in self.items:
+            try:
+                call(t)
+            except Exception as e:  # reported below, with the tracker named
+                log.error(f"tracker {t.name!r} failed to {action}: {type(e).__name__}: {e}")
+                errors.append((t.name, e))
+        if errors:
+            raise TrackerError(action, errors) from errors[0][1]
+
     def start(self) -> dict:
-        """Start every tracker, continuing the runs recorded by a previous start; returns the records."""
+        """Start every tracker, continuing the runs recorded by a previous start; returns the records.
+        The records of those that started are kept even when another raised (then TrackerError)."""
         if not self.items:
             return {}
         records = json.loads(self.records_file.read_text()) if self.records_file.exists() else {}
-        for t in self.items:
+
+        def start(t: Tracker) -> None:
             record = t.start(self.config, records.get(t.name, {}).get("run_id"))
             if record:
                 records[t.name] = record
-        write_json_atomic(self.records_file, records)
+
+        try:
+            self._each("start", start)
+        finally:
+            write_json_atomic(self.records_file, records)
         return records
 
     def log_metrics(self, step: int, metrics: dict) -> None:
-        for t in self.items:
-            t.log_metrics(step, metrics)
+        self._each("log metrics", lambda t: t.log_metrics(step, metrics))
 
     def log_artifact(self, path: Path) -> None:
-        for t in self.items:
-            t.log_artifact(path)
+        self._each(f"log {path}", lambda t: t.log_artifact(path))
 
     def finish(self, summary: dict | None, killed: bool = False) -> None:
-        """Finish every tracker once (a second call does nothing); ``killed``: see :meth:`Tracker.finish`."""
+        """Finish every tracker once (a second call does nothing); ``killed``: see :meth:`Tracker.finish`.
+        Raises TrackerError, after finishing the others, when a tracker raised."""
         if self.finished:
             return
         self.finished = True
-        for t in self.items:
-            t.finish(summary, killed)
+        self._each("finish", lambda t: t.finish(summary, killed))

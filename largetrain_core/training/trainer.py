@@ -58,7 +58,7 @@ from largetrain_core.training.lora import add_lora
 from largetrain_core.training.metrics import MetricsProcessor
 from largetrain_core.training.loss import next_token_loss
 from largetrain_core.training.plots import training_curves_png
-from largetrain_core.training.trackers import METRICS, Trackers, read_metrics
+from largetrain_core.training.trackers import METRICS, TrackerError, Trackers, read_metrics
 
 log = logging.getLogger("largetrain.training")
 
@@ -71,7 +71,10 @@ def run(cfg: TrainConfig) -> dict:
     try:
         return trainer.fit()
     except BaseException:
-        trainer.trackers.finish(None, killed=terminated())
+        try:
+            trainer.trackers.finish(None, killed=terminated())
+        except TrackerError as e:  # already logged per tracker; the training's own error is the one raised
+            log.error(f"after the training failed: {e}")
         raise
 
 
@@ -440,9 +443,15 @@ class Trainer:
             for path in (Path(summary["loss_curve"]), *dirs):
                 if path.exists():
                     self.trackers.log_artifact(path)
-        self.trackers.finish({k: v for k, v in summary.items() if v is not None})
+        failed = None
+        try:
+            self.trackers.finish({k: v for k, v in summary.items() if v is not None})
+        except TrackerError as e:  # raised after every other tracker finished: the outputs are pushed all the same
+            failed = e
         if self.remote is not None and self.rank == 0:
             self.remote.push_outputs()
+        if failed is not None:
+            raise failed
         return summary
 
     def summary(self, export_dir: Path, elapsed: float) -> dict:

@@ -22,7 +22,7 @@ from largetrain_core.launch import describe_failure, rank_errors
 from largetrain_core.model import PRESETS, build_model
 from largetrain_core.training import preflight
 from largetrain_core.training.config import PRECISIONS, WANDB_MODES, ZERO_STAGES, TrainConfig
-from largetrain_core.training.trackers import TRACKERS
+from largetrain_core.training.trackers import TRACKERS, TrackerError
 from helpers import REPO
 from helpers.lineage import step_events, step_failure
 from helpers.training import assert_logged_with_card, launch, metrics, resume_config
@@ -398,13 +398,15 @@ def test_training_failures_through_dagster(pretrain_root, tmp_path):
         assert "STEP_UP_FOR_RETRY" not in events and events.count("STEP_FAILURE") == 1
 
 
-def test_cancelled_training_ends_its_mlflow_run_killed(pretrain_root, tmp_path):
-    """A pretraining started by `dagster asset materialize`, reporting to MLflow, is cancelled while it trains,
+@pytest.mark.parametrize("report_to", ["mlflow", "wandb,mlflow"])
+def test_cancelled_training_ends_its_mlflow_run_killed(pretrain_root, tmp_path, report_to):
+    """A pretraining started by `dagster asset materialize`, reporting to MLflow (alone, or after W&B offline,
+    the README's way to add MLflow: the cancel's SIGTERM reaches W&B's wandb-core too), is cancelled while it trains,
     the way Dagster terminates a run (the run marked CANCELING, then SIGINT to the process running it,
     DefaultRunLauncher.terminate and its run worker): the launcher stops torchrun's process tree with
     SIGTERM, rank 0 unwinds (largetrain_core.launch.raise_on_sigterm) and its MLflow run ends KILLED, read
     back with MlflowClient; the Dagster run ends CANCELED, its training step never up for a retry (a cancel is
-    not a failure to retry, issue 23 item 4), and no training process is left."""
+    not a failure to retry, issue 23 item 4), Dagster Pipes is closed, and no training process is left."""
     import time
 
     import yaml
@@ -432,7 +434,8 @@ def test_cancelled_training_ends_its_mlflow_run_killed(pretrain_root, tmp_path):
         "LARGETRAIN_ROOT": str(root),
         "DAGSTER_HOME": str(home),
         "LARGETRAIN_NPROC": "1",
-        "LARGETRAIN_REPORT_TO": "mlflow",
+        "LARGETRAIN_REPORT_TO": report_to,
+        "LARGETRAIN_WANDB_MODE": "offline",
         "OMP_NUM_THREADS": "1",
     }
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -482,6 +485,8 @@ def test_cancelled_training_ends_its_mlflow_run_killed(pretrain_root, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert "stopping the training (process group" in log.read_text()
+    # every tracker finished, W&B's failure notwithstanding: Dagster Pipes got its closed message
+    assert "did not receive closed message" not in log.read_text()
     assert not processes_mentioning(marker)
     record = json.loads((out_dir / "trackers.json").read_text())["mlflow"]
     assert record["tracking_uri"] == f"sqlite:///{root / 'mlruns.db'}"
@@ -511,11 +516,13 @@ def test_k8s_pods_write_error_files_on_the_shared_volume():
         (ValueError("bad"), False),
         (ConnectionResetError("peer"), True),
         (SignalException("stopped", sigval=signal.SIGTERM), True),
+        (TrackerError("finish", [("wandb", ConnectionResetError("peer")), ("mlflow", ValueError("bad"))]), True),
+        (TrackerError("finish", [("mlflow", ValueError("bad")), ("wandb", ConnectionResetError("peer"))]), False),
     ],
 )
 def test_transient_means_a_consequence(exc, transient):
     """Only errors that another process's end causes are transient, and a SIGTERM from outside
-    (launch.raise_on_sigterm); a ValueError never is."""
+    (launch.raise_on_sigterm); a ValueError never is; a tracker's failure is its first tracker's error."""
     from largetrain_core.launch import error_record
 
     try:

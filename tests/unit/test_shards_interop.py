@@ -38,10 +38,12 @@ def shard_dir(tmp_path, bpe_dir, sentences):
 PARTS = (slice(0, 15), slice(15, 16), slice(16, 40))  # the part files of ``shard_dir``
 
 
-def complete_documents(docs, bpe_dir: Path, validation: bool, window: int = 17) -> list[list[int]]:
-    """The documents of a split (BPE ids + EOS, computed with tokenizers directly) whose every token is
-    in the shards, in corpus order, by the documented packing: per part file its full windows, the
-    parts' tails joined after them, the last R = (tail tokens mod window) tokens of that dropped."""
+def held_documents(docs, bpe_dir: Path, validation: bool, window: int = 17) -> tuple[list[list[int]], int]:
+    """The documents of a split that the shards hold tokens of (BPE ids + EOS, computed with tokenizers
+    directly), in corpus order, by the documented packing: per part file its full windows, the parts'
+    tails joined after them, the last R = (tail tokens mod window) tokens of that dropped. A document
+    the drop cut is its held tokens then EOS; one wholly dropped is left out. Returns (the documents,
+    how many were cut)."""
     tok = Tokenizer.from_file(str(bpe_dir / "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
     found = []  # (document, its tokens in its part's tail)
@@ -55,13 +57,18 @@ def complete_documents(docs, bpe_dir: Path, validation: bool, window: int = 17) 
         for d in mine:
             found.append((d, max(0, pos + len(d) - max(pos, tail_start))))
             pos += len(d)
-    left, complete = sum(t for _, t in found) % window, [True] * len(found)
+    left, held = sum(t for _, t in found) % window, [d for d, _ in found]
+    cut = 0
     for i in reversed(range(len(found))):  # the dropped remainder: the end of the tail stream
         if left <= 0:
             break
-        complete[i] = found[i][1] == 0
+        dropped = min(left, found[i][1])
+        if dropped:
+            keep = len(found[i][0]) - dropped
+            held[i] = found[i][0][:keep] + [eos] if keep else None
+            cut += bool(keep)
         left -= found[i][1]
-    return [d for (d, _), ok in zip(found, complete) if ok]
+    return [d for d in held if d is not None], cut
 
 
 @pytest.mark.parametrize("split", ["train", "validation"])
@@ -89,13 +96,15 @@ def test_hdf5_export_reads_back_with_h5py(shard_dir, bpe_dir, tmp_path, split):
         assert f["input_ids"].dtype == np.uint16 and f["document_offsets"].dtype == np.int64
     assert ids.shape == (len(shards), 17) and np.array_equal(ids, shards.take(range(len(shards))))
 
-    # the documents, whole, in corpus order: those the dropped remainder cut left out
-    expected = complete_documents(docs, bpe_dir, split == "validation")
+    # every document the shards hold tokens of, in corpus order: those the dropped remainder cut, their held tokens
+    expected, cut = held_documents(docs, bpe_dir, split == "validation")
+    assert cut >= 1  # the remainder cut a document: the case the export once left out
     assert [tokens[a:b].tolist() for a, b in zip(offsets, offsets[1:])] == expected
     assert offsets[-1] == len(tokens) == sum(len(d) for d in expected)
     assert info == {"sequences": len(shards), "tokens": ids.size, "documents": len(expected), "dtype": "uint16"}
     s = manifest["splits"][split]
-    assert attrs["dropped_partial_tokens"] == s["document_tokens"] - s["dropped_remainder_tokens"] - len(tokens)
+    assert attrs["truncated_documents"] == cut
+    assert len(tokens) == s["tokens"] + cut  # the shards' tokens, and one EOS ending each cut document
 
     assert (attrs["split"], attrs["seq_len"], attrs["dtype"], attrs["eos_id"], attrs["vocab_size"]) == (
         split,
@@ -122,10 +131,11 @@ def test_hdf5_export_of_a_uint32_vocabulary(tmp_path, make_word_tokenizer):
     with h5py.File(tmp_path / "t.h5", "r") as f:
         assert f["input_ids"].dtype == np.uint32
         assert f["input_ids"][:].reshape(-1).tolist() == [69999, 1, 2, 70_000, 5, 69998]
-        # d1's last token and EOS fell into the dropped remainder: d1 is left out
-        assert f["document_offsets"][:].tolist() == [0, 4] and f["document_tokens"][:].tolist() == [69999, 1, 2, 70_000]
-        assert f.attrs["dropped_partial_tokens"] == 2
-    assert info["documents"] == 1
+        # d1's EOS fell into the dropped remainder: d1 is its held tokens, then EOS
+        assert f["document_offsets"][:].tolist() == [0, 4, 7]
+        assert f["document_tokens"][:].tolist() == [69999, 1, 2, 70_000, 5, 69998, 70_000]
+        assert f.attrs["truncated_documents"] == 1
+    assert info["documents"] == 2
 
 
 def test_datasets_from_file_cannot_read_the_shards_as_the_docs_say(shard_dir):

@@ -17,7 +17,14 @@ import xxhash
 from tokenizers import Tokenizer
 
 from helpers import REPO
-from largetrain_core.shards import DistributedSampler, ShardError, TokenShards, build_token_shards, export_megatron
+from largetrain_core.shards import (
+    DistributedSampler,
+    ShardError,
+    TokenShards,
+    build_token_shards,
+    export_hdf5,
+    export_megatron,
+)
 from largetrain_core.tokenizer import train_bpe
 from helpers.parts import write_parts
 
@@ -72,10 +79,16 @@ def train_documents(root: Path) -> list[list[int]]:
     ]
 
 
-def whole_documents_in_stream(documents: list[list[int]], total: int) -> list[list[int]]:
-    """The documents that end within the first ``total`` tokens of their concatenation."""
-    ends = np.cumsum([len(d) for d in documents])
-    return [d for d, e in zip(documents, ends) if e <= total]
+def held_documents_in_stream(documents: list[list[int]], total: int, eos: int) -> list[list[int]]:
+    """The documents that start within the first ``total`` tokens of their concatenation: whole where
+    they end within it, else their tokens up to ``total``, then ``eos``."""
+    held, start = [], 0
+    for d in documents:
+        if start >= total:
+            break
+        held.append(d if start + len(d) <= total else d[: total - start] + [eos])
+        start += len(d)
+    return held
 
 
 @pytest.mark.parametrize("prefix", ["wiki.en_text_document", "kernel_text_document"])
@@ -101,21 +114,24 @@ def test_megatron_export_writes_the_documents_under_the_whole_prefix(small, tmp_
     # Megatron appends .bin/.idx to the prefix: wiki.en_text_document.bin, not wiki.bin
     assert sorted(p.name for p in (tmp_path / "mega").iterdir()) == [f"{prefix}.bin", f"{prefix}.idx"]
     version, dtype, seqs, doc_idx = read_megatron(tmp_path / "mega" / prefix)
-    expected = whole_documents_in_stream(train_documents(small), len(stream))
+    eos = shards.manifest["eos_id"]
+    documents = train_documents(small)
+    expected = held_documents_in_stream(documents, len(stream), eos)
     assert version == 1 and dtype == np.uint16
-    assert [s.tolist() for s in seqs] == expected  # one sequence per document, the cut last one left out
+    # one sequence per document, the last one cut by the dropped remainder: its held tokens, then EOS
+    assert [s.tolist() for s in seqs] == expected and expected[-1] != documents[len(expected) - 1]
     assert doc_idx.tolist() == list(range(len(expected) + 1))
     tokens = sum(len(d) for d in expected)
-    assert np.concatenate(seqs).tolist() == stream[:tokens].tolist()  # the tokens training reads, in order
+    assert tokens == len(stream) + 1
+    assert np.concatenate(seqs)[:-1].tolist() == stream.tolist()  # the tokens training reads, in order
     assert info == {
         "documents": len(expected),
         "tokens": tokens,
-        "dropped_partial_tokens": len(stream) - tokens,
+        "truncated_documents": 1,
         "dtype": "uint16",
         "bin": str(tmp_path / "mega" / f"{prefix}.bin"),
         "idx": str(tmp_path / "mega" / f"{prefix}.idx"),
     }
-    assert 0 < info["dropped_partial_tokens"] < max(len(d) for d in expected)
     assert (tmp_path / "mega" / f"{prefix}.bin").stat().st_size == tokens * 2
 
 
@@ -162,35 +178,51 @@ def test_megatron_core_reads_the_export_and_its_gpt_dataset_samples_whole_docume
     """megatron-core's own IndexedDataset and GPTDataset (its BlendedMegatronDatasetBuilder, defaults:
     sequence_length = our seq_len, one extra token) over the export: every sample is made of whole
     documents joined after their EOS, except the parts cut at its two ends."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     prefix = str(tmp_path / "mega" / "wiki.en_text_document")
     info = export_megatron(small / "shards", "train", Path(prefix))
     shards = TokenShards(small / "shards", "train")
-    documents = whole_documents_in_stream(train_documents(small), len(shards) * (shards.seq_len + 1))
+    eos = shards.manifest["eos_id"]
+    documents = held_documents_in_stream(train_documents(small), len(shards) * (shards.seq_len + 1), eos)
     indexed = IndexedDataset(prefix)
     assert len(indexed) == info["documents"] == len(documents) and indexed.document_indices.tolist() == list(
         range(len(documents) + 1)
     )
     assert [indexed[i].tolist() for i in range(len(indexed))] == documents
 
-    eos = shards.manifest["eos_id"]
+    train = gpt_dataset(prefix, small / "shards", shards.seq_len, tmp_path / "cache")
+    assert len(train) == (info["tokens"] - 1) // shards.seq_len  # one epoch of the documents' tokens
+    joined = samples_of_documents(train, documents, eos, shards.seq_len)
+    assert joined > len(train) // 2  # most samples span a document boundary: the check above is exercised
+
+
+def gpt_dataset(prefix: str, shards_dir: Path, seq_len: int, cache: Path):
+    """megatron-core's GPTDataset over one IndexedDataset prefix, built by its BlendedMegatronDatasetBuilder
+    with its defaults (all of it the train split, ``sequence_length`` = our seq_len)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
     config = GPTDatasetConfig(
         random_seed=1234,
-        sequence_length=shards.seq_len,
+        sequence_length=seq_len,
         blend=([prefix], None),
         split="1,0,0",
-        tokenizer=_megatron_tokenizer(small / "shards"),
+        tokenizer=_megatron_tokenizer(shards_dir),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
-        path_to_cache=str(tmp_path / "cache"),
+        path_to_cache=str(cache),
     )
     train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()
     assert valid is None and test is None
-    assert len(train) == (info["tokens"] - 1) // shards.seq_len  # one epoch of the documents' tokens
+    return train
+
+
+def samples_of_documents(train, documents: list[list[int]], eos: int, seq_len: int) -> int:
+    """Assert that every sample of the GPTDataset ``train`` is ``seq_len + 1`` tokens of ``documents``:
+    inside one document, or the end of one, whole documents joined after their EOS, and the start of
+    another. Returns how many samples span a document boundary."""
     whole = {tuple(d) for d in documents}
     heads = {tuple(d[:k]) for d in documents for k in range(1, len(d) + 1)}
     tails = {tuple(d[-k:]) for d in documents for k in range(1, len(d) + 1)}
@@ -199,7 +231,7 @@ def test_megatron_core_reads_the_export_and_its_gpt_dataset_samples_whole_docume
     for i in range(len(train)):
         sample = train[i]
         text = sample["tokens"].tolist() + sample["labels"][-1:].tolist()
-        assert sample["labels"].tolist() == text[1:] and len(text) == shards.seq_len + 1
+        assert sample["labels"].tolist() == text[1:] and len(text) == seq_len + 1
         cuts = [k + 1 for k, t in enumerate(text) if t == eos]
         pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)]) if a < b]
         if len(pieces) == 1:  # inside one document
@@ -208,7 +240,97 @@ def test_megatron_core_reads_the_export_and_its_gpt_dataset_samples_whole_docume
         assert tuple(pieces[0]) in tails and tuple(pieces[-1]) in heads, (i, pieces)
         assert all(tuple(p) in whole for p in pieces[1:-1]), (i, pieces)  # documents joined only after their EOS
         joined += 1
-    assert joined > len(train) // 2  # most samples span a document boundary: the check above is exercised
+    return joined
+
+
+def _ids_of_split(validation: bool, count: int, prefix: str) -> list[str]:
+    """The first ``count`` doc ids ``<prefix>0``, ``<prefix>1``, ... that the split hash (seed 0,
+    validation_fraction 0.5: xxh64(doc_id, 0) / 2**64 < 0.5) puts in validation, or in train."""
+    ids, i = [], 0
+    while len(ids) < count:
+        d = f"{prefix}{i}"
+        if (xxhash.xxh64_intdigest(d.encode(), 0) < 0.5 * 2**64) == validation:
+            ids.append(d)
+        i += 1
+    return ids
+
+
+@pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed")
+def test_megatron_export_keeps_the_documents_the_dropped_remainder_cut(tmp_path, make_word_tokenizer):
+    """The demo's shape: several part files, one validation document in each, and a train split of one
+    document. Words are tokens (w0 ... w299, EOS 300), seq_len 16 (windows of 17). Validation: documents
+    of 61, 43, 71 and 19 tokens with EOS, one per part: 3, 2, 4 and 1 windows, tails 10, 9, 3 and 2;
+    the 24 tail tokens make one window, the last 7 are dropped: the 2nd document loses its last 2
+    tokens, the 3rd its last 3, the 4th its last 2. Train: one document of 39 tokens, 2 windows, its
+    tail of 5 dropped. megatron-core's IndexedDataset reads every document, each cut one as its held
+    tokens then EOS, and its GPTDataset samples them; an export that once left the cut ones out held 1
+    of the 4 validation documents and none of train."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    tok = make_word_tokenizer(tmp_path / "tok", [f"w{i}" for i in range(300)])
+    eos = 300
+    lengths = [61, 43, 71, 19]  # validation documents, EOS included
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    val_docs = [list(range(a, a + n - 1)) + [eos] for a, n in zip(starts, lengths)]
+    train_doc = list(range(starts[-1], starts[-1] + 38)) + [eos]
+    val_ids, train_ids = _ids_of_split(True, 4, "play"), _ids_of_split(False, 1, "play")
+
+    def text(doc: list[int]) -> str:
+        return " ".join(f"w{t}" for t in doc[:-1])
+
+    parts = [[(val_ids[0], text(val_docs[0])), (train_ids[0], text(train_doc))]]
+    parts += [[(d, text(doc))] for d, doc in zip(val_ids[1:], val_docs[1:])]
+    out = tmp_path / "shards"
+    out.mkdir()
+    manifest = build_token_shards(write_parts(tmp_path / "in", parts), tok, out, seq_len=16, validation_fraction=0.5)
+    val, train = manifest["splits"]["validation"], manifest["splits"]["train"]
+    assert (val["documents"], val["sequences"], val["dropped_remainder_tokens"]) == (4, 11, 7)
+    assert (train["documents"], train["sequences"], train["dropped_remainder_tokens"]) == (1, 2, 5)
+
+    expected = {
+        "validation": [val_docs[0], val_docs[1][:41] + [eos], val_docs[2][:68] + [eos], val_docs[3][:17] + [eos]],
+        "train": [train_doc[:34] + [eos]],
+    }
+    for split, documents in expected.items():
+        prefix = str(tmp_path / "mega" / f"{split}_text_document")
+        info = export_megatron(out, split, Path(prefix))
+        held = manifest["splits"][split]["tokens"]
+        assert (info["documents"], info["tokens"], info["truncated_documents"]) == (
+            len(documents),
+            held + len(documents) - (split == "validation"),
+            len(documents) - (split == "validation"),
+        )
+        indexed = IndexedDataset(prefix)
+        assert [indexed[i].tolist() for i in range(len(indexed))] == documents
+        assert indexed.document_indices.tolist() == list(range(len(documents) + 1))
+        dataset = gpt_dataset(prefix, out, 16, tmp_path / "cache" / split)
+        assert len(dataset) == (info["tokens"] - 1) // 16
+        samples_of_documents(dataset, documents, eos, 16)
+
+
+def test_megatron_export_of_a_split_without_tokens_fails_and_writes_nothing(tmp_path, make_word_tokenizer):
+    """A split whose documents are all shorter than one window holds no tokens: the exports refuse
+    (the CLI with exit code 1, the reason on stderr) instead of writing the empty .bin Megatron cannot mmap."""
+    tok = make_word_tokenizer(tmp_path / "tok", [f"w{i}" for i in range(10)])
+    out = tmp_path / "shards"
+    out.mkdir()
+    docs = [("a", "w1 w2 w3"), ("b", "w4 w5")]  # 4 + 3 tokens with EOS, under a window of 17
+    build_token_shards(write_parts(tmp_path / "in", [docs]), tok, out, seq_len=16, validation_fraction=0.0)
+    with pytest.raises(ShardError, match=r"split 'train' holds no tokens.* 2 document\(s\) \(7 tokens\)"):
+        export_megatron(out, "train", tmp_path / "mega" / "empty")
+    r = subprocess.run(
+        [sys.executable, "-m", "largetrain_core.shards", "export-megatron", str(out), str(tmp_path / "mega" / "x")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith(f"error: {out}: split 'train' holds no tokens, so there is nothing to export")
+    assert not (tmp_path / "mega").exists() or not list((tmp_path / "mega").iterdir())
+    with pytest.raises(ShardError, match=r"split 'train' holds no tokens"):
+        export_hdf5(out, "train", tmp_path / "h5" / "empty.h5")
+    assert not (tmp_path / "h5").exists() or not list((tmp_path / "h5").iterdir())
 
 
 @pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed")

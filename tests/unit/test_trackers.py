@@ -1,11 +1,18 @@
 """The trackers after the training (largetrain_core.training.trackers.log_outputs), read from a storage root
-that was copied elsewhere and whose original is gone: MLflow (a SQLite store in the root, in process)."""
+that was copied elsewhere and whose original is gone: MLflow (a SQLite store in the root, in process); and
+W&B + MLflow driven together when W&B fails to finish."""
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from helpers import REPO
 from largetrain_core.training.config import TrainConfig
 from largetrain_core.training.trackers import Trackers, log_outputs, moved_to
 
@@ -89,3 +96,76 @@ def test_a_root_named_through_a_link_is_not_taken_for_a_moved_one(tmp_path, capl
     client = MlflowClient(f"sqlite:///{tmp_path / 'disk' / 'root' / 'mlruns.db'}")
     assert client.get_run(records["mlflow"]["run_id"]).data.metrics["acc"] == 0.5
     assert [a.path for a in client.list_artifacts(records["mlflow"]["run_id"])] == ["summary.json"]
+
+
+# Drives Trackers under report_to wandb (offline) + mlflow, then kills W&B's service process (wandb-core, a
+# child of this process), as a cancel that reaches the process group does: W&B's run.finish then raises
+# ConnectionResetError from wandb itself. Prints what Trackers.finish raised and the trackers' records.
+W_AND_B_LOST = """
+import json, os, signal, sys
+from pathlib import Path
+from largetrain_core.training.config import TrainConfig
+from largetrain_core.training.trackers import TrackerError, Trackers
+
+root, outcome = Path(sys.argv[1]), sys.argv[2]
+cfg = TrainConfig.from_settings(
+    output_dir=str(root / "run"), train_shards=str(root / "shards"), tokenizer=str(root / "tokenizer"),
+    report_to=["wandb", "mlflow"], mlflow={"tracking_uri": f"sqlite:///{root / 'mlruns.db'}"},
+)
+Path(cfg.output_dir).mkdir(parents=True)
+trackers = Trackers(cfg, rank=0)
+records = trackers.start()
+trackers.log_metrics(1, {"loss": 2.5})
+core = [
+    int(p.name) for p in Path("/proc").iterdir()
+    if p.name.isdigit() and (p / "stat").exists()
+    and (p / "comm").read_text().strip() == "wandb-core"
+    and int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+]
+for pid in core:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+try:
+    trackers.finish({"steps": 1, "last_loss": 2.5} if outcome == "succeeded" else None, killed=outcome == "killed")
+    raised = None
+except TrackerError as e:
+    raised = {"message": str(e), "cause": type(e.__cause__).__name__, "trackers": [n for n, _ in e.errors]}
+print(json.dumps({"killed_wandb_core": len(core), "raised": raised, "records": records}))
+"""
+
+
+@pytest.mark.parametrize("outcome,status", [("killed", "KILLED"), ("succeeded", "FINISHED")])
+def test_mlflow_run_ends_when_wandb_fails_to_finish(tmp_path, outcome, status):
+    """W&B (offline, its real service process killed, so wandb's own run.finish raises
+    ConnectionResetError) and MLflow (a SQLite store): Trackers.finish still finishes MLflow's run,
+    KILLED after a cancel or FINISHED after success (read back with MlflowClient), closes metrics.jsonl,
+    and then raises TrackerError naming W&B with wandb's exception as its cause."""
+    from mlflow.tracking import MlflowClient
+
+    r = subprocess.run(
+        [sys.executable, "-c", W_AND_B_LOST, str(tmp_path), outcome],
+        cwd=REPO,
+        env={**os.environ, "WANDB_SILENT": "true"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["killed_wandb_core"] == 1
+    raised = result["raised"]
+    assert raised["trackers"] == ["wandb"] and raised["cause"] == "ConnectionResetError"
+    assert raised["message"].startswith("tracker 'wandb' failed to finish: ConnectionResetError: ")
+    assert raised["message"].endswith("(every other tracker did it all the same)")
+    assert "tracker 'wandb' failed to finish: ConnectionResetError" in r.stderr  # logged when it happened
+
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}").get_run(result["records"]["mlflow"]["run_id"])
+    assert run.info.status == status and run.info.end_time is not None
+    assert run.data.metrics == {"loss": 2.5}
+    artifacts = [a.path for a in MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}").list_artifacts(run.info.run_id)]
+    assert artifacts == (["summary.json"] if outcome == "succeeded" else [])
+    assert [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [
+        {"step": 1, "loss": 2.5}
+    ]
+    assert result["records"]["wandb"]["mode"] == "offline"
+    assert len(list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{result['records']['wandb']['run_id']}"))) == 1
