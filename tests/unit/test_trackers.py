@@ -116,15 +116,47 @@ Path(cfg.output_dir).mkdir(parents=True)
 trackers = Trackers(cfg, rank=0)
 records = trackers.start()
 trackers.log_metrics(1, {"loss": 2.5})
-core = [
-    int(p.name) for p in Path("/proc").iterdir()
-    if p.name.isdigit() and (p / "stat").exists()
-    and (p / "comm").read_text().strip() == "wandb-core"
-    and int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
-]
+import time
+
+
+def parent(pid):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def ours(pid):  # a descendant of this process (W&B may start its service through a launcher)
+    while pid > 1:
+        pid = parent(pid)
+        if pid == os.getpid():
+            return True
+    return False
+
+
+def wandb_core():
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and (p / "comm").read_text().strip() == "wandb-core" and ours(int(p.name)):
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+deadline = time.monotonic() + 30
+core = wandb_core()
+while not core and time.monotonic() < deadline:
+    time.sleep(0.2)
+    core = wandb_core()
 for pid in core:
     os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:  # a grandchild: not ours to reap; wait until it is gone
+        while Path(f"/proc/{pid}").exists() and (Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"):
+            time.sleep(0.05)
 try:
     trackers.finish({"steps": 1, "last_loss": 2.5} if outcome == "succeeded" else None, killed=outcome == "killed")
     raised = None
@@ -145,7 +177,9 @@ def test_mlflow_run_ends_when_wandb_fails_to_finish(tmp_path, outcome, status):
     r = subprocess.run(
         [sys.executable, "-c", W_AND_B_LOST, str(tmp_path), outcome],
         cwd=REPO,
-        env={**os.environ, "WANDB_SILENT": "true"},
+        # its own W&B service: a service that an earlier test started in this process is named in the inherited
+        # WANDB_SERVICE, and a child would join it instead of starting the wandb-core it kills
+        env={**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}, "WANDB_SILENT": "true"},
         capture_output=True,
         text=True,
         timeout=240,
