@@ -28,7 +28,7 @@ from largetrain_core.storage import (
 # Bump a stage's code version when its code changes what it writes: its data version changes, so its
 # artifact is rebuilt, and Dagster marks the asset stale.
 CODE_VERSIONS = {
-    "raw_corpus": "6",
+    "raw_corpus": "7",
     "cleaned_text": "8",
     "deduplicated_text": "8",
     "tokenizer": "2",

@@ -222,11 +222,7 @@ def scan(path: str | Path, partition: int = 0, partitions: int = 1) -> Scan:
             for f in known
             if partitions == 1 or partition_of(rel[f], partitions) == partition
         ]
-    skipped = [
-        f
-        for f in files
-        if f not in read and (partitions == 1 or partition_of(rel[f], partitions) == partition)
-    ]
+    skipped = [f for f in files if f not in read and (partitions == 1 or partition_of(rel[f], partitions) == partition)]
     return Scan(sources, skipped, base)
 
 
@@ -476,9 +472,7 @@ def whole_files(rejected: Path) -> tuple[int, int]:
     """(files rejected as a whole, the rejected records they account for) in a ``rejected.parquet``: a
     file whose records carry readers.WHOLE_FILE (one per row or line), or a file rejected at position
     -1 without a count of its records (it could not be opened)."""
-    df = _rejected_frame(rejected).filter(
-        pl.col("text").str.starts_with(WHOLE_FILE) | (pl.col("position") == -1)
-    )
+    df = _rejected_frame(rejected).filter(pl.col("text").str.starts_with(WHOLE_FILE) | (pl.col("position") == -1))
     return df["source"].n_unique(), df.height
 
 

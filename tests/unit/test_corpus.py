@@ -167,9 +167,13 @@ def test_truncated_gzip_is_a_rejected_record(tmp_path):
     assert 0 < docs.num_rows < 200
     assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [("a.jsonl.gz", docs.num_rows + 1)]
     n = docs.num_rows
-    assert rej.column("reason")[0].as_py().startswith(
-        f"line {n + 1}: cannot read the file past line {n} ({n} records read before it): the reading ended at "
-        f"byte {len(blob) // 2:,} of {len(blob) // 2:,} of the file, after "
+    assert (
+        rej.column("reason")[0]
+        .as_py()
+        .startswith(
+            f"line {n + 1}: cannot read the file past line {n} ({n} records read before it): the reading ended at "
+            f"byte {len(blob) // 2:,} of {len(blob) // 2:,} of the file, after "
+        )
     )
 
 

@@ -87,7 +87,9 @@ def test_ids_partitions_and_fingerprint_do_not_depend_on_the_listing_order(tmp_p
     differently, give the same ids, the same partition of each file and the same fingerprint."""
     a = _build(tmp_path / "a", tmp_path / "a" / "elsewhere", ORDER)
     b = _build(
-        tmp_path / "b", tmp_path / "b" / "elsewhere", ["loop", "dangling", "outside", "0alias", "alias", "files", "cycle"]
+        tmp_path / "b",
+        tmp_path / "b" / "elsewhere",
+        ["loop", "dangling", "outside", "0alias", "alias", "files", "cycle"],
     )
     results = []
     for corpus in (a, b):

@@ -34,7 +34,11 @@ def test_parquet_text_shapes_every_row_counted_and_the_run_fails_naming_the_file
     rej = pq.read_table(tmp_path / "raw" / "rejected.parquet").to_pylist()
     # every row of every file is a document or a rejected record (the footers' counts)
     assert stats["documents"] + stats["rejected"] == sum(_rows(f) for f in d.glob("*.parquet")) == 750
-    assert stats["rejected_by_file"] == {"all_null.parquet": 200, "wrapped_struct.parquet": 120, "other_column.parquet": 80}
+    assert stats["rejected_by_file"] == {
+        "all_null.parquet": 200,
+        "wrapped_struct.parquet": 120,
+        "other_column.parquet": 80,
+    }
     # the list of paragraphs is one document per row, joined by a blank line
     listed = [r for r in docs if r["source"] == "paragraphs_list.parquet"]
     assert len(listed) == 300 and sum(r["source"] == "good.parquet" for r in docs) == 50
@@ -58,7 +62,9 @@ def test_parquet_text_shapes_every_row_counted_and_the_run_fails_naming_the_file
 
 
 def test_a_dotted_text_field_reaches_a_structs_text(cases):
-    docs, rej = read_all(cases / "parquet_text_shapes" / "wrapped_struct.parquet", text_field="text.body", id_field="id")
+    docs, rej = read_all(
+        cases / "parquet_text_shapes" / "wrapped_struct.parquet", text_field="text.body", id_field="id"
+    )
     assert rej.num_rows == 0
     assert docs.column("text").to_pylist() == [f"struct body {i}" for i in range(120)]
     assert docs.column("doc_id").to_pylist()[:2] == ["s0", "s1"]
@@ -100,7 +106,9 @@ def test_a_whole_file_rejection_weighs_its_lines_against_max_rejected_fraction(t
     stats, config = _ingest(corpus, tmp_path / "raw")
     assert (stats["documents"], stats["rejected"]) == (100, 10)
     message = rejection_error(stats, config, tmp_path / "raw" / "rejected.parquet")
-    assert message.startswith("10 of 110 records rejected, more than max_rejected_fraction=0.05; by file: wrong.jsonl (10). ")
+    assert message.startswith(
+        "10 of 110 records rejected, more than max_rejected_fraction=0.05; by file: wrong.jsonl (10). "
+    )
     assert "1 file rejected as a whole, counted as 10 records" in message
 
 
