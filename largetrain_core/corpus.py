@@ -226,6 +226,31 @@ def scan(path: str | Path, partition: int = 0, partitions: int = 1) -> Scan:
     return Scan(sources, skipped, base)
 
 
+def holds_records(path: str | Path) -> bool:
+    """Whether the corpus at ``path`` (all its partitions) may hold a record: False only when every
+    corpus file is empty, or holds whitespace only (a text or JSONL file, decompressed: read up to its
+    first byte that is not whitespace), or is a Parquet file of zero rows. A file that cannot be probed
+    (damaged, a dangling link: a rejected record) and an Arrow file count as holding one. Errors as
+    :func:`scan`."""
+    for src in scan(path).sources:
+        if dangling_link(src.path) or src.reader is None:
+            return True
+        try:
+            if src.reader.streams:
+                with src.open_bytes() as f:
+                    while block := f.read(1 << 16):
+                        if block.strip():
+                            return True
+            elif src.reader.name == "parquet":
+                if pq.ParquetFile(src.open_random()).metadata.num_rows:
+                    return True
+            else:
+                return True
+        except Exception:  # noqa: BLE001 -- a file that cannot be probed is read (and rejected) by the reader
+            return True
+    return False
+
+
 def list_files(path: str | Path, partition: int = 0, partitions: int = 1) -> list[Path]:
     """The corpus files of :func:`scan` (same arguments and errors)."""
     return scan(path, partition, partitions).files

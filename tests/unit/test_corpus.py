@@ -804,3 +804,17 @@ def test_arrow_ipc_files_are_read_like_parquet(tmp_path, fmt):
     assert got.keys() == {("broken.arrow", -1), (name, 1)}
     assert got[(name, 1)] == "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte"
     assert got[("broken.arrow", -1)].startswith("cannot open Arrow IPC file")
+
+
+def test_holds_records_is_false_only_for_a_corpus_of_nothing(cases, tmp_path):
+    """raw_corpus warns at once on a corpus that holds no record (tests/cases/empty_corpus)."""
+    from largetrain_core.corpus import holds_records
+
+    assert not holds_records(cases / "empty_corpus")
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "blank.jsonl.gz").write_bytes(gzip.compress(b"\n \r\n\t\n" * 50_000))
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), corpus / "none.parquet")
+    assert not holds_records(corpus)
+    (corpus / "late.txt").write_bytes(b" " * 200_000 + b"x")  # content past the first block
+    assert holds_records(corpus)
