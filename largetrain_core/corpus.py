@@ -2,8 +2,9 @@
 
 The files' formats and the readers are in largetrain_core.readers (one place decides a format). This
 module lists a corpus (recursively, in sorted order under canonical names, links followed once, see
-:func:`_walk`; files no reader knows counted and listed; dangling links rejected), assigns its files to hash partitions (a corpus of one large file to pieces of it), gives
-every document an id unique within the read, and writes the raw_corpus stage (:func:`ingest`):
+:func:`_walk`; files no reader knows counted and listed; dangling links listed, to be rejected),
+assigns its files to hash partitions (a corpus of one large file to pieces of it), gives every
+document an id unique within the read, and writes the raw_corpus stage (:func:`ingest`):
 documents in Parquet parts with the columns ``doc_id``, ``source``, ``text`` (``large_string``), plus
 ``label`` when ``ReaderConfig.label_field`` is set; rejected records in ``rejected.parquet``
 (docs/ARCHITECTURE.md section Accounting).
@@ -37,6 +38,7 @@ from largetrain_core.readers import (
     ReaderConfig,
     Source,
     WHOLE_FILE,
+    dangling_link,
     utf8_error,
     read_source,
     reader_for,
@@ -75,7 +77,7 @@ def _walk(root: Path) -> list[Path]:
     the first in the sorted walk when several lead to one target. A link to a directory being walked
     (a cycle) or already walked is not followed, so the walk ends. A dangling link (a link whose
     target does not exist, or a loop of links) is listed as a file: reading it rejects it, naming it
-    (largetrain_core.corpus.read_corpus). Names are compared as Python strings (code points), so the
+    (readers.read_source). Names are compared as Python strings (code points), so the
     order and the names do not depend on the file system's listing order or on the machine."""
     top = os.path.realpath(root)
     seen: set[str] = {top}  # real directories walked (or being walked)
@@ -111,18 +113,6 @@ def _walk(root: Path) -> list[Path]:
 
     visit(Path(root))
     return sorted(out, key=lambda f: f.relative_to(root).parts)
-
-
-def dangling_link(path: Path | str) -> str | None:
-    """None unless ``path`` is a symbolic link whose target does not exist (or a loop of links), else the
-    reason to reject it, naming the target."""
-    if isinstance(path, str) or not path.is_symlink() or path.exists():
-        return None
-    try:
-        target = os.readlink(path)
-    except OSError as e:
-        target = f"({e.strerror})"
-    return f"dangling symbolic link: its target {target} does not exist (or is a loop of links)"
 
 
 def _walk_remote(url: str) -> tuple[list[str], str, dict[str, int]]:
@@ -280,8 +270,6 @@ def read_corpus(config: ReaderConfig, listed: Scan | None = None) -> Iterator[Ba
                 -1,
                 "file name is not valid UTF-8 (undecodable bytes shown as \\x escapes): rename the file",
             )
-        elif dangling := dangling_link(src.path):
-            out.reject(src.rel, -1, dangling)
         else:
             yield from read_source(src, config, out)
         if out.full():

@@ -64,6 +64,7 @@ import codecs
 import gzip
 import io
 import json
+import os
 import re
 import unicodedata
 from collections import Counter
@@ -1170,8 +1171,21 @@ def splittable(path: Path | str) -> bool:
     return not r.streams or not (_sniff(path) or Source(path, name, r).utf16)
 
 
+def dangling_link(path: Path | str) -> str | None:
+    """None unless ``path`` is a symbolic link whose target does not exist (or a loop of links), else the
+    reason to reject it, naming the target."""
+    if isinstance(path, str) or not path.is_symlink() or path.exists():
+        return None
+    try:
+        target = os.readlink(path)
+    except OSError as e:
+        target = f"({e.strerror})"
+    return f"dangling symbolic link: its target {target} does not exist (or is a loop of links)"
+
+
 def read_source(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:
-    """``src.reader.read``, counting a UTF-16 file (``out.utf16_files``). A file that cannot be read
+    """``src.reader.read``, counting a UTF-16 file (``out.utf16_files``). A dangling link is one rejected
+    record (:func:`dangling_link`), whatever its name (its ``src.reader`` may be None). A file that cannot be read
     or decompressed to its end (any exception the reader does not turn into a rejected record)
     becomes one more rejected record (position -1) after whatever it yielded before the fault, the
     reason saying how many records were read before it.
@@ -1179,6 +1193,9 @@ def read_source(src: Source, config: ReaderConfig, out: Collector) -> Iterator[B
     Raises RuntimeError when the reader's count of the records it took differs from the documents and
     rejected records it added: a record lost unseen (a fault of the reader, never of the input)."""
     before = out.outcomes
+    if why := dangling_link(src.path):
+        out.reject(src.rel, -1, why)
+        return
     try:
         if src.reader.streams and src.utf16:
             out.utf16_files += 1

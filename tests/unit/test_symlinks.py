@@ -39,7 +39,10 @@ def _build(root: Path, outside: Path, order: list[str]) -> Path:
         "outside": lambda: [
             (corpus / name).symlink_to(outside, target_is_directory=True) for name in ("ext_b", "ext_a")
         ],
-        "dangling": lambda: (corpus / "gone.jsonl").symlink_to("../nowhere.jsonl"),
+        "dangling": lambda: [
+            (corpus / "gone.jsonl").symlink_to("../nowhere.jsonl"),
+            (corpus / "gone_dir").symlink_to("../nowhere", target_is_directory=True),  # no suffix: rejected too
+        ],
         "loop": lambda: [(corpus / "l1.txt").symlink_to("l2.txt"), (corpus / "l2.txt").symlink_to("l1.txt")],
     }
     for step in order:
@@ -62,7 +65,16 @@ def test_the_walk_ends_reads_each_file_once_under_its_canonical_name(tmp_path):
     # the aliases and the cycle are not followed (their targets are read under their own names); the two
     # links out of the corpus lead to one directory, read once under the first in sorted order; the dangling
     # link and the loop of links are listed, to be rejected
-    assert rels == ["docs/a.jsonl", "docs/deep/b.txt", "ext_a/c.txt", "gone.jsonl", "l1.txt", "l2.txt", "notes.md"]
+    assert rels == [
+        "docs/a.jsonl",
+        "docs/deep/b.txt",
+        "ext_a/c.txt",
+        "gone.jsonl",
+        "gone_dir",
+        "l1.txt",
+        "l2.txt",
+        "notes.md",
+    ]
     assert rels == sorted(rels, key=lambda r: r.split("/"))
 
     docs, rej = read_all(corpus)
@@ -74,11 +86,12 @@ def test_the_walk_ends_reads_each_file_once_under_its_canonical_name(tmp_path):
         "notes.md",
     ]
     got = {r["source"]: (r["position"], r["reason"]) for r in rej.to_pylist()}
-    assert got.keys() == {"gone.jsonl", "l1.txt", "l2.txt"}
+    assert got.keys() == {"gone.jsonl", "gone_dir", "l1.txt", "l2.txt"}
     assert got["gone.jsonl"] == (
         -1,
         "dangling symbolic link: its target ../nowhere.jsonl does not exist (or is a loop of links)",
     )
+    assert got["gone_dir"][1].startswith("dangling symbolic link: its target ../nowhere does not exist")
     assert got["l1.txt"][1].startswith("dangling symbolic link: its target l2.txt does not exist")
 
 
