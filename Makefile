@@ -58,6 +58,13 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 	npm install -q --prefix $(VENV)/azurite --no-audit --no-fund --no-save azurite@$(AZURITE_VERSION)
 	touch $@
 
+# transformers 4.x beside the virtualenv's 5.x, for the test that older tools load the tokenizers and models we
+# write (tests/unit/test_transformers4.py): pip's --target folder, put first on PYTHONPATH in that test's child
+# process, with the tokenizers and huggingface-hub that 4.57 pins; everything else comes from the virtualenv.
+$(VENV)/transformers4/.installed: | $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --target $(VENV)/transformers4 'transformers==4.57.6' 'tokenizers==0.22.2' 'huggingface-hub==0.36.2'
+	touch $@
+
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file at a time (so that a module's fixtures,
 # dagster dev, a Spark session, the lineage, are built once), the longest files first (tests/conftest.py:
 # LONGEST_FILES), then the others in the order collected (e2e, integration, unit). loadfile keeps node ids as
@@ -65,7 +72,7 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 # a worker is often waiting (for dagster dev, a sensor's tick, a JVM or a peer rank), and a third keeps both
 # cores busy (docs/measurements.md, The test suite).
 TEST_WORKERS ?= 3
-test: lint $(VENV)/.spark-installed $(VENV)/spark-classes.jsa $(VENV)/azurite/.installed corpora
+test: lint $(VENV)/.spark-installed $(VENV)/spark-classes.jsa $(VENV)/azurite/.installed $(VENV)/transformers4/.installed corpora
 	scripts/install_system_deps.sh
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 --cpu-durations=25
 
