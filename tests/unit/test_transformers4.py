@@ -1,6 +1,6 @@
 """The tokenizers and models the project writes load in transformers 4.x as in 5.x: optimum-onnx and
-llama.cpp's converter pin 4.x. transformers 4.57 lives in ``.venv/transformers4`` (the Makefile's
-``$(VENV)/transformers4/.installed``, a dependency of ``make test``) and runs in a child process with that
+llama.cpp's converter pin 4.x. transformers 4.57 lives in ``.venv/llama.cpp/site`` (the Makefile's
+``$(VENV)/llama.cpp/.installed``, a dependency of ``make test``) and runs in a child process with that
 folder first on PYTHONPATH; the rest (torch, numpy, safetensors) is the virtualenv's."""
 
 import json
@@ -15,7 +15,7 @@ from largetrain_core import chat
 from largetrain_core.model import build_model
 from largetrain_core.tokenizer import EOS_TOKEN, load_tokenizer_info, read_tokenizer, save_hf_tokenizer, save_tokenizer
 
-TRANSFORMERS4 = Path(sys.prefix) / "transformers4"
+TRANSFORMERS4 = Path(sys.prefix) / "llama.cpp" / "site"
 TEXTS = ["the quick brown fox jumps over the lazy dog", "a short one"]
 MESSAGES = [{"role": "user", "content": "what is a shard?"}, {"role": "assistant", "content": "a file of tokens"}]
 
@@ -41,7 +41,7 @@ print(json.dumps({
 
 def _in_transformers4(*args: str) -> dict:
     assert (TRANSFORMERS4 / "transformers").is_dir(), (
-        f"{TRANSFORMERS4}: missing; `make test` installs transformers 4.x there"
+        f"{TRANSFORMERS4}: missing; `make install` puts transformers 4.x there"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRANSFORMERS4), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
