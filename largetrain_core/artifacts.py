@@ -31,7 +31,7 @@ CODE_VERSIONS = {
     "raw_corpus": "7",
     "cleaned_text": "8",
     "deduplicated_text": "8",
-    "tokenizer": "2",
+    "tokenizer": "3",
     "token_shards": "4",
     "base_checkpoint": "3",
     "lora_adapter": "3",

@@ -45,7 +45,7 @@ def build_config(
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         eos_token_id=eos_id,
-        bos_token_id=bos_id if bos_id is not None else eos_id,
+        bos_token_id=bos_id,  # None without a BOS token: config.json and the tokenizer agree
         pad_token_id=None,
         use_cache=False,
     )

@@ -115,7 +115,9 @@ def _write_split(path: Path, columns: dict[str, np.ndarray], seq_len: int) -> No
 
 
 def _write_manifest(out: Path, manifest: dict, tokenizer) -> dict:
-    tokenizer.save_pretrained(str(out))
+    from largetrain_core.tokenizer import save_tokenizer
+
+    save_tokenizer(tokenizer, out)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
@@ -295,10 +297,11 @@ def export(module, cfg, data: TaskExamples, state: dict | None, tmp: Path) -> No
 
     from transformers import AutoTokenizer
 
+    from largetrain_core.tokenizer import save_tokenizer
     from largetrain_core.training.export import save_adapter
 
     save_adapter(module, cfg.lora.adapter_name, state, tmp)
-    AutoTokenizer.from_pretrained(str(data.directory), local_files_only=True).save_pretrained(str(tmp))
+    save_tokenizer(AutoTokenizer.from_pretrained(str(data.directory), local_files_only=True), tmp)
     if cfg.task == "classification":
         config = copy.deepcopy(module.get_base_model().config)
         config.architectures = [type(module.get_base_model()).__name__]
@@ -327,12 +330,13 @@ def export_chat_merged(base_model: Path, adapter: Path, final: Path, probe_ids) 
     written and ValueError says by how much they differ."""
     import shutil
 
+    from largetrain_core.tokenizer import save_tokenizer
     from largetrain_core.training.export import MERGE_TOLERANCE, merge_into
 
     model, tok = load_chat_adapter(base_model, adapter)
     tmp = final.with_name(f".tmp-{final.name}")
     diff = merge_into(model, probe_ids, tmp)
-    tok.save_pretrained(str(tmp))
+    save_tokenizer(tok, tmp)
     if not diff <= MERGE_TOLERANCE:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(
