@@ -74,7 +74,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from largetrain_core import fs
+from largetrain_core import dataset_card, fs
 from largetrain_core.balance import COPIES
 from largetrain_core.digest import file_digest
 from largetrain_core.storage import ArtifactError, loading, part_files, read_json, write_json_atomic
@@ -617,6 +617,8 @@ def assemble_token_shards(
         if (info.path.parent / name).exists():
             shutil.copy(info.path.parent / name, out_dir / name)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    files = {split: [s["file"] for s in splits[split]["shards"]] for split in SPLITS if splits[split]["shards"]}
+    dataset_card.write(out_dir, "token_shards", files, dataset_card.SHARDS_DESCRIPTION)
     return manifest
 
 

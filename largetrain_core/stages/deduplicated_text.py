@@ -159,7 +159,7 @@ def deduplicated_text(
         outcome_table(raw_dirs, cleaned_dirs, out).write_parquet(out / "outcomes.parquet")
         return stats
 
-    built = run.build_or_reuse(version, build)
+    built = run.build_or_reuse(version, build, documents=True)
     result = StageResult.built(built, version, metadata=executor_metadata(built.stats))
     rejected_files = [stored_location(raw[k].path / "rejected.parquet") for k in keys if raw[k].stats.get("rejected")]
     if rejected_files:  # the partitions' rejected records, for the summary (each raw_corpus run logged its reasons)
