@@ -364,12 +364,13 @@ def device_facts() -> dict:
 
     cuda = torch.cuda.is_available()
     facts = {"cuda": cuda, "torch": torch.__version__, "python": sys.version.split()[0]}
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        facts["deepspeed"] = version("deepspeed")
-    except Exception:  # noqa: BLE001 - reported, not needed
-        facts["deepspeed"] = None
+    for name in ("deepspeed", "transformers", "peft", "tokenizers"):
+        try:
+            facts[name] = version(name)
+        except PackageNotFoundError:
+            facts[name] = None
     if cuda:
         p = torch.cuda.get_device_properties(0)
         facts.update(
@@ -709,7 +710,10 @@ def run(args) -> int:
             report[key] = done.get(key)
         if report["device"]:
             d = report["device"]
-            log(f"device {d['device']}, torch {d['torch']}, deepspeed {d['deepspeed']}", logf)
+            log(
+                f"device {d['device']}, torch {d['torch']}, deepspeed {d['deepspeed']}, transformers {d['transformers']}",
+                logf,
+            )
         failed = [n for n in (*FIGURES, RESUME) if (done["runs"].get(n) or {"error": "did not run"})["error"]]
         results_of = {}
         for name in (*FIGURES, RESUME):
