@@ -22,12 +22,14 @@ but no DeepSpeed, polars, Dagster, W&B or zstandard. Two commands:
 * ``bundle.json``: what was prepared; ``absent/sitecustomize.py``: makes the packages the image lacks
   (:data:`ABSENT`) unimportable in the trainings, where this machine has them (the rehearsal).
 
-``run`` installs the wheels (``pip install --no-index --no-deps --target``), measures the device's
-peak with a matrix-product microbenchmark, runs each figure through the training entry point
-(``torchrun -m largetrain_core.training CONFIG``, largetrain_core.launch.launch_commands), resumes the
-fp16 run from its middle checkpoint, sets each run beside its plan (largetrain_core.training.plan), and
-writes ``gpu_run.json``, ``gpu_run.log`` and one ``<figure>.log`` per training into the results folder.
-Exit status 1 when a training failed (its figures are then null, its log says why).
+``run`` installs the wheels (``pip install --no-index --no-deps --target``, then PYTHONPATH) and starts
+one torchrun of one rank (largetrain_core.launch.launch_commands) of :func:`worker`, which measures the
+device's peak with a matrix-product microbenchmark, then trains each figure and the resume in turn
+through the training entry point's steps (largetrain_core.training.__main__: config, preflight,
+trainer.run), each planned first as a launcher plans it (largetrain_core.training.plan). One process
+for all: the imports, and on CUDA the fused Adam's nvcc build, are paid once. The run then writes
+``gpu_run.json``, ``gpu_run.log`` and ``trainings.log`` (the trainings' output) into the results folder
+(``$OUT`` if set). Exit status 1 when a training failed (its figures are then null, its error recorded).
 
 The figures (llama-125m, seq_len 1,024 by default): fp16 (precision auto: fp16 with dynamic loss scaling
 on CUDA) + ZeRO-2 + activation checkpointing; bf16 + ZeRO-2; bf16 + ZeRO-0 (DDP-equivalent). For each:
