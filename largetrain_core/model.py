@@ -120,6 +120,17 @@ def load_adapter(model: PreTrainedModel, adapter_dir: Path, adapter_name: str = 
         return PeftModel.from_pretrained(model, str(adapter_dir), adapter_name=adapter_name)
 
 
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder block's activations in the backward pass (non-reentrant
+    ``torch.utils.checkpoint``): transformers' ``activation_checkpointing_enable``, or where the installed
+    transformers predates it (5.17, the GPU image's, has only this), ``gradient_checkpointing_enable``,
+    the same switch under its older name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def parameter_count(model: torch.nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 

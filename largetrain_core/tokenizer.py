@@ -60,7 +60,6 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-import polars as pl
 import pyarrow.parquet as pq
 import xxhash
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -171,6 +170,8 @@ def text_bytes(parts: list[Path]) -> int:
     uncompressed size less 4 bytes per value (PLAIN byte arrays are a 4-byte length and the bytes; the
     page headers and definition levels are counted too, a few bytes per page). A part whose text is
     dictionary-encoded is read and measured instead."""
+    import polars as pl  # reading text parts: not imported by what only reads token shards
+
     total = 0
     for part in parts:
         with loading(part, "Parquet part file of a text stage (doc_id, text)"):
@@ -199,6 +200,8 @@ class TrainingSample:
         """The sampled texts in corpus order, in lists of up to ``batch``; ``stats`` (if given) gets
         ``corpus_documents`` (documents looked at) and ``sampled_documents``. Reads a part's text only
         when one of its documents is sampled."""
+        import polars as pl
+
         limit = math.ceil(self.fraction * 2**64)  # h / 2**64 < fraction, exactly, for an integer h
         seen = taken = 0
         for part in self.parts:

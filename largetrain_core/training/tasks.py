@@ -253,7 +253,7 @@ def build_model(cfg, data: TaskExamples):
     ``cfg.model.base_model``, fp32, activation checkpointing per ``cfg.parallelism`` (module doc)."""
     import torch
 
-    from largetrain_core.model import load_model
+    from largetrain_core.model import enable_activation_checkpointing, load_model
     from largetrain_core.training.lora import add_lora
 
     ckpt = cfg.parallelism.activation_checkpointing
@@ -271,9 +271,7 @@ def build_model(cfg, data: TaskExamples):
             seed=cfg.seed,
         )
         if ckpt:
-            model.get_base_model().activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False}
-            )
+            enable_activation_checkpointing(model.get_base_model())
             model.enable_input_require_grads()
         return model, targets
     model = load_model(Path(cfg.model.base_model))
@@ -282,7 +280,7 @@ def build_model(cfg, data: TaskExamples):
         torch.manual_seed(cfg.seed)
         model.resize_token_embeddings(data.manifest["vocab_size"], mean_resizing=False)
     if ckpt:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     return add_lora(model, cfg.lora, ckpt, trainable_token_indices=added)
 
 
