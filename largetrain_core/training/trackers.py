@@ -210,7 +210,7 @@ class MlflowTracker(Tracker):
             "experiment_id": exp_id,
             "experiment_name": config.tracking.mlflow.experiment_name,
             "artifact_uri": run.info.artifact_uri,
-            "ui_command": f"mlflow ui --backend-store-uri {uri}",
+            "ui_command": ui_command(uri),
         }
 
     def _experiment(self, name: str, artifacts: str | None) -> str:
@@ -260,8 +260,33 @@ class MlflowTracker(Tracker):
             return
         if path.is_dir():
             self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)
+            if is_causal_lm_dir(path):
+                self.log_model(path)
         else:
             self.client.log_artifact(self.run_id, str(path))
+
+    def log_model(self, path: Path) -> str:
+        """Log the causal LM directory ``path`` also as an MLflow model (the transformers flavor: an
+        ``MLmodel`` file, the weights, the tokenizer, a text-generation pipeline) at the artifact path
+        ``mlflow/<name>``, so that ``mlflow.transformers.load_model("runs:/<run_id>/mlflow/<name>")`` and
+        ``mlflow.register_model`` take it; the plain copy stays at ``<name>``, byte for byte. The model
+        is saved from a ``pipeline`` object: MLflow 3's save from a checkpoint path fails under
+        transformers 5. The requirements are stated (transformers, torch, safetensors) rather than
+        inferred, which would import every optional package. Returns the model's ``runs:/`` URI."""
+        import tempfile
+
+        import mlflow.transformers
+        from transformers import pipeline
+
+        generator = pipeline("text-generation", model=str(path), device="cpu")
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = Path(tmp) / path.name
+            requirements = ["transformers", "torch", "safetensors"]
+            mlflow.transformers.save_model(generator, str(saved), pip_requirements=requirements)
+            self.client.log_artifacts(self.run_id, str(saved), artifact_path=f"mlflow/{path.name}")
+        uri = f"runs:/{self.run_id}/mlflow/{path.name}"
+        self.client.set_tag(self.run_id, f"mlflow_model.{path.name}", uri)
+        return uri
 
     def finish(self, summary, killed=False):
         if self.run_id is None:
@@ -269,6 +294,29 @@ class MlflowTracker(Tracker):
         if summary is not None and self.log_artifacts:
             self.client.log_dict(self.run_id, summary, "summary.json")
         self.client.set_terminated(self.run_id, "FINISHED" if summary is not None else "KILLED" if killed else "FAILED")
+
+
+def ui_command(uri: str) -> str:
+    """How to see the runs of the tracking ``uri``: a tracking server (http, https) serves its own UI at
+    that address; a local store (sqlite, a file directory) is opened with ``mlflow ui --backend-store-uri``."""
+    if uri.startswith(("http://", "https://")):
+        return uri
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
+def is_causal_lm_dir(path: Path) -> bool:
+    """Whether ``path`` is a Hugging Face causal LM directory (config.json naming a ``...ForCausalLM``
+    architecture, safetensors weights, a tokenizer.json): a ``model/`` or ``merged/`` export, not an
+    adapter or a classifier."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or [])
+        and any(path.glob("*.safetensors"))
+        and (path / "tokenizer.json").is_file()
+    )
 
 
 def _outside(artifact_uri: str, location: str | None) -> bool:

@@ -203,3 +203,53 @@ def test_mlflow_run_ends_when_wandb_fails_to_finish(tmp_path, outcome, status):
     ]
     assert result["records"]["wandb"]["mode"] == "offline"
     assert len(list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{result['records']['wandb']['run_id']}"))) == 1
+
+
+def test_an_exported_model_is_logged_as_an_mlflow_model_that_loads_and_registers(tmp_path, bpe_dir):
+    """log_outputs of a training's model/ directory: MLflow holds the plain copy at ``model`` and an MLflow
+    model (MLmodel, transformers flavor) at ``mlflow/model``, which ``mlflow.transformers.load_model``
+    loads as a text-generation pipeline giving the greedy tokens of the directory itself, and which the
+    model registry takes (``mlflow.register_model``, then ``models:/NAME/1``). An adapter directory is
+    only copied."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    from transformers import pipeline
+
+    from largetrain_core.model import build_model
+    from largetrain_core.tokenizer import load_tokenizer_info, save_hf_tokenizer
+
+    cfg = _config(tmp_path)
+    records = _train(cfg)
+    out = Path(cfg.output_dir)
+    info = load_tokenizer_info(bpe_dir)
+    build_model("llama-tiny", info.vocab_size, 64, info.eos_id, seed=2).save_pretrained(str(out / "model"))
+    save_hf_tokenizer(info, out / "model")
+    (out / "adapter").mkdir()
+    (out / "adapter" / "adapter_config.json").write_text("{}")
+    assert log_outputs(out, [out / "model", out / "adapter"]) == ["mlflow"]
+
+    uri, run_id = records["mlflow"]["tracking_uri"], records["mlflow"]["run_id"]
+    client = MlflowClient(tracking_uri=uri)
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"model", "adapter", "mlflow"}
+    assert [a.path for a in client.list_artifacts(run_id, "mlflow")] == ["mlflow/model"]
+    assert client.get_run(run_id).data.tags["mlflow_model.model"] == f"runs:/{run_id}/mlflow/model"
+    prompt = "The cat walks to"
+    want = pipeline("text-generation", model=str(out / "model"))(prompt, max_new_tokens=6, do_sample=False)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)  # the fluent API's store: this test's, then back
+    try:
+        loaded = mlflow.transformers.load_model(f"runs:/{run_id}/mlflow/model")
+        assert loaded(prompt, max_new_tokens=6, do_sample=False) == want
+        version = mlflow.register_model(f"runs:/{run_id}/mlflow/model", "largetrain-tiny")
+        assert int(version.version) == 1
+        registered = mlflow.transformers.load_model("models:/largetrain-tiny/1")
+        assert registered(prompt, max_new_tokens=6, do_sample=False) == want
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def test_the_ui_command_of_a_tracking_server_is_its_address():
+    from largetrain_core.training.trackers import ui_command
+
+    assert ui_command("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert ui_command("sqlite:////data/mlruns.db") == "mlflow ui --backend-store-uri sqlite:////data/mlruns.db"
