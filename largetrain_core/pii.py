@@ -22,8 +22,8 @@ the measurement on the kernel docs):
   "v", "§" or "~", also with "to"/"from" between: "firmware to 3.10.2.7"; or with "OID", "X.509",
   "ASN.1", "SNMP" or "MIB" in the 60 characters after it: X.509's ``2.5.4.3``), not a heading number
   (at the start of a line, every part under 100, before a capitalized word: "2.1.1.2 Timestamp
-  types"; a capitalized word elsewhere, as in ``Remote-Addr: 91.198.174.192 Status: 403``, is no
-  heading), not a version in a Markdown table row (a row holding "stable", "beta", "LTS",
+  types"; or the first thing of a Markdown heading: "## 4.2.1.3 (2024-01-02)"; a capitalized word
+  elsewhere, as in ``Remote-Addr: 91.198.174.192 Status: 403``, is no heading), not a version in a Markdown table row (a row holding "stable", "beta", "LTS",
   "deprecated", ... or a table whose header names a version or release), not a network (last octet
   0), and only a globally routable address (Python's ``ipaddress.is_global``, as datatrove's
   ``only_remove_public_ips`` default): private, loopback, multicast-free documentation ranges
@@ -35,7 +35,8 @@ the measurement on the kernel docs):
   ``+447911123456``: 10 to 15 digits, so that a signed count such as ``+12345678`` is none) or a North
   American one written ``(555) 123-4567``, ``555-123-4567`` / ``555.123.4567`` (one separator
   throughout) or ``212 555 7788`` (spaces: only with a valid NANP area code and exchange, both
-  [2-9]XX, and not inside a longer row of numbers), each optionally after the country code ``1``
+  [2-9]XX, not inside a longer row of numbers, and after a phone word such as "phone", "call",
+  "tel", "mobile" in the 40 characters before: Presidio's PhoneRecognizer context words), each optionally after the country code ``1``
   (``1-646-555-9012``); a bare run of digits is never a phone number, nor one inside a longer dotted
   or hyphenated number (dates, versions, ranges).
 * ``card``: 13 to 19 digits in one run, or grouped as cards print them (4-4-4-4, 4-4-4-4-3, 4-6-5,
@@ -271,10 +272,10 @@ def _address_context(text: str, start: int, end: int) -> bool:
     if _NUMBER_WORDS.search(text, max(0, start - 40), start) or _OID_AFTER.search(text, end, end + 60):
         return False
     line_start = text.rfind("\n", 0, start) + 1
-    if (
-        _HEADING.match(text, end)
-        and not text[line_start:start].strip(" \t#*")
-        and all(len(p) <= 2 for p in text[start:end].split("."))
+    before = text[line_start:start]
+    if not before.strip(" \t#*") and (
+        (_HEADING.match(text, end) and all(len(p) <= 2 for p in text[start:end].split(".")))
+        or before.lstrip().startswith("#")  # a Markdown heading: "## 4.2.1.3 (2024-01-02)"
     ):
         return False
     return not _table_version(text, line_start)
@@ -328,6 +329,20 @@ def _us_phone_ok(text: str) -> bool:
         return _phone_ok(text)
     m = _NANP.match(text)
     return bool(m) and _phone_ok(text)
+
+
+def _phone_context(text: str, start: int, end: int) -> bool:
+    """A number written with spaces only (``212 555 7788``, three numbers to a table) is a phone number
+    only after a phone word (:data:`_PHONE_WORDS`) in the 40 characters before it."""
+    if re.search(r"[^\d ]", text[start:end]):
+        return True
+    return bool(_PHONE_WORDS.search(text, max(0, start - 40), start))
+
+
+# Presidio's PhoneRecognizer context words, and the abbreviations and verbs of contact lines
+_PHONE_WORDS = re.compile(
+    r"(?i)\b(?:phones?|numbers?|telephones?|tel|cell|cellphone|mobile|call|fax|dial|whatsapp|sms|contact|ring)\b"
+)
 
 
 # ------------------------------------------------------------------------------------------------ kinds
@@ -413,6 +428,7 @@ KINDS: tuple[Kind, ...] = (
         ),
         r"\+[1-9]\d{0,2}[ .\-]\(?\d|\+[1-9]\d{9}|\d{3}[-. ]\d{3}[-. ]\d{4}|\(\d{3}\) ?\d{3}-\d{4}",
         _us_phone_ok,
+        context=_phone_context,
     ),
     Kind(
         "ipv6",

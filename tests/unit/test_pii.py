@@ -51,7 +51,7 @@ MUST = [
     ("WhatsApp +4915112345678.", "WhatsApp <PHONE>.", "phone"),
     ("call 1 (646) 555-9012 today", "call <PHONE> today", "phone"),
     ("tel. 1.646.555.9012", "tel. <PHONE>", "phone"),
-    ("office 415 555 0132, ext 4", "office <PHONE>, ext 4", "phone"),
+    ("office phone 415 555 0132, ext 4", "office phone <PHONE>, ext 4", "phone"),
     ("X-Forwarded-For: 151.101.1.69 Via: proxy", "X-Forwarded-For: <IP_ADDRESS> Via: proxy", "ipv4"),
     ("client_ip=91.198.174.192 Method=GET", "client_ip=<IP_ADDRESS> Method=GET", "ipv4"),
     ("91.198.174.192 Mozilla/5.0 (X11)", "<IP_ADDRESS> Mozilla/5.0 (X11)", "ipv4"),
@@ -80,6 +80,8 @@ KEEP = [
     "Update the BIOS firmware from 2.14.1.3 to 2.15.0.1 first",  # four-part versions
     "| Product | Version |\n|---|---|\n| agent | 12.4.3.1 |",  # a version column
     "values 100 200 3000 and 212 555 7788 99",  # a row of numbers, not a phone
+    "sizes 250 300 1000 and 415 555 0132 in the table",  # spaced numbers without a phone word
+    "## 4.2.1.3 (2024-01-02)\n- fix the parser",  # a changelog heading
 ]
 
 
