@@ -23,7 +23,8 @@ then ``Correct answer: (c) answer``), ``the_answer_is`` (``prompt The answer is 
 
 Reported per form and in all: recall (planted documents found with their item) of this code and of
 the code on ``main`` (``git show main:largetrain_core/decontamination.py``, when git has it), and the
-share of clean documents flagged by each.
+share of clean documents flagged by each; and the scan time of the clean documents, this code over
+main's (interleaved, best of 3, on this machine: 2 cores shared with other work, so noisy).
 """
 
 from __future__ import annotations
@@ -163,10 +164,8 @@ def _baseline():
 
 def measure(mod, bench: Path, clean: pl.DataFrame, planted: pl.DataFrame, truth: dict) -> dict:
     index = mod.build_index(mod.read_benchmark(bench))
-    t0 = time.perf_counter()
     found_clean = mod.scan(clean, index)
     found = mod.scan(planted, index)
-    seconds = time.perf_counter() - t0
     hit = set(found.select("doc_id", "item_id").iter_rows())
     by_form = {}
     for kind in FORMS:
@@ -179,7 +178,6 @@ def measure(mod, bench: Path, clean: pl.DataFrame, planted: pl.DataFrame, truth:
         "clean_flagged_fraction": round(found_clean.height / clean.height, 5),
         "clean_flagged_examples": found_clean.select("doc_id", "item_id", "ngram").head(10).to_dicts(),
         "too_short_items": index.too_short["item_id"].to_list(),
-        "scan_seconds": round(seconds, 2),
     }
 
 
@@ -232,6 +230,17 @@ def main() -> None:
     base = _baseline()
     if base is not None:
         result["main"] = measure(base, bench, clean, planted, truth)
+        # scan time of the clean documents, interleaved (this, main, this, ...) 3 times, best of each
+        sides = {"this_code": decontamination, "main": base}
+        indexes = {k: m.build_index(m.read_benchmark(bench)) for k, m in sides.items()}
+        times = {k: [] for k in sides}
+        for _ in range(3):
+            for k, m in sides.items():
+                t0 = time.perf_counter()
+                m.scan(clean, indexes[k])
+                times[k].append(round(time.perf_counter() - t0, 2))
+        result["scan_seconds_clean"] = times
+        result["scan_time_ratio_this_over_main"] = round(min(times["this_code"]) / min(times["main"]), 2)
     OUT.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     json.dump({k: v for k, v in result.items() if k not in ("this_code", "main")}, sys.stdout, indent=1)
     for side in ("this_code", "main"):

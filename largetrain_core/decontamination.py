@@ -91,21 +91,27 @@ def _word_hashes(words: pl.Series) -> np.ndarray:
     return pl.DataFrame({"w": words}).join(table, on="w", how="left", maintain_order="left")["h"].to_numpy()
 
 
-def ngram_hashes(words: pl.Series, n: int = N) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ngram_hashes(words: pl.Series, n: int | tuple[int, ...] = N):
     """The word n-grams of a Series of word lists (:func:`normalized_words`): (hashes uint64, row of
-    each n-gram's list int64, its first word's position in that list int64), in order."""
+    each n-gram's list int64, its first word's position in that list int64), in order. With a tuple
+    of sizes, one such triple per size (the words are hashed once)."""
+    sizes = n if isinstance(n, tuple) else (n,)
     flat = pl.DataFrame({"w": words}).with_row_index("r").explode("w").drop_nulls("w")
     W = flat.height
-    if W < n:
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    wh = _word_hashes(flat["w"])
+    wh = _word_hashes(flat["w"]) if W else np.zeros(0, np.uint64)
     row = flat["r"].to_numpy().astype(np.int64)
-    h = wh[: W - n + 1].copy()
-    for i in range(1, n):
-        h = h * _M ^ wh[i : W - n + 1 + i]
-    inside = row[: W - n + 1] == row[n - 1 :]
     starts = np.arange(W, dtype=np.int64) - np.searchsorted(row, row)  # position within the row's list
-    return fmix64(h[inside]), row[: W - n + 1][inside], starts[: W - n + 1][inside]
+    out = []
+    for k in sizes:
+        if k <= 0 or W < k:  # 0: not asked for
+            out.append((np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)))
+            continue
+        h = wh[: W - k + 1].copy()
+        for i in range(1, k):
+            h = h * _M ^ wh[i : W - k + 1 + i]
+        inside = row[: W - k + 1] == row[k - 1 :]
+        out.append((fmix64(h[inside]), row[: W - k + 1][inside], starts[: W - k + 1][inside]))
+    return tuple(out) if isinstance(n, tuple) else out[0]
 
 
 def read_benchmark(path: str | Path, name: str | None = None) -> pl.DataFrame:
@@ -229,13 +235,14 @@ def _follows(words: list[str], start: int, answer: list[str]) -> bool:
     return False
 
 
-def _short_matches(words: pl.Series, index: Index, skip: set[int]) -> dict[int, tuple[int, str]]:
+def _short_matches(words: pl.Series, grams: tuple, index: Index, skip: set[int]) -> dict[int, tuple[int, str]]:
     """{document row: (item row, "prompt words ... answer words")} of the documents not in ``skip``
-    holding a short item's prompt with its answer within :data:`ANSWER_WINDOW` words after it."""
+    holding a short item's prompt with its answer within :data:`ANSWER_WINDOW` words after it
+    (``grams``: :func:`ngram_hashes` of ``words`` for :data:`MIN_PROMPT_WORDS`)."""
     found: dict[int, tuple[int, str]] = {}
     if not len(index.short_hashes):
         return found
-    h, rows, starts = ngram_hashes(words, MIN_PROMPT_WORDS)
+    h, rows, starts = grams
     pos = np.minimum(np.searchsorted(index.short_hashes, h), len(index.short_hashes) - 1)
     cand = np.flatnonzero(index.short_hashes[pos] == h)
     item_words = index.items["words"]
@@ -268,8 +275,8 @@ def scan(df: pl.DataFrame, index: Index) -> pl.DataFrame:
         return pl.DataFrame(schema=MATCH_SCHEMA)
     words = normalized_words(df["text"])
     found: dict[int, tuple[int, str]] = {}
+    (h, rows, starts), short = ngram_hashes(words, (index.n, MIN_PROMPT_WORDS if len(index.short_hashes) else 0))
     if len(index.hashes):
-        h, rows, starts = ngram_hashes(words, index.n)
         pos = np.minimum(np.searchsorted(index.hashes, h), len(index.hashes) - 1)
         cand = np.flatnonzero(index.hashes[pos] == h)
         item_words = index.items["words"]
@@ -286,7 +293,7 @@ def scan(df: pl.DataFrame, index: Index) -> pl.DataFrame:
                     found[r] = (item, " ".join(gram))
                     break
                 k += 1
-    found.update(_short_matches(words, index, set(found)))
+    found.update(_short_matches(words, short, index, set(found)))
     out = [
         {
             "doc_id": df["doc_id"][r],
