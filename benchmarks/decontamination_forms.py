@@ -149,7 +149,11 @@ def _baseline():
     """The decontamination module of ``main`` (today's code), or None where git has no main."""
     try:
         src = subprocess.run(
-            ["git", "show", "main:largetrain_core/decontamination.py"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "show", "main:largetrain_core/decontamination.py"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     except (subprocess.CalledProcessError, FileNotFoundError):
         return None
@@ -246,8 +250,10 @@ def main() -> None:
     for side in ("this_code", "main"):
         if side in result:
             r = result[side]
-            print(f"\n{side}: recall {r['recall']} {r['recall_by_form']}; clean flagged {r['clean_flagged']} "
-                  f"({r['clean_flagged_fraction']}); too short {r['too_short_items']}")
+            print(
+                f"\n{side}: recall {r['recall']} {r['recall_by_form']}; clean flagged {r['clean_flagged']} "
+                f"({r['clean_flagged_fraction']}); too short {r['too_short_items']}"
+            )
 
 
 if __name__ == "__main__":

@@ -3,11 +3,11 @@
 
 Run by hand (datatrove is in the ``bench`` extra; without it only our side is measured)::
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/pii_forms.py   # -> benchmarks/data/pii_labelled.jsonl,
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/pii_forms.py   # -> tests/data/pii_labelled.jsonl,
                                                                #    benchmarks/results/pii_forms.json
 
 The labelled set is made here, deterministically (``random.Random(42)``), and written to
-benchmarks/data/pii_labelled.jsonl for reading: each item is one line of text with one kind of PII
+tests/data/pii_labelled.jsonl for reading: each item is one line of text with one kind of PII
 (``kind``) in the forms public reports show regexes missing or mangling (Presidio's phone and e-mail
 issues and PR#2077, datatrove's and dolma's PII filters: internationalized and fullwidth-at
 addresses, zero-width characters inside, E.164 without separators, US numbers with spaces or a
@@ -32,7 +32,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import random
-import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -40,7 +39,7 @@ from pathlib import Path
 import polars as pl
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "benchmarks" / "data" / "pii_labelled.jsonl"
+DATA = ROOT / "tests" / "data" / "pii_labelled.jsonl"
 OUT = ROOT / "benchmarks" / "results" / "pii_forms.json"
 PLACEHOLDER = {
     "email": "<EMAIL>",
@@ -53,12 +52,52 @@ PLACEHOLDER = {
 }
 KINDS = tuple(PLACEHOLDER)
 
-FIRST = ["anna", "jürgen", "maria", "li.wei", "olivier", "sofia", "raj", "kenji", "fatima", "tom", "zoë", "björn", "ngozi", "diego"]
-LAST = ["schmidt", "lopez", "chen", "dubois", "rossi", "patel", "tanaka", "haddad", "okafor", "novak", "müller", "silva"]
+FIRST = [
+    "anna",
+    "jürgen",
+    "maria",
+    "li.wei",
+    "olivier",
+    "sofia",
+    "raj",
+    "kenji",
+    "fatima",
+    "tom",
+    "zoë",
+    "björn",
+    "ngozi",
+    "diego",
+]
+LAST = [
+    "schmidt",
+    "lopez",
+    "chen",
+    "dubois",
+    "rossi",
+    "patel",
+    "tanaka",
+    "haddad",
+    "okafor",
+    "novak",
+    "müller",
+    "silva",
+]
 DOMAINS = [
-    "gmail.com", "outlook.com", "proton.me", "fastmail.fm", "uni-heidelberg.de", "mail.ru", "yahoo.co.uk",
-    "käserei-zürich.ch", "bücherhaus.de", "société-générale.fr", "acme-corp.com", "gitlab-partners.io",
-    "hospital.org.au", "web.de", "naver.com",
+    "gmail.com",
+    "outlook.com",
+    "proton.me",
+    "fastmail.fm",
+    "uni-heidelberg.de",
+    "mail.ru",
+    "yahoo.co.uk",
+    "käserei-zürich.ch",
+    "bücherhaus.de",
+    "société-générale.fr",
+    "acme-corp.com",
+    "gitlab-partners.io",
+    "hospital.org.au",
+    "web.de",
+    "naver.com",
 ]
 EMAIL_FORMS = [
     "Write to {e} for the invoice.",
@@ -118,11 +157,23 @@ IPV4_FORMS = [
     "http://{ip}:8080/admin",
 ]
 IPV6 = [
-    "2a00:1450:4001:82a::200e", "2606:4700:4700::1111", "2001:4860:4860::8888", "2a03:2880:f12f:83:face:b00c:0:25de",
-    "2620:fe::fe", "2a02:26f0:fd::5c7a:1f5a", "2604:a880:400:d1::5e:c001", "2a01:4f8:c17:b8f::2",
-    "2001:67c:4e8:f004::9", "2600:1f18:24e6:b900:f6c2:ea1e:ad3d:7b43",
+    "2a00:1450:4001:82a::200e",
+    "2606:4700:4700::1111",
+    "2001:4860:4860::8888",
+    "2a03:2880:f12f:83:face:b00c:0:25de",
+    "2620:fe::fe",
+    "2a02:26f0:fd::5c7a:1f5a",
+    "2604:a880:400:d1::5e:c001",
+    "2a01:4f8:c17:b8f::2",
+    "2001:67c:4e8:f004::9",
+    "2600:1f18:24e6:b900:f6c2:ea1e:ad3d:7b43",
 ]
-IPV6_FORMS = ["Remote-Addr: {ip} Status: 200", "connect to [{ip}]:443 failed", "sshd: Accepted key from {ip} port 50022", "AAAA record {ip}"]
+IPV6_FORMS = [
+    "Remote-Addr: {ip} Status: 200",
+    "connect to [{ip}]:443 failed",
+    "sshd: Accepted key from {ip} port 50022",
+    "AAAA record {ip}",
+]
 
 PHONE_FORMS = [
     "Call the night line on {p} if the server is down.",
@@ -173,7 +224,11 @@ def _luhn_complete(prefix: str, length: int, rng: random.Random) -> str:
 
 
 def _cards(rng: random.Random) -> list[str]:
-    visa, mc, amex = _luhn_complete("4", 16, rng), _luhn_complete("5" + str(rng.randrange(1, 6)), 16, rng), _luhn_complete("37", 15, rng)
+    visa, mc, amex = (
+        _luhn_complete("4", 16, rng),
+        _luhn_complete("5" + str(rng.randrange(1, 6)), 16, rng),
+        _luhn_complete("37", 15, rng),
+    )
     disc = _luhn_complete("6011", 16, rng)
     return [
         " ".join(visa[i : i + 4] for i in range(0, 16, 4)),
@@ -239,7 +294,7 @@ LOOKALIKES = [
     ("email", "git remote add origin git@github.com:org/repo.git"),
     ("email", "scp build.tar deploy@build01.corp-net.com:/srv/app/"),
     ("email", "npm i lodash@4.17.21 react@18.2.0"),
-    ("email", "<img src=\"logo@2x.png\"> and icon@3x.webp"),
+    ("email", '<img src="logo@2x.png"> and icon@3x.webp'),
     ("email", "Use user@example.com or admin@example.org in the docs."),
     ("email", "root@localhost and nobody@host.test"),
     ("email", "@property and @dataclass decorators"),
@@ -274,7 +329,15 @@ def labelled_set(seed: int = 42) -> list[dict]:
     items: list[dict] = []
 
     def add(kind, text, expected, lookalike_of=None):
-        items.append({"id": f"{kind}{len(items):03d}", "kind": kind, "lookalike_of": lookalike_of, "text": text, "expected": expected})
+        items.append(
+            {
+                "id": f"{kind}{len(items):03d}",
+                "kind": kind,
+                "lookalike_of": lookalike_of,
+                "text": text,
+                "expected": expected,
+            }
+        )
 
     for k in range(45):
         e = _email(rng)
@@ -291,11 +354,11 @@ def labelled_set(seed: int = 42) -> list[dict]:
     for k in range(16):
         form = IPV6_FORMS[k % len(IPV6_FORMS)]
         add("ipv6", form.format(ip=IPV6[k % len(IPV6)]), form.format(ip="<IP_ADDRESS>"))
-    for k in range(3):
+    for _ in range(3):
         for p in _phones(rng):
             form = PHONE_FORMS[rng.randrange(len(PHONE_FORMS))]
             add("phone", form.format(p=p), form.format(p="<PHONE>"))
-    for k in range(4):
+    for _ in range(4):
         for c in _cards(rng):
             form = CARD_FORMS[rng.randrange(len(CARD_FORMS))]
             add("card", form.format(c=c), form.format(c="<CARD_NUMBER>"))
@@ -310,13 +373,18 @@ def labelled_set(seed: int = 42) -> list[dict]:
         fill = {
             "a": "".join(rng.choice(alnum) for _ in range(16)),
             "g": "".join(rng.choice(alnum + "abcdefghijklmnopqrstuvwxyz") for _ in range(36)),
-            "s": f"{rng.randrange(10**11, 10**12)}-{rng.randrange(10**11, 10**12)}-" + "".join(rng.choice(alnum) for _ in range(24)),
+            "s": f"{rng.randrange(10**11, 10**12)}-{rng.randrange(10**11, 10**12)}-"
+            + "".join(rng.choice(alnum) for _ in range(24)),
             "k": "".join(rng.choice(alnum + "abcdefghijklmnopqrstuvwxyz/+") for _ in range(40)),
         }
         text = form.format(**fill)
-        key = {"AWS_ACCESS_KEY_ID=AKIA{a}": "AWS_ACCESS_KEY_ID=<SECRET>", "token: ghp_{g}": "token: <SECRET>",
-               "export GITHUB_TOKEN=ghp_{g}": "export GITHUB_TOKEN=<SECRET>", "SLACK_BOT_TOKEN=xoxb-{s}": "SLACK_BOT_TOKEN=<SECRET>",
-               "aws_secret_access_key = {k}": "aws_secret_access_key = <SECRET>"}[form]
+        key = {
+            "AWS_ACCESS_KEY_ID=AKIA{a}": "AWS_ACCESS_KEY_ID=<SECRET>",
+            "token: ghp_{g}": "token: <SECRET>",
+            "export GITHUB_TOKEN=ghp_{g}": "export GITHUB_TOKEN=<SECRET>",
+            "SLACK_BOT_TOKEN=xoxb-{s}": "SLACK_BOT_TOKEN=<SECRET>",
+            "aws_secret_access_key = {k}": "aws_secret_access_key = <SECRET>",
+        }[form]
         add("secret", text, key)
     for k in range(2):
         for like, form in LOOKALIKES:
@@ -369,7 +437,11 @@ def main() -> None:
         "lookalikes_by_kind": dict(Counter(i["lookalike_of"] for i in items if i["kind"] == "none")),
         "goal": "recall >= 0.95 and precision >= 0.98 per kind",
         "ours": _score(items, ours),
-        "ours_wrong": [{"id": i["id"], "text": i["text"], "got": o, "expected": i["expected"]} for i, o in zip(items, ours) if o != i["expected"]],
+        "ours_wrong": [
+            {"id": i["id"], "text": i["text"], "got": o, "expected": i["expected"]}
+            for i, o in zip(items, ours)
+            if o != i["expected"]
+        ],
     }
     try:
         from datatrove.pipeline.formatters import PIIFormatter
@@ -381,7 +453,9 @@ def main() -> None:
         result["datatrove"] = _score(items, theirs)
         result["datatrove_kinds"] = ["email", "ipv4"]
         result["datatrove_wrong_examples"] = [
-            {"id": i["id"], "got": o, "expected": i["expected"]} for i, o in zip(items, theirs) if o != i["expected"] and i["kind"] in ("email", "ipv4", "none")
+            {"id": i["id"], "got": o, "expected": i["expected"]}
+            for i, o in zip(items, theirs)
+            if o != i["expected"] and i["kind"] in ("email", "ipv4", "none")
         ][:15]
     OUT.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     for side in ("ours", "datatrove"):

@@ -186,5 +186,9 @@ def test_the_short_prompt_method_survives_save_and_load(tmp_path):
     index.save(tmp_path)
     again = load_index(tmp_path)
     assert np.array_equal(again.short_hashes, index.short_hashes) and np.array_equal(again.short_rows, index.short_rows)
-    doc = _docs(["Q: Which organelle produces most of the energy a cell uses?\nA: The mitochondrion, through cellular respiration."])
+    doc = _docs(
+        [
+            "Q: Which organelle produces most of the energy a cell uses?\nA: The mitochondrion, through cellular respiration."
+        ]
+    )
     assert scan(doc, again)["item_id"].to_list() == ["bio2"]

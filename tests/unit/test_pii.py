@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from helpers import TESTS
 from largetrain_core.clean import QualityConfig, clean_corpus
 from largetrain_core.pii import NAMES, iban_ok, luhn, redact
 
@@ -44,7 +45,8 @@ MUST = [
         "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----\nafter",
         "<SECRET>\nafter",
         "secret",
-    ),    # forms regexes miss (issue 42; tests/cases/pii_forms.jsonl has one of each)
+    ),
+    # forms regexes miss (issue 42; tests/cases/pii_forms.jsonl has one of each)
     ("an j\u00fcrgen.m\u00fcller@m\u00fcnchen-stadt.de schreiben", "an <EMAIL> schreiben", "email"),
     ("write to bob\ufe6bfastmail.fm now", "write to <EMAIL> now", "email"),
     ("mail ann.\u00adlee@gmail.\u200bcom today", "mail <EMAIL> today", "email"),
@@ -72,7 +74,8 @@ KEEP = [
     "offsets +12345678 and range 100-200 and phone-like 12.34.56.78.90",
     "echo +192.168.0.100 > /sys/class/net/bond0/bonding/arp_ip_target",  # a signed address, no phone
     "cpu1 2515 1274 1229 12 0 2509 6 0",  # a table of counts
-    "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----",  # a public key is no secret    # look-alikes of issue 42
+    "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----",  # a public key is no secret
+    # look-alikes of issue 42
     "pip install 'urllib3>=1.26.18.1' and django~=4.2.11.2 and pkg!=3.1.4.1",  # pinned versions
     "npm i lodash@4.17.21 and sharp@0.33.2; see logo@2x.png",  # version specs, a retina image
     "git remote add origin deploy@build01.corp-net.com:/srv/app.git",  # an scp-style remote
@@ -152,11 +155,18 @@ def test_pii_forms_case_each_record_holds_exactly_its_placeholders(cases, tmp_pa
     assert counts.sum_horizontal().to_list() == [len(r["expected_placeholders"]) for r in recs]
     raw, cleaned = tmp_path / "raw", tmp_path / "cleaned"
     raw.mkdir(), cleaned.mkdir()
-    pl.DataFrame({"doc_id": [r["id"] for r in recs], "source": ["s"] * len(recs), "text": [r["text"] for r in recs]}).write_parquet(
-        raw / "part-00000.parquet"
-    )
+    pl.DataFrame(
+        {"doc_id": [r["id"] for r in recs], "source": ["s"] * len(recs), "text": [r["text"] for r in recs]}
+    ).write_parquet(raw / "part-00000.parquet")
     one_liners = dict.fromkeys(
-        ("min_words", "max_words", "min_mean_word_length", "max_mean_word_length", "min_alpha_word_fraction", "min_stop_words")
+        (
+            "min_words",
+            "max_words",
+            "min_mean_word_length",
+            "max_mean_word_length",
+            "min_alpha_word_fraction",
+            "min_stop_words",
+        )
     )
     clean_corpus(raw, cleaned, QualityConfig(**one_liners))
     kept = pl.read_parquet(cleaned / "part-00000.parquet")
@@ -165,3 +175,18 @@ def test_pii_forms_case_each_record_holds_exactly_its_placeholders(cases, tmp_pa
         assert re.findall(r"<[A-Z_]+>", text) == r["expected_placeholders"], r["id"]
         if not r["expected_placeholders"]:
             assert text == r["text"], r["id"]
+
+
+def test_labelled_set_every_kind_found_and_no_look_alike_touched():
+    """tests/data/pii_labelled.jsonl (made by benchmarks/pii_forms.py; precision and recall per kind
+    against datatrove in benchmarks/results/pii_forms.json): issue 42's goal, recall >= 0.95 per kind,
+    and no look-alike changed (precision)."""
+    items = [json.loads(line) for line in (TESTS / "data" / "pii_labelled.jsonl").open(encoding="utf-8")]
+    out = redact(pl.Series([i["text"] for i in items]))[0].to_list()
+    right = {}
+    for item, text in zip(items, out):
+        right.setdefault(item["kind"], []).append(text == item["expected"])
+    assert len(items) >= 200 and set(right) == {*NAMES, "none"}
+    assert all(right["none"]), [i["text"] for i, t in zip(items, out) if i["kind"] == "none" and t != i["text"]]
+    for kind in NAMES:
+        assert sum(right[kind]) / len(right[kind]) >= 0.95, kind
