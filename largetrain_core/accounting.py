@@ -206,7 +206,7 @@ def reason_setting(outcome: str, reason: str | None) -> str:
     if outcome == "duplicate":
         if reason == "near":
             return "deduplicated_text `near: false` keeps near duplicates (MinHash, Jaccard ~0.72 at bands 14 x rows 8)"
-        return "no setting: the same text up to Unicode NFKC, case and whitespace"
+        return "no setting: the same text up to Unicode NFKC, case, whitespace and invisible format characters"
     if outcome == "rejected":
         return "raw_corpus: unreadable records, each with file, position and reason in rejected.parquet"
     return "no setting"

@@ -29,17 +29,17 @@ from largetrain_core.storage import (
 # artifact is rebuilt, and Dagster marks the asset stale.
 CODE_VERSIONS = {
     "raw_corpus": "7",
-    "cleaned_text": "8",
-    "deduplicated_text": "8",
+    "cleaned_text": "9",
+    "deduplicated_text": "9",
     "tokenizer": "3",
     "token_shards": "4",
     "base_checkpoint": "3",
     "lora_adapter": "3",
     "evaluation": "4",
     "optimization_report": "1",
-    "evaluation_sets": "1",
+    "evaluation_sets": "2",
     "relevance_classifier": "2",
-    "filtered_text": "1",
+    "filtered_text": "2",
 }
 
 STATS = "stats.json"

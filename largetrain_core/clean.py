@@ -6,11 +6,21 @@ Normalization policy for the *training text* (what the model sees):
    U+000E-U+001F and U+007F are removed; tab and newline are kept. Removed characters are counted
    per document (``nul_removed``, ``control_removed``).
 2. Line endings ``\\r\\n`` and lone ``\\r`` become ``\\n``.
-3. Unicode NFC (canonical composition): visually identical text gets identical code points while
+3. Invisible format characters that carry no meaning are removed and counted per document
+   (``format_removed``): soft hyphen U+00AD (a hyphenation hint), zero-width space U+200B, word
+   joiner U+2060 and U+FEFF (a byte-order mark anywhere in a document's text; a file's leading BOM is
+   already dropped by the reader). ZWNJ U+200C and ZWJ U+200D are removed only right after a letter
+   of a script that never joins (Latin, Greek, Cyrillic), where they only hide a word from search and
+   dedup; they are kept everywhere else, where a script uses them: Persian and Arabic word forms
+   (``کتاب‌ها``), Indic conjuncts, emoji ZWJ sequences. Other format characters (bidi marks, tag
+   characters of flag emoji) are kept. Unicode's list: the ``Cf`` general category (UAX #44); the
+   roles of ZWJ/ZWNJ: The Unicode Standard, section 23.2.
+4. Unicode NFC (canonical composition): visually identical text gets identical code points while
    compatibility characters (ligatures, full-width forms) are kept as written.
 
 The *deduplication key* (largetrain_core.dedup) is stricter and never stored as training text: NFKC,
-case-folded, whitespace runs collapsed to one space, stripped.
+case-folded, every format character (``Cf``: soft hyphen, zero-width space and joiners, ZWJ/ZWNJ,
+BOM, bidi marks) ignored, whitespace runs collapsed to one space, stripped.
 
 Quality filter: a document without a non-whitespace character is ``empty``; then the rule groups
 of largetrain_core.rules, each switched on or off in :class:`QualityConfig`, in order: language
@@ -37,6 +47,10 @@ from largetrain_core.rules import GROUPS, WORD_PATTERNS, blank_whitespace_lines
 from largetrain_core.settings import described
 
 _CONTROL = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F]"
+# soft hyphen, zero-width space, word joiner, BOM / zero-width no-break space: removed everywhere
+_INVISIBLE = "[\u00ad\u200b\u2060\ufeff]"
+# ZWNJ / ZWJ after a letter of a script without joining behaviour: removed (kept with the letter)
+_LATIN_JOINER = r"([\p{Latin}\p{Greek}\p{Cyrillic}])[\x{200C}\x{200D}]+"
 
 
 def _quality_fields() -> list[tuple]:
@@ -113,14 +127,18 @@ QualityConfig.__doc__ = (
 def normalize(df: pl.DataFrame) -> pl.DataFrame:
     """Apply the training-text normalization to column ``text`` (Utf8).
 
-    Returns the frame with ``text`` replaced and two new UInt32 columns ``nul_removed`` and
-    ``control_removed`` (control characters removed, NULs included).
+    Returns the frame with ``text`` replaced and three new UInt32 columns ``nul_removed``,
+    ``control_removed`` (control characters removed, NULs included) and ``format_removed`` (invisible
+    format characters removed, the policy of this module's docstring).
     """
     text = pl.col("text")
+    stripped = text.str.replace_all(_CONTROL, "")
+    visible = stripped.str.replace_all(_INVISIBLE, "").str.replace_all(_LATIN_JOINER, "$1")
     return df.with_columns(
         nul_removed=text.str.count_matches("\x00", literal=True).cast(pl.UInt32),
         control_removed=text.str.count_matches(_CONTROL).cast(pl.UInt32),
-        text=text.str.replace_all(_CONTROL, "").str.replace_all("\r\n?", "\n").str.normalize("NFC"),
+        format_removed=(stripped.str.len_chars() - visible.str.len_chars()).cast(pl.UInt32),
+        text=visible.str.replace_all("\r\n?", "\n").str.normalize("NFC"),
     )
 
 
@@ -188,12 +206,13 @@ def quality_reason(df: pl.DataFrame, cfg: QualityConfig) -> pl.Series:
 
 def part_counts(cfg: QualityConfig) -> tuple[str, ...]:
     """The counts :func:`clean_part` returns for ``cfg`` (besides the rows): ``nul_removed``,
-    ``control_removed``, ``<group>_lines_removed`` of each rewriting group, ``bytes_kept`` and, with
+    ``control_removed``, ``format_removed``, ``<group>_lines_removed`` of each rewriting group, ``bytes_kept`` and, with
     ``redact_pii``, ``pii_<kind>`` per kind and ``pii_documents``."""
     pii = (*pii_columns(cfg.pii_kinds), "pii_documents") if cfg.redact_pii else ()
     return (
         "nul_removed",
         "control_removed",
+        "format_removed",
         *(f"{g.name}_lines_removed" for g in GROUPS if g.rewrites),
         "bytes_kept",
         *pii,

@@ -1,24 +1,42 @@
 """Decontamination: training documents that share a word 13-gram with an evaluation item (Brown et al.
-2020, GPT-3, appendix C; datatrove 0.10.1 NGramsDecontFilter, whose default n is 12).
+2020, GPT-3, appendix C; datatrove 0.10.1 NGramsDecontFilter, whose default n is 12), and documents
+that hold a short item's prompt with its answer close behind.
 
 Evaluation items are the prompt and answer of each record of a benchmark file (JSONL), joined by a
 space: the n-grams of the prompt, of the answer and those across both (datatrove's
-``find_query_ngrams`` and ``find_overlap_ngrams``). Text is normalized as the dedup key
-(largetrain_core.dedup): NFKC, lower case, words = runs of ``\\w`` (punctuation and spacing ignored).
-An item of fewer than ``n`` words cannot be checked (any of its words would be a match of nothing
-it holds): it is listed apart (``too_short``), never silently passed.
+``find_query_ngrams`` and ``find_overlap_ngrams``).
+
+Words (:func:`normalized_words`, the same for items and documents): format characters (Unicode
+``Cf``: soft hyphens, zero-width spaces, word joiners, ZWJ/ZWNJ, BOMs) removed, as the dedup key
+ignores them (largetrain_core.dedup); a hyphen at a line end between two letters is a hyphenated
+line break (``emp-\\nties`` is "empties"); then NFKC, lower case, words = runs of ``\\w``
+(punctuation, spacing and labels such as ``Q:`` are words or nothing, never glue). A compound split
+at a line end (``self-\\ncontained``) becomes one word and no longer matches the item's two.
+
+Short prompts. The n-grams across prompt and answer match only where the two are verbatim
+neighbours, which web pages seldom keep: ``Q:``/``A:`` and ``Question ... Answer:`` labels,
+multiple-choice options or "The answer is" come between. So an item whose prompt has fewer than
+``n`` words is matched by a second, documented method: the prompt's whole word sequence (at least
+:data:`MIN_PROMPT_WORDS` words), followed by the answer's whole word sequence starting within
+:data:`ANSWER_WINDOW` words after the prompt's end (room for four or five options with their labels;
+measured in benchmarks/decontamination_forms.py: recall 1.0 on the planted forms, no clean document
+flagged). An item whose prompt has fewer than ``n`` words and that this method cannot check either
+(prompt under :data:`MIN_PROMPT_WORDS` words, or no answer words) is listed apart (``too_short``)
+and warned about, never silently passed; its n-grams across prompt and answer still match where it
+has any.
 
 The index is hashed: each n-gram a 64-bit hash of its words' xxh3 hashes (folded as the MinHash
-shingles are), one sorted uint64 array with the item and word position of each; a match is then
-checked word by word, so a hash collision never removes a document. Memory: 24 bytes per n-gram of
-the evaluation sets, and one part file of training text at a time; the per-part scan is what a Spark
-task runs (largetrain_core.executors), with the index broadcast.
+shingles are), one sorted uint64 array with the item and word position of each; a short prompt's
+first :data:`MIN_PROMPT_WORDS` words are hashed the same way. A match is then checked word by word,
+so a hash collision never removes a document. Memory: 24 bytes per n-gram of the evaluation sets,
+and one part file of training text at a time; the per-part scan is what a Spark task runs
+(largetrain_core.executors), with the index broadcast.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +47,18 @@ from largetrain_core.dedup import fmix64
 from largetrain_core.storage import part_files
 
 N = 13
+MIN_PROMPT_WORDS = 6  # a short prompt's fewest words for the prompt + answer method (5-word prompts such as
+# "what is two plus two" are matched by chance in clean text; benchmarks/decontamination_forms.py)
+ANSWER_WINDOW = 50  # words between a short prompt's end and its answer's start, at most
 _M = np.uint64(0x100000001B3)
-ITEM_SCHEMA = {"eval_set": pl.Utf8, "item_id": pl.Utf8, "prompt": pl.Utf8, "answer": pl.Utf8, "words": pl.List(pl.Utf8)}
+ITEM_SCHEMA = {
+    "eval_set": pl.Utf8,
+    "item_id": pl.Utf8,
+    "prompt": pl.Utf8,
+    "answer": pl.Utf8,
+    "words": pl.List(pl.Utf8),
+    "prompt_words": pl.Int64,
+}
 MATCH_SCHEMA = {
     "doc_id": pl.Utf8,
     "source": pl.Utf8,
@@ -42,9 +70,15 @@ MATCH_SCHEMA = {
 
 
 def normalized_words(texts: pl.Series) -> pl.Series:
-    """The normalized words of each text (List[Utf8]): NFKC, lower case, runs of ``\\w``."""
+    """The normalized words of each text (List[Utf8]): format characters removed, hyphenated line breaks
+    joined, NFKC, lower case, runs of ``\\w`` (the module's docstring)."""
     return pl.select(
-        pl.lit(texts.cast(pl.Utf8)).str.normalize("NFKC").str.to_lowercase().str.extract_all(r"\w+")
+        pl.lit(texts.cast(pl.Utf8))
+        .str.replace_all(r"\p{Cf}", "")
+        .str.replace_all(r"(\pL)-[ \t]*\r?\n[ \t]*(\pL)", "$1$2")
+        .str.normalize("NFKC")
+        .str.to_lowercase()
+        .str.extract_all(r"\w+")
     ).to_series()
 
 
@@ -57,21 +91,27 @@ def _word_hashes(words: pl.Series) -> np.ndarray:
     return pl.DataFrame({"w": words}).join(table, on="w", how="left", maintain_order="left")["h"].to_numpy()
 
 
-def ngram_hashes(words: pl.Series, n: int = N) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ngram_hashes(words: pl.Series, n: int | tuple[int, ...] = N):
     """The word n-grams of a Series of word lists (:func:`normalized_words`): (hashes uint64, row of
-    each n-gram's list int64, its first word's position in that list int64), in order."""
+    each n-gram's list int64, its first word's position in that list int64), in order. With a tuple
+    of sizes, one such triple per size (the words are hashed once)."""
+    sizes = n if isinstance(n, tuple) else (n,)
     flat = pl.DataFrame({"w": words}).with_row_index("r").explode("w").drop_nulls("w")
     W = flat.height
-    if W < n:
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    wh = _word_hashes(flat["w"])
+    wh = _word_hashes(flat["w"]) if W else np.zeros(0, np.uint64)
     row = flat["r"].to_numpy().astype(np.int64)
-    h = wh[: W - n + 1].copy()
-    for i in range(1, n):
-        h = h * _M ^ wh[i : W - n + 1 + i]
-    inside = row[: W - n + 1] == row[n - 1 :]
     starts = np.arange(W, dtype=np.int64) - np.searchsorted(row, row)  # position within the row's list
-    return fmix64(h[inside]), row[: W - n + 1][inside], starts[: W - n + 1][inside]
+    out = []
+    for k in sizes:
+        if k <= 0 or W < k:  # 0: not asked for
+            out.append((np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)))
+            continue
+        h = wh[: W - k + 1].copy()
+        for i in range(1, k):
+            h = h * _M ^ wh[i : W - k + 1 + i]
+        inside = row[: W - k + 1] == row[k - 1 :]
+        out.append((fmix64(h[inside]), row[: W - k + 1][inside], starts[: W - k + 1][inside]))
+    return tuple(out) if isinstance(n, tuple) else out[0]
 
 
 def read_benchmark(path: str | Path, name: str | None = None) -> pl.DataFrame:
@@ -98,15 +138,21 @@ def read_benchmark(path: str | Path, name: str | None = None) -> pl.DataFrame:
             rows.append({"eval_set": name, "item_id": str(rec.get("id", n)), "prompt": rec["prompt"], "answer": answer})
     if not rows:
         raise ValueError(f"{path}: no evaluation items")
-    df = pl.DataFrame(rows, schema={k: v for k, v in ITEM_SCHEMA.items() if k != "words"})
-    return df.with_columns(words=normalized_words(df["prompt"] + " " + df["answer"]))
+    df = pl.DataFrame(rows, schema={k: v for k, v in ITEM_SCHEMA.items() if k not in ("words", "prompt_words")})
+    return df.with_columns(
+        words=normalized_words(df["prompt"] + " " + df["answer"]),
+        prompt_words=normalized_words(df["prompt"]).list.len().cast(pl.Int64),
+    )
 
 
 @dataclass
 class Index:
     """The n-grams of the evaluation items: ``hashes`` (sorted uint64), for each the item's row in
     ``items`` and the n-gram's first word (int64 arrays), ``items`` (:data:`ITEM_SCHEMA`), ``n``;
-    ``too_short``: the items of fewer than ``n`` words (eval_set, item_id, words: count)."""
+    ``too_short``: the items that neither method can check (eval_set, item_id, words: count);
+    ``short_hashes`` (sorted uint64) and ``short_rows`` (int64): the hash of the first
+    :data:`MIN_PROMPT_WORDS` words of each prompt shorter than ``n`` words that has an answer, and its
+    item's row (:func:`short_anchors`)."""
 
     hashes: np.ndarray
     item_rows: np.ndarray
@@ -114,6 +160,8 @@ class Index:
     items: pl.DataFrame
     too_short: pl.DataFrame
     n: int = N
+    short_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    short_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def save(self, out_dir: Path) -> None:
         out_dir = Path(out_dir)
@@ -122,67 +170,141 @@ class Index:
         pl.DataFrame({"hash": self.hashes, "item_row": self.item_rows, "start": self.starts}).write_parquet(
             out_dir / "ngrams.parquet"
         )
-        (out_dir / "index.json").write_text(json.dumps({"n": self.n}))
+        (out_dir / "index.json").write_text(
+            json.dumps({"n": self.n, "min_prompt_words": MIN_PROMPT_WORDS, "answer_window": ANSWER_WINDOW})
+        )
+
+
+def _short(items: pl.DataFrame, n: int) -> pl.Series:
+    """Boolean Series: the items whose prompt is shorter than ``n`` words but checkable by prompt + answer."""
+    p = items["prompt_words"]
+    return (p < n) & (p >= MIN_PROMPT_WORDS) & (items["words"].list.len() > p)
+
+
+def short_anchors(items: pl.DataFrame, n: int = N) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted uint64 hashes of the first :data:`MIN_PROMPT_WORDS` words of each short prompt that has an
+    answer, int64 row of its item in ``items``)."""
+    rows = np.flatnonzero(_short(items, n).to_numpy())
+    if not len(rows):
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    heads = items["words"].gather(rows).list.head(MIN_PROMPT_WORDS)
+    h, r, _ = ngram_hashes(heads, MIN_PROMPT_WORDS)
+    order = np.argsort(h, kind="stable")
+    return h[order], rows[r[order]].astype(np.int64)
 
 
 def build_index(items: pl.DataFrame, n: int = N) -> Index:
     """The :class:`Index` of ``items`` (:data:`ITEM_SCHEMA` rows, e.g. :func:`read_benchmark`'s)."""
-    lengths = items["words"].list.len()
-    short = items.filter(lengths < n).select("eval_set", "item_id", words=pl.col("words").list.len())
+    prompt = items["prompt_words"]
+    short = items.filter((prompt < n) & ~_short(items, n)).select(
+        "eval_set", "item_id", words=pl.col("words").list.len()
+    )
     h, rows, starts = ngram_hashes(items["words"], n)
     order = np.argsort(h, kind="stable")
-    return Index(h[order], rows[order], starts[order], items, short, n)
+    return Index(h[order], rows[order], starts[order], items, short, n, *short_anchors(items, n))
 
 
 def load_index(directory: Path) -> Index:
-    """The Index saved in ``directory`` (:meth:`Index.save`)."""
+    """The Index saved in ``directory`` (:meth:`Index.save`). Raises ValueError for an index written
+    with other short-prompt parameters (rebuild it: evaluation_sets makes a new version)."""
     d = Path(directory)
     g = pl.read_parquet(d / "ngrams.parquet")
+    meta = json.loads((d / "index.json").read_text())
+    if (meta.get("min_prompt_words"), meta.get("answer_window")) != (MIN_PROMPT_WORDS, ANSWER_WINDOW):
+        raise ValueError(f"{d}: an evaluation index of an older code version; materialize evaluation_sets again")
+    items = pl.read_parquet(d / "items.parquet")
     return Index(
         g["hash"].to_numpy(),
         g["item_row"].to_numpy(),
         g["start"].to_numpy(),
-        pl.read_parquet(d / "items.parquet"),
+        items,
         pl.read_parquet(d / "too_short.parquet"),
-        json.loads((d / "index.json").read_text())["n"],
+        meta["n"],
+        *short_anchors(items, meta["n"]),
     )
 
 
-def scan(df: pl.DataFrame, index: Index) -> pl.DataFrame:
-    """The documents of ``df`` (doc_id, source, text) sharing an n-gram with an item of ``index``:
-    one row per document (its first such n-gram in text order), :data:`MATCH_SCHEMA` (reason
-    ``contaminated``, the item's eval_set and item_id, the n-gram's normalized words)."""
-    if not len(index.hashes) or not df.height:
-        return pl.DataFrame(schema=MATCH_SCHEMA)
-    words = normalized_words(df["text"])
-    h, rows, starts = ngram_hashes(words, index.n)
-    pos = np.minimum(np.searchsorted(index.hashes, h), len(index.hashes) - 1)
-    cand = np.flatnonzero(index.hashes[pos] == h)
-    out, seen = [], set()
+def _follows(words: list[str], start: int, answer: list[str]) -> bool:
+    """Whether ``answer`` occurs in ``words`` starting within :data:`ANSWER_WINDOW` words of ``start``."""
+    k = len(answer)
+    stop = min(len(words) - k, start + ANSWER_WINDOW)
+    first = answer[0]
+    for i in range(start, stop + 1):
+        if words[i] == first and words[i : i + k] == answer:
+            return True
+    return False
+
+
+def _short_matches(words: pl.Series, grams: tuple, index: Index, skip: set[int]) -> dict[int, tuple[int, str]]:
+    """{document row: (item row, "prompt words ... answer words")} of the documents not in ``skip``
+    holding a short item's prompt with its answer within :data:`ANSWER_WINDOW` words after it
+    (``grams``: :func:`ngram_hashes` of ``words`` for :data:`MIN_PROMPT_WORDS`)."""
+    found: dict[int, tuple[int, str]] = {}
+    if not len(index.short_hashes):
+        return found
+    h, rows, starts = grams
+    pos = np.minimum(np.searchsorted(index.short_hashes, h), len(index.short_hashes) - 1)
+    cand = np.flatnonzero(index.short_hashes[pos] == h)
     item_words = index.items["words"]
-    for c in cand:  # text order: the first verified match of each document
+    plen = index.items["prompt_words"]
+    cache: dict[int, list[str]] = {}
+    for c in cand:
         r = int(rows[c])
-        if r in seen:
+        if r in skip or r in found:
             continue
-        gram = words[r][int(starts[c]) : int(starts[c]) + index.n].to_list()
+        doc = cache.setdefault(r, words[r].to_list())
+        s = int(starts[c])
         k = int(pos[c])
-        while k < len(index.hashes) and index.hashes[k] == h[c]:  # every item with this hash
-            item = int(index.item_rows[k])
-            s = int(index.starts[k])
-            if item_words[item][s : s + index.n].to_list() == gram:
-                out.append(
-                    {
-                        "doc_id": df["doc_id"][r],
-                        "source": df["source"][r] if "source" in df.columns else None,
-                        "reason": "contaminated",
-                        "eval_set": index.items["eval_set"][item],
-                        "item_id": index.items["item_id"][item],
-                        "ngram": " ".join(gram),
-                    }
-                )
-                seen.add(r)
+        while k < len(index.short_hashes) and index.short_hashes[k] == h[c]:
+            item = int(index.short_rows[k])
+            iw = item_words[item].to_list()
+            p = int(plen[item])
+            if doc[s : s + p] == iw[:p] and _follows(doc, s + p, iw[p:]):
+                found[r] = (item, " ".join(iw[:p]) + " ... " + " ".join(iw[p:]))
                 break
             k += 1
+    return found
+
+
+def scan(df: pl.DataFrame, index: Index) -> pl.DataFrame:
+    """The documents of ``df`` (doc_id, source, text) holding an item of ``index``: one row per document,
+    in document order, :data:`MATCH_SCHEMA` (reason ``contaminated``, the item's eval_set and item_id,
+    and in ``ngram`` the normalized words that matched: the document's first shared n-gram in text
+    order, else a short item's "prompt ... answer")."""
+    if not (len(index.hashes) or len(index.short_hashes)) or not df.height:
+        return pl.DataFrame(schema=MATCH_SCHEMA)
+    words = normalized_words(df["text"])
+    found: dict[int, tuple[int, str]] = {}
+    (h, rows, starts), short = ngram_hashes(words, (index.n, MIN_PROMPT_WORDS if len(index.short_hashes) else 0))
+    if len(index.hashes):
+        pos = np.minimum(np.searchsorted(index.hashes, h), len(index.hashes) - 1)
+        cand = np.flatnonzero(index.hashes[pos] == h)
+        item_words = index.items["words"]
+        for c in cand:  # text order: the first verified match of each document
+            r = int(rows[c])
+            if r in found:
+                continue
+            gram = words[r][int(starts[c]) : int(starts[c]) + index.n].to_list()
+            k = int(pos[c])
+            while k < len(index.hashes) and index.hashes[k] == h[c]:  # every item with this hash
+                item = int(index.item_rows[k])
+                s = int(index.starts[k])
+                if item_words[item][s : s + index.n].to_list() == gram:
+                    found[r] = (item, " ".join(gram))
+                    break
+                k += 1
+    found.update(_short_matches(words, short, index, set(found)))
+    out = [
+        {
+            "doc_id": df["doc_id"][r],
+            "source": df["source"][r] if "source" in df.columns else None,
+            "reason": "contaminated",
+            "eval_set": index.items["eval_set"][item],
+            "item_id": index.items["item_id"][item],
+            "ngram": gram,
+        }
+        for r, (item, gram) in sorted(found.items())
+    ]
     return pl.DataFrame(out, schema=MATCH_SCHEMA)
 
 
@@ -294,4 +416,7 @@ def describe_overlaps(found: pl.DataFrame, limit: int = 10) -> str:
         f"{c}: document {d!r} holds item {s}/{i} ({g!r})" for c, d, s, i, g in found.head(limit).iter_rows()
     )
     more = f"; and {found.height - limit} more" if found.height > limit else ""
-    return f"{found.height} training documents share a {N}-word n-gram with an evaluation item: {shown}{more}"
+    return (
+        f"{found.height} training documents hold an evaluation item (a shared {N}-word n-gram, or a short "
+        f"item's prompt and answer): {shown}{more}"
+    )

@@ -1,7 +1,8 @@
 """Deduplication: exact (hash of a normalized key) and near-duplicate (MinHash + LSH), one pass of clustering.
 
-Exact key (the policy in largetrain_core.clean): NFKC, case-folded (``str.casefold``, then NFKC again, so
-that "STRASSE" and "Straße" match), whitespace runs collapsed to one space, stripped. Two documents
+Exact key (the policy in largetrain_core.clean): format characters (Unicode ``Cf``: soft hyphens,
+zero-width spaces, word joiners, ZWJ/ZWNJ, BOMs, bidi marks) removed, NFKC, case-folded (``str.casefold``,
+then NFKC again, so that "STRASSE" and "Straße" match), whitespace runs collapsed to one space, stripped. Two documents
 are exact duplicates when the 64-bit xxh3 hashes of their keys match (xxhash, seed 0; by the
 birthday bound n^2 / 2^65 the chance of any false match among 10^9 documents is about 2.7%).
 
@@ -89,7 +90,13 @@ class DedupConfig:
 def dedup_key(text: pl.Expr) -> pl.Expr:
     """The deduplication key of a Utf8 expression up to full case folding, which polars lacks
     (``to_lowercase`` leaves "ß" as is); :func:`key_hashes` applies ``casefold`` + NFKC on top."""
-    return text.str.normalize("NFKC").str.to_lowercase().str.replace_all(r"\s+", " ").str.strip_chars()
+    return (
+        text.str.replace_all(r"\p{Cf}", "")
+        .str.normalize("NFKC")
+        .str.to_lowercase()
+        .str.replace_all(r"\s+", " ")
+        .str.strip_chars()
+    )
 
 
 def key_hashes(texts: pl.Series, keys: pl.Series | None = None) -> pl.Series:

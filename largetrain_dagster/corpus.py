@@ -287,7 +287,7 @@ def dedup_asset(chain: Chain):
                 description="kept + filtered + duplicate + rejected == input, recounted from the files",
             )
         ],
-        description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH "
+        description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key, format characters ignored) and MinHash-LSH "
         "near duplicates removed; the first copy in corpus order (partition, file, row) is kept per cluster.",
         **common,
     )
@@ -390,7 +390,7 @@ def no_exact_duplicates_check(key: list[str]):
         asset=key,
         name="no_exact_duplicates",
         blocking=True,
-        description="Recounted from the files: no two kept documents have the same dedup key (NFKC, case-folded, "
+        description="Recounted from the files: no two kept documents have the same dedup key (NFKC, case-folded, format characters ignored, "
         "whitespace-collapsed). Intended repetition (balancing's `copies` weight) is no duplicate: "
         "it is counted apart (intended_repeats).",
     )

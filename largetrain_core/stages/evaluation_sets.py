@@ -17,7 +17,7 @@ import polars as pl
 import xxhash
 
 from largetrain_core.artifacts import CODE_VERSIONS
-from largetrain_core.decontamination import ITEM_SCHEMA, N, build_index, read_benchmark
+from largetrain_core.decontamination import ITEM_SCHEMA, MIN_PROMPT_WORDS, N, build_index, read_benchmark
 from largetrain_core.stages.base import Artifact, Check, Json, StageError, StageResult, StageRun, Text
 from largetrain_core.storage import data_version
 
@@ -39,8 +39,9 @@ class EvaluationSetsSettings:
         default=N,
         metadata={
             "description": (
-                "Words per n-gram (13, as GPT-3's decontamination, Brown et al. 2020); items with fewer words are listed "
-                "as too short to check."
+                "Words per n-gram (13, as GPT-3's decontamination, Brown et al. 2020); an item whose prompt has fewer "
+                "words is matched by its prompt followed by its answer (largetrain_core.decontamination), or listed as too "
+                "short to check."
             )
         },
     )
@@ -87,8 +88,9 @@ def evaluation_sets(settings: EvaluationSetsSettings, run: StageRun) -> StageRes
     result.metadata["sets"] = Json(result.stats["sets"])
     if result.stats["too_short_items"]:
         result.warn(
-            f"evaluation_sets: {result.stats['too_short_items']} items have fewer than {settings.n} words and cannot be "
-            f"checked for contamination (listed in {result.path / 'too_short.parquet'})",
+            f"evaluation_sets: {result.stats['too_short_items']} items cannot be checked for contamination: their prompt "
+            f"has fewer than {settings.n} words, and fewer than {MIN_PROMPT_WORDS} or no answer for the prompt + answer "
+            f"method (listed in {result.path / 'too_short.parquet'})",
             key="too_short_warning",
         )
     return result
@@ -102,7 +104,7 @@ def contamination_check(sets: Artifact, models: list[Artifact], root: Path) -> C
     from largetrain_core.decontamination import describe_overlaps, load_index, overlaps, trained_corpora
 
     index = load_index(sets.path)
-    if not len(index.hashes):  # no set declared (or only items too short to check): nothing to look for
+    if not (len(index.hashes) or len(index.short_hashes)):  # no set declared, or only items too short to check
         return Check(
             True,
             {

@@ -95,6 +95,46 @@ def test_nul_bytes_case_removed_and_counted(cases, tmp_path):
     assert kept == ["This document has a NUL byte inside a sentence, and another here.\n"]
 
 
+def test_invisible_chars_case_meaningless_format_characters_removed_and_counted(cases, tmp_path):
+    raw, cleaned = tmp_path / "raw", tmp_path / "cleaned"
+    raw.mkdir(), cleaned.mkdir()
+    ingest(ReaderConfig(str(cases / "invisible_chars.jsonl"), id_field="id"), raw)
+    totals = clean_corpus(raw, cleaned, OFF)
+    kept = pl.read_parquet(cleaned / "part-00000.parquet")
+    text = dict(zip(kept["doc_id"], kept["text"]))
+    assert totals["kept"] == 7
+    for doc_id, t in text.items():
+        assert not set(t) & {"\u00ad", "\u200b", "\u2060", "\ufeff"}, doc_id
+    latin = [t for d, t in text.items() if d != "persian_zwnj"]
+    assert set(latin) == {text["original"]}  # ZWJ/ZWNJ inside Latin words carry nothing: gone too
+    assert text["persian_zwnj"].count("\u200c") == 2  # the ZWNJ of the Persian words stays
+    # removed characters: 6 soft hyphens, 8 zero-width spaces, 5 word joiners, 1 BOM, 4 ZWJ + 1 ZWNJ
+    assert totals["format_removed"] == 6 + 8 + 5 + 1 + 5
+    by_doc = normalize(pl.read_parquet(raw / "part-00000.parquet"))
+    assert dict(zip(by_doc["doc_id"], by_doc["format_removed"])) == {
+        "original": 0,
+        "soft_hyphens": 6,
+        "zero_width_space": 8,
+        "word_joiner": 5,
+        "bom_inside": 1,
+        "zwj_zwnj": 5,
+        "persian_zwnj": 0,
+    }
+
+
+def test_joiners_stay_where_a_script_uses_them():
+    texts = [
+        "\U0001f468\u200d\U0001f469\u200d\U0001f467 family",  # an emoji ZWJ sequence
+        "\u0915\u094d\u200d\u0937 and \u0d28\u0d4d\u200d",  # Devanagari half form, Malayalam chillu
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian
+        "\ufeffleading BOM, a\u200db\u200cc, \u0436\u200d\u0436",  # Latin and Cyrillic: no joining
+    ]
+    out = normalize(pl.DataFrame({"text": texts}))
+    assert out["text"].to_list()[:3] == texts[:3]
+    assert out["text"][3] == "leading BOM, abc, \u0436\u0436"
+    assert out["format_removed"].to_list() == [0, 0, 0, 4]
+
+
 # ---------------------------------------------------------------------------------------------
 # quality rules
 

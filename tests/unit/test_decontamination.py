@@ -10,6 +10,7 @@ import pytest
 
 from helpers import TESTS
 from largetrain_core.decontamination import (
+    ANSWER_WINDOW,
     N,
     build_index,
     decontaminate_parts,
@@ -113,3 +114,81 @@ def test_bad_benchmark_records_name_file_and_line(tmp_path):
     f.write_text("not json\n")
     with pytest.raises(ValueError, match=r"b.jsonl:1: not JSON"):
         read_benchmark(f)
+
+
+FORMS = TESTS / "cases" / "decontamination_forms"
+
+
+def test_decontamination_forms_case_every_web_form_is_found_and_removed(tmp_path):
+    """tests/cases/decontamination_forms: soft hyphens, zero-width spaces, a hyphenated line break (a
+    13-word-prompt item), Q:/A: labels, a multiple-choice block and "The answer is" (a 10-word-prompt
+    item, matched by prompt + answer); the topical document is kept. The lineage check's overlaps
+    (the evaluation asset's blocking check) use the same scan and find the same documents."""
+    expected = json.loads((FORMS / "expected.json").read_text())
+    docs = pl.read_ndjson(FORMS / "documents.jsonl").select(doc_id="id", source=pl.lit("web"), text="text")
+    index = build_index(read_benchmark(FORMS / "quiz.jsonl"))
+    assert index.too_short.height == 0  # the short prompt is checkable by prompt + answer
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir(), out.mkdir()
+    docs.write_parquet(src / "part-00000.parquet")
+    stats = decontaminate_parts([src], out, index)
+    kept = pl.read_parquet(out / "part-00000.parquet")["doc_id"].to_list()
+    got = {d: ("kept" if d in kept else "contaminated") for d in docs["doc_id"]}
+    assert got == expected and stats["contaminated"] == 6
+    found = pl.read_parquet(out / "contaminated.parquet")
+    assert dict(zip(found["doc_id"], found["item_id"])) == {
+        "soft_hyphen": "geo1",
+        "zero_width": "geo1",
+        "line_break_hyphen": "geo1",
+        "qa_labels": "bio2",
+        "multiple_choice": "bio2",
+        "the_answer_is": "bio2",
+    }
+    assert found.filter(pl.col("doc_id") == "qa_labels")["ngram"][0] == (
+        "which organelle produces most of the energy a cell uses ... the mitochondrion through cellular respiration"
+    )
+    lineage = overlaps({"pretrain": [src]}, index)
+    assert sorted(lineage["doc_id"]) == sorted(d for d, v in expected.items() if v == "contaminated")
+
+
+def test_format_characters_and_line_break_hyphens_do_not_split_words():
+    forms = ["em\u00adpties", "em\u200bpties", "em\u2060pties", "emp\ufeffties", "emp-\nties", "emp-  \r\n  ties"]
+    assert [w.to_list() for w in normalized_words(pl.Series(forms))] == [["empties"]] * len(forms)
+    # a hyphen inside a line, or before a digit, still separates
+    assert normalized_words(pl.Series(["well-known 2-\n3"]))[0].to_list() == ["well", "known", "2", "3"]
+
+
+def test_short_prompts_match_with_their_answer_within_the_window_or_are_listed(tmp_path):
+    items = [
+        {"id": "s1", "prompt": "Which planet has the shortest year of all?", "answer": "Mercury"},
+        {"id": "tiny", "prompt": "Who wrote Hamlet?", "answer": "Shakespeare"},  # 3 words: uncheckable
+        {"id": "no_answer", "prompt": "Name the largest moon of Saturn please", "answer": ""},
+    ]
+    (tmp_path / "short.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+    index = build_index(read_benchmark(tmp_path / "short.jsonl"))
+    assert index.too_short.select("item_id", "words").rows() == [("tiny", 4), ("no_answer", 7)]
+    assert index.items["prompt_words"].to_list() == [8, 3, 7]
+    gap = " ".join(["filler"] * ANSWER_WINDOW)
+    texts = [
+        "Question: Which planet has the shortest year of all? Options: Venus, Mars. Answer: Mercury.",
+        f"Which planet has the shortest year of all? {gap} Mercury",  # ANSWER_WINDOW words between: inside
+        f"Which planet has the shortest year of all? {gap} more Mercury",  # one more: outside
+        "Mercury. Which planet has the shortest year of all?",  # the answer before the prompt
+        "Which planet has the shortest day of all? Mercury",  # another prompt
+        "Who wrote Hamlet? Shakespeare.",  # the uncheckable item is not matched
+    ]
+    got = scan(_docs(texts), index)
+    assert got["doc_id"].to_list() == ["d0", "d1"] and set(got["item_id"]) == {"s1"}
+
+
+def test_the_short_prompt_method_survives_save_and_load(tmp_path):
+    index = build_index(read_benchmark(FORMS / "quiz.jsonl"))
+    index.save(tmp_path)
+    again = load_index(tmp_path)
+    assert np.array_equal(again.short_hashes, index.short_hashes) and np.array_equal(again.short_rows, index.short_rows)
+    doc = _docs(
+        [
+            "Q: Which organelle produces most of the energy a cell uses?\nA: The mitochondrion, through cellular respiration."
+        ]
+    )
+    assert scan(doc, again)["item_id"].to_list() == ["bio2"]

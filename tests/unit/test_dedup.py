@@ -72,6 +72,22 @@ def test_key_normalization_covers_the_whole_kind(tmp_path):
     assert stats == {"input": 7, "kept": 4, "duplicate": 3, "clusters": 3}
 
 
+def test_invisible_chars_case_copies_are_one_exact_cluster(cases, tmp_path):
+    """The dedup key ignores format characters: the copies carrying soft hyphens, zero-width spaces, word
+    joiners, a BOM or ZWJ/ZWNJ are exact duplicates of the original even before cleaning removes them."""
+    raw = [json.loads(line) for line in (cases / "invisible_chars.jsonl").open(encoding="utf-8")]
+    rows = [(r["id"], r["text"]) for r in raw]
+    assert len({t for _, t in rows}) == len(rows)  # seven different strings
+    stats, kept, dups = dedup(write_parts(tmp_path / "in", [rows]), tmp_path)
+    copies = {"soft_hyphens", "zero_width_space", "word_joiner", "bom_inside", "zwj_zwnj"}
+    assert kept["doc_id"].to_list() == ["original", "persian_zwnj"]
+    assert dict(zip(dups["doc_id"], dups["duplicate_of"])) == {c: "original" for c in copies}
+    assert stats == {"input": 7, "kept": 2, "duplicate": 5, "clusters": 1}
+    # a Persian word with and without its ZWNJ has one key too (the key ignores every format character)
+    persian = rows[-1][1]
+    assert len(set(key_hashes(pl.Series([persian, persian.replace("\u200c", "")])))) == 1
+
+
 def test_first_copy_in_corpus_order_kept_whatever_the_part_split(tmp_path):
     rows = [(f"d{i}", f"text {i % 4}") for i in range(10)]  # d0..d3 distinct; d4..d9 repeat them
     one = dedup(write_parts(tmp_path / "one", [rows]), tmp_path, "o1")
