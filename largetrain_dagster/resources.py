@@ -12,9 +12,13 @@ import time
 from pathlib import Path
 
 from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
     AssetKey,
+    AssetRecordsFilter,
     ConfigurableIOManager,
     ConfigurableResource,
+    DagsterEventType,
     Failure,
     InitResourceContext,
     InputContext,
@@ -141,8 +145,6 @@ def failed_blocking_checks(instance, key: AssetKey) -> list[dict]:
     asset ``key``: each ``{"check", "description", "run_id"}``, from the latest evaluation of every check
     evaluated in the run that made it (a check passed or evaluated again since, on a newer
     materialization, no longer counts). [] when the instance holds no materialization of ``key``."""
-    from dagster import AssetCheckKey, AssetCheckSeverity, AssetRecordsFilter, DagsterEventType
-
     if instance is None:
         return []
     records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=1).records
@@ -159,7 +161,8 @@ def failed_blocking_checks(instance, key: AssetKey) -> list[dict]:
     )
     failed = []
     for check_key, record in sorted(latest.items(), key=lambda e: e[0].name):
-        evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
+        event = record.event.dagster_event if record.event is not None else None
+        evaluation = event.event_specific_data if event is not None else None
         target = getattr(evaluation, "target_materialization_data", None)
         if (
             evaluation is not None
@@ -304,9 +307,9 @@ class HandleIOManager(ConfigurableIOManager):
     The outputs of the steps inside a graph-backed asset (no asset key of their own) are JSON documents
     too, under ``<root>/_handles/_steps/<run id>/``.
 
-    Loading: an unpartitioned input gives its handle (refused when that version failed a blocking check:
-    :func:`failed_blocking_checks`, unless :class:`CheckWaivers` waives the check); a partitioned input of a downstream asset of the
-    same partitioning gives the handle of that partition; a partitioned input of an unpartitioned
+    Loading: an unpartitioned input gives its handle (refused when that version failed a blocking check,
+    :func:`failed_blocking_checks`, unless :class:`CheckWaivers` waives it); a partitioned input of a
+    downstream asset of the same partitioning gives the handle of that partition; a partitioned input of an unpartitioned
     downstream asset (a global step) gives ``{partition: handle}`` for every partition, in partition
     order. Raises Failure naming the missing file when an input (or one partition of it) has not
     been materialized, the handle when it is damaged, and the files when the directory it points to
@@ -343,9 +346,9 @@ class HandleIOManager(ConfigurableIOManager):
 
     def _refuse_failed_check(self, context: InputContext, key: AssetKey, handle: dict) -> None:
         """Fail (Failure, not retried) when the latest materialization of ``key``, the version ``handle``
-        points to, failed a blocking check (:func:`failed_blocking_checks`), unless the check is in
-        the run config's ``resources.checks`` waives it (:class:`CheckWaivers`): then a warning. (The
-        partitioned assets have no checks.)"""
+        points to, failed a blocking check (:func:`failed_blocking_checks`), unless the run config's
+        ``resources.checks`` waives it (:class:`CheckWaivers`): then a warning. (The partitioned assets
+        have no checks.)"""
         failed = failed_blocking_checks(context.instance, key)
         if not failed:
             return

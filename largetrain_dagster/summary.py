@@ -31,7 +31,9 @@ def _metadata(instance: DagsterInstance, *path: str) -> dict:
 
 
 def _when(timestamp: float | None) -> str:
-    return "n/a" if timestamp is None else datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        "n/a" if timestamp is None else datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    )
 
 
 def _step_failure(instance: DagsterInstance, run_id: str, step: str, width: int = 400) -> str | None:

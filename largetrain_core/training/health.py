@@ -38,9 +38,7 @@ def _finite(x) -> bool:
     return x is not None and math.isfinite(x)
 
 
-def judge(
-    rows: list[dict], vocab_size: int | None, settings: HealthSettings, collapsed: str | None = None
-) -> Verdict:
+def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings, collapsed: str | None = None) -> Verdict:
     """Judge a training from its metrics rows (one per optimizer step, ascending, as
     trackers.read_metrics gives them: ``loss`` in nats, ``grad_norm`` or None, ``step_skipped``).
 

@@ -20,9 +20,7 @@ QUALITY = {"config": {"gopher_quality": False, "gopher_repetition": False}}
 
 def _name_in(partition: int, stem: str) -> str:
     """A file name ``<stem>-<i>.jsonl`` that hashes to ``partition`` (largetrain_core.corpus.partition_of)."""
-    return next(
-        f"{stem}-{i}.jsonl" for i in range(1000) if partition_of(f"{stem}-{i}.jsonl", len(KEYS)) == partition
-    )
+    return next(f"{stem}-{i}.jsonl" for i in range(1000) if partition_of(f"{stem}-{i}.jsonl", len(KEYS)) == partition)
 
 
 def _corpus(tmp_path, name: str, broken_partition: int | None = None):

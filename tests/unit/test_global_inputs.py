@@ -86,6 +86,12 @@ def test_filtered_text_reads_the_partitions_its_deduplicated_text_was_made_from(
     with pytest.raises(StageError) as e:
         check_made_from("pretrain/filtered_text", text, raw, cleaned)
     msg = str(e.value)
-    assert f"pretrain/filtered_text: the partitions it reads are not those its deduplicated_text {text.data_version}" in msg
-    assert f"raw_corpus partition 1: {raw['1'].data_version} now, {text.stats['corpus']['data_versions']['raw_corpus']['1']}" in msg
+    assert (
+        f"pretrain/filtered_text: the partitions it reads are not those its deduplicated_text {text.data_version}"
+        in msg
+    )
+    assert (
+        f"raw_corpus partition 1: {raw['1'].data_version} now, {text.stats['corpus']['data_versions']['raw_corpus']['1']}"
+        in msg
+    )
     assert "raw_corpus partition 0" not in msg

@@ -212,7 +212,9 @@ def test_the_domain_corpus_as_the_pretraining_corpus_says_that_negatives_file_fi
     with pytest.raises(StageError) as e:
         relevance_classifier(cfg, Artifact(same, "d1", corpus), Artifact(same, "d1", corpus), run)
     msg = str(e.value)
-    assert msg.startswith("relevance_classifier: 400 positive examples (corpus domain/deduplicated_text/d1) but 0 negative")
+    assert msg.startswith(
+        "relevance_classifier: 400 positive examples (corpus domain/deduplicated_text/d1) but 0 negative"
+    )
     assert "the domain corpus is the pretraining corpus (/data/tickets.jsonl)" in msg
     assert "Set relevance_classifier `negatives_file` to examples of text you do not want" in msg
     negatives = tmp_path / "negatives.txt"
