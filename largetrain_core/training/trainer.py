@@ -16,7 +16,9 @@ after the last one, the mean next-token cross-entropy (nats) and perplexity on t
 ``eval_max_sequences`` sequences of the shards' validation split, divided among the ranks; logged as
 ``eval_loss`` and ``eval_perplexity`` in the step's metrics, the training's losses bitwise the same
 with it and without it (tested on CPU). Optional early stopping (``early_stopping_patience``,
-early_stopping.py) ends the run after that many evaluations without improvement. Fault injection
+early_stopping.py) ends the run after that many evaluations without improvement; a collapsed training
+(``health.stop_after_collapsed_steps`` steps in a row skipped, non-finite or at ln V: health.CollapseWatch)
+ends after the last of them, ``collapsed`` in its summary saying why. Fault injection
 (LARGETRAIN_FAULT) is a hook outside the loop (launch.FaultInjection, :class:`Trainer`'s ``hooks``).
 """
 
@@ -141,7 +143,9 @@ class Trainer:
             if collapse.update(self.step, row):  # every rank sees the same row: all stop after this step
                 self.collapsed = collapse.reason
                 if self.rank == 0:
-                    log.warning(self.collapsed)
+                    log.warning(
+                        f"{self.collapsed}; its checkpoint and model are written, and its health check fails it"
+                    )
             if (
                 self.step % cfg.checkpointing.save_steps == 0
                 or self.step == cfg.schedule.max_steps

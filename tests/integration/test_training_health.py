@@ -100,6 +100,7 @@ def test_training_health_through_dagster(pretrain_root):
         held = [m for m in logged if "more skipped-step warnings held back" in m]
         assert held and f"({md['skipped_steps']} in all)" in held[-1]  # ... and counted at the end
         assert any(m.startswith("training health of base_checkpoint:") and "failed:" in m for m in logged)
+        assert any(m.startswith(md["problems"][0] + "; its checkpoint and model are written") for m in logged)
 
         # a later run of lora_adapter refuses the diverged version before any work, naming it and its check
         dead = materialized.metadata["data_version"].value
