@@ -15,12 +15,9 @@ from __future__ import annotations
 
 from largetrain_core.stages.base import Artifact, StageError
 
-# (asset, stats key, what it holds): the per-partition records compared; a dict value is compared field by field
-RECORDED = (
-    ("raw_corpus", "source", "the corpus read"),
-    ("raw_corpus", "reader", "reader settings"),
-    ("cleaned_text", "quality", "quality rules"),
-)
+# (asset, stats key): the per-partition records compared (the corpus read, the reader settings, the quality
+# rules); a dict value is compared field by field
+RECORDED = (("raw_corpus", "source"), ("raw_corpus", "reader"), ("cleaned_text", "quality"))
 
 
 def check_one_corpus(
@@ -34,7 +31,7 @@ def check_one_corpus(
     corpora (``one_source``) or with different settings, naming each setting that differs and the
     partitions holding each value, and what to do. ``where``: the step and corpus, for the message."""
     differences = []
-    for asset, name, _ in RECORDED:
+    for asset, name in RECORDED:
         if name == "source" and not one_source:
             continue
         artifacts = raw if asset == "raw_corpus" else cleaned
