@@ -4,7 +4,8 @@ duplicates removed (largetrain_core.dedup, on the run's executor), the first cop
 the outcome of every input document (outcomes.parquet) and the accounting check.
 
 Fails (:class:`StageError`) before any work when a partition was made with another partitioning,
-when the partitions come from different corpora or settings (largetrain_core.stages.global_inputs), when the corpus holds no document at all or none survives raw_corpus and cleaned_text (naming the
+when the partitions come from different corpora or settings (largetrain_core.stages.global_inputs),
+when the corpus holds no document at all or none survives raw_corpus and cleaned_text (naming the
 corpus and the top reasons), when balancing is asked for without labels, and when document ids
 repeat across partitions.
 
