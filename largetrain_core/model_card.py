@@ -234,7 +234,8 @@ def _training_section(lineage: dict) -> list[str]:
     rows = [(k, res[k]) for k in RESULT_KEYS if res.get(k) is not None]
     last = res.get("last_loss")
     if isinstance(last, (int, float)) and math.isfinite(last):
-        rows.append(("training perplexity (exp of the last logged training loss)", round(math.exp(last), 3)))
+        perplexity = round(math.exp(last), 3) if last < 700 else math.inf  # exp overflows a float past ~709.8
+        rows.append(("training perplexity (exp of the last logged training loss)", perplexity))
     rows += [
         (k, v)
         for k, v in sorted(res.items())

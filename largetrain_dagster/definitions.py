@@ -32,7 +32,7 @@ from largetrain_dagster.filtering import filtered_text_asset, relevance_classifi
 from largetrain_dagster.landing import LANDED, LANDED_ASSETS, landed_automation, landing_sensor
 from largetrain_dagster.optimization import optimization_report
 from largetrain_dagster.partitions import PARTITION_STEPS, PARTITIONED_KEYS, ROLES  # noqa: F401 (PARTITIONED_KEYS: public)
-from largetrain_dagster.resources import HandleIOManager, Storage, TorchrunLauncher, TrackerSettings
+from largetrain_dagster.resources import CheckWaivers, HandleIOManager, Storage, TorchrunLauncher, TrackerSettings
 from largetrain_dagster.schedules import retrain_lora_adapter
 from largetrain_dagster.shards import token_shards_asset
 from largetrain_dagster.tokenizer import tokenizer
@@ -111,6 +111,7 @@ def build_definitions(
         resources={
             "storage": Storage(root=root),
             "handles": HandleIOManager(root=root),
+            "checks": CheckWaivers(),
             "launcher": TorchrunLauncher(nproc_per_node=nproc),
             "trackers": TrackerSettings(
                 report_to=report_to

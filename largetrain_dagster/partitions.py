@@ -67,9 +67,16 @@ def chain_prefixes() -> list[tuple[str, ...]]:
     return [(role, c) if c else (role,) for role in ROLES for c in (CORPORA[role] or (None,))]
 
 
-# the partitioned per-document steps of every chain (DATA_PARTITIONS)
-PARTITIONED_KEYS = [AssetKey([*prefix, name]) for prefix in chain_prefixes() for name in ("raw_corpus", "cleaned_text")]
+# the per-document steps of every chain, partitioned (the roles' chains: DATA_PARTITIONS; the landed chain: a file each)
+PER_PARTITION = ("raw_corpus", "cleaned_text")
+PARTITIONED_KEYS = [AssetKey([*prefix, name]) for prefix in chain_prefixes() for name in PER_PARTITION]
 PARTITION_STEPS = AssetSelection.assets(*PARTITIONED_KEYS)
+
+
+def global_steps(steps) -> list[str]:
+    """The steps (node names, ``domain__deduplicated_text``) among ``steps`` that are no chain's per-partition
+    step: the global steps, which read every partition of their inputs and have no partition. Sorted."""
+    return sorted(s for s in steps if s.rsplit("__", 1)[-1] not in PER_PARTITION)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,13 @@ import time
 from pathlib import Path
 
 from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
     AssetKey,
+    AssetRecordsFilter,
     ConfigurableIOManager,
     ConfigurableResource,
+    DagsterEventType,
     Failure,
     InitResourceContext,
     InputContext,
@@ -37,6 +41,7 @@ from largetrain_core.storage import (
     write_json_atomic,
 )
 from largetrain_core.training.config import TrackingSettings
+from largetrain_dagster import partitions
 from largetrain_dagster.configs import RunConfigError, check_ops_keys, dagster_config
 from largetrain_dagster.progress import ProgressReporter
 from largetrain_dagster.runner import run_process
@@ -104,6 +109,7 @@ class Storage(ConfigurableResource):
             unused = check_ops_keys(run.run_config, selected, known)
         except RunConfigError as e:
             raise Failure(str(e)) from None
+        refuse_partitioned_global_steps(run.tags, selected)
         if unused and CONFIG_CHECKED_TAG not in (instance.get_run_by_id(run.run_id) or run).tags:
             instance.add_run_tags(run.run_id, {CONFIG_CHECKED_TAG: "true"})  # one log line per run, not per step
             context.log.info(
@@ -112,7 +118,93 @@ class Storage(ConfigurableResource):
             )
 
 
+class CheckWaivers(ConfigurableResource):
+    """Blocking checks a run may read past (resource ``checks``). A version whose blocking check failed is
+    never an input of a later run (:class:`HandleIOManager` refuses it) unless the run config names the
+    check here. The handle IO manager reads this setting from the run config
+    (``resources: {checks: {config: {waive_failed_checks: [...]}}}``, :func:`waived_checks`)."""
+
+    waive_failed_checks: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Blocking checks whose failure does not stop this run from reading the version they failed on, as "
+            "`<asset key>:<check name>` (base_checkpoint:loss_finite_and_decreasing): a WARNING then names the "
+            "version and the check. Empty (the default): a run refuses such an input, naming it."
+        ),
+    )
+
+
+def waived_checks(run_config: dict | None) -> list[str]:
+    """``waive_failed_checks`` of the ``checks`` resource in ``run_config`` ([] when not set)."""
+    resource = (((run_config or {}).get("resources") or {}).get("checks") or {}).get("config") or {}
+    return list(resource.get("waive_failed_checks") or [])
+
+
+def failed_blocking_checks(instance, key: AssetKey) -> list[dict]:
+    """The blocking checks (severity ERROR) that failed on the latest materialization of the unpartitioned
+    asset ``key``: each ``{"check", "description", "run_id"}``, from the latest evaluation of every check
+    evaluated in the run that made it (a check passed or evaluated again since, on a newer
+    materialization, no longer counts). [] when the instance holds no materialization of ``key``."""
+    if instance is None:
+        return []
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=1).records
+    if not records:
+        return []
+    made = records[0]
+    names = {
+        e.dagster_event.event_specific_data.check_name
+        for e in instance.all_logs(made.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+        if e.dagster_event.event_specific_data.asset_key == key
+    }
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [AssetCheckKey(key, n) for n in sorted(names)]
+    )
+    failed = []
+    for check_key, record in sorted(latest.items(), key=lambda e: e[0].name):
+        event = record.event.dagster_event if record.event is not None else None
+        evaluation = event.event_specific_data if event is not None else None
+        target = getattr(evaluation, "target_materialization_data", None)
+        if (
+            evaluation is not None
+            and hasattr(evaluation, "passed")
+            and not evaluation.passed
+            and evaluation.blocking
+            and evaluation.severity == AssetCheckSeverity.ERROR
+            and target is not None
+            and target.storage_id == made.storage_id
+        ):
+            failed.append(
+                {"check": check_key.name, "description": evaluation.description or "failed", "run_id": record.run_id}
+            )
+    return failed
+
+
 CONFIG_CHECKED_TAG = "largetrain/run_config_checked"
+PARTITION_TAGS = ("dagster/partition", "dagster/asset_partition_range_start")
+
+
+def refuse_partitioned_global_steps(tags: dict, steps) -> None:
+    """A run of one partition (``--partition``, or a partition chosen in the launchpad) that selects a
+    global step (deduplicated_text and everything after it: they read every partition of their inputs)
+    fails here, before any step's body runs, saying to run the global steps without ``--partition``.
+    (Dagster would hand a global step that one partition's input alone.)"""
+    partition = next((tags[t] for t in PARTITION_TAGS if t in tags), None)
+    if partition is None:
+        return
+    steps = set(steps)
+    glob = partitions.global_steps(steps)
+    if not glob:
+        return
+    per_partition = sorted(steps - set(glob))
+    raise Failure(
+        f"this run is of partition {partition}, but it selects the global step(s) {', '.join(glob)}, which read "
+        "every partition of their inputs and have no partition of their own: nothing was run. Materialize the "
+        "per-partition steps (raw_corpus, cleaned_text) with --partition, one run per partition"
+        + (f" ({', '.join(per_partition)} in this run)" if per_partition else "")
+        + ", then the global steps in a run without --partition (README, quick start; in the web UI, "
+        "materialize them without choosing a partition).",
+        allow_retries=False,
+    )
 
 
 def run_steps(instance, run) -> tuple[set[str], set[str]]:
@@ -215,8 +307,9 @@ class HandleIOManager(ConfigurableIOManager):
     The outputs of the steps inside a graph-backed asset (no asset key of their own) are JSON documents
     too, under ``<root>/_handles/_steps/<run id>/``.
 
-    Loading: an unpartitioned input gives its handle; a partitioned input of a downstream asset of the
-    same partitioning gives the handle of that partition; a partitioned input of an unpartitioned
+    Loading: an unpartitioned input gives its handle (refused when that version failed a blocking check,
+    :func:`failed_blocking_checks`, unless :class:`CheckWaivers` waives it); a partitioned input of a
+    downstream asset of the same partitioning gives the handle of that partition; a partitioned input of an unpartitioned
     downstream asset (a global step) gives ``{partition: handle}`` for every partition, in partition
     order. Raises Failure naming the missing file when an input (or one partition of it) has not
     been materialized, the handle when it is damaged, and the files when the directory it points to
@@ -251,6 +344,36 @@ class HandleIOManager(ConfigurableIOManager):
             )
         return handle
 
+    def _refuse_failed_check(self, context: InputContext, key: AssetKey, handle: dict) -> None:
+        """Fail (Failure, not retried) when the latest materialization of ``key``, the version ``handle``
+        points to, failed a blocking check (:func:`failed_blocking_checks`), unless the run config's
+        ``resources.checks`` waives it (:class:`CheckWaivers`): then a warning. (The partitioned assets
+        have no checks.)"""
+        failed = failed_blocking_checks(context.instance, key)
+        if not failed:
+            return
+        name, version, downstream = key.to_user_string(), handle.get("data_version"), context.step_context.step.key
+        waived = [f for f in failed if f"{name}:{f['check']}" in waived_checks(context.step_context.run_config)]
+        for f in waived:
+            context.log.warning(
+                f"{name} version {version} failed its blocking check {f['check']} (run {f['run_id']}): "
+                f"{f['description']}. Used by {downstream} all the same: the run config waives it "
+                f"(resources checks waive_failed_checks {name}:{f['check']})"
+            )
+        refused = [f for f in failed if f not in waived]
+        if refused:
+            raise Failure(
+                f"{name} version {version} (made by run {refused[0]['run_id']}) failed its blocking check"
+                f"{'s' if len(refused) > 1 else ''} "
+                + "; ".join(f"{f['check']}: {f['description']}" for f in refused)
+                + f". {downstream} does not read a version whose blocking check failed: fix the cause and "
+                f"materialize {name} again (it is used once its check passes), or waive the check in the run "
+                "config: resources: {checks: {config: {waive_failed_checks: ["
+                + ", ".join(f'"{name}:{f["check"]}"' for f in refused)
+                + "]}}}.",
+                allow_retries=False,
+            )
+
     def _step_file(self, identifier: list[str]) -> str | Path:
         """Where the output of a step inside a graph-backed asset lies: ``<root>/_handles/_steps/<run id>/
         <step key>-<output>[-<mapping key>].json`` (small JSON, like a handle): a Path under a local
@@ -280,7 +403,9 @@ class HandleIOManager(ConfigurableIOManager):
             return resolve_under(read_json(f, f"output of step {upstream.step_key}"), _root(self.root))
         key = context.asset_key
         if not context.has_asset_partitions:
-            return self._read(self._file(key, None), key, None, key.to_user_string())
+            handle = self._read(self._file(key, None), key, None, key.to_user_string())
+            self._refuse_failed_check(context, key, handle)
+            return handle
         out = {
             pk: self._read(self._file(key, pk), key, pk, f"partition {pk} of {key.to_user_string()}")
             for pk in context.asset_partition_keys

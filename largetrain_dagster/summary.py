@@ -12,12 +12,14 @@ import argparse
 import re
 import sys
 
-from dagster import AssetKey, DagsterInstance
+from datetime import datetime, timezone
+
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, DagsterRunStatus
 
 from largetrain_core import fs
 from largetrain_core.provenance import describe
 from largetrain_core.storage import read_json
-from largetrain_dagster.partitions import filters_text
+from largetrain_dagster.partitions import DATA_PARTITIONS, PARTITIONED_KEYS, filters_text
 from largetrain_dagster.shards import tiny_validation_warning
 
 
@@ -26,6 +28,84 @@ def _metadata(instance: DagsterInstance, *path: str) -> dict:
     if event is None or event.asset_materialization is None:
         return {}
     return {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
+
+
+def _when(timestamp: float | None) -> str:
+    return (
+        "n/a" if timestamp is None else datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    )
+
+
+def _step_failure(instance: DagsterInstance, run_id: str, step: str, width: int = 400) -> str | None:
+    """Why step ``step`` (or an op of that graph-backed asset) failed in run ``run_id``, on one line cut to
+    ``width`` characters: a dagster.Failure's description, else the innermost cause's message; None when
+    it did not fail there."""
+    for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        if e.step_key != step and not (e.step_key or "").startswith(step + "."):
+            continue
+        data = e.dagster_event.event_specific_data
+        user = getattr(data, "user_failure_data", None)
+        if user is not None and user.description:
+            text = user.description
+        else:
+            error = data.error
+            while error is not None and error.cause is not None:
+                error = error.cause
+            text = error.message if error is not None else "failed"
+        text = " ".join(text.split())
+        return text if len(text) <= width else text[: width - 3] + "..."
+    return None
+
+
+def failures(instance: DagsterInstance) -> list[str]:
+    """A line for each asset (and data partition) whose latest run that planned it failed to materialize it,
+    saying when and why and which materialization the summary shows instead; and for each whose latest
+    materialization failed a blocking check (largetrain_dagster.resources.failed_blocking_checks)."""
+    from largetrain_dagster.resources import failed_blocking_checks
+
+    lines = []
+    for key in sorted(instance.get_asset_keys(), key=lambda k: k.to_user_string()):
+        name = key.to_user_string()
+        if key.path[0] == "landed":  # its dynamic partitions: the landing sensor's runs, not the recipes'
+            continue
+        parts = DATA_PARTITIONS.get_partition_keys() if key in PARTITIONED_KEYS else [None]
+        for pk in parts:
+            planned = instance.event_log_storage.get_latest_planned_materialization_info(key, pk)
+            if planned is None:
+                continue
+            made = instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=key, asset_partitions=[pk] if pk else None), limit=1
+            ).records
+            if made and made[0].storage_id > planned.storage_id:
+                continue
+            run = instance.get_run_by_id(planned.run_id)
+            if run is None or run.status not in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+                continue  # a run still going, or one that succeeded (then it materialized it)
+            step = "__".join(key.path)
+            why = _step_failure(instance, run.run_id, step) or (
+                "not run: an earlier step of the run failed" if run.status == DagsterRunStatus.FAILURE else "cancelled"
+            )
+            what = name + (f" partition {pk}" if pk else "")
+            shown = (
+                f"what this summary shows of it is from run {made[0].run_id[:8]} ({_when(made[0].timestamp)})"
+                if made
+                else "it has never been materialized"
+            )
+            lines.append(
+                f"  {what}: the latest run {run.run_id[:8]} ({_when(_run_start(instance, run.run_id))}) failed: {why}; {shown}"
+            )
+        if key not in PARTITIONED_KEYS:
+            for f in failed_blocking_checks(instance, key):
+                lines.append(
+                    f"  {name}: its latest materialization (run {f['run_id'][:8]}) failed the blocking check "
+                    f"{f['check']}: {' '.join(f['description'].split())[:300]}; later runs refuse it as an input"
+                )
+    return ["FAILED (latest runs):", *lines] if lines else []
+
+
+def _run_start(instance: DagsterInstance, run_id: str) -> float | None:
+    record = instance.get_run_record_by_id(run_id)
+    return record.start_time if record is not None else None
 
 
 def _fmt(value, spec: str = ",") -> str:
@@ -266,8 +346,11 @@ def render(instance: DagsterInstance) -> str:
     """What the latest materializations recorded: each corpus (source, version, documents by outcome,
     balancing, shards), the base model's origin (pretrained preset or imported directory) and training,
     the adapter's r, alpha and target modules, the held-out perplexities and a few sample generations.
-    Warnings: a corpus's removal warning and a tiny validation split; rejected records: where they are."""
+    Warnings: a corpus's removal warning and a tiny validation split; rejected records: where they are.
+    First, when there are any: the assets whose latest run failed, or whose latest materialization failed
+    a blocking check (:func:`failures`)."""
     lines = [
+        *failures(instance),
         *_corpus(instance, "pretrain", "pretraining corpus"),
         *_corpus(instance, "domain", "domain corpus"),
         *_filters(instance),

@@ -151,7 +151,7 @@ def _loss_check(context: AssetExecutionContext, out: Path, summary: dict, cfg: T
     """The blocking check of a finished training: largetrain_core.training.health.judge_metrics of its
     metrics.jsonl with the run config's ``health`` thresholds (read now, so a changed threshold re-judges
     a reused training); its counts and causes in the run log too."""
-    verdict = health.judge_metrics(out / METRICS, summary.get("vocab_size"), cfg.health)
+    verdict = health.judge_metrics(out / METRICS, summary.get("vocab_size"), cfg.health, summary.get("collapsed"))
     n = verdict.numbers
     counts = (
         f"{n.get('skipped_steps', 0)} of {n['steps_logged']} steps skipped (gradient overflow), "
@@ -314,7 +314,8 @@ LOSS_CHECK = (
     "training loss finite; at most health.max_skipped_fraction of the steps skipped (gradient overflow) or with a "
     "non-finite gradient norm; the mean loss of the last 10% of steps below that of the first 10% by "
     "health.min_loss_decrease and below ln(vocabulary size), a uniform prediction's loss, by "
-    "health.min_nats_below_uniform nats (blocking)"
+    "health.min_nats_below_uniform nats (0: not judged); not stopped early as collapsed "
+    "(health.stop_after_collapsed_steps) (blocking)"
 )
 
 MAJORITY_CHECK = (

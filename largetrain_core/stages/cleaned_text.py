@@ -28,7 +28,8 @@ def cleaned_text(
     """Clean the raw_corpus partition ``raw`` into ``<root>/<asset>/<partition>/<version>/``.
 
     Stats: the step's counts (input, kept, filtered, filtered_by_reason, nul_removed,
-    control_removed, format_removed, c4_lines_removed, bytes_kept, pii_<kind>, pii_documents) and raw's partition. Warns (metadata
+    control_removed, format_removed, c4_lines_removed, bytes_kept, pii_<kind>, pii_documents), raw's
+    partition and ``quality`` (the quality settings, compared across partitions by the global steps). Warns (metadata
     ``removal_warning``) when more than ``warn_removed_fraction`` of the partition is filtered, with
     the top reasons and the setting of each (largetrain_core.accounting.removal_warning). ``dedup``: the
     MinHash settings of the signatures (recorded in the stats as ``dedup``, which deduplicated_text uses)."""
@@ -62,4 +63,5 @@ def cleaned_text(
         ),
         key="removal_warning",
     )
+    result.stats = {**stats, "quality": quality.to_dict()}  # compared across partitions by the global steps
     return result

@@ -4,6 +4,7 @@ duplicates removed (largetrain_core.dedup, on the run's executor), the first cop
 the outcome of every input document (outcomes.parquet) and the accounting check.
 
 Fails (:class:`StageError`) before any work when a partition was made with another partitioning,
+when the partitions come from different corpora or settings (largetrain_core.stages.global_inputs),
 when the corpus holds no document at all or none survives raw_corpus and cleaned_text (naming the
 corpus and the top reasons), when balancing is asked for without labels, and when document ids
 repeat across partitions.
@@ -46,6 +47,7 @@ from largetrain_core.stages.base import (
     executor_metadata,
     percent,
 )
+from largetrain_core.stages.global_inputs import check_one_corpus
 from largetrain_core.storage import data_version, stored_location
 
 BALANCE_MODES = {"downsample": "down", "upsample": "up"}
@@ -116,6 +118,7 @@ def deduplicated_text(
     for name, group in groups.items():
         where = f"{role}/{name}" if name else role
         _check_partitioning(where, group, raw, cleaned, hash_partitioned, strip=bool(name))
+        check_one_corpus(f"{where}/deduplicated_text", raw, cleaned, group, one_source=hash_partitioned)
         _check_not_empty(where, group, raw, cleaned)
     dedup = dataclasses.replace(minhash_settings(role, cleaned), near=near)
     raw_dirs, cleaned_dirs = [raw[k].path for k in keys], [cleaned[k].path for k in keys]

@@ -45,6 +45,7 @@ from largetrain_core.stages.base import (
     executor_metadata,
     percent,
 )
+from largetrain_core.stages.global_inputs import check_made_from
 from largetrain_core.storage import data_version, part_files
 
 CONTAMINATED = "contaminated.parquet"
@@ -173,11 +174,13 @@ def filtered_text(
     ``documents`` (the chain's accounting), ``corpus`` (deduplicated_text's, for the model cards),
     ``deduplicated_text`` (its data version) and, for a mixture, ``corpora`` (deduplicated_text's
     counts per corpus, ``kept`` recounted here and ``kept_after_dedup``). Check ``accounting``. Raises StageError for bad
-    settings. Warns (metadata ``removal_warning``) when more than ``warn_removed_fraction`` of the
+    settings, and when ``raw`` and ``cleaned`` are not the partitions ``text`` was made from
+    (largetrain_core.stages.global_inputs.check_made_from). Warns (metadata ``removal_warning``) when more than ``warn_removed_fraction`` of the
     chain's input is gone."""
     problems = settings.problems()
     if problems:
         raise StageError(f"{run.name}: " + "; ".join(problems))
+    check_made_from(run.name, text, raw, cleaned)
     version = _version(settings, text, classifier, sets)
     keys = sorted(cleaned)
     raw_dirs, cleaned_dirs = [raw[k].path for k in keys], [cleaned[k].path for k in keys]

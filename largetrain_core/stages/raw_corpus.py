@@ -41,7 +41,8 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
 
     Stats: the executor's counts (documents, rejected, renamed_ids, bytes, files, skipped_files,
     not_sampled, parts, rejected_by_file), the partition, ``source`` (the corpus, resolved),
-    ``content_digest`` and ``provenance`` (None without a provenance file). Warnings: rejected
+    ``content_digest``, ``provenance`` (None without a provenance file) and ``reader`` (the reader
+    settings, :func:`settings_version`). Warnings: rejected
     records with the top reasons, files no reader knows, renamed ids, a corpus that no longer matches
     its provenance, a corpus that holds no record (:func:`largetrain_core.corpus.holds_records`, probed
     when this partition read none)."""
@@ -118,5 +119,6 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
         "source": shown if fs.is_url(source) else str(Path(source).resolve()),
         "content_digest": digest,
         "provenance": provenance,
+        "reader": settings_version(reader),  # compared across partitions by the global steps (global_inputs)
     }
     return result

@@ -29,11 +29,32 @@ def _source(file: str | None, corpus: Artifact) -> tuple[str, str]:
     return f"corpus {'/'.join(Path(corpus.path).parts[-3:])}", corpus.data_version
 
 
+def _no_negatives(n_pos: int, n_neg: int, pos_src: str, neg_src: str, domain: Artifact, pretrain: Artifact) -> str:
+    """Why the pretraining corpus gave (almost) no negative example, and the settings that fix it."""
+    source = (domain.stats.get("corpus") or {}).get("source")
+    same = source is not None and source == (pretrain.stats.get("corpus") or {}).get("source")
+    return (
+        f"{n_pos:,} positive examples ({pos_src}) but {n_neg} negative "
+        f"({neg_src}, every text that is also a positive left out): "
+        + (
+            f"the domain corpus is the pretraining corpus ({source}), "
+            if same
+            else "the pretraining corpus holds no other text than the positives, "
+        )
+        + "so there is nothing to tell the wanted text from. Set relevance_classifier `negatives_file` to examples of "
+        'text you do not want (JSONL, one {"text": ...} per line, or one example per line); with relevance filtering '
+        "off (pretrain/filtered_text relevance_threshold and relevance_top_fraction null) the classifier only scores "
+        "the documents, and such a file is all it needs. Or point the domain corpus at the text the model should "
+        "specialize on."
+    )
+
+
 def relevance_classifier(cfg: RelevanceConfig, domain: Artifact, pretrain: Artifact, run: StageRun) -> StageResult:
     """Train the classifier into ``<root>/relevance_classifier/<version>/`` (model.json, weights.npz).
     Stats: ``metrics`` (held-out precision, recall, auc, counts, train_seconds), ``features``,
     ``positives``/``negatives`` (their source). Raises StageError for a missing or bad examples file
-    or too few examples."""
+    or too few examples; when the pretraining corpus gives fewer than 2 negatives that are not also
+    positives (the domain corpus is the pretraining corpus), saying that ``negatives_file`` fixes it."""
     pos_src, pos_v = _source(cfg.positives_file, domain)
     neg_src, neg_v = _source(cfg.negatives_file, pretrain)
     version = data_version(CODE_VERSIONS["relevance_classifier"], cfg.to_dict(), pos_v, neg_v)
@@ -51,6 +72,8 @@ def relevance_classifier(cfg: RelevanceConfig, domain: Artifact, pretrain: Artif
                 if cfg.negatives_file
                 else sample_texts([pretrain.path], n_neg, cfg.seed, set(pos))
             )
+            if len(neg) < 2 and not cfg.negatives_file:
+                raise ValueError(_no_negatives(len(pos), len(neg), pos_src, neg_src, domain, pretrain))
             model = train(pos, neg, cfg)
         except ValueError as e:
             raise StageError(f"relevance_classifier: {e}") from e

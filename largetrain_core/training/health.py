@@ -38,15 +38,16 @@ def _finite(x) -> bool:
     return x is not None and math.isfinite(x)
 
 
-def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings) -> Verdict:
+def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings, collapsed: str | None = None) -> Verdict:
     """Judge a training from its metrics rows (one per optimizer step, ascending, as
     trackers.read_metrics gives them: ``loss`` in nats, ``grad_norm`` or None, ``step_skipped``).
 
     It fails when a loss is not finite; when more than ``max_skipped_fraction`` of the steps were
     skipped or had a non-finite gradient norm; when the mean loss of the last 10% of steps is not
-    below that of the first 10% by ``min_loss_decrease`` (a fraction of the first); when it is not at
-    least ``min_nats_below_uniform`` nats below ln(``vocab_size``), the loss of a uniform prediction
-    over the model's vocabulary (not judged when ``vocab_size`` is None)."""
+    below that of the first 10% by ``min_loss_decrease`` (a fraction of the first; 0: any fall); when it
+    is not at least ``min_nats_below_uniform`` nats below ln(``vocab_size``), the loss of a uniform
+    prediction over the model's vocabulary (not judged when ``vocab_size`` is None, or when
+    ``min_nats_below_uniform`` is 0: the documented smoke-test setting)."""
     n = len(rows)
     if not n:
         return Verdict(False, ["no training step was logged"], {"steps_logged": 0})
@@ -66,7 +67,8 @@ def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings) ->
         "mean_loss_first_10pct": start,
         "mean_loss_last_10pct": end,
     }
-    problems = []
+    problems = [collapsed] if collapsed else []
+    numbers["collapsed"] = bool(collapsed)
     if bad_loss:
         problems.append(f"the loss is not finite at {len(bad_loss)} of {n} steps (first at step {bad_loss[0]})")
     if len(unhealthy) / n > settings.max_skipped_fraction:
@@ -78,30 +80,82 @@ def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings) ->
     if math.isfinite(start) and math.isfinite(end):
         numbers["loss_decrease_fraction"] = round((start - end) / start, 4) if start else None
         if not end < start * (1 - settings.min_loss_decrease):
+            moved = "fell" if end < start else "rose"
+            change = f"{moved} from {start:.4f} to {end:.4f} nats" if end != start else f"stayed at {end:.4f} nats"
             problems.append(
-                f"the mean loss fell from {start:.4f} to {end:.4f} nats (first and last 10% of steps, "
-                f"{(start - end) / start:.1%}): not below the first by health.min_loss_decrease "
-                f"{settings.min_loss_decrease:.0%}"
+                f"the mean loss {change} (first and last 10% of steps, {(end - start) / start:+.1%}): not below "
+                f"the first by health.min_loss_decrease {settings.min_loss_decrease:.0%}"
             )
         if vocab_size:
             uniform = math.log(vocab_size)
             numbers.update(vocab_size=vocab_size, uniform_loss=uniform, nats_below_uniform=uniform - end)
-            if not end < uniform - settings.min_nats_below_uniform:
+            # min_nats_below_uniform 0 switches the rule off (a smoke test's loss may still be above ln V)
+            if settings.min_nats_below_uniform > 0 and not end < uniform - settings.min_nats_below_uniform:
+                gap = uniform - end
+                where = f"{gap:.4f} nats below" if gap >= 0 else f"{-gap:.4f} nats above"
                 problems.append(
-                    f"the mean loss of the last 10% of steps, {end:.4f} nats, is {uniform - end:.4f} nats below "
+                    f"the mean loss of the last 10% of steps, {end:.4f} nats, is {where} "
                     f"ln(vocabulary size {vocab_size}) = {uniform:.4f}, the loss of predicting every token equally: "
-                    f"not the health.min_nats_below_uniform {settings.min_nats_below_uniform:g} that shows it learnt"
+                    f"not the health.min_nats_below_uniform {settings.min_nats_below_uniform:g} below it that shows "
+                    "it learnt"
                 )
     return Verdict(not problems, problems, numbers)
 
 
-def judge_metrics(metrics_file: Path, vocab_size: int | None, settings: HealthSettings) -> Verdict:
+class CollapseWatch:
+    """Whether a training has collapsed, step by step (``health.stop_after_collapsed_steps``): a step is
+    collapsed when DeepSpeed skipped it for a gradient overflow, its loss or gradient norm is not finite,
+    or, after ``warmup_steps``, its loss is within ``collapse_tolerance`` nats of ln(``vocab_size``) (a
+    uniform prediction's loss; not judged when ``vocab_size`` is None). Every rank sees the same rows
+    (the loss all-reduced, the overflow and the norm global), so every rank stops after the same step."""
+
+    def __init__(self, settings: HealthSettings, vocab_size: int | None, warmup_steps: int = 0):
+        self.limit, self.tolerance = settings.stop_after_collapsed_steps, settings.collapse_tolerance
+        self.uniform = math.log(vocab_size) if vocab_size and vocab_size > 1 else None
+        self.warmup_steps = warmup_steps
+        self.run: list[tuple[int, str]] = []  # the current run of collapsed steps: (step, why)
+        self.reason: str | None = None
+
+    def why(self, step: int, row: dict) -> str | None:
+        """Why step ``step`` (its metrics row) is collapsed, or None."""
+        if row.get("step_skipped"):
+            return "skipped (gradient overflow)"
+        if not _finite(row.get("loss")):
+            return "non-finite loss"
+        if row.get("grad_norm") is not None and not math.isfinite(row["grad_norm"]):
+            return "non-finite gradient norm"
+        if self.uniform is not None and step > self.warmup_steps and abs(row["loss"] - self.uniform) <= self.tolerance:
+            return f"loss {row['loss']:.4f} at ln(V) = {self.uniform:.4f}"
+        return None
+
+    def update(self, step: int, row: dict) -> bool:
+        """Count step ``step``; True once ``stop_after_collapsed_steps`` consecutive steps collapsed
+        (then :attr:`reason` says which and why)."""
+        why = self.why(step, row)
+        self.run = [*self.run, (step, why)] if why else []
+        if self.limit is None or len(self.run) < self.limit:
+            return False
+        kinds: dict[str, int] = {}
+        for _, w in self.run:
+            kind = "loss at ln(V)" if w.startswith("loss ") else w
+            kinds[kind] = kinds.get(kind, 0) + 1
+        self.reason = (
+            f"the training collapsed: steps {self.run[0][0]}-{step} in a row ("
+            + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+            + f"), health.stop_after_collapsed_steps {self.limit}: stopped early at step {step}"
+        )
+        return True
+
+
+def judge_metrics(
+    metrics_file: Path, vocab_size: int | None, settings: HealthSettings, collapsed: str | None = None
+) -> Verdict:
     """:func:`judge` of ``metrics_file`` (metrics.jsonl) read as trackers.read_metrics reads it: a step
     run again after a resume counts once, with its last row. Raises ArtifactError naming the file
     when it is missing or not JSON lines."""
     with loading(metrics_file, "training metrics (JSON lines with a step and a loss)"):
         rows = read_metrics(metrics_file)
-    return judge(rows, vocab_size, settings)
+    return judge(rows, vocab_size, settings, collapsed)
 
 
 def step_counts(rows: list[dict]) -> dict:

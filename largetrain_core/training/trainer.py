@@ -16,7 +16,9 @@ after the last one, the mean next-token cross-entropy (nats) and perplexity on t
 ``eval_max_sequences`` sequences of the shards' validation split, divided among the ranks; logged as
 ``eval_loss`` and ``eval_perplexity`` in the step's metrics, the training's losses bitwise the same
 with it and without it (tested on CPU). Optional early stopping (``early_stopping_patience``,
-early_stopping.py) ends the run after that many evaluations without improvement. Fault injection
+early_stopping.py) ends the run after that many evaluations without improvement; a collapsed training
+(``health.stop_after_collapsed_steps`` steps in a row skipped, non-finite or at ln V: health.CollapseWatch)
+ends after the last of them, ``collapsed`` in its summary saying why. Fault injection
 (LARGETRAIN_FAULT) is a hook outside the loop (launch.FaultInjection, :class:`Trainer`'s ``hooks``).
 """
 
@@ -53,7 +55,7 @@ from largetrain_core.training.early_stopping import EarlyStopping
 from largetrain_core.training.evaluator import Evaluator
 from largetrain_core.training.export import export
 from largetrain_core.training.flops import flops_formula, job_peak_flops, mfu, model_flops_per_token
-from largetrain_core.training.health import step_counts
+from largetrain_core.training.health import CollapseWatch, step_counts
 from largetrain_core.training.lora import add_lora
 from largetrain_core.training.metrics import MetricsProcessor
 from largetrain_core.training.loss import next_token_loss
@@ -104,6 +106,7 @@ class Trainer:
         self.trackers = Trackers(cfg, self.rank)
         self.step = self.consumed = self.steps_this_run = 0
         self.first_loss = self.last_loss = None
+        self.collapsed: str | None = None  # why the run stopped early as collapsed (health.CollapseWatch)
         self.evaluator = None  # None: no evaluation during training
         self.eval_seconds = 0.0
         self.metrics = MetricsProcessor(cfg, self.rank, self.trackers, log)
@@ -129,17 +132,25 @@ class Trainer:
         self.saved_step = self.step if self.resumed_from is not None else None  # the newest complete checkpoint's
         if cfg.checkpointing.preemption_save:
             defer_sigterm()  # a SIGTERM now ends the run after its step and a checkpoint of it (stop_if_preempted)
-        while self.step < cfg.schedule.max_steps and not self.early.stopped:
+        collapse = CollapseWatch(cfg.health, self.vocab_size, cfg.schedule.warmup_steps)
+        while self.step < cfg.schedule.max_steps and not self.early.stopped and self.collapsed is None:
             row = self.train_step()
             row.update(self.evaluate())
             self.metrics.process(self.step, row, time.perf_counter() - t_run, self.steps_this_run)
             self.call_hooks("after_step")
             if self.early.stopped:
                 self.info(self.early.reason(self.step))
+            if collapse.update(self.step, row):  # every rank sees the same row: all stop after this step
+                self.collapsed = collapse.reason
+                if self.rank == 0:
+                    log.warning(
+                        f"{self.collapsed}; its checkpoint and model are written, and its health check fails it"
+                    )
             if (
                 self.step % cfg.checkpointing.save_steps == 0
                 or self.step == cfg.schedule.max_steps
                 or self.early.stopped
+                or self.collapsed
             ):
                 self.save()
             if cfg.checkpointing.preemption_save:
@@ -469,7 +480,8 @@ class Trainer:
             "peak_flops_source": self.peak_source,
             "flops_per_token": self.flops_per_token,
             "mfu_formula": self.mfu_formula,
-            "stopped_early": self.early.stopped,
+            "stopped_early": self.early.stopped or self.collapsed is not None,
+            "collapsed": self.collapsed,
             "eval_seconds": self.eval_seconds,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "resumed_from_step": self.step - self.steps_this_run if self.resumed_from else None,

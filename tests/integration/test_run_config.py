@@ -158,3 +158,22 @@ def test_the_multiprocess_executor_forks_its_steps_from_a_forkserver_unless_the_
     spawn = {"multiprocess": {"start_method": {"spawn": {}}}}
     assert executor(spawn)["multiprocess"]["start_method"] == {"spawn": {}}
     assert list(executor({"in_process": {}})) == ["in_process"]  # the recipes' configs choose it
+
+
+def test_a_partitioned_run_with_a_global_step_is_refused_before_any_step(tmp_path, monkeypatch, cases):
+    """Issue 42 item 11: `--partition 000 --select 'domain/raw_corpus,domain/cleaned_text,domain/deduplicated_text'`
+    crashed in deduplicated_text (`TypeError: string indices must be integers`: it was handed partition
+    000's handle alone). The run now fails in the storage resource's setup, before raw_corpus reads
+    anything, naming the global step and saying to run it without --partition."""
+    cfg = {"ops": {"domain__raw_corpus": {"config": {"path": str(_corpus(tmp_path, cases))}}}}
+    keys = ["domain/raw_corpus", "domain/cleaned_text", "domain/deduplicated_text"]
+    ok, logs, done, error = _materialize_as_the_cli(tmp_path, monkeypatch, keys, cfg)
+    assert not ok and not done and error is not None
+    msg = str(error.__cause__)
+    assert "this run is of partition 000, but it selects the global step(s) domain__deduplicated_text" in msg
+    assert "(domain__cleaned_text, domain__raw_corpus in this run)" in msg
+    assert "then the global steps in a run without --partition" in msg
+    assert not (tmp_path / "root" / "domain").exists()
+    # the per-partition steps alone still run as before
+    ok, _, done, error = _materialize_as_the_cli(tmp_path, monkeypatch, keys[:2], cfg)
+    assert ok and error is None and done == set(keys[:2])

@@ -1,6 +1,7 @@
-"""Training health for real (issue 23 item 4): a diverged pretraining fails its blocking check through
-Dagster, naming the cause, with its non-finite steps counted in the metadata and warned of,
-rate-limited, in the Dagster log; a healthy short pretraining passes with the default thresholds; a
+"""Training health for real (issue 23 item 4): a diverged pretraining stops early as collapsed and
+fails its blocking check through Dagster, naming the cause, with its non-finite steps counted in the
+metadata and warned of, rate-limited, in the Dagster log, and a later lora_adapter run refuses it
+(issue 42 item 7); a healthy short pretraining passes with the default thresholds; a
 genuine 4-step run fails them and passes with the short-run override (the model reused, not trained
 again); a LoRA on a model that predicts every token equally (its final norm zeroed) trains at exactly
 ln(vocabulary size) and fails even with the override.
@@ -62,28 +63,54 @@ def test_training_health_through_dagster(pretrain_root):
         )
 
     with DagsterInstance.ephemeral() as instance:
-        # a learning rate far too high: the gradient norms are infinite from the 4th step on
+        # a learning rate far too high: the gradient norms are infinite from the 4th step on, and the training
+        # stops early after 4 such steps in a row (issue 42 item 7) instead of running its 12
         # (the warnings of a kind after the first three held back for an hour: at most three shown)
         diverged = base(
-            instance, deep_merge(tiny, {"optimizer": {"learning_rate": 1000.0}, "health": {"warning_interval_s": 3600}})
+            instance,
+            deep_merge(
+                tiny,
+                {
+                    "optimizer": {"learning_rate": 1000.0},
+                    "health": {"warning_interval_s": 3600, "stop_after_collapsed_steps": 4},
+                },
+            ),
         )
         assert not diverged.success
         passed, description, md = _check(diverged)
         assert not passed
         assert "had a non-finite gradient norm" in description and "health.max_skipped_fraction 0.1" in description
         # ZeRO-2's overflow check skips each of those steps in fp32 too
-        assert md["nonfinite_grad_norm_steps"] >= 8 and md["steps_logged"] == 12
-        assert md["skipped_steps"] == md["nonfinite_grad_norm_steps"]
-        assert "lower the learning rate" in md["problems"][0]
+        assert md["skipped_steps"] == md["nonfinite_grad_norm_steps"] == 4
+        assert md["steps_logged"] < 12 and md["collapsed"]
+        first = md["steps_logged"] - 3
+        assert md["problems"][0] == (
+            f"the training collapsed: steps {first}-{md['steps_logged']} in a row (4 skipped (gradient overflow)), "
+            f"health.stop_after_collapsed_steps 4: stopped early at step {md['steps_logged']}"
+        )
+        assert any("lower the learning rate" in p for p in md["problems"])
         (materialized,) = diverged.asset_materializations_for_node("base_checkpoint")
         assert materialized.metadata["nonfinite_grad_norm_steps"].value == md["nonfinite_grad_norm_steps"]
         assert materialized.metadata["vocab_size"].value == 512
+        assert materialized.metadata["stopped_early"].value is True
+        assert materialized.metadata["steps"].value == md["steps_logged"]
         logged = _messages(instance, diverged)
         skips = [m for m in logged if "skipped by DeepSpeed: the gradients overflowed" in m]
         assert len(skips) == 3, skips  # the first three, then held back ...
         held = [m for m in logged if "more skipped-step warnings held back" in m]
         assert held and f"({md['skipped_steps']} in all)" in held[-1]  # ... and counted at the end
         assert any(m.startswith("training health of base_checkpoint:") and "failed:" in m for m in logged)
+        assert any(m.startswith(md["problems"][0] + "; its checkpoint and model are written") for m in logged)
+
+        # a later run of lora_adapter refuses the diverged version before any work, naming it and its check
+        dead = materialized.metadata["data_version"].value
+        lora = materialize_lineage(assets, defs.resources, instance, {}, ["lora_adapter"], raise_on_error=False)
+        assert not lora.success and not lora.asset_materializations_for_node("lora_adapter")
+        (failure,) = [e for e in lora.last.all_events if e.is_step_failure]
+        message = failure.event_specific_data.error.message
+        assert f"base_checkpoint version {dead} (made by run {diverged.run_id})" in message, message
+        assert "failed its blocking check loss_finite_and_decreasing: the training collapsed" in message
+        assert 'waive_failed_checks: ["base_checkpoint:loss_finite_and_decreasing"]' in message
 
         # the tiny pretraining (12 steps) passes the default thresholds
         healthy = base(instance, tiny)

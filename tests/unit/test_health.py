@@ -9,7 +9,7 @@ import math
 
 from helpers import TESTS
 from largetrain_core.training.config import HealthSettings, TrainConfig
-from largetrain_core.training.health import RateLimitedWarnings, judge, judge_metrics
+from largetrain_core.training.health import CollapseWatch, RateLimitedWarnings, judge, judge_metrics
 
 REDONE = TESTS / "data" / "training" / "metrics_redone_steps.jsonl"
 SHORT_RUN = HealthSettings(min_loss_decrease=0.0, min_nats_below_uniform=0.0)
@@ -56,7 +56,7 @@ def test_a_healthy_run_passes_and_each_cause_is_named():
     exploded = judge(rows([6.2, 6.1, 6.0] + [2e6] * 17, norms), vocab, HealthSettings())
     assert not exploded.passed and exploded.numbers["nonfinite_grad_norm_steps"] == 17
     assert "had a non-finite gradient norm (17)" in exploded.problems[0]
-    assert "fell from" in exploded.problems[1]
+    assert "the mean loss rose from 6.1500 to 2000000.0000 nats" in exploded.problems[1]
 
     nan = judge(rows([6.2, 6.1, math.nan, 6.0]), vocab, SHORT_RUN)
     assert not nan.passed and nan.problems == ["the loss is not finite at 1 of 4 steps (first at step 3)"]
@@ -76,6 +76,58 @@ def test_the_short_run_override_lowers_the_margins_not_the_rules():
     ).health == HealthSettings(min_loss_decrease=0.0)
     flat = TrainConfig.from_dict({"output_dir": "o", "train_shards": "s", "min_nats_below_uniform": 0})
     assert flat.health.min_nats_below_uniform == 0
+
+
+def test_the_smoke_test_setting_switches_the_ln_v_rule_off_and_the_messages_read_right():
+    """Issue 42 item 11: a short run whose loss fell but is still above ln V (a fresh model starts a little
+    above it) passes with both margins at 0; with the default margin the message says "above", never a
+    negative "nats below"; a loss that rose says "rose", one that did not move "stayed"."""
+    fell_above = rows([6.30, 6.27, 6.25, 6.242])  # ln 512 = 6.2383: the mean of the last step is 0.0037 above
+    assert judge(fell_above, 512, SHORT_RUN).passed, judge(fell_above, 512, SHORT_RUN).problems
+    strict = judge(fell_above, 512, HealthSettings(min_loss_decrease=0.0))
+    (problem,) = strict.problems
+    assert "6.2420 nats, is 0.0037 nats above ln(vocabulary size 512) = 6.2383" in problem
+    assert "-0.0" not in problem and "health.min_nats_below_uniform 0.5" in problem
+    rose = judge(rows([6.0, 6.1, 6.2, 6.3]), 512, SHORT_RUN)
+    assert rose.problems == [
+        "the mean loss rose from 6.0000 to 6.3000 nats (first and last 10% of steps, +5.0%): not below the first "
+        "by health.min_loss_decrease 0%"
+    ]
+    flat = judge(rows([5.0] * 4), 512, SHORT_RUN)
+    assert flat.problems and flat.problems[0].startswith("the mean loss stayed at 5.0000 nats")
+    fell = judge(rows([6.2, 6.1, 6.0, 5.99]), 512, HealthSettings(min_loss_decrease=0.5, min_nats_below_uniform=0))
+    assert fell.problems[0].startswith("the mean loss fell from 6.2000 to 5.9900 nats")
+
+
+def test_a_collapsed_training_is_recognized_step_by_step():
+    """health.CollapseWatch, the trainer's early stop: N consecutive steps skipped, non-finite, or (after
+    the warmup) at ln V stop it; a healthy step in between starts the count again; a fresh model at
+    ln V during the warmup is no collapse."""
+    settings = HealthSettings(stop_after_collapsed_steps=3)
+    uniform = math.log(512)
+
+    def first_stop(watch, rs):
+        return next((r["step"] for r in rs if watch.update(r["step"], r)), None)
+
+    skipping = rows([6.2, 6.1, 6.0, 6.0, 6.0, 6.0, 6.0], skipped={4, 5, 6, 7})
+    watch = CollapseWatch(settings, 512)
+    assert first_stop(watch, skipping) == 6
+    assert watch.reason == (
+        "the training collapsed: steps 4-6 in a row (3 skipped (gradient overflow)), "
+        "health.stop_after_collapsed_steps 3: stopped early at step 6"
+    )
+    flat = rows([uniform + 0.005, uniform, uniform - 0.001, uniform, uniform, uniform])
+    watch = CollapseWatch(settings, 512, warmup_steps=2)
+    assert first_stop(watch, flat) == 5 and "3 loss at ln(V)" in watch.reason
+    broken = rows([6.2, 6.1, 6.0, uniform, 5.0, uniform, uniform], [1.0, 1.0, 1.0, math.inf, 1.0, 1.0, 1.0])
+    assert first_stop(CollapseWatch(settings, 512), broken) is None  # step 5 learnt: the count starts again
+    assert first_stop(CollapseWatch(HealthSettings(stop_after_collapsed_steps=None), 512), skipping) is None
+    # the judge names the trainer's reason
+    verdict = judge(skipping[:6], 512, SHORT_RUN, collapsed=watch.reason)
+    assert not verdict.passed and verdict.problems[0] == watch.reason and verdict.numbers["collapsed"]
+    assert "health.stop_after_collapsed_steps must be >= 1 or null, not 0" in TrainConfig(
+        output_dir="o", train_shards="s", health=HealthSettings(stop_after_collapsed_steps=0)
+    ).problems(False)
 
 
 def test_health_settings_change_neither_the_config_hash_nor_the_data_version():

@@ -109,3 +109,12 @@ def test_adapter_card_keeps_peft_metadata_and_embeds_the_base_lineage(tmp_path):
 def test_unknown_facts_say_unknown():
     text = ModelCard(render_model_card({"kind": "base_model", "corpora": [{"role": "pretrain"}]})).text
     assert "| unknown | unknown | unknown | unknown | unknown |" in text and "vocabulary unknown" in text
+
+
+def test_a_diverged_trainings_huge_last_loss_renders_as_infinite_perplexity():
+    """A training that collapsed (issue 42 item 7) ended at a loss of 2e6 nats: exp() of it overflows a
+    float, which failed the card and retried the whole training."""
+    diverged = lineage()
+    diverged["training"]["results"].update(last_loss=2.0e6)
+    text = ModelCard(render_model_card(diverged)).text
+    assert "| training perplexity (exp of the last logged training loss) | inf |" in text

@@ -190,3 +190,35 @@ def test_relevance_classifier_stage_trains_from_the_corpora_and_is_versioned(tmp
             Artifact(pre, "p1", {}),
             run,
         )
+
+
+def test_the_domain_corpus_as_the_pretraining_corpus_says_that_negatives_file_fixes_it(tmp_path):
+    """Issue 42 item 11: with the domain corpus the pretraining corpus, every negative drawn is also a
+    positive: "400 positive and 0 negative examples", and no word of what fixes it. The stage now names
+    the cause and negatives_file; with a negatives_file it trains."""
+    import logging
+
+    from largetrain_core.stages.base import Artifact, StageError, StageRun
+    from largetrain_core.stages.relevance_classifier import relevance_classifier
+
+    same = tmp_path / "root" / "domain" / "deduplicated_text" / "d1"
+    same.mkdir(parents=True)
+    pl.DataFrame(
+        {"doc_id": [r["id"] for r in ROWS], "source": ["t"] * len(ROWS), "text": [r["text"] for r in ROWS]}
+    ).write_parquet(same / "part-00000.parquet")
+    corpus = {"corpus": {"source": "/data/tickets.jsonl"}}
+    run = StageRun(root=tmp_path / "root", asset=("relevance_classifier",), log=logging.getLogger("t"))
+    cfg = RelevanceConfig(max_examples=400)
+    with pytest.raises(StageError) as e:
+        relevance_classifier(cfg, Artifact(same, "d1", corpus), Artifact(same, "d1", corpus), run)
+    msg = str(e.value)
+    assert msg.startswith(
+        "relevance_classifier: 400 positive examples (corpus domain/deduplicated_text/d1) but 0 negative"
+    )
+    assert "the domain corpus is the pretraining corpus (/data/tickets.jsonl)" in msg
+    assert "Set relevance_classifier `negatives_file` to examples of text you do not want" in msg
+    negatives = tmp_path / "negatives.txt"
+    negatives.write_text("\n".join(f"kernel module {i} loads the driver for device {i}" for i in range(50)))
+    cfg = RelevanceConfig(max_examples=400, negatives_file=str(negatives))
+    res = relevance_classifier(cfg, Artifact(same, "d1", corpus), Artifact(same, "d1", corpus), run)
+    assert res.stats["negatives"] == f"file {negatives}" and res.stats["metrics"]["train"]["negative"] == 40
