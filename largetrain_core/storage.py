@@ -81,6 +81,49 @@ class MissingArtifactError(ArtifactError, FileNotFoundError):
     """A stored artifact that is not there; the message names the path and what was expected."""
 
 
+class DiskFullError(OSError):
+    """A write refused for lack of space (errno ENOSPC); the message names the file, where it was going
+    and the free space. A retry fails the same way until space is freed."""
+
+
+# Our own margin, no standard's: a file system with less free space than this cannot hold a part file, a
+# checkpoint's smallest file nor a process's error file with its traceback; a write error under it is the
+# disk being full, whatever the writer called it (torch.save: "file write failed"; a Parquet file cut short
+# and read back: "File out of specification").
+NO_SPACE_MARGIN = 1 << 20
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes (for an unprivileged user) on the file system of local ``path`` or its nearest existing parent."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (``__cause__``, else ``__context__``)."""
+    chain, e = [], exc
+    while e is not None and not any(e is c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
+def is_disk_full(exc: BaseException, path: str | Path) -> bool:
+    """Whether ``exc``, raised while writing under local ``path``, is its file system running out of space:
+    an ENOSPC OSError in :func:`exception_chain`, or fewer than :data:`NO_SPACE_MARGIN` bytes free."""
+    if any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in exception_chain(exc)):
+        return True
+    return free_bytes(path) < NO_SPACE_MARGIN
+
+
+def newest_file(directory: Path) -> Path | None:
+    """The most recently modified file under ``directory`` (the one a failed writer was writing), or None."""
+    files = [p for p in Path(directory).rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
+
+
 @contextlib.contextmanager
 def loading(path: str | Path, what: str) -> Iterator[None]:
     """Run a third-party loader of ``path`` so that any failure names the file and what it should be.

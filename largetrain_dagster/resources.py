@@ -27,8 +27,10 @@ from largetrain_core import fs
 from largetrain_core.launch import AGENT_ERROR_FILE, ENTRY_MODULE, describe_failure, launch_commands, rank_errors
 from largetrain_core.processes import exit_status
 from largetrain_core.storage import (
+    NO_SPACE_MARGIN,
     ArtifactError,
     MissingArtifactError,
+    free_bytes,
     mirror_path,
     read_json,
     relative_to_root,
@@ -36,7 +38,7 @@ from largetrain_core.storage import (
     verify_manifest,
     write_json_atomic,
 )
-from largetrain_core.training.checkpoints import NO_SPACE_MARGIN, find_newest_complete, free_bytes
+from largetrain_core.training.checkpoints import find_newest_complete
 from largetrain_core.training.config import TrackingSettings
 from largetrain_dagster.configs import RunConfigError, check_ops_keys, dagster_config
 from largetrain_dagster.progress import ProgressReporter

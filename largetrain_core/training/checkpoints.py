@@ -271,38 +271,21 @@ def save(
         prune_node_copies(ckpt_root, keep, step)
 
 
-# Our own margin, no standard's: a file system with less free space than this cannot hold a checkpoint's smallest
-# file nor a rank's error file with its traceback; an error of a write under it is the disk being full.
-NO_SPACE_MARGIN = 1 << 20
-
-
-def free_bytes(path: Path) -> int:
-    """Free bytes (for an unprivileged user) on the file system of ``path`` or its nearest existing parent."""
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return shutil.disk_usage(p).free
-
-
 def no_space_error(exc: BaseException, ckpt: Path) -> OSError | None:
-    """When ``exc``, raised while saving the checkpoint ``ckpt``, is its file system running out of space:
-    an ``OSError(ENOSPC)`` that names ``ckpt`` and the free space left, after removing the incomplete ``ckpt``
-    (it has no marker, so it would never be resumed from; removed, the rank's error file can be written). Else
-    None. The disk is full when ``exc`` or its cause chain is an ENOSPC OSError, or when fewer than
-    :data:`NO_SPACE_MARGIN` bytes are free (torch.save's zip writer reports a short write as a RuntimeError
-    "file write failed", without errno)."""
+    """When ``exc``, raised while saving the checkpoint ``ckpt``, is its file system running out of space
+    (largetrain_core.storage.is_disk_full: torch.save's zip writer reports a short write as a RuntimeError
+    "file write failed", without errno): a ``DiskFullError`` (ENOSPC) that names ``ckpt`` and the free space
+    left, after removing the incomplete ``ckpt`` (it has no marker, so it would never be resumed from;
+    removed, the rank's error file can be written). Else None."""
     import errno
 
-    chain, e = [], exc
-    while e is not None and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    enospc = any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in chain)
-    free = free_bytes(ckpt)
-    if not enospc and free >= NO_SPACE_MARGIN:
+    from largetrain_core.storage import DiskFullError, free_bytes, is_disk_full
+
+    if not is_disk_full(exc, ckpt):
         return None
+    free = free_bytes(ckpt)
     shutil.rmtree(ckpt, ignore_errors=True)
-    return OSError(
+    return DiskFullError(
         errno.ENOSPC,
         f"No space left on device (ENOSPC) while saving checkpoint {ckpt}: {free:,} bytes were free on its file "
         f"system ({free_bytes(ckpt):,} after removing the incomplete checkpoint); {type(exc).__name__}: {exc}. "

@@ -6,6 +6,8 @@ import errno
 
 import pytest
 
+from largetrain_core.artifacts import build_or_reuse
+from largetrain_core.storage import DiskFullError
 from largetrain_core.training.checkpoints import mark_complete, no_space_error
 from largetrain_dagster.resources import space_problem, training_failure
 
@@ -25,6 +27,29 @@ def _short_write() -> RuntimeError:
     except RuntimeError as r:
         return r
     raise AssertionError("/dev/full accepted a write")
+
+
+def test_a_full_disk_during_a_data_step_names_the_file_the_version_and_the_free_space(tmp_path):
+    """A build whose Parquet writer hits ENOSPC and whose error reads like a reader's ("File out of
+    specification"): a DiskFullError naming the part file, the version being built under the root and the
+    free space; the version is not committed."""
+    final = tmp_path / "root" / "pretrain" / "cleaned_text" / "v1"
+
+    def build(out):
+        (out / "part-00000.parquet").write_bytes(b"PAR1" * 10)
+        raise ValueError("File out of specification: the file is too short") from _short_write()
+
+    with pytest.raises(DiskFullError) as caught:
+        build_or_reuse(final, build)
+    err = caught.value
+    assert err.errno == errno.ENOSPC and err.filename.endswith("part-00000.parquet")
+    assert str(err).startswith(
+        f"[Errno 28] No space left on device (ENOSPC) writing {err.filename} while building {final}: "
+    )
+    assert "bytes free on its file system (ValueError: File out of specification" in str(err)
+    assert not final.exists()
+    with pytest.raises(ValueError, match="a bad row"):  # another error stays what it is
+        build_or_reuse(final, lambda out: (_ for _ in ()).throw(ValueError("a bad row")))
 
 
 def test_a_full_disk_during_a_save_is_named_with_the_path_and_the_free_space(tmp_path):
