@@ -740,6 +740,23 @@ def _xxh3_sample(path: Path, size: int) -> str:
     return h.hexdigest()
 
 
+def sampled_digest(directory: str | Path, names: Iterable[str] | None = None) -> str:
+    """xxh3-128 (32 hex digits) over every file under the local ``directory`` (or only its files ``names``
+    that exist), in sorted order of relative path: the path, then the file's xxh3-128, or for a file over
+    FULL_CHECKSUM_MAX_BYTES its sampled xxh3-128 (size and SAMPLE_BLOCKS blocks, as the manifests keep them).
+    The identity of a directory's content that costs at most ~1 MiB of reads per large file (a model's
+    weights), unchanged when the directory is copied elsewhere."""
+    directory = Path(directory)
+    files = [directory / n for n in names if (directory / n).is_file()] if names is not None else None
+    files = sorted(files if files is not None else (p for p in directory.rglob("*") if p.is_file()))
+    h = xxhash.xxh3_128()
+    for p in files:
+        size = p.stat().st_size
+        digest = file_digest(p) if size <= FULL_CHECKSUM_MAX_BYTES else _xxh3_sample(p, size)
+        h.update(p.relative_to(directory).as_posix().encode("utf-8", "surrogateescape") + b"\0" + digest.encode())
+    return h.hexdigest()
+
+
 def _within(rel: str, paths: Iterable[str] | None) -> bool:
     """Whether the relative path ``rel`` is a version's data file within the manifest's ``paths``."""
     if rel in RESERVED:

@@ -28,8 +28,8 @@ PATHS = ("train_shards", "base_model", "tokenizer")
 def data_digest(data, location: str) -> str:
     """The train data's content digest (32 hex digits): for token shards, sha256 of their manifest (canonical
     JSON), which lists every shard file by relative path with its size and xxh3-128 checksum; for another
-    reader without shard checksums (TaskExamples), :func:`largetrain_core.digest.tree_digest` of the local
-    directory ``location``."""
+    reader without shard checksums (TaskExamples: small files), :func:`largetrain_core.digest.tree_digest`
+    of the local directory ``location``."""
     manifest = getattr(data, "manifest", None) or {}
     listed = any("xxh3_128" in e for split in manifest.get("splits", {}).values() for e in split.get("shards", []))
     if listed or not Path(location).is_dir():
@@ -40,18 +40,20 @@ def data_digest(data, location: str) -> str:
 
 
 def run_identity(cfg, data) -> dict:
-    """``cfg.identity("weights")`` with the input paths (:data:`PATHS`) replaced by content digests (the train
-    data's :func:`data_digest`; a local base model or tokenizer directory's tree digest; a URL kept as
-    written), plus the train data's ``seq_len`` and ``train_sequences``."""
-    from largetrain_core.digest import tree_digest
+    """``cfg.identity("weights")`` with the input paths (:data:`PATHS`) replaced by content digests: the train
+    data's :func:`data_digest`; a local base model directory's storage.sampled_digest (large files sampled, as
+    the manifests do); a tokenizer directory's (often the shards' own) tokenizer files; a URL kept as written.
+    Plus the train data's ``seq_len`` and ``train_sequences``."""
+    from largetrain_core.storage import sampled_digest
+    from largetrain_core.training.sync import TOKENIZER_FILES
 
     ident = cfg.identity("weights")
     for name in PATHS:
         value = ident.get(name)
         if name == "train_shards":
             ident[name] = data_digest(data, cfg.train_shards)
-        elif value and Path(value).exists():
-            ident[name] = tree_digest(value)
+        elif value and Path(value).is_dir():
+            ident[name] = sampled_digest(value, TOKENIZER_FILES if name == "tokenizer" else None)
     ident["seq_len"] = int(data.seq_len)
     ident["train_sequences"] = int(len(data))
     return ident
