@@ -60,7 +60,10 @@ def test_changed_settings_are_named_at_warning(two_shards, caplog):
     assert diffs == ["learning_rate 0.005 -> 0.001", "max_steps 8 -> 12"]
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
-    assert record.message == "ck was written with settings that differ from this run's: learning_rate 0.005 -> 0.001; max_steps 8 -> 12"
+    assert (
+        record.message
+        == "ck was written with settings that differ from this run's: learning_rate 0.005 -> 0.001; max_steps 8 -> 12"
+    )
 
 
 def test_a_resume_across_changed_data_is_refused_unless_allowed(two_shards, caplog):
@@ -80,3 +83,23 @@ def test_an_older_checkpoint_without_settings_is_warned_by_hash(two_shards, capl
     with caplog.at_level(logging.WARNING, logger="largetrain.training"):
         assert check_resume(Path("ck"), {"config_hash": "0123456789abcdef"}, now, False) == []
     assert "records no settings" in caplog.text and "0123456789abcdef" in caplog.text
+
+
+def test_a_base_model_is_recorded_by_its_content_wherever_it_lies(tmp_path):
+    """storage.sampled_digest, a base model's identity in a checkpoint: the same for a copy, another for a
+    changed config or a changed byte of the weights' sampled blocks (a file over 8 MiB: sampled, not read whole)."""
+    from largetrain_core.storage import sampled_digest
+
+    model = tmp_path / "a" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    (model / "model.safetensors").write_bytes(bytes(9 << 20))
+    copy = Path(shutil.copytree(model, tmp_path / "b" / "model"))
+    assert sampled_digest(model) == sampled_digest(copy)
+    (copy / "config.json").write_text('{"hidden_size": 65}')
+    assert sampled_digest(model) != sampled_digest(copy)
+    (copy / "config.json").write_text('{"hidden_size": 64}')
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.write(b"\x01")  # the first sampled block starts at byte 0
+    assert sampled_digest(model) != sampled_digest(copy)
+    assert sampled_digest(model, ["config.json", "absent.json"]) == sampled_digest(copy, ["config.json"])
