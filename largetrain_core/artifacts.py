@@ -9,6 +9,7 @@ goes through :func:`build_or_reuse`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from pathlib import Path
@@ -16,7 +17,12 @@ from typing import Callable, NamedTuple
 
 from largetrain_core import fs
 from largetrain_core.storage import (
+    DiskFullError,
     atomic_dir,
+    exception_chain,
+    free_bytes,
+    is_disk_full,
+    newest_file,
     local_copy,
     read_json,
     relative_to_root,
@@ -100,7 +106,13 @@ def build_or_reuse(final: str | Path, build: Callable[[Path], dict], log: loggin
     t0 = time.perf_counter()
     commit = atomic_dir(final)
     with commit as tmp:
-        stats = build(tmp)
+        try:
+            stats = build(tmp)
+        except Exception as e:
+            full = disk_full_error(e, tmp, shown)
+            if full is None:
+                raise
+            raise full from e
         stats["seconds"] = round(time.perf_counter() - t0, 3)
         write_json_atomic(tmp / STATS, relative_to_root(relative_to_root(stats, tmp), final))
     if not commit.committed:  # a committed version is immutable: another run's, of the same data version, stays
@@ -111,6 +123,24 @@ def build_or_reuse(final: str | Path, build: Callable[[Path], dict], log: loggin
         return _committed(final)
     stats = resolve_under(relative_to_root(stats, commit.tmp), final)  # paths into the build dir: where they now are
     return Built(local_copy(final), {**stats, "rebuilt_because": rebuilt_because} if rebuilt_because else stats, False)
+
+
+def disk_full_error(exc: BaseException, tmp: Path, shown: str) -> DiskFullError | None:
+    """When ``exc``, raised by a build into ``tmp`` (the temporary directory of the version ``shown``), is
+    the file system filling (storage.is_disk_full): a DiskFullError naming the file it was writing (the
+    OSError's, else the newest file under ``tmp``), the version and the free space; else None."""
+    if not is_disk_full(exc, tmp):
+        return None
+    file = next(
+        (c.filename for c in exception_chain(exc) if isinstance(c, OSError) and c.filename), None
+    ) or newest_file(tmp)
+    return DiskFullError(
+        errno.ENOSPC,
+        f"No space left on device (ENOSPC) writing {file or tmp} while building {shown}: {free_bytes(tmp):,} bytes "
+        f"free on its file system ({type(exc).__name__}: {exc}). Free space there, then run the step again; "
+        "nothing half-written is kept",
+        str(file or tmp),
+    )
 
 
 def _committed(final: str | Path) -> Built:

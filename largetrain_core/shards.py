@@ -41,8 +41,10 @@ below is down-sampled to a systematic sample. The manifest says so without copyi
 listed again for each whole pass, and with ``select`` (start, fraction, offset of the systematic
 sample) for a sample, which the reader applies. Repeated windows are intended repetition, counted
 apart (``repeat_sequences``); left-out windows are counted (``downsampled_sequences``); the manifest's
-``mixture`` gives each corpus's target and realised token share. The validation split holds every
-corpus's validation documents once, unweighted.
+``mixture`` gives each corpus's target and realised token share. A weight that would repeat a corpus's
+sequences more than ``max_repeats`` times per pass is refused, naming the corpus and its repeat factor
+(repeated tokens lose their worth: Muennighoff et al. 2023, "Scaling Data-Constrained Language
+Models"; Megatron-LM#547). The validation split holds every corpus's validation documents once, unweighted.
 
 Shard file: an uncompressed Arrow IPC file with one column
 ``input_ids: fixed_size_list<uint16|uint32>[seq_len + 1]`` and schema metadata ``seq_len``,
@@ -285,6 +287,8 @@ class Packing:
     batch_documents: int = 512
     mixture: dict | None = field(default=None, hash=False)  # a weight per corpus (module doc, Mixture)
     natural: bool = False  # a mixture without weights: packed per corpus, nothing re-sampled (mixture names them)
+    # a mixture's corpus may be up-sampled to at most this many times its sequences per pass (None: no limit)
+    max_repeats: float | None = field(default=None, hash=False)
 
     def __post_init__(self):
         if self.seq_len < 1 or not 0.0 <= self.validation_fraction < 1.0 or self.sequences_per_shard < 1:
@@ -702,6 +706,18 @@ def _mixed(
         )
     natural = packing.natural
     targets = dict(sequences) if natural else mixture_targets(sequences, weights)
+    over = {c: targets[c] / n for c, n in sequences.items() if n and packing.max_repeats is not None}
+    over = {c: f for c, f in over.items() if f > packing.max_repeats}
+    if over:
+        raise ValueError(
+            "mixture: "
+            + "; ".join(
+                f"corpus {c!r} (weight {weights[c]:.4g}) would repeat each of its {sequences[c]:,} train sequences "
+                f"{f:.1f} times per pass ({targets[c]:,} sequences)"
+                for c, f in sorted(over.items())
+            )
+            + f", above max_repeats {packing.max_repeats:g}; lower its weight, add documents to it, or raise max_repeats"
+        )
     record = {
         "weights": None if natural else weights,
         "corpora": {},
@@ -785,6 +801,7 @@ def build_token_shards(
     mixture: dict[str, float] | None = None,
     natural: bool = False,
     extra: dict | None = None,
+    max_repeats: float | None = None,
 ) -> dict:
     """Tokenize the ``part-*.parquet`` documents of ``in_dir`` and write shards + manifest.json to ``out_dir``
     in one process: :func:`tokenize_partition` of the one partition into ``out_dir``, then
@@ -794,11 +811,14 @@ def build_token_shards(
     ``copies`` column repeats documents in the train split (module docstring). ``mixture``: a weight
     per corpus (``corpus`` column), the train split sampled to it (module docstring); with ``natural``
     the weights are ignored: each corpus packed on its own in its natural proportion, its share reported.
-    ``extra``: more manifest entries. Returns the
+    ``max_repeats``: the most times per pass a mixture may repeat a corpus's sequences (ValueError naming
+    the corpus and its repeat factor above it; None: no limit). ``extra``: more manifest entries. Returns the
     manifest (dict). Raises ValueError on bad arguments and, naming the part file, on a ``copies``
     value that is null or below 1, a missing ``corpus`` column, or a corpus without a weight.
     """
-    packing = Packing(seq_len, validation_fraction, seed, sequences_per_shard, batch_documents, mixture, natural)
+    packing = Packing(
+        seq_len, validation_fraction, seed, sequences_per_shard, batch_documents, mixture, natural, max_repeats
+    )
     out_dir = Path(out_dir)
     tokenize_partition(in_dir, tokenizer_path, out_dir, 0, 1, packing)
     return assemble_token_shards([out_dir], in_dir, tokenizer_path, out_dir, packing, source_data_version, extra=extra)

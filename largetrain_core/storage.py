@@ -81,6 +81,49 @@ class MissingArtifactError(ArtifactError, FileNotFoundError):
     """A stored artifact that is not there; the message names the path and what was expected."""
 
 
+class DiskFullError(OSError):
+    """A write refused for lack of space (errno ENOSPC); the message names the file, where it was going
+    and the free space. A retry fails the same way until space is freed."""
+
+
+# Our own margin, no standard's: a file system with less free space than this cannot hold a part file, a
+# checkpoint's smallest file nor a process's error file with its traceback; a write error under it is the
+# disk being full, whatever the writer called it (torch.save: "file write failed"; a Parquet file cut short
+# and read back: "File out of specification").
+NO_SPACE_MARGIN = 1 << 20
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes (for an unprivileged user) on the file system of local ``path`` or its nearest existing parent."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (``__cause__``, else ``__context__``)."""
+    chain, e = [], exc
+    while e is not None and not any(e is c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
+def is_disk_full(exc: BaseException, path: str | Path) -> bool:
+    """Whether ``exc``, raised while writing under local ``path``, is its file system running out of space:
+    an ENOSPC OSError in :func:`exception_chain`, or fewer than :data:`NO_SPACE_MARGIN` bytes free."""
+    if any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in exception_chain(exc)):
+        return True
+    return free_bytes(path) < NO_SPACE_MARGIN
+
+
+def newest_file(directory: Path) -> Path | None:
+    """The most recently modified file under ``directory`` (the one a failed writer was writing), or None."""
+    files = [p for p in Path(directory).rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
+
+
 @contextlib.contextmanager
 def loading(path: str | Path, what: str) -> Iterator[None]:
     """Run a third-party loader of ``path`` so that any failure names the file and what it should be.
@@ -694,6 +737,23 @@ def _xxh3_sample(path: Path, size: int) -> str:
         for i in range(SAMPLE_BLOCKS):
             fh.seek(last * i // (SAMPLE_BLOCKS - 1))
             h.update(fh.read(SAMPLE_BLOCK))
+    return h.hexdigest()
+
+
+def sampled_digest(directory: str | Path, names: Iterable[str] | None = None) -> str:
+    """xxh3-128 (32 hex digits) over every file under the local ``directory`` (or only its files ``names``
+    that exist), in sorted order of relative path: the path, then the file's xxh3-128, or for a file over
+    FULL_CHECKSUM_MAX_BYTES its sampled xxh3-128 (size and SAMPLE_BLOCKS blocks, as the manifests keep them).
+    The identity of a directory's content that costs at most ~1 MiB of reads per large file (a model's
+    weights), unchanged when the directory is copied elsewhere."""
+    directory = Path(directory)
+    files = [directory / n for n in names if (directory / n).is_file()] if names is not None else None
+    files = sorted(files if files is not None else (p for p in directory.rglob("*") if p.is_file()))
+    h = xxhash.xxh3_128()
+    for p in files:
+        size = p.stat().st_size
+        digest = file_digest(p) if size <= FULL_CHECKSUM_MAX_BYTES else _xxh3_sample(p, size)
+        h.update(p.relative_to(directory).as_posix().encode("utf-8", "surrogateescape") + b"\0" + digest.encode())
     return h.hexdigest()
 
 

@@ -21,7 +21,7 @@ from largetrain_core.artifacts import CODE_VERSIONS  # noqa: F401 (the stages' c
 from largetrain_core.executors.base import ExecutorError
 from largetrain_core.stages.base import Json, Markdown, StageError, StageResult, StageRun, Text
 from largetrain_core.stages.base import mib, percent, rounded, text_block  # noqa: F401 (for the other asset modules)
-from largetrain_core.storage import stored_location
+from largetrain_core.storage import DiskFullError, stored_location
 from largetrain_dagster.resources import Storage
 
 
@@ -108,6 +108,8 @@ def materialize_stage(
         result = stage(*args, **kwargs)
     except StageError as e:
         raise Failure(str(e), allow_retries=e.retryable) from e
+    except DiskFullError as e:  # named with the file and the free space; a retry would fill the same disk
+        raise Failure(f"{e}. Not retried.", allow_retries=False) from e
     except ExecutorError as e:
         raise Failure(str(e)) from e
     for warning in result.warnings:

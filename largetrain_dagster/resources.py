@@ -31,8 +31,10 @@ from largetrain_core import fs
 from largetrain_core.launch import AGENT_ERROR_FILE, ENTRY_MODULE, describe_failure, launch_commands, rank_errors
 from largetrain_core.processes import exit_status
 from largetrain_core.storage import (
+    NO_SPACE_MARGIN,
     ArtifactError,
     MissingArtifactError,
+    free_bytes,
     mirror_path,
     read_json,
     relative_to_root,
@@ -40,6 +42,7 @@ from largetrain_core.storage import (
     verify_manifest,
     write_json_atomic,
 )
+from largetrain_core.training.checkpoints import find_newest_complete
 from largetrain_core.training.config import TrackingSettings
 from largetrain_dagster import partitions
 from largetrain_dagster.configs import RunConfigError, check_ops_keys, dagster_config
@@ -263,6 +266,7 @@ MADE_BY = {
     "evaluation_sets": ("demo", 2),
 }
 RECIPES = {2: "configs/pretrain_on_my_corpus.yaml", 3: "configs/import_hf_model.yaml"}
+NOT_RETRIED = " Not retried: a retry would fail the same way."
 
 
 def not_materialized(key: AssetKey, root: str | Path, partition: str | None = None) -> str:
@@ -326,21 +330,26 @@ class HandleIOManager(ConfigurableIOManager):
     def _read(self, f: str | Path, key: AssetKey, partition: str | None, what: str) -> dict:
         """A handle, after checking that the version it points to still matches its manifest
         (largetrain_core.storage.verify_manifest; one listing on an object store): a damaged input fails
-        here, naming the files; a missing one names what makes it."""
+        here, naming the files; a missing one names what makes it. Neither is retried (a step's
+        RetryPolicy would fail the same way 5 s later): only materializing the input helps. An unreadable
+        handle is retried on an object store (a read cut short), not on local disk."""
         try:
             handle = resolve_under(
                 read_json(f, f"handle of {what} (JSON: path, data_version, stats)"), _root(self.root)
             )
         except MissingArtifactError:
-            raise Failure(not_materialized(key, self.root, partition)) from None
+            raise Failure(not_materialized(key, self.root, partition) + NOT_RETRIED, allow_retries=False) from None
         except ArtifactError as e:
-            raise Failure(f"{e}; re-materialize {what}") from e
+            url = fs.is_url(str(self.root))
+            raise Failure(f"{e}; re-materialize {what}" + ("" if url else NOT_RETRIED), allow_retries=url) from e
         problems = verify_manifest(handle["path"])
         if problems:
             raise Failure(
                 f"{what} at {fs.redact(handle['path'])} was damaged after it was written: "
                 + "; ".join(problems)
                 + f". Re-materialize {what}: it is rebuilt."
+                + NOT_RETRIED,
+                allow_retries=False,
             )
         return handle
 
@@ -520,25 +529,51 @@ class TorchrunLauncher(ConfigurableResource):
             "TORCHELASTIC_ERROR_FILE": str(log_dir / AGENT_ERROR_FILE),
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace)),
         }
+        space = space_problem(Path(config_path).parent)
+        if space:
+            raise Failure(space, allow_retries=False)
         cmd = self.command(config_path, log_dir, module)
         context.log.info(f"launching: {' '.join(cmd)} (OMP_NUM_THREADS={threads}); log: {log_path}")
         progress = ProgressReporter(context, Path(config_path).parent, self.progress_seconds)
         done = run_process(context, cmd, log_path, "the training", env=env, grace_seconds=grace, on_tick=progress.tick)
         if done.returncode != 0:
-            raise training_failure(done.returncode, log_dir, log_path)
+            raise training_failure(done.returncode, log_dir, log_path, Path(config_path).parent)
         if not any(p.is_file() for p in log_dir.rglob("*")):
             shutil.rmtree(log_dir, ignore_errors=True)  # a finished run leaves only torchrun's empty directories
         return done.metadata
 
 
-def training_failure(returncode: int | None, log_dir: Path, log_path: Path) -> Failure:
+def space_problem(output_dir: Path) -> str | None:
+    """Why a training in ``output_dir`` cannot save its next checkpoint, checked before each start (a retry
+    too): its file system has fewer free bytes than the newest complete checkpoint there takes (or than
+    checkpoints.NO_SPACE_MARGIN without one). None when there is room."""
+    ckpt, _ = find_newest_complete(output_dir / "checkpoints")
+    taken = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) if ckpt else 0
+    needed = max(taken, NO_SPACE_MARGIN)
+    free = free_bytes(output_dir)
+    if free >= needed:
+        return None
+    what = f"the newest checkpoint {ckpt} takes {needed:,}" if ckpt else f"under {NO_SPACE_MARGIN:,} bytes is full"
+    return (
+        f"No space left on device (ENOSPC) for the training in {output_dir}: its file system has {free:,} bytes "
+        f"free, and {what}. Not started and not retried: free space there (or lower save_total_limit), then "
+        "materialize again; it resumes from the newest complete checkpoint."
+    )
+
+
+def training_failure(returncode: int | None, log_dir: Path, log_path: Path, output_dir: Path | None = None) -> Failure:
     """The dagster.Failure of a failed torchrun: each rank's recorded error (full exception type,
     message, rank, the file it concerns; largetrain_core.launch.describe_failure) in the description
     and as ``rank_errors`` metadata. ``allow_retries`` is False for a deterministic error (a rank raised
     one of its own: a bad config, data or file fails the same way again), so the RetryPolicy retries only
-    a killed or preempted run."""
+    a killed or preempted run. No rank's error recorded and the file system of ``output_dir`` without room
+    for a checkpoint (:func:`space_problem`; a rank that hit a full disk may not have been able to write its
+    error file): the failure says ENOSPC with the path and the free space, not retried."""
     errors = rank_errors(log_dir)
     text, retryable = describe_failure(returncode, errors)
+    space = space_problem(output_dir) if output_dir is not None else None
+    if space and not any(not e.get("transient") for e in errors):
+        text, retryable = f"training stopped ({exit_status(returncode)} of torchrun). {space}", False
     shown = [{k: v for k, v in e.items() if k != "traceback"} for e in errors]
     return Failure(
         f"{text}\nTraining log: {log_path}; error files under {log_dir}",

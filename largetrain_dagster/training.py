@@ -31,6 +31,7 @@ from largetrain_core.digest import DigestCache, tree_digest
 from largetrain_core.model import embedding_overflow, import_pretrained, max_positions, tokenizer_mismatch
 from largetrain_core.shards import TokenShards
 from largetrain_core.storage import (
+    DiskFullError,
     data_version,
     fetch_tree,
     local_copy,
@@ -324,9 +325,9 @@ MAJORITY_CHECK = (
 )
 
 TRAIN_RETRY = RetryPolicy(max_retries=1, delay=5, backoff=Backoff.LINEAR)
-# Raised in the asset's own process, these say that a config, a file or the data is wrong: a retry would
-# fail the same way. (What fails inside the training processes is classified by the launcher.)
-DETERMINISTIC = (ValueError, LookupError, FileNotFoundError, NotADirectoryError)
+# Raised in the asset's own process, these say that a config, a file or the data is wrong, or the disk is
+# full: a retry would fail the same way. (What fails inside the training processes is classified by the launcher.)
+DETERMINISTIC = (ValueError, LookupError, FileNotFoundError, NotADirectoryError, DiskFullError)
 
 
 def not_retried_when_deterministic(fn):

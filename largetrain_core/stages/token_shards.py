@@ -32,6 +32,13 @@ from largetrain_core import fs
 from largetrain_core.stages.base import Artifact, Check, Json, Markdown, StageError, StageResult, StageRun
 from largetrain_core.storage import data_version, mirror_path, part_files, verify_manifest
 
+# Repeated data (Muennighoff et al. 2023, "Scaling Data-Constrained Language Models", NeurIPS): up to about 4 epochs of
+# repeated tokens train about as well as unique ones, and past about 16 the value of the repeated tokens decays to
+# almost nothing. A mixture that repeats a corpus's sequences more than WARN_REPEATS times per pass is warned about;
+# above max_repeats (default MAX_REPEATS) it is refused.
+WARN_REPEATS = 4.0
+MAX_REPEATS = 16.0
+
 # Our own threshold, no paper's: held-out perplexity is a mean over the validation sequences, and under
 # 16 of them it moves by several percent with which documents the split happens to hold.
 MIN_VALIDATION_SEQUENCES = 16
@@ -67,6 +74,17 @@ class TokenShardsSettings:
                 "an evenly spread subset; counted apart as mixture_repeat_sequences / mixture_downsampled_sequences). The "
                 "validation split is unweighted. null = the corpora in their natural proportions (a mixture's shares are "
                 "reported either way)."
+            )
+        },
+    )
+    max_repeats: Optional[float] = field(
+        default=MAX_REPEATS,
+        metadata={
+            "description": (
+                "The most times per pass a mixture may repeat a corpus's train sequences to reach its weight; a weight "
+                "that needs more is refused, naming the corpus and its repeat factor (above 4 it is warned about; "
+                "Muennighoff et al. 2023: repeated tokens lose their worth past about 16 epochs). null = no limit. "
+                "Not part of the data version: it changes no sequence."
             )
         },
     )
@@ -109,6 +127,7 @@ def _packing(settings: TokenShardsSettings, text: Artifact | None = None, where:
             settings.sequences_per_shard,
             mixture=mixture,
             natural=natural,
+            max_repeats=settings.max_repeats,
         )
     except ValueError as e:
         raise StageError(f"{where}: {e}") from e
@@ -119,6 +138,7 @@ def _settings_version(settings: TokenShardsSettings) -> dict:
     cfg = dataclasses.asdict(settings)
     if cfg["mixture"] is None:
         del cfg["mixture"]
+    del cfg["max_repeats"]  # it refuses a mixture or not, and changes no sequence
     return cfg
 
 
@@ -243,6 +263,7 @@ def token_shards(
                     mixture=packing.mixture,
                     natural=packing.natural,
                     extra=extra,
+                    max_repeats=packing.max_repeats,
                 )
         except ValueError as e:
             if packing.mixture is None:
@@ -262,8 +283,34 @@ def token_shards(
             if r.get("target_share") is not None:
                 result.metadata[f"mixture_{c}_target_share"] = r["target_share"]
     result.warn(tiny_validation_warning(run.asset[0], result.stats, cfg), key="validation_warning")
+    result.warn(repeat_warning(run.asset[0], mix), key="repeat_warning")
     result.checks["token_ids_below_vocab"] = ids_below_vocab(result.path, result.stats["vocab_size"])
     return result
+
+
+def repeat_factors(mix: dict | None) -> dict[str, float]:
+    """Per corpus of a shard manifest's mixture record: how many times per pass its train sequences are
+    repeated (sequences / sequences_packed), for the corpora up-sampled."""
+    corpora = (mix or {}).get("corpora", {})
+    return {
+        c: r["sequences"] / r["sequences_packed"]
+        for c, r in corpora.items()
+        if r["sequences"] > r["sequences_packed"] > 0
+    }
+
+
+def repeat_warning(role: str, mix: dict | None) -> str | None:
+    """The warning when a mixture repeats a corpus's train sequences more than :data:`WARN_REPEATS` times per
+    pass: each such corpus with its repeat factor and the setting; else None."""
+    over = {c: f for c, f in repeat_factors(mix).items() if f > WARN_REPEATS}
+    if not over:
+        return None
+    return (
+        f"{role}/token_shards: the mixture repeats "
+        + ", ".join(f"corpus {c!r}'s train sequences {f:.1f} times per pass" for c, f in sorted(over.items()))
+        + f" (more than {WARN_REPEATS:g}: repeated tokens train less than new ones, Muennighoff et al. 2023); lower "
+        "its weight or add documents to it. token_shards `max_repeats` sets the factor above which it is refused."
+    )
 
 
 def mixture_table(mix: dict) -> str:

@@ -271,12 +271,108 @@ def save(
         prune_node_copies(ckpt_root, keep, step)
 
 
+def no_space_error(exc: BaseException, ckpt: Path) -> OSError | None:
+    """When ``exc``, raised while saving the checkpoint ``ckpt``, is its file system running out of space
+    (largetrain_core.storage.is_disk_full: torch.save's zip writer reports a short write as a RuntimeError
+    "file write failed", without errno): a ``DiskFullError`` (ENOSPC) that names ``ckpt`` and the free space
+    left, after removing the incomplete ``ckpt`` (it has no marker, so it would never be resumed from;
+    removed, the rank's error file can be written). Else None."""
+    import errno
+
+    from largetrain_core.storage import DiskFullError, free_bytes, is_disk_full
+
+    if not is_disk_full(exc, ckpt):
+        return None
+    free = free_bytes(ckpt)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return DiskFullError(
+        errno.ENOSPC,
+        f"No space left on device (ENOSPC) while saving checkpoint {ckpt}: {free:,} bytes were free on its file "
+        f"system ({free_bytes(ckpt):,} after removing the incomplete checkpoint); {type(exc).__name__}: {exc}. "
+        "Free space there (or lower save_total_limit), then run again: it resumes from the newest complete "
+        "checkpoint",
+        str(ckpt),
+    )
+
+
 def load(engine, ckpt: Path, rank: int) -> dict:
     """Load ``ckpt`` (a checkpoint, or its :func:`universal` form) into ``engine`` (model, optimizer,
-    scheduler, loss scaler), restore this rank's RNG states (the last saved rank's when the checkpoint
-    has fewer ranks), and return the client state."""
+    scheduler, loss scaler), bring the CPU Adam kernel's step state to the loaded step
+    (:func:`replay_cpu_adam_steps`), restore this rank's RNG states (the last saved rank's when the
+    checkpoint has fewer ranks), and return the client state."""
     with concerning(ckpt, "loading the checkpoint", SKIP_HINT):
         _, client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    replay_cpu_adam_steps(engine.basic_optimizer)
     rngs = client["rng"]
     set_rng_state(rngs[min(rank, len(rngs) - 1)] if isinstance(rngs, list) else rngs)
     return client
+
+
+def replay_cpu_adam_steps(optimizer) -> int:
+    """Give DeepSpeed's C++ CPU Adam (``Adam_Optimizer`` of csrc/includes/cpu_adam.h, behind FusedAdam on
+    the CPU accelerator and behind DeepSpeedCPUAdam under ``offload_optimizer``) the bias-correction
+    state that an uninterrupted run has at the step ``optimizer`` was loaded at; returns that step (0:
+    nothing to do: no state, or another optimizer or accelerator).
+
+    The kernel keeps ``beta1**t`` and ``beta2**t`` in float32 in the process: from one step to the next
+    it multiplies them by beta (``IncrementStep``), but after a jump in the step count, as the first step
+    after a resume is, it recomputes them with ``pow(beta, t)``. The two differ in the last bits from
+    step 6 on for beta2 0.95 (and at steps 9, 12, 14 for beta1 0.9), so every update after a resume
+    from a later checkpoint differed from the uninterrupted run's (largetrain issue 42 item 9; the same
+    step-state handling as deepspeedai/DeepSpeed#7819 and PR #7859, which keep the ``pow`` path for a
+    jump). Replaying steps 1..t of the kernel on a one-element scratch tensor with the loaded betas
+    (after a step 0 with betas 0, so that step 1 starts afresh whatever the kernel held) leaves it in the
+    uninterrupted run's state; the model's tensors are untouched. Cost: t calls on one element, in one
+    thread (0.6 s for 100,000 steps on this project's 2-core test host). CUDA's FusedAdam computes ``pow(beta, step)`` at every step and needs nothing."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+    if isinstance(optimizer, DeepSpeedCPUAdam):
+
+        def update(step, group, tensors):
+            optimizer.ds_opt_adam.adam_update(
+                optimizer.opt_id,
+                step,
+                group["lr"],
+                *group["betas"],
+                group["eps"],
+                group["weight_decay"],
+                group["bias_correction"],
+                *tensors,
+            )
+
+    elif isinstance(optimizer, FusedAdam) and not optimizer._dummy_overflow_buf.is_cuda:
+
+        def update(step, group, tensors):
+            param, grad, exp_avg, exp_avg_sq = ([t] for t in tensors)
+            optimizer.multi_tensor_adam(
+                1,
+                optimizer._dummy_overflow_buf,
+                [grad, param, exp_avg, exp_avg_sq],
+                group["lr"],
+                *group["betas"],
+                group["eps"],
+                step,
+                optimizer.adam_w_mode,
+                int(group["bias_correction"]),
+                group["weight_decay"],
+            )
+
+    else:
+        return 0
+    # per parameter (ZeRO 0-2: the flat partitions) or per subgroup (ZeRO-3 offload); every one advances each step
+    steps = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+    if not steps or not optimizer.param_groups:
+        return 0
+    last, group = max(steps), optimizer.param_groups[0]
+    scratch = tuple(torch.zeros(1) for _ in range(4))  # param, grad, exp_avg, exp_avg_sq
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one element: OpenMP's start of a parallel region would cost 50x the update
+    try:
+        # betas 0 at step 0 first: whatever the kernel held, step 1 then takes the pow path, as a fresh run's first
+        update(0, {**group, "betas": (0.0, 0.0), "bias_correction": False}, scratch)
+        for step in range(1, last + 1):
+            update(step, group, scratch)
+    finally:
+        torch.set_num_threads(threads)
+    return last

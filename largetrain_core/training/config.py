@@ -216,6 +216,15 @@ class CheckpointingSettings(Section):
             None,
         ),
     )
+    resume_across_data_change: bool = field(
+        default=False,
+        metadata=described(
+            "Resume a checkpoint whose train data (the token shards' content, seq_len or sequence count) differs from "
+            "this run's; false: such a resume is refused, naming what differs (largetrain_core.training.resume_check). "
+            "Other changed settings are named at WARNING either way.",
+            None,
+        ),
+    )
     preemption_save: bool = field(
         default=True,
         metadata=described(
@@ -678,7 +687,8 @@ class TrainConfig:
         return out
 
     def config_hash(self) -> str:
-        """sha256 (16 hex digits) of :meth:`identity` ``("weights")``: a checkpoint's config, compared on resume."""
+        """sha256 (16 hex digits) of :meth:`identity` ``("weights")``, the input paths as written. A checkpoint
+        records largetrain_core.training.resume_check's hash instead, of the inputs' content digests."""
         return hashlib.sha256(json.dumps(self.identity("weights"), sort_keys=True).encode()).hexdigest()[:16]
 
     def problems(self, cuda: bool) -> list[str]:

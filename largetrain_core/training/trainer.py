@@ -48,7 +48,7 @@ from largetrain_core.launch import (
 from largetrain_core.model import build_model, enable_activation_checkpointing, load_model, parameter_count
 from largetrain_core.shards import DistributedSampler
 from largetrain_core.storage import write_json_atomic
-from largetrain_core.training import checkpoints, distributed, preflight, sync, tasks
+from largetrain_core.training import checkpoints, distributed, preflight, resume_check, sync, tasks
 from largetrain_core.training.config import TrainConfig
 from largetrain_core.training.deepspeed_config import deepspeed_config, resolve_precision
 from largetrain_core.training.early_stopping import EarlyStopping
@@ -193,6 +193,7 @@ class Trainer:
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
         self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")
+        self.identity = resume_check.run_identity(cfg, self.data)  # what checkpoints record and resumes compare
         self.resumed_from, load_from = self.resume_point()
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,
@@ -283,11 +284,13 @@ class Trainer:
             self.info("starting from scratch" if cfg.mode == "pretrain" else f"starting LoRA on {cfg.model.base_model}")
             return
         client = checkpoints.load(self.engine, load_from, self.rank)
-        if client["config_hash"] != cfg.config_hash():
-            self.info(
-                f"warning: {self.resumed_from} was written with config {client['config_hash']}, "
-                f"this run is {cfg.config_hash()}"
-            )
+        resume_check.check_resume(
+            self.resumed_from,
+            client,
+            self.identity,
+            cfg.checkpointing.resume_across_data_change,
+            announce=self.rank == 0,
+        )
         self.step, self.consumed = client["step"], client["consumed_samples"]
         self.early.load(client.get("early_stopping", {}))
         self.info(f"resumed from {self.resumed_from} at step {self.step}, {self.consumed} samples consumed")
@@ -392,26 +395,34 @@ class Trainer:
         raise preempted(f"preempted: SIGTERM, stopped after step {self.step} and {saved}")
 
     def save(self) -> None:
-        """A complete checkpoint of the current step (checkpoints.save), with the sampler's position."""
+        """A complete checkpoint of the current step (checkpoints.save), with the sampler's position. A full
+        disk raises ``OSError(ENOSPC)`` naming the checkpoint and the free space (checkpoints.no_space_error)."""
         client = {
             "consumed_samples": self.consumed,
             "sampler_seed": self.cfg.seed,
             "sampler_epoch": self.consumed // len(self.data),
-            "config_hash": self.cfg.config_hash(),
+            "config_hash": resume_check.identity_hash(self.identity),
+            "settings": self.identity,
             "early_stopping": self.early.state(),
         }
-        checkpoints.save(
-            self.engine,
-            self.ckpt_root,
-            self.step,
-            client,
-            self.cfg.checkpointing.save_total_limit,
-            self.rank,
-            self.world,
-            dist,
-            self.remote,
-            mid_save=lambda: self.call_hooks("mid_save"),
-        )
+        try:
+            checkpoints.save(
+                self.engine,
+                self.ckpt_root,
+                self.step,
+                client,
+                self.cfg.checkpointing.save_total_limit,
+                self.rank,
+                self.world,
+                dist,
+                self.remote,
+                mid_save=lambda: self.call_hooks("mid_save"),
+            )
+        except Exception as e:  # a full disk: named, with the path and the free space (checkpoints.no_space_error)
+            full = checkpoints.no_space_error(e, self.ckpt_root / checkpoints.tag(self.step))
+            if full is None:
+                raise
+            raise full from e
         self.saved_step = self.step
         self.info(f"checkpoint {checkpoints.tag(self.step)} complete")
 

@@ -7,10 +7,13 @@ from dagster import AssetKey, DagsterInstance, materialize
 
 from helpers import REPO
 from largetrain_dagster.definitions import build_definitions
+from largetrain_core.storage import relative_to_root, write_json_atomic, write_manifest
 from largetrain_dagster.resources import MADE_BY, RECIPES, not_materialized
 
 
 def _failure(root, selection: list[str], **kw) -> str:
+    """The message of the one step failure of materializing ``selection`` under ``root``; asserts that the
+    step was not retried (the training assets have a RetryPolicy)."""
     defs = build_definitions(root=str(root), wandb_mode="disabled")
     with DagsterInstance.ephemeral() as instance:
         result = materialize(
@@ -23,6 +26,7 @@ def _failure(root, selection: list[str], **kw) -> str:
         )
         assert not result.success
         (failure,) = [e for e in result.all_events if e.is_step_failure]
+        assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
         return failure.step_failure_data.error.message.removeprefix(
             "dagster._core.definitions.events.Failure: "
         ).strip()
@@ -59,3 +63,28 @@ def test_every_named_recipe_file_exists_and_the_demo_artifacts_name_their_makers
         "(configs/import_hf_model.yaml)."
     )
     assert set(MADE_BY) >= {"tokenizer", "base_checkpoint", "pretrain/deduplicated_text", "pretrain/token_shards"}
+
+
+def test_a_missing_or_damaged_input_of_a_retried_training_is_not_retried(tmp_path, monkeypatch):
+    """Issue 42 item 8: base_checkpoint (RetryPolicy: one retry after 5 s) whose input pretrain/token_shards is
+    missing, then present but damaged after it was written (a shard file cut short): each fails at once,
+    naming the input and what to do, and is not retried (no "Exceeded max_retries")."""
+    root = tmp_path / "root"
+    monkeypatch.setenv("LARGETRAIN_ROOT", str(root))
+    msg = _failure(root, ["base_checkpoint"])
+    assert msg.startswith("pretrain/token_shards has not been materialized under the storage root")
+    assert msg.endswith("Not retried: a retry would fail the same way.") and "max_retries" not in msg
+
+    version = root / "pretrain" / "token_shards" / "v1"
+    version.mkdir(parents=True)
+    (version / "train-00000.arrow").write_bytes(b"x" * 64)
+    write_manifest(version)
+    handle = root / "_handles" / "pretrain" / "token_shards.json"
+    handle.parent.mkdir(parents=True)
+    write_json_atomic(handle, relative_to_root({"path": str(version), "data_version": "v1", "stats": {}}, root))
+    (version / "train-00000.arrow").write_bytes(b"x" * 10)
+    msg = _failure(root, ["base_checkpoint"])
+    assert msg.startswith(f"pretrain/token_shards at {version} was damaged after it was written: ")
+    assert "train-00000.arrow" in msg and msg.endswith(
+        "Re-materialize pretrain/token_shards: it is rebuilt. Not retried: a retry would fail the same way."
+    )

@@ -99,6 +99,27 @@ def test_weight_zero_drops_a_corpus_and_bad_mixtures_are_refused(corpora):
         build(corpora, "z", docs="plain", mixture={"a": 1})
 
 
+def test_a_weight_that_repeats_a_corpus_too_often_is_warned_and_refused_above_max_repeats(corpora):
+    """Issue 42 item 10 (Megatron-LM#547): corpus b (15 of 135 documents) weighted 0.95 needs each of its train
+    sequences repeated about 9 times per pass. Built with the default limit, the stage's warning names b and
+    its repeat factor; with max_repeats 4 the build is refused, naming b, the factor and the setting."""
+    from largetrain_core.stages.token_shards import MAX_REPEATS, repeat_factors, repeat_warning
+
+    m = build(corpora, "heavy_b", validation_fraction=0.1, mixture={"a": 0.05, "b": 0.95}, max_repeats=MAX_REPEATS)
+    b = m["mixture"]["corpora"]["b"]
+    factor = b["sequences"] / b["sequences_packed"]
+    assert 4 < factor < MAX_REPEATS and repeat_factors(m["mixture"]) == {"b": factor}
+    warning = repeat_warning("pretrain", m["mixture"])
+    assert f"corpus 'b''s train sequences {factor:.1f} times per pass" in warning and "max_repeats" in warning
+    assert repeat_warning("pretrain", build(corpora, "mild", mixture={"a": 0.8, "b": 0.2})["mixture"]) is None
+    with pytest.raises(
+        ValueError,
+        match=rf"mixture: corpus 'b' \(weight 0.95\) would repeat each of its {b['sequences_packed']} train sequences "
+        rf"{factor:.1f} times per pass .* above max_repeats 4; lower its weight",
+    ):
+        build(corpora, "refused", validation_fraction=0.1, mixture={"a": 0.05, "b": 0.95}, max_repeats=4)
+
+
 def test_targets_and_systematic_sampling():
     assert mixture_targets({"a": 10, "b": 5}, {"a": 0.5, "b": 0.5}) == {"a": 8, "b": 7}  # 7.5 each: a first by name
     assert sum(mixture_targets({"a": 7, "b": 3, "c": 1}, mixture_weights({"a": 1, "b": 1, "c": 1})).values()) == 11
