@@ -4,6 +4,7 @@ resume; and docs/guides/data-preparation.md's "litdata and mosaicml-streaming" c
 as written. The libraries live in ``.venv/streaming`` (the Makefile's ``$(VENV)/streaming/.installed``, a
 dependency of ``make install``) and run in a child process with that folder on PYTHONPATH."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,13 +12,14 @@ import sys
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from helpers import REPO
 from helpers.corpora import english_sentences
 from helpers.docblocks import commands, section_blocks
 from helpers.parts import write_parts
 from largetrain_core.shards import SPLITS, ShardError, TokenShards, build_token_shards
-from largetrain_core.streaming_export import export_litdata, export_mds
+from largetrain_core.streaming_export import export_litdata, export_mds, main
 
 STREAMING = os.path.join(sys.prefix, "streaming")
 DOC = "docs/guides/data-preparation.md"
@@ -38,7 +40,23 @@ def shard_dir(tmp_path_factory, bpe_dir):
     return out
 
 
-def _child(args: list[str], cwd, check: bool = True) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def shard_dir_uint32(tmp_path_factory):
+    """A vocabulary of 70,001 ids (uint32 shards): two windows of 3 tokens."""
+    tmp = tmp_path_factory.mktemp("streaming32")
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(70_000)}, unk_token="<unk-not-in-vocab>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|endoftext|>"])
+    (tmp / "tok").mkdir()
+    tok.save(str(tmp / "tok" / "tokenizer.json"))
+    docs = [("d0", "w69999 w1 w2"), ("d1", "w5 w69998")]
+    out = tmp / "shards"
+    out.mkdir()
+    build_token_shards(write_parts(tmp / "in", [docs]), tmp / "tok", out, seq_len=2, validation_fraction=0.0)
+    return out
+
+
+def _child(args: list[str], cwd) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` with .venv/streaming and this checkout first on PYTHONPATH."""
     assert os.path.isfile(os.path.join(STREAMING, ".installed")), (
         f"{STREAMING}: missing; `make install` (the Makefile's $(VENV)/streaming/.installed) puts litdata and "
@@ -48,30 +66,26 @@ def _child(args: list[str], cwd, check: bool = True) -> subprocess.CompletedProc
     done = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
     )
-    if check:
-        assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
     return done
 
 
 READ_BACK = """
-import json, sys
-import numpy as np
-import litdata
-from largetrain_core.streaming_export import export_litdata, export_mds, import_streaming
-
-shards, out = sys.argv[1], sys.argv[2]
+info = {"train": reports, "validation": [export_litdata(sys.argv[1], "validation", "litdata/validation"),
+                                         export_mds(sys.argv[1], "validation", "mds/validation")]}
 base = import_streaming()
-res = {}
+res = {"docs": {"codes": codes, "ld": ld_batch.tolist(), "mds": mds_batch.tolist(), "ld_dtype": str(ld_batch.dtype),
+                "mds_dtype": str(mds_batch.dtype), "ld_yielded": ld_state["num_samples_yielded"],
+                "mds_seen": mds_state["sample_in_epoch"]}}
 for split in ("train", "validation"):
-    info = {"litdata": export_litdata(shards, split, f"{out}/litdata-{split}"),
-            "mds": export_mds(shards, split, f"{out}/mds-{split}")}
-    ld = litdata.StreamingDataset(f"{out}/litdata-{split}", shuffle=False)
-    md = base.StreamingDataset(local=f"{out}/mds-{split}", shuffle=False, batch_size=1)
-    for name, ds in (("litdata", ld), ("mds", md)):
+    res[split] = {}
+    ld = litdata.StreamingDataset(f"litdata/{split}", shuffle=False)
+    md = base.StreamingDataset(local=f"mds/{split}", shuffle=False, batch_size=1)
+    for name, ds, report in (("litdata", ld, info[split][0]), ("mds", md, info[split][1])):
         samples = [s["input_ids"] for s in ds]
-        info[name].update(len=len(ds), dtypes=sorted({str(s.dtype) for s in samples}),
-                          rows=np.stack(samples).tolist())
-    res[split] = info
+        res[split][name] = {**report, "len": len(ds), "dtypes": sorted({str(s.dtype) for s in samples}),
+                            "rows": np.stack(samples).tolist()}
+
 
 def resumed(make_loader, k):
     first = make_loader()
@@ -84,21 +98,66 @@ def resumed(make_loader, k):
     rest = [b["input_ids"] for b in second]
     return [np.asarray(b).tolist() for b in head], [np.asarray(b).tolist() for b in rest]
 
-train = f"{out}/litdata-train"
+
 res["litdata_resume"] = resumed(lambda: litdata.StreamingDataLoader(
-    litdata.StreamingDataset(train, shuffle=False), batch_size=4, num_workers=0), 3)
+    litdata.StreamingDataset("litdata/train", shuffle=False), batch_size=4, num_workers=0), 3)
 res["mds_resume"] = resumed(lambda: base.StreamingDataLoader(
-    base.StreamingDataset(local=f"{out}/mds-train", shuffle=False, batch_size=4), batch_size=4, num_workers=0), 3)
+    base.StreamingDataset(local="mds/train", shuffle=False, batch_size=4), batch_size=4, num_workers=0), 3)
+for name, export in (("litdata", export_litdata), ("mds", export_mds)):
+    export(sys.argv[2], "train", f"{name}32")
+res["uint32"] = {
+    "litdata": [np.asarray(s["input_ids"]).tolist() + [str(s["input_ids"].dtype)] for s in litdata.StreamingDataset("litdata32")],
+    "mds": [np.asarray(s["input_ids"]).tolist() + [str(s["input_ids"].dtype)] for s in base.StreamingDataset(local="mds32", batch_size=1)],
+}
 print(json.dumps(res))
 """
 
 
-def test_both_exports_read_back_every_window_in_order_and_resume_exactly(shard_dir, tmp_path):
+@pytest.fixture(scope="module")
+def read_back(shard_dir, shard_dir_uint32, tmp_path_factory):
+    """One child process (the libraries' imports are the cost): the docs section's commands, then its
+    python examples, then both splits read back and each library's resume. The commands: the shard
+    path replaced by this test's, each ``python -m largetrain_core.streaming_export ARGS`` run as its
+    ``main(ARGS)``, with .venv/streaming on PYTHONPATH as the command sets it; they export train, the
+    test exports validation and a uint32 split with the same functions."""
+    (bash,) = section_blocks(DOC, SECTION, "bash")
+    cmds = commands(bash)
+    assert len(cmds) == 2 and all(DOC_SHARDS in c for c in cmds)
+    prefix = "PYTHONPATH=.venv/streaming .venv/bin/python -m largetrain_core.streaming_export "
+    assert all(c.startswith(prefix) for c in cmds)
+    argvs = [c.removeprefix(prefix).replace(DOC_SHARDS, str(shard_dir)).split() for c in cmds]
+    assert [a[:1] + a[2:] for a in argvs] == [
+        ["litdata", "litdata/train", "--split", "train"],
+        ["mds", "mds/train", "--split", "train"],
+    ]
+
+    blocks = [b.text for b in section_blocks(DOC, SECTION, "python")]
+    assert len(blocks) == 2
+    script = "\n".join(
+        [
+            "import contextlib, io, json, sys",
+            "import numpy as np",
+            "from largetrain_core.streaming_export import export_litdata, export_mds, import_streaming, main",
+            "reports, codes = [], []",
+            f"for argv in {argvs!r}:",
+            "    with contextlib.redirect_stdout(io.StringIO()) as out:",
+            "        codes.append(main(argv))",
+            "    reports.append(json.loads(out.getvalue()))",
+            "import_streaming()  # streaming.base without torchvision, as the docs say",
+            *blocks,
+            READ_BACK,
+        ]
+    )
+    cwd = tmp_path_factory.mktemp("read_back")
+    done = _child(["-c", script, str(shard_dir), str(shard_dir_uint32)], cwd=cwd)
+    return cwd, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_both_exports_read_back_every_window_in_order_and_resume_exactly(shard_dir, read_back):
     """litdata's StreamingDataset and streaming's StreamingDataset (shuffle off) give every window of
     each split in TokenShards' order with its dtype; each library's StreamingDataLoader state_dict,
     taken after 3 batches of 4 and loaded into a new loader, gives exactly the remaining windows."""
-    done = _child(["-c", READ_BACK, str(shard_dir), str(tmp_path)], cwd=tmp_path)
-    res = json.loads(done.stdout.strip().splitlines()[-1])
+    out, res = read_back
     manifest = json.loads((shard_dir / "manifest.json").read_text())
     for split in SPLITS:
         shards = TokenShards(shard_dir, split)
@@ -110,10 +169,11 @@ def test_both_exports_read_back_every_window_in_order_and_resume_exactly(shard_d
             assert np.array_equal(np.asarray(got["rows"]), rows), (split, name)
             assert (got["sequences"], got["seq_len"], got["dtype"], got["split"]) == (len(shards), 16, "uint16", split)
             assert got["tokenizer_sha256"] == manifest["tokenizer_sha256"] and got["eos_id"] == manifest["eos_id"]
-            written = json.loads((tmp_path / f"{name}-{split}" / "largetrain.json").read_text())
+            assert got["format"] == name and got["vocab_size"] == manifest["vocab_size"]
+            written = json.loads((out / name / split / "largetrain.json").read_text())
             assert written == {k: v for k, v in got.items() if k not in ("out", "len", "dtypes", "rows")}
-            assert (tmp_path / f"{name}-{split}" / "index.json").is_file()
-    assert not list(tmp_path.glob(".*.tmp"))  # written under temporary names, then renamed
+            assert (out / name / split / "index.json").is_file()
+            assert not list((out / name).glob(".*.tmp"))  # written under a temporary name, then renamed
 
     train = TokenShards(shard_dir, "train")
     rows = train.take(range(len(train))).tolist()
@@ -124,34 +184,17 @@ def test_both_exports_read_back_every_window_in_order_and_resume_exactly(shard_d
         assert [r for b in rest for r in b] == rows[12:], name
 
 
-def test_docs_commands_export_and_the_loaders_read_every_window(shard_dir, tmp_path):
-    """The section's bash commands run as written (the shard path and .venv replaced by this test's),
-    then its python examples in one child process: the first batch of each loader is the first four
-    windows, and each state_dict records them as yielded."""
-    (bash,) = section_blocks(DOC, SECTION, "bash")
-    cmds = commands(bash)
-    assert len(cmds) == 2 and all(DOC_SHARDS in c for c in cmds)
-    for cmd in cmds:
-        env_part, cmd = cmd.split(" ", 1)
-        assert env_part == "PYTHONPATH=.venv/streaming" and cmd.startswith(".venv/bin/python -m ")
-        args = cmd.removeprefix(".venv/bin/python ").replace(DOC_SHARDS, str(shard_dir)).split()
-        done = _child(args, cwd=tmp_path)
-        assert json.loads(done.stdout)["sequences"] == len(TokenShards(shard_dir, "train"))
+def test_a_uint32_vocabulary_exports_as_uint32(read_back):
+    """Ids over 65,535 keep their dtype and value in both formats."""
+    expected = [[69999, 1, 2, "uint32"], [70_000, 5, 69998, "uint32"]]
+    assert read_back[1]["uint32"] == {"litdata": expected, "mds": expected}
 
-    blocks = [b.text for b in section_blocks(DOC, SECTION, "python")]
-    assert len(blocks) == 2
-    script = "\n".join(
-        [
-            "import json, numpy as np",
-            "from largetrain_core.streaming_export import import_streaming",
-            "import_streaming()  # streaming.base without torchvision, as the docs say",
-            *blocks,
-            "print(json.dumps({'ld': ld_batch.tolist(), 'mds': mds_batch.tolist(), 'ld_dtype': str(ld_batch.dtype),",
-            "  'mds_dtype': str(mds_batch.dtype), 'ld_yielded': ld_state['num_samples_yielded'],",
-            "  'mds_seen': mds_state['sample_in_epoch']}))",
-        ]
-    )
-    res = json.loads(_child(["-c", script], cwd=tmp_path).stdout.strip().splitlines()[-1])
+
+def test_docs_commands_export_and_the_loaders_read_every_window(shard_dir, read_back):
+    """The section's commands exit 0 and its examples' first batch of each loader is the first four
+    windows (as torch.uint16), with each state_dict recording them as yielded."""
+    res = read_back[1]["docs"]
+    assert res["codes"] == [0, 0]
     first = TokenShards(shard_dir, "train").take(range(4)).tolist()
     assert res["ld"] == first and res["mds"] == first
     assert res["ld_dtype"] == res["mds_dtype"] == "torch.uint16"
@@ -169,18 +212,11 @@ def test_exports_refuse_a_directory_that_is_not_empty(shard_dir, tmp_path):
         assert [p.name for p in out.iterdir()] == ["index.json"]
 
 
-def test_the_cli_names_the_make_target_when_the_library_is_missing(shard_dir, tmp_path):
-    """Without .venv/streaming on the path the CLI exits 1 with the make target in its message, and
-    writes nothing."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for fmt in ("litdata", "mds"):
-        done = subprocess.run(
-            [sys.executable, "-m", "largetrain_core.streaming_export", fmt, str(shard_dir), str(tmp_path / fmt)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 1 and "$(VENV)/streaming/.installed" in done.stderr, done.stderr
+def test_the_cli_names_the_make_target_when_the_library_is_missing(shard_dir, tmp_path, capsys):
+    """Without .venv/streaming on the path (as in this process) the CLI exits 1 with the make target in
+    its message, and writes nothing."""
+    for fmt, module in (("litdata", "litdata"), ("mds", "streaming")):
+        assert importlib.util.find_spec(module) is None  # the case under test: the library is not importable here
+        assert main([fmt, str(shard_dir), str(tmp_path / fmt)]) == 1
+        assert "$(VENV)/streaming/.installed" in capsys.readouterr().err
         assert not (tmp_path / fmt).exists() and not list(tmp_path.glob(".*.tmp"))
