@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(abspath $(DATA))/dagster_home
 
 .PHONY: install corpora demo test test-fast lint format dev clean
 
-install: $(VENV)/.installed $(VENV)/torch_extensions/.built $(VENV)/llama.cpp/.installed
+install: $(VENV)/.installed $(VENV)/torch_extensions/.built $(VENV)/llama.cpp/.installed $(VENV)/streaming/.installed
 
 $(VENV)/.installed: pyproject.toml scripts/install_torch.sh
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,15 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 # also serves the test that older tools load what we write (tests/unit/test_transformers4.py)
 $(VENV)/llama.cpp/.installed: scripts/fetch_llama_cpp.py | $(VENV)/.installed
 	$(PY) scripts/fetch_llama_cpp.py $(VENV)/llama.cpp
+	touch $@
+
+# litdata and mosaicml-streaming, for their exports (largetrain_core/streaming_export.py) and its test, in a folder
+# of their own without their dependencies (which pull a CUDA torch, numpy < 2.2 and transformers < 5): the
+# minimal set that imports beside the virtualenv's torch, numpy, boto3 and xxhash; run with PYTHONPATH=$(VENV)/streaming
+STREAMING_PACKAGES := litdata==0.2.76 lightning-utilities==0.15.3 mosaicml-streaming==0.13.0 brotli==1.2.1 \
+	python-snappy==0.7.3 cramjam==2.14.0 zstd==1.5.7.2 catalogue==2.0.10
+$(VENV)/streaming/.installed: | $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --target $(VENV)/streaming $(STREAMING_PACKAGES)
 	touch $@
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file at a time (so that a module's fixtures,

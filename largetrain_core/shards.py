@@ -53,6 +53,7 @@ with its sequence count, byte size and xxh3-128 checksum.
 
 Exports for other loaders: Megatron-Core ``IndexedDataset`` of the documents (``export_megatron``) and HDF5
 (``export_hdf5``); the CLI: ``python -m largetrain_core.shards {inspect,export-megatron,export-hdf5}``.
+litdata and mosaicml-streaming: :mod:`largetrain_core.streaming_export`.
 """
 
 from __future__ import annotations
