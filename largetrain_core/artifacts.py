@@ -30,7 +30,7 @@ from largetrain_core.storage import (
 CODE_VERSIONS = {
     "raw_corpus": "6",
     "cleaned_text": "8",
-    "deduplicated_text": "8",
+    "deduplicated_text": "9",
     "tokenizer": "2",
     "token_shards": "4",
     "base_checkpoint": "3",

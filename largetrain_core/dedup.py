@@ -57,7 +57,31 @@ DUP_SCHEMA = {
     "cluster_id": pl.Int64,
     "kind": pl.Utf8,
     "key_hash": pl.UInt64,
+    "similarity": pl.Float64,
 }
+UNVERIFIED_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "candidate_of": pl.Utf8, "similarity": pl.Float64}
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Verification of near-duplicate candidates (:func:`verify_assignment`): a candidate is removed only
+    when the Jaccard similarity of its word-shingle set to a kept document's reaches ``threshold``.
+
+    threshold 0.7: the LSH's own design point, (1/bands)^(1/rows) = (1/14)^(1/8) ~ 0.72 (Leskovec et al.,
+    "Mining of Massive Datasets" 3.4.3), rounded down so that pairs the banding was built to find pass.
+    max_rounds 32: components still unresolved after that many representatives keep their remaining
+    members (a cap on the work per component, as marin caps its clusters, marin PR#8114)."""
+
+    threshold: float = field(
+        default=0.7,
+        metadata=described("Jaccard (word 5-gram shingle sets) to a kept copy needed to remove a candidate."),
+    )
+    max_rounds: int = field(
+        default=32, metadata=described("Representatives tried per candidate cluster; members left after them are kept.")
+    )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -173,8 +197,10 @@ def _permute_min(h: np.ndarray, sdoc: np.ndarray, n_docs: int, cfg: DedupConfig)
     return np.ascontiguousarray(sig_t.T)
 
 
-def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
-    n, p = len(keys), cfg.bands * cfg.rows
+def _shingles_of_keys(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shingle hashes uint64, their documents int64 ascending, n_words int64 per document) of dedup keys:
+    the shingles the MinHash signatures are computed from (module docstring)."""
+    n = len(keys)
     # words = runs of \w in the key: the same as turning punctuation into spaces and splitting at whitespace
     words = (
         pl.DataFrame({"t": keys})
@@ -187,7 +213,7 @@ def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.n
         np.bincount(words["d"].to_numpy(), minlength=n).astype(np.int64) if words.height else np.zeros(n, np.int64)
     )
     if not words.height:
-        return np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64), n_words
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64), n_words
     uniq = words["w"].unique()
     table = pl.DataFrame(
         {
@@ -198,6 +224,14 @@ def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.n
     wh = words.join(table, on="w", how="left", maintain_order="left")["h"].to_numpy()
     doc = words["d"].to_numpy().astype(np.int64)
     h, sdoc = _shingle_hashes(wh, doc, n_words, cfg.ngram)
+    return h, sdoc, n_words
+
+
+def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
+    n, p = len(keys), cfg.bands * cfg.rows
+    h, sdoc, n_words = _shingles_of_keys(keys, cfg)
+    if not len(h):
+        return np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64), n_words
     return _permute_min(h, sdoc, n, cfg), n_words
 
 
@@ -510,6 +544,7 @@ ASSIGNMENT_SCHEMA = {
     "duplicate_of": pl.Utf8,
     "kind": pl.Utf8,
     "key_hash": pl.UInt64,
+    "similarity": pl.Float64,
 }
 
 
@@ -565,9 +600,145 @@ def cluster_signatures(
             "duplicate_of": ids.gather(ri),
             "kind": np.where(keys[mi] == keys[ri], "exact", "near").tolist(),
             "key_hash": pl.Series(keys[mi], dtype=pl.UInt64),
+            "similarity": pl.Series(np.where(keys[mi] == keys[ri], 1.0, np.nan)).fill_nan(None),
         },
         schema=ASSIGNMENT_SCHEMA,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# verification
+#
+# Connected components are transitive: A ~ B and B ~ C put A and C in one component however little they
+# share (marin#6854). :func:`verify_assignment` removes a candidate only when its own shingle set is
+# similar enough to the shingle set of a document that is kept.
+
+
+def shingle_sets(texts: pl.Series, cfg: DedupConfig = DedupConfig()) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct shingle hashes of each of N texts (the shingles of their MinHash signatures):
+    ``(offsets, hashes)``, int64 (N+1,) and uint64, document i's set sorted in
+    ``hashes[offsets[i]:offsets[i+1]]``."""
+    keys = pl.select(dedup_key(pl.lit(texts))).to_series()
+    h, sdoc, _ = _shingles_of_keys(keys, cfg)
+    order = np.lexsort((h, sdoc))
+    h, sdoc = h[order], sdoc[order]
+    keep = np.r_[True, (h[1:] != h[:-1]) | (sdoc[1:] != sdoc[:-1])] if len(h) else np.zeros(0, bool)
+    h, sdoc = h[keep], sdoc[keep]
+    offsets = np.zeros(len(texts) + 1, np.int64)
+    offsets[1:] = np.cumsum(np.bincount(sdoc, minlength=len(texts)))
+    return offsets, h
+
+
+def _doc_shingle(doc: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """One uint64 per (document, shingle hash): fmix64 of the hash xor the document's fmix64; a false
+    match among S shingles has probability about S / 2^64 per lookup."""
+    return fmix64(h ^ fmix64(doc.astype(np.uint64) + np.uint64(1)))
+
+
+def pair_jaccard(offsets: np.ndarray, hashes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact Jaccard similarity |A n B| / |A u B| of the shingle sets of documents ``a[i]`` and ``b[i]``
+    (int64 indices into :func:`shingle_sets`' ``offsets``); float64, 0 where both sets are empty.
+    Vectorized: each shingle of ``a[i]`` is looked up among ``b[i]``'s (:func:`_doc_shingle`), O(S log S)
+    for the S shingles of the ``a`` side."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    if not len(a):
+        return np.zeros(0)
+    n_docs = len(offsets) - 1
+    index = np.sort(_doc_shingle(np.repeat(np.arange(n_docs), np.diff(offsets)), hashes))
+    size_a, size_b = offsets[a + 1] - offsets[a], offsets[b + 1] - offsets[b]
+    pair = np.repeat(np.arange(len(a)), size_a)
+    starts = np.repeat(offsets[a] - np.r_[0, np.cumsum(size_a)[:-1]], size_a)
+    shingle = hashes[np.arange(len(pair)) + starts]
+    q = _doc_shingle(b[pair], shingle)
+    pos = np.minimum(np.searchsorted(index, q), max(len(index) - 1, 0))
+    found = index[pos] == q if len(index) else np.zeros(len(q), bool)
+    inter = np.bincount(pair[found], minlength=len(a))
+    union = size_a + size_b - inter
+    return np.where(union > 0, inter / np.maximum(union, 1), 0.0)
+
+
+def verify_assignment(
+    parts: list[Path], assignment: pl.DataFrame, cfg: DedupConfig, verify: VerifyConfig | None = VerifyConfig()
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split the candidate components of :func:`cluster_signatures` (``assignment``, over the documents of
+    ``parts`` in corpus order) where a member is not similar to a kept document.
+
+    Per component, in rounds: its first undecided member in corpus order becomes a kept representative;
+    every other undecided member whose key hash equals the representative's (similarity 1, "exact") or
+    whose exact Jaccard similarity of shingle sets (:func:`pair_jaccard`) reaches ``verify.threshold``
+    is removed as its duplicate; the members that fail stay undecided for the next round (re-clustered
+    around the next representative). After ``verify.max_rounds`` rounds the undecided members are kept.
+    Exact rather than MinHash-estimated similarity: only candidate documents are read (their texts, once),
+    and an estimate from 112 permutations has a standard error of ~0.04 at J = 0.7, enough to pass pairs
+    under the threshold.
+
+    Returns (the verified assignment: :data:`ASSIGNMENT_SCHEMA`, ascending by row, ``cluster_id`` and
+    ``duplicate_of`` the kept copy's, ``similarity`` the measured Jaccard; the candidates kept because
+    verification failed: :data:`UNVERIFIED_SCHEMA` plus ``row``, ``candidate_of`` the doc_id of their
+    component's first document and ``similarity`` their Jaccard to it). ``verify`` None, or no near
+    candidate: the assignment as it is, nothing kept. Memory: the texts, then the shingle sets (8 bytes
+    per shingle, twice) of the candidate documents only."""
+    none_kept = pl.DataFrame(schema={"row": pl.Int64, **UNVERIFIED_SCHEMA})
+    if verify is None or not assignment.height or not (assignment["kind"] == "near").any():
+        return assignment.select(*ASSIGNMENT_SCHEMA), none_kept
+    member, root = assignment["row"].to_numpy(), assignment["cluster_id"].to_numpy()
+    rows = np.unique(np.concatenate([member, root]))
+    t = gather_rows(parts, _file_rows(parts), rows, ["doc_id", "source", "text"])
+    texts = pl.from_arrow(t.column("text")).cast(pl.Utf8)
+    ids = pl.from_arrow(t.column("doc_id")).cast(pl.Utf8)
+    sources = pl.from_arrow(t.column("source")).cast(pl.Utf8)
+    kh = key_hashes(texts).to_numpy()
+    offsets, hashes = shingle_sets(texts, cfg)
+    del texts, t
+    n = len(rows)
+    comp = np.arange(n)
+    comp[np.searchsorted(rows, member)] = np.searchsorted(rows, root)
+    undecided = np.ones(n, bool)
+    dup_of, sim = np.full(n, -1, np.int64), np.full(n, np.nan)
+    sim_to_first = np.full(n, np.nan)
+    for rnd in range(verify.max_rounds):
+        und = np.flatnonzero(undecided)  # ascending: corpus order
+        if not len(und):
+            break
+        _, first = np.unique(comp[und], return_index=True)  # each component's first undecided member
+        reps = und[first]
+        rep_of = np.full(n, -1, np.int64)
+        rep_of[comp[reps]] = reps
+        undecided[reps] = False
+        others = und[rep_of[comp[und]] != und]
+        b = rep_of[comp[others]]
+        s = np.where(kh[others] == kh[b], 1.0, pair_jaccard(offsets, hashes, others, b))
+        if rnd == 0:
+            sim_to_first[others] = s
+        ok = s >= verify.threshold
+        dup_of[others[ok]], sim[others[ok]] = b[ok], s[ok]
+        undecided[others[ok]] = False
+    is_dup = dup_of >= 0
+    d, k = np.flatnonzero(is_dup), dup_of[is_dup]
+    verified = pl.DataFrame(
+        {
+            "row": rows[d],
+            "doc_id": ids.gather(d),
+            "cluster_id": rows[k],
+            "duplicate_of": ids.gather(k),
+            "kind": np.where(kh[d] == kh[k], "exact", "near").tolist(),
+            "key_hash": pl.Series(kh[d], dtype=pl.UInt64),
+            "similarity": sim[d],
+        },
+        schema=ASSIGNMENT_SCHEMA,
+    )
+    failed = np.flatnonzero(~is_dup & (comp != np.arange(n)))  # kept, though the components would remove them
+    unverified = pl.DataFrame(
+        {
+            "row": rows[failed],
+            "doc_id": ids.gather(failed),
+            "source": sources.gather(failed),
+            "candidate_of": ids.gather(comp[failed]),
+            "similarity": sim_to_first[failed],
+        },
+        schema={"row": pl.Int64, **UNVERIFIED_SCHEMA},
+    )
+    return verified, unverified
 
 
 def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataFrame:
@@ -584,7 +755,11 @@ def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataF
     if not dups["doc_id"].equals(duplicates["doc_id"]):
         raise ValueError(f"{part}: its documents differ from those its signatures were computed from")
     return dups.with_columns(
-        duplicates["duplicate_of"], duplicates["cluster_id"], duplicates["kind"], duplicates["key_hash"]
+        duplicates["duplicate_of"],
+        duplicates["cluster_id"],
+        duplicates["kind"],
+        duplicates["key_hash"],
+        duplicates["similarity"],
     ).select(*DUP_SCHEMA)
 
 
@@ -605,9 +780,14 @@ def write_deduplicated(
     return row - first_row, pl.concat(dups) if dups else pl.DataFrame(schema=DUP_SCHEMA)
 
 
-def dedup_stats(dups: pl.DataFrame, n: int) -> dict:
-    """The counts of :func:`deduplicate` from the duplicates frame of ``n`` input documents."""
+UNVERIFIED = "unverified.parquet"  # beside duplicates.parquet: the candidates kept because verification failed
+
+
+def dedup_stats(dups: pl.DataFrame, n: int, unverified: int = 0) -> dict:
+    """The counts of :func:`deduplicate` from the duplicates frame of ``n`` input documents and the
+    number of candidates kept because verification failed."""
     return {
+        "near_unverified_kept": unverified,
         "input": n,
         "kept": n - dups.height,
         "duplicate": dups.height,
@@ -664,7 +844,12 @@ def partition_signatures(in_dir: Path | list[Path], cfg: DedupConfig) -> list[Pa
     return files
 
 
-def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = DedupConfig()) -> dict:
+def deduplicate(
+    in_dir: Path | list[Path],
+    out_dir: Path,
+    cfg: DedupConfig = DedupConfig(),
+    verify: VerifyConfig | None = VerifyConfig(),
+) -> dict:
     """Exact and (with ``cfg.near``) near-duplicate removal over the ``part-*.parquet`` files of a
     cleaned_text directory, or of several (one per partition, in partition order: corpus order is
     partition, then part file, then row), signatures per part file, clustering over all of them.
@@ -688,9 +873,11 @@ def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = Ded
             write_signatures([part], f, cfg)
             sig_files.append(f)
     assignment = cluster_signatures(sig_files, cfg, spill_dir=Path(out_dir))
+    assignment, unverified = verify_assignment(parts, assignment, cfg, verify if cfg.near else None)
     n, dups = write_deduplicated(parts, assignment, 0, Path(out_dir))
     dups.write_parquet(Path(out_dir) / "duplicates.parquet")
-    return dedup_stats(dups, n)
+    unverified.drop("row").write_parquet(Path(out_dir) / UNVERIFIED)
+    return dedup_stats(dups, n, unverified.height)
 
 
 def exact_dedup(in_dir: Path | list[Path], out_dir: Path) -> dict:
