@@ -69,15 +69,16 @@ class VerifyConfig:
 
     threshold 0.7: the LSH's own design point, (1/bands)^(1/rows) = (1/14)^(1/8) ~ 0.72 (Leskovec et al.,
     "Mining of Massive Datasets" 3.4.3), rounded down so that pairs the banding was built to find pass.
-    max_rounds 32: components still unresolved after that many representatives keep their remaining
-    members (a cap on the work per component, as marin caps its clusters, marin PR#8114)."""
+    max_bucket_pairs 64: a document sharing a band hash with many others is compared with the first 64 of
+    them only (a cap on the work of one bucket, m * 64 pairs instead of m^2 / 2, as marin caps its
+    clusters, marin PR#8114); a copy beyond them is kept unless another band or its key pairs it."""
 
     threshold: float = field(
         default=0.7,
         metadata=described("Jaccard (word 5-gram shingle sets) to a kept copy needed to remove a candidate."),
     )
-    max_rounds: int = field(
-        default=32, metadata=described("Representatives tried per candidate cluster; members left after them are kept.")
+    max_bucket_pairs: int = field(
+        default=64, metadata=described("Earlier documents of one LSH bucket a candidate is compared with, at most.")
     )
 
     def to_dict(self) -> dict:
@@ -657,32 +658,49 @@ def pair_jaccard(offsets: np.ndarray, hashes: np.ndarray, a: np.ndarray, b: np.n
     return np.where(union > 0, inter / np.maximum(union, 1), 0.0)
 
 
+def bucket_pairs(values: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (u, v), u > v, of the positions of equal ``values`` (uint64): each position paired with every
+    earlier position of its value, the first ``cap`` of them at most (a bucket of m equal values gives
+    about m * min(m, cap) pairs, not m^2 / 2)."""
+    order = np.argsort(values, kind="stable")
+    sv = values[order]
+    start = np.r_[True, sv[1:] != sv[:-1]] if len(sv) else np.zeros(0, bool)
+    first = np.flatnonzero(start)[np.cumsum(start) - 1]  # per sorted position: its bucket's first
+    k = np.arange(len(sv)) - first
+    c = np.minimum(k, cap)
+    u = np.repeat(np.arange(len(sv)), c)
+    v = first[u] + np.arange(len(u)) - np.repeat(np.cumsum(c) - c, c)
+    return order[u], order[v]
+
+
 def verify_assignment(
     parts: list[Path], assignment: pl.DataFrame, cfg: DedupConfig, verify: VerifyConfig | None = VerifyConfig()
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Split the candidate components of :func:`cluster_signatures` (``assignment``, over the documents of
-    ``parts`` in corpus order) where a member is not similar to a kept document.
+    """Remove a candidate of :func:`cluster_signatures` (``assignment``, over the documents of ``parts`` in
+    corpus order) only where it is similar to a document that is kept.
 
-    Per component, in rounds: its first undecided member in corpus order becomes a kept representative;
-    every other undecided member whose key hash equals the representative's (similarity 1, "exact") or
-    whose exact Jaccard similarity of shingle sets (:func:`pair_jaccard`) reaches ``verify.threshold``
-    is removed as its duplicate; the members that fail stay undecided for the next round (re-clustered
-    around the next representative). After ``verify.max_rounds`` rounds the undecided members are kept.
-    Exact rather than MinHash-estimated similarity: only candidate documents are read (their texts, once),
-    and an estimate from 112 permutations has a standard error of ~0.04 at J = 0.7, enough to pass pairs
-    under the threshold.
+    The candidate documents' texts are read once; their shingle sets (:func:`shingle_sets`) give their
+    MinHash band hashes again (the signature files' values) and their exact Jaccard similarities. Candidate
+    pairs are the documents sharing a band hash, each paired with the first ``verify.max_bucket_pairs``
+    earlier documents of its bucket, and those sharing the dedup key (similarity 1); a pair is verified
+    when its exact Jaccard similarity (:func:`pair_jaccard`) reaches ``verify.threshold``. Then, in corpus
+    order, a document is removed when it has a verified pair with an earlier document that is kept (its
+    ``duplicate_of``: the first such), and kept otherwise: every removed document is similar to a kept
+    copy, and a chain A ~ B ~ C with J(A, C) under the threshold keeps C. Exact rather than
+    MinHash-estimated similarity: only candidate documents are read, and an estimate from 112
+    permutations has a standard error of ~0.04 at J = 0.7, enough to pass pairs under the threshold.
 
     Returns (the verified assignment: :data:`ASSIGNMENT_SCHEMA`, ascending by row, ``cluster_id`` and
     ``duplicate_of`` the kept copy's, ``similarity`` the measured Jaccard; the candidates kept because
-    verification failed: :data:`UNVERIFIED_SCHEMA` plus ``row``, ``candidate_of`` the doc_id of their
-    component's first document and ``similarity`` their Jaccard to it). ``verify`` None, or no near
-    candidate: the assignment as it is, nothing kept. Memory: the texts, then the shingle sets (8 bytes
-    per shingle, twice) of the candidate documents only."""
+    verification failed, :data:`UNVERIFIED_SCHEMA` plus ``row``: kept documents with a candidate pair to an
+    earlier document, ``candidate_of`` the most similar kept one of those (else the most similar) and
+    ``similarity`` to it). ``verify``
+    None, or no near candidate: the assignment as it is, nothing kept. Memory: the candidate documents'
+    texts, then their shingle sets (8 bytes per shingle, a few times) and their pairs."""
     none_kept = pl.DataFrame(schema={"row": pl.Int64, **UNVERIFIED_SCHEMA})
     if verify is None or not assignment.height or not (assignment["kind"] == "near").any():
         return assignment.select(*ASSIGNMENT_SCHEMA), none_kept
-    member, root = assignment["row"].to_numpy(), assignment["cluster_id"].to_numpy()
-    rows = np.unique(np.concatenate([member, root]))
+    rows = np.unique(np.concatenate([assignment["row"].to_numpy(), assignment["cluster_id"].to_numpy()]))
     t = gather_rows(parts, _file_rows(parts), rows, ["doc_id", "source", "text"])
     texts = pl.from_arrow(t.column("text")).cast(pl.Utf8)
     ids = pl.from_arrow(t.column("doc_id")).cast(pl.Utf8)
@@ -691,29 +709,38 @@ def verify_assignment(
     offsets, hashes = shingle_sets(texts, cfg)
     del texts, t
     n = len(rows)
-    comp = np.arange(n)
-    comp[np.searchsorted(rows, member)] = np.searchsorted(rows, root)
-    undecided = np.ones(n, bool)
-    dup_of, sim = np.full(n, -1, np.int64), np.full(n, np.nan)
-    sim_to_first = np.full(n, np.nan)
-    for rnd in range(verify.max_rounds):
-        und = np.flatnonzero(undecided)  # ascending: corpus order
-        if not len(und):
-            break
-        _, first = np.unique(comp[und], return_index=True)  # each component's first undecided member
-        reps = und[first]
-        rep_of = np.full(n, -1, np.int64)
-        rep_of[comp[reps]] = reps
-        undecided[reps] = False
-        others = und[rep_of[comp[und]] != und]
-        b = rep_of[comp[others]]
-        s = np.where(kh[others] == kh[b], 1.0, pair_jaccard(offsets, hashes, others, b))
-        if rnd == 0:
-            sim_to_first[others] = s
-        ok = s >= verify.threshold
-        dup_of[others[ok]], sim[others[ok]] = b[ok], s[ok]
-        undecided[others[ok]] = False
-    is_dup = dup_of >= 0
+    sizes = np.diff(offsets)
+    live = np.flatnonzero(sizes > 0)  # documents without words join no band (cluster_signatures)
+    us, vs = [], []
+    if len(live):
+        sdoc = np.repeat(np.arange(len(live)), sizes[live])
+        sig = _permute_min(hashes, sdoc, len(live), cfg)
+        bands = band_hashes(sig, cfg)
+        del sig
+        for band in range(cfg.bands):
+            u, v = bucket_pairs(bands[:, band], verify.max_bucket_pairs)
+            us.append(live[u])
+            vs.append(live[v])
+    u, v = bucket_pairs(kh, verify.max_bucket_pairs)
+    us.append(u)
+    vs.append(v)
+    u, v = np.concatenate(us), np.concatenate(vs)
+    u, v = np.maximum(u, v), np.minimum(u, v)  # u later in corpus order (rows ascending)
+    pair = np.unique(u * n + v)
+    u, v = pair // n, pair % n  # by u, then v: each document's earlier candidates in corpus order
+    sim = np.where(kh[u] == kh[v], 1.0, pair_jaccard(offsets, hashes, u, v))
+    ok = sim >= verify.threshold
+    kept = np.ones(n, bool)
+    dup_of = np.full(n, -1, np.int64)
+    dsim = np.full(n, np.nan)
+    vu, vv, vsim = u[ok], v[ok], sim[ok]
+    bounds = np.flatnonzero(np.r_[True, vu[1:] != vu[:-1], True]) if len(vu) else np.zeros(1, np.int64)
+    for a, b in zip(bounds[:-1], bounds[1:]):  # documents with a verified earlier pair, in corpus order
+        alive = np.flatnonzero(kept[vv[a:b]])
+        if len(alive):
+            d, k = vu[a], a + alive[0]
+            kept[d], dup_of[d], dsim[d] = False, vv[k], vsim[k]
+    is_dup = ~kept
     d, k = np.flatnonzero(is_dup), dup_of[is_dup]
     verified = pl.DataFrame(
         {
@@ -723,18 +750,25 @@ def verify_assignment(
             "duplicate_of": ids.gather(k),
             "kind": np.where(kh[d] == kh[k], "exact", "near").tolist(),
             "key_hash": pl.Series(kh[d], dtype=pl.UInt64),
-            "similarity": sim[d],
+            "similarity": dsim[d],
         },
         schema=ASSIGNMENT_SCHEMA,
     )
-    failed = np.flatnonzero(~is_dup & (comp != np.arange(n)))  # kept, though the components would remove them
+    # kept documents that had a candidate pair with an earlier document: the most similar kept such
+    # candidate (the copy verification failed against), else the most similar one
+    order = np.lexsort((v, -sim, ~kept[v], u))
+    fu, fv, fs = u[order], v[order], sim[order]
+    head = np.r_[True, fu[1:] != fu[:-1]] if len(fu) else np.zeros(0, bool)
+    fu, fv, fs = fu[head], fv[head], fs[head]
+    failed = kept[fu]
+    fu, fv, fs = fu[failed], fv[failed], fs[failed]
     unverified = pl.DataFrame(
         {
-            "row": rows[failed],
-            "doc_id": ids.gather(failed),
-            "source": sources.gather(failed),
-            "candidate_of": ids.gather(comp[failed]),
-            "similarity": sim_to_first[failed],
+            "row": rows[fu],
+            "doc_id": ids.gather(fu),
+            "source": sources.gather(fu),
+            "candidate_of": ids.gather(fv),
+            "similarity": fs,
         },
         schema={"row": pl.Int64, **UNVERIFIED_SCHEMA},
     )

@@ -73,7 +73,7 @@ def test_chain_removes_only_what_is_verified_against_a_kept_copy(tmp_path):
     assert kept["doc_id"].to_list() == ["a"] and dups["duplicate_of"].to_list() == ["a", "a", "a"]
     stats, kept, dups, unverified = _run(tmp_path, [CHAIN], "verified")
     assert kept["doc_id"].to_list() == ["a", "c"]
-    assert dict(zip(dups["doc_id"], dups["duplicate_of"])) == {"b": "a", "d": "c"}  # d re-clustered around c
+    assert dict(zip(dups["doc_id"], dups["duplicate_of"])) == {"b": "a", "d": "c"}  # d: a copy of c, kept
     assert dups["similarity"].to_list() == pytest.approx([j(texts["a"], texts["b"]), j(texts["c"], texts["d"])])
     assert dups["kind"].to_list() == ["near", "near"] and dups["cluster_id"].to_list() == [0, 2]
     assert unverified.to_dicts() == [
@@ -95,8 +95,13 @@ def test_verification_does_not_depend_on_the_part_split_and_keeps_exact_copies_e
     assert dups.filter(pl.col("kind") == "exact")["similarity"].to_list() == [1.0, 1.0]
 
 
-def test_max_rounds_keeps_what_is_left_unresolved(tmp_path):
-    stats, kept, dups, unverified = _run(tmp_path, [CHAIN], "capped", VerifyConfig(max_rounds=1))
-    assert kept["doc_id"].to_list() == ["a", "c", "d"]  # d would need a second representative
-    assert dups["doc_id"].to_list() == ["b"]
-    assert unverified["doc_id"].to_list() == ["c", "d"] and stats["near_unverified_kept"] == 2
+def test_a_bucket_cap_still_removes_every_exact_copy_of_the_first(tmp_path):
+    rows = [(f"x{i}", CHAIN[0][1] + " " * i) for i in range(6)] + CHAIN[1:]
+    stats, kept, dups, unverified = _run(tmp_path, [rows], "capped", VerifyConfig(max_bucket_pairs=1))
+    assert kept["doc_id"].to_list() == ["x0", "c"]
+    assert dict(zip(dups["doc_id"], dups["duplicate_of"])) == {
+        **{f"x{i}": "x0" for i in range(1, 6)},
+        "b": "x0",
+        "d": "c",
+    }
+    assert unverified["doc_id"].to_list() == ["c"] and unverified["candidate_of"].to_list() == ["x0"]
