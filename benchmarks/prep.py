@@ -554,11 +554,14 @@ def bench_pairs(quick: bool) -> dict:
         for (a, b, y, c, _j), p, q in zip(pairs, po, pv)
         if p and not q
     ]
+    sims = [similarity(a, b) if p else 0.0 for (a, b, *_), p in zip(pairs, po)]
+    sweep = {str(t): score([s >= t for s in sims]) for t in SWEEP}
     return {
         "ours": score(po),
         "ours_verified": score(pv),
         "verification_threshold": threshold,
         "lost_by_verification": lost,
+        "ours_verified_by_threshold": sweep,
         "datasketch": score(pd),
         "categories": cats,
         "notes": notes,
@@ -569,6 +572,9 @@ def bench_pairs(quick: bool) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ templated (issue 45)
+
+
+SWEEP = (0.6, 0.65, 0.7, 0.75, 0.8)  # verification thresholds scored beside the default (not timed)
 
 
 def bench_templated(repeats: int, tmp: Path) -> dict:
@@ -596,12 +602,20 @@ def bench_templated(repeats: int, tmp: Path) -> dict:
     )
     ids = df["doc_id"].to_list()
     before, after = score(ids, stats["before_removed"], group), score(ids, stats["after_removed"], group)
+    sweep = {}
+    for threshold in SWEEP:
+        out = tmp / "templated" / f"sweep-{threshold}"
+        out.mkdir()
+        deduplicate(src, out, DedupConfig(), VerifyConfig(threshold=threshold))
+        r = score(ids, set(pl.read_parquet(out / "duplicates.parquet")["doc_id"]), group)
+        sweep[str(threshold)] = {"precision": r["precision"], "recall": r["recall"]}
     return {
         "precision": {"before": before["precision"], "after": after["precision"]},
         "recall": {"before": before["recall"], "after": after["recall"]},
         "before": before,
         "after": after,
         "near_unverified_kept": stats["after"]["near_unverified_kept"],
+        "after_by_threshold": sweep,
         "documents": df.height,
         "best_seconds": {k: min(v) for k, v in times.items()},
         "verification_cost": min(times["after"]) / min(times["before"]),

@@ -16,11 +16,17 @@ A document with fewer words than the shingle size has one shingle, its whole wor
 documents match only documents with the same words; a document with no word has no signature and
 takes part in exact deduplication only (never in a near-duplicate cluster).
 
-Clusters are the connected components of exact and band matches. The copy kept is the first in
-corpus order (sorted partition / part file, then row); every other member is a duplicate recorded
-with ``duplicate_of`` (the kept copy's doc_id), ``cluster_id`` (its global row) and ``kind`` ("exact"
-when its key equals the kept copy's, else "near"). The result does not depend on batch size, on how
-the corpus is partitioned, or on an executor (largetrain_core.executors.spark computes the same on Spark).
+Candidate clusters are the connected components of exact and band matches. Components are
+transitive (A ~ B and B ~ C join A and C however little they share), so with near duplicates they are
+verified (:func:`verify_assignment`, :class:`VerifyConfig`): in corpus order (sorted partition / part
+file, then row) a document is removed only when the exact Jaccard similarity of its shingle set to an
+earlier *kept* document's reaches the threshold (or their keys are equal); a duplicate is recorded
+with ``duplicate_of`` (that kept copy's doc_id), ``cluster_id`` (its global row), ``kind`` ("exact"
+when its key equals the kept copy's, else "near") and ``similarity`` (the measured Jaccard); the
+candidates kept because verification failed go to ``unverified.parquet``. Without verification
+(``verify=None``) the first of each component is kept and every other member removed. The result does
+not depend on batch size, on how the corpus is partitioned, or on an executor
+(largetrain_core.executors.spark computes the same on Spark).
 
 Partitions: :func:`write_signatures` runs per partition (one Parquet file of key and LSH band hashes);
 :func:`cluster_signatures` reads all signature files, so a pair split across partitions is found, with
@@ -658,6 +664,35 @@ def pair_jaccard(offsets: np.ndarray, hashes: np.ndarray, a: np.ndarray, b: np.n
     return np.where(union > 0, inter / np.maximum(union, 1), 0.0)
 
 
+ESTIMATE_MARGIN = 0.15  # see _pair_similarity
+
+
+def _pair_similarity(
+    offsets: np.ndarray,
+    hashes: np.ndarray,
+    sig: np.ndarray,
+    kh: np.ndarray,
+    u: np.ndarray,
+    v: np.ndarray,
+    threshold: float,
+    block: int = 1 << 16,
+) -> np.ndarray:
+    """Similarity of the candidate pairs (u, v): 1 where the keys are equal, else the exact Jaccard
+    (:func:`pair_jaccard`) where the MinHash estimate (share of equal signature values in ``sig``) is
+    at least ``threshold - ESTIMATE_MARGIN``, and the estimate itself below that (surely under the
+    threshold: with 112 permutations the estimate's standard error at J = 0.7 is 0.043, so a pair at
+    the threshold falls 0.15 under it with probability ~3e-4). Every removal rests on an exact value."""
+    est = np.empty(len(u))
+    for b0 in range(0, len(u), block):
+        b1 = min(b0 + block, len(u))
+        est[b0:b1] = (sig[u[b0:b1]] == sig[v[b0:b1]]).mean(axis=1)
+    same = kh[u] == kh[v]
+    sim = np.where(same, 1.0, est)
+    exact = np.flatnonzero(~same & (est >= threshold - ESTIMATE_MARGIN))
+    sim[exact] = pair_jaccard(offsets, hashes, u[exact], v[exact])
+    return sim
+
+
 def bucket_pairs(values: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
     """Pairs (u, v), u > v, of the positions of equal ``values`` (uint64): each position paired with every
     earlier position of its value, the first ``cap`` of them at most (a bucket of m equal values gives
@@ -683,7 +718,8 @@ def verify_assignment(
     MinHash band hashes again (the signature files' values) and their exact Jaccard similarities. Candidate
     pairs are the documents sharing a band hash, each paired with the first ``verify.max_bucket_pairs``
     earlier documents of its bucket, and those sharing the dedup key (similarity 1); a pair is verified
-    when its exact Jaccard similarity (:func:`pair_jaccard`) reaches ``verify.threshold``. Then, in corpus
+    when its exact Jaccard similarity (:func:`pair_jaccard`) reaches ``verify.threshold`` (pairs whose
+    MinHash estimate is far under it are not measured: :func:`_pair_similarity`). Then, in corpus
     order, a document is removed when it has a verified pair with an earlier document that is kept (its
     ``duplicate_of``: the first such), and kept otherwise: every removed document is similar to a kept
     copy, and a chain A ~ B ~ C with J(A, C) under the threshold keeps C. Exact rather than
@@ -712,11 +748,11 @@ def verify_assignment(
     sizes = np.diff(offsets)
     live = np.flatnonzero(sizes > 0)  # documents without words join no band (cluster_signatures)
     us, vs = [], []
+    sig = np.full((n, cfg.bands * cfg.rows), np.iinfo(np.uint64).max, dtype=np.uint64)
     if len(live):
         sdoc = np.repeat(np.arange(len(live)), sizes[live])
-        sig = _permute_min(hashes, sdoc, len(live), cfg)
-        bands = band_hashes(sig, cfg)
-        del sig
+        sig[live] = _permute_min(hashes, sdoc, len(live), cfg)
+        bands = band_hashes(sig[live], cfg)
         for band in range(cfg.bands):
             u, v = bucket_pairs(bands[:, band], verify.max_bucket_pairs)
             us.append(live[u])
@@ -728,7 +764,7 @@ def verify_assignment(
     u, v = np.maximum(u, v), np.minimum(u, v)  # u later in corpus order (rows ascending)
     pair = np.unique(u * n + v)
     u, v = pair // n, pair % n  # by u, then v: each document's earlier candidates in corpus order
-    sim = np.where(kh[u] == kh[v], 1.0, pair_jaccard(offsets, hashes, u, v))
+    sim = _pair_similarity(offsets, hashes, sig, kh, u, v, verify.threshold)
     ok = sim >= verify.threshold
     kept = np.ones(n, bool)
     dup_of = np.full(n, -1, np.int64)
@@ -892,9 +928,12 @@ def deduplicate(
     (:func:`partition_signatures`: cleaned_text computes them per partition, so this global step only
     clusters); else they are computed here into ``out_dir/signatures/part-NNNNN.parquet``. Writes the
     kept documents to ``out_dir/part-NNNNN.parquet`` (same columns, input order) and every removed copy
-    to ``out_dir/duplicates.parquet`` (doc_id, source, duplicate_of, cluster_id, kind, key_hash).
+    to ``out_dir/duplicates.parquet`` (doc_id, source, duplicate_of, cluster_id, kind, key_hash, similarity).
+    Near-duplicate candidates are verified (:func:`verify_assignment` with ``verify``; None: the connected
+    components unverified); the candidates kept because verification failed go to ``out_dir/unverified.parquet``
+    (doc_id, source, candidate_of, similarity).
     Returns counts ``input``, ``kept``, ``duplicate``, ``clusters`` (kept copies with at least one
-    duplicate), ``duplicate_exact``, ``duplicate_near``.
+    duplicate), ``duplicate_exact``, ``duplicate_near``, ``near_unverified_kept``.
     """
     parts = part_files(in_dir)
     sig_files = partition_signatures(in_dir, cfg)

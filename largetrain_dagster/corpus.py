@@ -316,7 +316,8 @@ def dedup_asset(chain: Chain):
             ),
         ],
         description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key) and MinHash-LSH "
-        "near duplicates removed; the first copy in corpus order (partition, file, row) is kept per cluster.",
+        "near duplicates removed, each near duplicate verified against a kept copy (exact shingle Jaccard >= "
+        "verify_threshold); the first copy in corpus order (partition, file, row) is kept.",
         **common,
     )
     def deduplicated_text(

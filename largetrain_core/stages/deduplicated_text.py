@@ -1,7 +1,8 @@
 """deduplicated_text: the global step over every partition of one corpus: exact and MinHash-LSH near
-duplicates removed (largetrain_core.dedup, on the run's executor), the first copy in corpus order
-(partition, file, row) kept per cluster, then optional class balancing (largetrain_core.balance),
-the outcome of every input document (outcomes.parquet) and the accounting check.
+duplicates removed (largetrain_core.dedup, on the run's executor; near duplicates verified against a kept
+copy), the first copy in corpus order (partition, file, row) kept, then optional class balancing
+(largetrain_core.balance), the outcome of every input document (outcomes.parquet), the accounting check,
+and per source (largetrain_core.dedup_report) the removals table and the no_source_wiped_out check.
 
 Fails (:class:`StageError`) before any work when a partition was made with another partitioning,
 when the corpus holds no document at all or none survives raw_corpus and cleaned_text (naming the

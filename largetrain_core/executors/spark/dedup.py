@@ -2,9 +2,11 @@
 seeds; the signature files are the local executor's), sent to Spark through ``mapInArrow``; the key
 hash and the band hashes are exploded to (band, hash, row) and grouped in one shuffle (the exact pass
 is band -1: a shuffle on the normalized key's hash); each group of two or more rows gives the edges
-(row, smallest row); their connected components (largetrain_core.executors.spark.components) give
-each document its kept copy. No process holds data for every document: the driver holds the list
-of part files, executors their shuffle partitions. The duplicates are shuffled on their part and
+(row, smallest row); their connected components (largetrain_core.executors.spark.components) are the
+candidate clusters. With near duplicates they are verified on the driver by the local engine's
+function (dedup.verify_assignment: the candidate documents' texts read once, exact Jaccard per
+candidate pair), so the output is the local engine's. No process holds data for every document: the
+driver holds the list of part files and the candidate documents, executors their shuffle partitions. The duplicates are shuffled on their part and
 written one file per part; the kept documents are then written per part (dedup.write_kept), in the
 same byte-balanced runs of parts as the signatures. The global step runs without adaptive query
 execution (:func:`global_step_settings`), its counts from the last connected-components job and the
