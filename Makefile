@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(abspath $(DATA))/dagster_home
 
 .PHONY: install corpora demo test test-fast lint format dev clean
 
-install: $(VENV)/.installed $(VENV)/torch_extensions/.built
+install: $(VENV)/.installed $(VENV)/torch_extensions/.built $(VENV)/llama.cpp/.installed
 
 $(VENV)/.installed: pyproject.toml scripts/install_torch.sh
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 	npm install -q --prefix $(VENV)/azurite --no-audit --no-fund --no-save azurite@$(AZURITE_VERSION)
 	touch $@
 
+# llama.cpp's converter (GGUF exports: largetrain_core/gguf_export.py) with the transformers 4.57 it pins, which
+# also serves the test that older tools load what we write (tests/unit/test_transformers4.py)
+$(VENV)/llama.cpp/.installed: scripts/fetch_llama_cpp.py | $(VENV)/.installed
+	$(PY) scripts/fetch_llama_cpp.py $(VENV)/llama.cpp
+	touch $@
+
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file at a time (so that a module's fixtures,
 # dagster dev, a Spark session, the lineage, are built once), the longest files first (tests/conftest.py:
 # LONGEST_FILES), then the others in the order collected (e2e, integration, unit). loadfile keeps node ids as
@@ -65,7 +71,7 @@ $(VENV)/azurite/.installed: | $(VENV)/.installed
 # a worker is often waiting (for dagster dev, a sensor's tick, a JVM or a peer rank), and a third keeps both
 # cores busy (docs/measurements.md, The test suite).
 TEST_WORKERS ?= 3
-test: lint $(VENV)/.spark-installed $(VENV)/spark-classes.jsa $(VENV)/azurite/.installed corpora
+test: lint $(VENV)/.spark-installed $(VENV)/spark-classes.jsa $(VENV)/azurite/.installed $(VENV)/llama.cpp/.installed corpora
 	scripts/install_system_deps.sh
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 --cpu-durations=25
 

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from largetrain_core.balance import BALANCE_DROPPED, repeat_counts
 from largetrain_core.parts import FILTERED
+from largetrain_core.readers import WHOLE_FILE
 from largetrain_core.storage import as_dirs, part_files
 
 
@@ -95,8 +96,9 @@ def _present(path: Path) -> list[Path]:
 
 
 def _reject_code(reason: str) -> str:
-    """A rejected record's reason without its positions: "line 3: invalid JSON: ..." -> "invalid JSON"."""
-    reason = re.sub(r"^(line|row) \d+: ", "", reason)
+    """A rejected record's reason without its positions: "line 3: invalid JSON: ..." -> "invalid JSON"; a
+    record of a file rejected as a whole by the file's reason (readers.WHOLE_FILE left out)."""
+    reason = re.sub(r"^(line|row) \d+: ", "", reason).removeprefix(f"{WHOLE_FILE}: ")
     return re.split(r"[:(]| at ", reason, maxsplit=1)[0].strip()
 
 

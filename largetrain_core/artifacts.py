@@ -28,10 +28,10 @@ from largetrain_core.storage import (
 # Bump a stage's code version when its code changes what it writes: its data version changes, so its
 # artifact is rebuilt, and Dagster marks the asset stale.
 CODE_VERSIONS = {
-    "raw_corpus": "6",
+    "raw_corpus": "7",
     "cleaned_text": "8",
     "deduplicated_text": "9",
-    "tokenizer": "2",
+    "tokenizer": "3",
     "token_shards": "4",
     "base_checkpoint": "3",
     "lora_adapter": "3",

@@ -48,6 +48,7 @@ import polars as pl
 from largetrain_core.balance import balance, temperature_target
 from largetrain_core.corpus import scan
 from largetrain_core.readers import Collector, ReaderConfig, read_source
+from largetrain_core.tokenizer import save_tokenizer
 
 SPLITS = ("train", "validation", "test")
 
@@ -669,7 +670,7 @@ def export_classifier(model, tokenizer, out_dir: str | Path) -> Path:
     config = copy.deepcopy(model.get_base_model().config)
     config.architectures = [type(model.get_base_model()).__name__]  # the base's says ...ForCausalLM
     config.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
+    save_tokenizer(tokenizer, out_dir)
     return out_dir
 
 

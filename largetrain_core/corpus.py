@@ -1,9 +1,10 @@
 """A corpus read into Arrow batches: which files, which partition, which ids, which subset.
 
 The files' formats and the readers are in largetrain_core.readers (one place decides a format). This
-module lists a corpus (recursively, links to directories followed, files no reader knows counted and
-listed), assigns its files to hash partitions (a corpus of one large file to pieces of it), gives
-every document an id unique within the read, and writes the raw_corpus stage (:func:`ingest`):
+module lists a corpus (recursively, in sorted order under canonical names, links followed once, see
+:func:`_walk`; files no reader knows counted and listed; dangling links listed, to be rejected),
+assigns its files to hash partitions (a corpus of one large file to pieces of it), gives every
+document an id unique within the read, and writes the raw_corpus stage (:func:`ingest`):
 documents in Parquet parts with the columns ``doc_id``, ``source``, ``text`` (``large_string``), plus
 ``label`` when ``ReaderConfig.label_field`` is set; rejected records in ``rejected.parquet``
 (docs/ARCHITECTURE.md section Accounting).
@@ -36,6 +37,8 @@ from largetrain_core.readers import (
     Collector,
     ReaderConfig,
     Source,
+    WHOLE_FILE,
+    dangling_link,
     utf8_error,
     read_source,
     reader_for,
@@ -65,17 +68,51 @@ def partition_of(relative_path: str, partitions: int) -> int:
 
 
 def _walk(root: Path) -> list[Path]:
-    """Every file under ``root``, sorted, following symbolic links to directories (each real
-    directory visited once, so a link cycle ends)."""
-    out, seen = [], set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen:
-            dirnames[:] = []
-            continue
-        seen.add(real)
-        out += [Path(dirpath) / f for f in filenames]
-    return sorted(f for f in out if f.is_file())
+    """Every file under ``root``, each once under its canonical name, in sorted order (by path
+    component), whatever order the file system lists directories in; links followed.
+
+    The canonical name of a file or directory: its own path when it lies in the corpus (its real path
+    is under the real path of ``root``), so a link to something in the corpus is not followed (the
+    target is read under its own name, once); else, for a link out of the corpus, the link's path,
+    the first in the sorted walk when several lead to one target. A link to a directory being walked
+    (a cycle) or already walked is not followed, so the walk ends. A dangling link (a link whose
+    target does not exist, or a loop of links) is listed as a file: reading it rejects it, naming it
+    (readers.read_source). Names are compared as Python strings (code points), so the
+    order and the names do not depend on the file system's listing order or on the machine."""
+    top = os.path.realpath(root)
+    seen: set[str] = {top}  # real directories walked (or being walked)
+    seen_files: set[str] = set()  # real files outside the corpus already listed under a link's name
+    out: list[Path] = []
+
+    def inside(real: str) -> bool:
+        return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+    def visit(directory: Path) -> None:
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            path = directory / e.name
+            if not e.is_symlink():
+                if e.is_dir(follow_symlinks=False):
+                    visit(path)
+                elif e.is_file(follow_symlinks=False):
+                    out.append(path)
+                continue
+            real = os.path.realpath(path)
+            if not os.path.exists(path):  # dangling, or a loop of links
+                out.append(path)
+            elif inside(real):  # read under its own name
+                continue
+            elif os.path.isdir(path):
+                if real not in seen:
+                    seen.add(real)
+                    visit(path)
+            elif os.path.isfile(path) and real not in seen_files:
+                seen_files.add(real)
+                out.append(path)
+
+    visit(Path(root))
+    return sorted(out, key=lambda f: f.relative_to(root).parts)
 
 
 def _walk_remote(url: str) -> tuple[list[str], str, dict[str, int]]:
@@ -160,11 +197,12 @@ def scan(path: str | Path, partition: int = 0, partitions: int = 1) -> Scan:
             files, base = [path], path.parent
         else:
             files, base = _walk(path), path
-    known = [f for f in files if is_corpus_file(_name(f))]
+    known = [f for f in files if is_corpus_file(_name(f)) or dangling_link(f)]  # a dangling link is rejected
+    read = set(known)
     if not known:
         raise ValueError(f"no corpus file under {shown}: no file has a suffix of {', '.join(SUFFIXES)}")
     rel = {f: _relative(f, base) for f in files}
-    if partitions > 1 and len(known) == 1 and splittable(known[0]):
+    if partitions > 1 and len(known) == 1 and not dangling_link(known[0]) and splittable(known[0]):
         sources = [
             Source(known[0], rel[known[0]], reader_for(_name(known[0])), (partition, partitions), sizes.get(known[0]))
         ]
@@ -174,12 +212,33 @@ def scan(path: str | Path, partition: int = 0, partitions: int = 1) -> Scan:
             for f in known
             if partitions == 1 or partition_of(rel[f], partitions) == partition
         ]
-    skipped = [
-        f
-        for f in files
-        if not is_corpus_file(_name(f)) and (partitions == 1 or partition_of(rel[f], partitions) == partition)
-    ]
+    skipped = [f for f in files if f not in read and (partitions == 1 or partition_of(rel[f], partitions) == partition)]
     return Scan(sources, skipped, base)
+
+
+def holds_records(path: str | Path) -> bool:
+    """Whether the corpus at ``path`` (all its partitions) may hold a record: False only when every
+    corpus file is empty, or holds whitespace only (a text or JSONL file, decompressed: read up to its
+    first byte that is not whitespace), or is a Parquet file of zero rows. A file that cannot be probed
+    (damaged, a dangling link: a rejected record) and an Arrow file count as holding one. Errors as
+    :func:`scan`."""
+    for src in scan(path).sources:
+        if dangling_link(src.path) or src.reader is None:
+            return True
+        try:
+            if src.reader.streams:
+                with src.open_bytes() as f:
+                    while block := f.read(1 << 16):
+                        if block.strip():
+                            return True
+            elif src.reader.name == "parquet":
+                if pq.ParquetFile(src.open_random()).metadata.num_rows:
+                    return True
+            else:
+                return True
+        except Exception:  # noqa: BLE001 -- a file that cannot be probed is read (and rejected) by the reader
+            return True
+    return False
 
 
 def list_files(path: str | Path, partition: int = 0, partitions: int = 1) -> list[Path]:
@@ -398,25 +457,36 @@ _NUMBERED = r"\b(at (?:byte|column|character)) \d+"  # positions inside a reason
 def _reason_groups(rejected: Path) -> pl.DataFrame:
     """The rows of a ``rejected.parquet`` grouped by reason with the positions left out: columns
     records, text (the first occurrence without its position prefix), source, position, at, n (the
-    first occurrence's place), whole (records rejected as whole files), most frequent first."""
-    df = pl.read_parquet(rejected, columns=["source", "position", "reason"])
-    df = df.with_columns(
-        at=pl.col("reason").str.extract(_WHERE, 1),
-        n=pl.col("reason").str.extract(_WHERE, 2),
-        text=pl.col("reason").str.replace(_WHERE, ""),
-    )
+    first occurrence's place), most frequent first."""
+    df = _rejected_frame(rejected)
     return (
         df.with_columns(key=pl.col("text").str.replace_all(_NUMBERED, "$1 N"))
         .with_row_index("order")
         .group_by("key")
         .agg(
             records=pl.len(),
-            whole=(pl.col("position") == -1).sum(),
             order=pl.col("order").first(),
             **{c: pl.col(c).first() for c in ("text", "source", "position", "at", "n")},
         )
         .sort(["records", "order"], descending=[True, False])
     )
+
+
+def _rejected_frame(rejected: Path) -> pl.DataFrame:
+    df = pl.read_parquet(rejected, columns=["source", "position", "reason"])
+    return df.with_columns(
+        at=pl.col("reason").str.extract(_WHERE, 1),
+        n=pl.col("reason").str.extract(_WHERE, 2),
+        text=pl.col("reason").str.replace(_WHERE, ""),
+    )
+
+
+def whole_files(rejected: Path) -> tuple[int, int]:
+    """(files rejected as a whole, the rejected records they account for) in a ``rejected.parquet``: a
+    file whose records carry readers.WHOLE_FILE (one per row or line), or a file rejected at position
+    -1 without a count of its records (it could not be opened)."""
+    df = _rejected_frame(rejected).filter(pl.col("text").str.starts_with(WHOLE_FILE) | (pl.col("position") == -1))
+    return df["source"].n_unique(), df.height
 
 
 def rejection_reasons(rejected: Path, top: int = 3) -> list[dict]:
@@ -444,9 +514,8 @@ def rejection_reasons(rejected: Path, top: int = 3) -> list[dict]:
 def describe_rejections(rejected: Path, top: int = 3) -> str:
     """The top reasons of a ``rejected.parquet`` in words for a message: ``N x <reason> (first:
     <where>)``, joined by ``; `` (:func:`rejection_reasons`), how many other reasons there are, and
-    before them, how many files were rejected as a whole (each counts as one record, however many
-    lines it has).
-    Empty when nothing was rejected."""
+    before them, how many files were rejected as a whole and how many records they count as (each of
+    their rows or lines, readers.WHOLE_FILE). Empty when nothing was rejected."""
     groups = _reason_groups(rejected)
     if not groups.height:
         return ""
@@ -454,10 +523,10 @@ def describe_rejections(rejected: Path, top: int = 3) -> str:
         f"{r['records']:,} x {r['reason']} (first: {r['first']})" for r in rejection_reasons(rejected, top)
     )
     more = f"; {groups.height - top} more reasons" if groups.height > top else ""
-    whole = groups["whole"].sum()
+    whole, records = whole_files(rejected)
     files = (
-        f"{whole:,} {'files' if whole > 1 else 'file'} rejected as a whole, each counted as one record however "
-        "many lines it has. "
+        f"{whole:,} {'files' if whole > 1 else 'file'} rejected as a whole, counted as {records:,} "
+        f"{'records' if records > 1 else 'record'} (each row or line of such a file is one). "
         if whole
         else ""
     )
@@ -544,7 +613,8 @@ def duplicate_ids(
 def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1, cache_file: str | Path | None = None) -> str:
     """Content version of a corpus (or of one partition of it): largetrain_core.digest.files_digest
     of its corpus files, i.e. xxh3-128 over (path relative to the corpus, xxh3-128 of the bytes) of
-    every file, 32 hex digits. Independent of where the corpus lies and of file times: a copy
+    every file, 32 hex digits (then, if there are dangling links, xxh3-128 of that and each link's
+    relative path and target). Independent of where the corpus lies and of file times: a copy
     elsewhere has the same fingerprint. ``cache_file``: a DigestCache file (one per corpus partition)
     so that unchanged files are not re-read; None reads every file. The pieces of a split file share
     the file's digest (the partition is part of raw_corpus's version). Errors as :func:`list_files`."""
@@ -552,6 +622,12 @@ def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1, cache
 
     listed = scan(path, partition, partitions)
     cache = DigestCache(cache_file)
-    digest = files_digest(listed.base, listed.files, cache)
+    broken = [f for f in listed.files if dangling_link(f)]
+    digest = files_digest(listed.base, [f for f in listed.files if f not in broken], cache)
     cache.save()
+    if broken:  # a dangling link is a rejected record of raw_corpus: its name and target are part of the version
+        h = xxhash.xxh3_128(digest.encode())
+        for f in sorted(broken, key=lambda f: _relative(f, listed.base)):
+            h.update(f"\n{_relative(f, listed.base)}\0{os.readlink(f)}".encode("utf-8", "surrogateescape"))
+        digest = h.hexdigest()
     return digest

@@ -45,7 +45,7 @@ def build_config(
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         eos_token_id=eos_id,
-        bos_token_id=bos_id if bos_id is not None else eos_id,
+        bos_token_id=bos_id,  # None without a BOS token: config.json and the tokenizer agree
         pad_token_id=None,
         use_cache=False,
     )
@@ -118,6 +118,17 @@ def load_adapter(model: PreTrainedModel, adapter_dir: Path, adapter_name: str = 
     _check_weights(adapter_dir, "adapter_model", what)
     with loading(adapter_dir, f"{what} (adapter_config.json + adapter_model.safetensors)"):
         return PeftModel.from_pretrained(model, str(adapter_dir), adapter_name=adapter_name)
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder block's activations in the backward pass (non-reentrant
+    ``torch.utils.checkpoint``): transformers' ``activation_checkpointing_enable``, or where the installed
+    transformers predates it (5.17, the GPU image's, has only this), ``gradient_checkpointing_enable``,
+    the same switch under its older name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def parameter_count(model: torch.nn.Module, trainable_only: bool = False) -> int:

@@ -34,11 +34,23 @@ Encoding policy (tested in tests/unit/test_corpus.py and tests/unit/test_reader_
   (position: 1-based line); a columnar row whose text is null or not UTF-8 (position: 0-based row),
   for every physical layout (string, large_string, string_view, dictionary-encoded, binary), or that
   lies in a Parquet row group that cannot be decoded (each of its rows rejected).
-* A whole file is one rejected record (position -1) when it cannot be opened, when it cannot be
-  read or decompressed to its end (the records read before the fault are kept; the reason says how
-  many), when a columnar file lacks the text column or holds it in a type that is not text, and
-  when none of a JSONL file's first :data:`UNREADABLE_PREFIX` non-empty lines (or of all, if fewer)
-  is readable: a binary or foreign file under a ``.jsonl`` name.
+* A file rejected as a whole counts as the records it holds, so that ``max_rejected_fraction`` weighs
+  it by its size: each of its records is one rejected record at its own position, the reason
+  starting with :data:`WHOLE_FILE`. That is the case when a columnar file lacks the text column or
+  holds it in a type that is not text (each row, counted from the Parquet footer or the Arrow
+  record batches), and when none of a JSONL file's first :data:`UNREADABLE_PREFIX` non-empty lines
+  (or of all, if fewer) is readable: a binary or foreign file under a ``.jsonl`` name (each non-empty
+  line). A file whose records cannot be counted is one rejected record at position -1: a file that
+  cannot be opened (a Parquet or Arrow file without a readable footer or schema).
+* A file that cannot be read or decompressed to its end (a cut gzip, a damaged zstd frame, a bad
+  UTF-16 sequence) keeps the records read before the fault; the rest is one rejected record at the
+  position where the reading stopped (the next line; for a text file the byte of the decoded stream)
+  whose reason says how many records were read before it and at which byte of the file (and of the
+  decompressed stream) it ended.
+* Text shapes: a dotted ``text_field`` reaches into a JSON object or an Arrow struct column; a list
+  of strings is one document, its non-null strings joined by :data:`LIST_SEPARATOR` (a blank line:
+  the paragraphs of a page stay paragraphs for the cleaning rules); an Arrow column of null type is
+  null texts, each row rejected as such.
 * Every record a reader takes from a file ends as exactly one document or rejected record (blank
   JSONL lines are counted apart, ``blank_lines``): :func:`read_source` checks the reader's own count
   against them and raises when they differ, so no record is lost unseen.
@@ -52,6 +64,7 @@ import codecs
 import gzip
 import io
 import json
+import os
 import re
 import unicodedata
 from collections import Counter
@@ -61,6 +74,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Generator, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 
@@ -77,7 +91,9 @@ RENAMED_SCHEMA = pa.schema(
     [("doc_id", pa.large_string()), ("id", pa.large_string()), ("source", pa.large_string()), ("position", pa.int64())]
 )
 
-UNREADABLE_PREFIX = 100  # JSONL: a file whose first 100 non-empty lines are all unreadable is one rejected record
+UNREADABLE_PREFIX = 100  # JSONL: a file whose first 100 non-empty lines are all unreadable is rejected as a whole
+WHOLE_FILE = "the whole file is rejected"  # starts the reason of each record of a file rejected as a whole
+LIST_SEPARATOR = "\n\n"  # between the strings of a list-of-strings text: a blank line, a paragraph break
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -90,11 +106,21 @@ class ReaderConfig:
 
     path: str = field(
         metadata=described(
-            "Corpus directory (walked recursively, files in sorted order, links to directories followed) or one file; "
+            "Corpus directory (walked recursively, files in sorted order, each once under its canonical name: links "
+            "into the corpus and cycles not followed, links out of it followed, dangling links rejected; "
+            "docs/guides/data-preparation.md) or one file; "
             "empty in a Dagster run config: <storage root>/<the role's default corpus>."
         )
     )
-    text_field: str = field(default="text", metadata=described("JSONL key / Parquet or Arrow column holding the text."))
+    text_field: str = field(
+        default="text",
+        metadata=described(
+            "JSONL key / Parquet or Arrow column holding the text. A dotted name reaches into a record or a struct "
+            "column (body.text: the field text of body) when no key or column has the dotted name itself. A list of "
+            "strings (JSON array, Arrow list<string>) is one document, its non-null strings joined with a blank line "
+            "(LIST_SEPARATOR); a null-typed column is null texts, each row rejected."
+        ),
+    )
     id_field: str | None = field(
         default="id",
         metadata=described(
@@ -481,9 +507,12 @@ class Source:
         fsys, path = fs.filesystem(self.path)
         return fsys.open(path, "rb", block_size=fs.RANGE_BYTES)
 
-    def open_bytes(self) -> BinaryIO:
-        """The file as a binary stream, decompressed when its first bytes are a compression's magic."""
+    def open_bytes(self, raw: list | None = None) -> BinaryIO:
+        """The file as a binary stream, decompressed when its first bytes are a compression's magic.
+        ``raw``: a list the file's own (compressed) handle is appended to, for its position."""
         f = fs.open_input(self.path)
+        if raw is not None:
+            raw.append(f)
         codec = compression_of(f.read(8))
         f.seek(0)
         return codec.open(f) if codec else f
@@ -502,21 +531,30 @@ class Source:
                 pass
         return detect_utf16(head)
 
-    def open(self) -> BinaryIO:
+    def open(self, raw: list | None = None) -> BinaryIO:
         """:meth:`open_bytes` as UTF-8: a UTF-16 stream decoded (raising :class:`EncodingError` at an
         invalid sequence), any other as it is."""
-        f = self.open_bytes()
+        f = self.open_bytes(raw)
         return io.BufferedReader(_Utf8FromUtf16(f, self.utf16)) if self.utf16 else f
 
 
 def _read_text(src: Source, config: ReaderConfig, out: Collector) -> Generator[Batch, None, int]:
     """One document per file: the whole decoded file; doc_id and fallback id = the relative path."""
-    try:
-        with src.open() as f:
-            data = f.read()
-    except EncodingError as e:
-        out.reject(src.rel, e.position, f"{e.reason} (decoded as UTF-16, recognised by its {src.utf16.evidence})")
-        return 1
+    raw: list = []
+    chunks: list[bytes] = []
+    with src.open(raw) as f:
+        try:
+            read = getattr(f, "read1", f.read)  # what the stream has: a cut stream's text up to the cut is counted
+            while block := read(1 << 20):
+                chunks.append(block)
+        except EncodingError as e:
+            out.reject(src.rel, e.position, f"{e.reason} (decoded as UTF-16, recognised by its {src.utf16.evidence})")
+            return 1
+        except Exception as e:  # noqa: BLE001 -- a cut or damaged compressed stream: the one record, saying where
+            done = sum(map(len, chunks))
+            out.reject(src.rel, done, f"cannot read the file past byte {done:,} of its text: {_stream_end(raw, e)}")
+            return 1
+    data = b"".join(chunks)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -564,8 +602,36 @@ def _numbered_lines(src: Source, f: BinaryIO) -> Iterator[tuple[int, bytes]]:
         lineno += 1
 
 
-def _parse_line(raw: bytes, config: ReaderConfig) -> tuple[dict | None, str | None]:
-    """(record, None) for a JSON object with a string ``text_field``, else (None, the reason). Every
+def field_value(record: dict, name: str):
+    """``record[name]``; else, for a dotted ``name`` (``body.text``), the value reached through nested
+    objects, the longest key that exists first (``{"a.b": {"c": ..}}`` for ``a.b.c``). Raises KeyError
+    (the missing part) when neither exists."""
+    if name in record:
+        return record[name]
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:i])
+        if head in record:
+            inner = record[head]
+            if not isinstance(inner, dict):
+                raise KeyError(f"{head!r} is a JSON {_json_type(inner)}, not an object holding {'.'.join(parts[i:])!r}")
+            return field_value(inner, ".".join(parts[i:]))
+    raise KeyError(name)
+
+
+def _text_value(value) -> str | None:
+    """A JSON text value as a document's text: a string as it is, an array of strings (nulls left out)
+    joined by :data:`LIST_SEPARATOR`; None for any other value."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(v is None or isinstance(v, str) for v in value):
+        return LIST_SEPARATOR.join(v for v in value if v is not None)
+    return None
+
+
+def _parse_line(raw: bytes, config: ReaderConfig) -> tuple[tuple[dict, str] | None, str | None]:
+    """((record, text), None) for a JSON object whose ``text_field`` (:func:`field_value`) is a string or
+    an array of strings (:func:`_text_value`), else (None, the reason). Every
     exception of the parser is a reason: besides invalid JSON, ``RecursionError`` (nesting deeper than
     the interpreter's recursion limit) and ``ValueError`` (an integer of more digits than Python's
     int-string conversion limit, ``sys.get_int_max_str_digits()``, 4300 by default)."""
@@ -581,14 +647,18 @@ def _parse_line(raw: bytes, config: ReaderConfig) -> tuple[dict | None, str | No
         return None, f"cannot parse the JSON: {exception_text(e)}"
     if not isinstance(record, dict):
         return None, f"no string field {config.text_field!r}: the line is a JSON {_json_type(record)}, not an object"
-    if config.text_field not in record:
+    try:
+        value = field_value(record, config.text_field)
+    except KeyError as e:
+        where = "" if e.args[0] == config.text_field else f"{e.args[0]}; "
         return (
             None,
-            f"no string field {config.text_field!r}: {missing_field_hint(list(record), 'the record has fields')}",
+            f"no string field {config.text_field!r}: {where}{missing_field_hint(list(record), 'the record has fields')}",
         )
-    if not isinstance(record[config.text_field], str):
-        return None, f"no string field {config.text_field!r}: it is a JSON {_json_type(record[config.text_field])}"
-    return record, None
+    text = _text_value(value)
+    if text is None:
+        return None, f"no string field {config.text_field!r}: it is a JSON {_json_type(value)}"
+    return (record, text), None
 
 
 def exception_text(e: BaseException) -> str:
@@ -603,12 +673,13 @@ def _jsonl_record(raw: bytes, config: ReaderConfig) -> tuple[tuple | None, str |
     try:
         if config.format == "chat":
             return _chat_record(raw, config)
-        record, reason = _parse_line(raw, config)
+        parsed, reason = _parse_line(raw, config)
         if reason:
             return None, reason
+        record, text = parsed
         record_id = value_text(record.get(config.id_field)) if config.id_field else None
         label = value_text(record.get(config.label_field)) if config.label_field else None
-        return (record_id, label, record[config.text_field], None), None
+        return (record_id, label, text, None), None
     except Exception as e:  # noqa: BLE001 -- one record's fault rejects that record
         return None, f"cannot read the record: {exception_text(e)}"
 
@@ -663,20 +734,23 @@ def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
     piece of a split file agrees."""
     bad: list[tuple[int, str]] = []
     with src.open() as f:
-        for pos, raw in enumerate(f, start=1):
-            if pos == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if not raw.strip():
-                continue
-            reason = _jsonl_record(raw, config)[1]
-            if reason is None:
-                return None
-            bad.append((pos, reason))
-            if len(bad) >= UNREADABLE_PREFIX:
-                break
+        try:
+            for pos, raw in enumerate(f, start=1):
+                if pos == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+                if not raw.strip():
+                    continue
+                reason = _jsonl_record(raw, config)[1]
+                if reason is None:
+                    return None
+                bad.append((pos, reason))
+                if len(bad) >= UNREADABLE_PREFIX:
+                    break
+        except Exception:  # noqa: BLE001 -- a stream that ends early is judged by its lines before; the reading says the rest
+            pass
     if not bad:
         return None
-    more = "" if len(bad) < UNREADABLE_PREFIX else " (not read further)"
+    more = "" if len(bad) < UNREADABLE_PREFIX else " (not parsed further)"
     wrong_type = f"no string field {config.text_field!r}: it is a JSON "  # _parse_line: present, not a string
     lacking = sum(MISSING_FIELD in reason for _, reason in bad)
     if lacking + sum(reason.startswith(wrong_type) for _, reason in bad) == len(bad):
@@ -689,7 +763,7 @@ def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
             else "hold another JSON type"
         )
         which = (
-            f"the first {len(bad)} non-empty lines {what} (the rest was not read)"
+            f"the first {len(bad)} non-empty lines {what} (the rest was not parsed)"
             if more
             else f"its {len(bad)} non-empty lines {what}"
         )
@@ -703,22 +777,34 @@ def _unreadable_file(src: Source, config: ReaderConfig) -> str | None:
 def _read_jsonl(src: Source, config: ReaderConfig, out: Collector) -> Generator[Batch, None, int]:
     """One document per line: a JSON object with a string ``text_field``; ids from ``id_field``.
     Blank lines are counted (``out.blank_lines``), not records."""
-    verdict = _unreadable_file(src, config)
-    if verdict:
-        if src.piece is None or src.piece[0] == 0:  # the first piece speaks for the file
-            out.reject(src.rel, -1, verdict)
-            return 1
-        return 0
-    records = 0
-    with src.open() as f:
-        for pos, raw in _numbered_lines(src, f):
+    verdict = _unreadable_file(src, config)  # decided from the file's start: every piece agrees
+    records = decoded = 0
+    handle: list = []
+    with src.open(handle) as f:
+        lines = _numbered_lines(src, f)
+        pos = 0  # the last line read
+        while True:
+            try:
+                pos, raw = next(lines)
+            except StopIteration:
+                return records
+            except Exception as e:  # noqa: BLE001 -- the stream cannot be read on: the rest is one rejected record
+                at = pos + 1
+                out.reject(
+                    src.rel,
+                    at,
+                    f"line {at}: cannot read the file past line {at - 1} ({records} records read before it): "
+                    f"{_stream_end(handle, e, decoded)}",
+                )
+                return records + 1
+            decoded += len(raw)
             if pos == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             if not raw.strip():
                 out.blank_lines += 1
                 continue
             records += 1
-            fields, reason = _jsonl_record(raw, config)
+            fields, reason = (None, f"{WHOLE_FILE}: {verdict}") if verdict else _jsonl_record(raw, config)
             if reason:
                 out.reject(src.rel, pos, f"line {pos}: {reason}")
             else:
@@ -726,7 +812,27 @@ def _read_jsonl(src: Source, config: ReaderConfig, out: Collector) -> Generator[
                 out.doc(record_id, f"{src.rel}:{pos}", src.rel, pos, f"line {pos}", text, label, messages)
             if out.full():
                 yield out.flush()
-    return records
+
+
+def _stream_end(handle: list, e: BaseException, decoded: int | None = None) -> str:
+    """Where and why a byte stream ended before its end: the byte of the file its reading had reached
+    (``handle``: the file's own handle, from :meth:`Source.open`; for a bad UTF-16 sequence, its
+    byte), the bytes of decompressed text read (``decoded``) and the exception."""
+    where = getattr(e, "position", None)
+    if where is None and handle:
+        try:
+            where = handle[0].tell()
+        except Exception:  # noqa: BLE001 -- a closed or unseekable handle: the byte is not known
+            where = None
+    size = ""
+    if handle:
+        try:
+            size = f" of {handle[0].seek(0, io.SEEK_END):,}"
+        except Exception:  # noqa: BLE001
+            size = ""
+    at = f"the reading ended at byte {where:,}{size} of the file" if where is not None else "the reading ended"
+    text = f", after {decoded:,} bytes of its text" if decoded is not None else ""
+    return f"{at}{text}: {exception_text(e)}"
 
 
 def _text_type_error(t: pa.DataType) -> str | None:
@@ -776,12 +882,106 @@ def _values(arr: pa.Array) -> tuple[list[str | None], dict[int, str]]:
     return [value_text(v) for v in arr.to_pylist()], {}
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _text_column(schema: pa.Schema, name: str) -> tuple[str, list[str]] | str:
+    """Where ``text_field`` ``name`` is in ``schema``: (its column, the struct fields leading to it: none
+    for a column of that name, else the rest of a dotted name, the longest column name that exists
+    first); or the reason it is not there."""
+    if name in schema.names:
+        return name, []
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:i])
+        if head not in schema.names:
+            continue
+        t = schema.field(head).type
+        for part in parts[i:]:
+            if not pa.types.is_struct(t) or t.get_field_index(part) < 0:
+                return (
+                    f"no column {name!r}: column {head!r} is {schema.field(head).type}, "
+                    f"not a struct holding {'.'.join(parts[i:])!r}"
+                )
+            t = t.field(part).type
+        return head, parts[i:]
+    return f"no column {name!r}: {missing_field_hint(schema.names, 'the file has columns')}"
+
+
 def _columnar_file_error(schema: pa.Schema, config: ReaderConfig) -> str | None:
-    """The reason to reject a whole columnar file: no text column, or one that is not text; else None."""
-    if config.text_field not in schema.names:
-        return f"no column {config.text_field!r}: {missing_field_hint(schema.names, 'the file has columns')}"
-    why = _text_type_error(schema.field(config.text_field).type)
-    return f"column {config.text_field!r} is {why}" if why else None
+    """The reason to reject a whole columnar file: no text column (:func:`_text_column`), or one that is
+    not text, null-typed or a list of text; else None."""
+    found = _text_column(schema, config.text_field)
+    if isinstance(found, str):
+        return found
+    column, path = found
+    t = schema.field(column).type
+    for part in path:
+        t = t.field(part).type
+    if pa.types.is_null(t) or (_is_list(t) and _text_type_error(t.value_type) is None):
+        return None
+    why = _text_type_error(t)
+    if why is None:
+        return None
+    why = f"column {config.text_field!r} is {why}"
+    if pa.types.is_struct(t):
+        inner = [f"{config.text_field}.{f.name}" for f in t if _text_type_error(f.type) is None]
+        if inner:
+            why += f"; set raw_corpus text_field to one of its string fields: {', '.join(inner)}"
+    return why
+
+
+def _joined(arr: pa.Array) -> tuple[list[str | None], dict[int, str]]:
+    """A list-of-text column as documents (:func:`_strings` of each list's items): a row's non-null
+    items joined by :data:`LIST_SEPARATOR`, a null list None; a row with an item that is not UTF-8
+    is None, with the reason."""
+    flat, bad_items = _strings(arr.flatten())  # the items of the non-null lists, in order
+    lengths = pc.list_value_length(arr).fill_null(0).to_pylist()
+    valid = arr.is_valid().to_pylist()
+    values: list[str | None] = []
+    bad: dict[int, str] = {}
+    start = 0
+    for i, n in enumerate(lengths):
+        end = start + n
+        wrong = next((k for k in range(start, end) if k in bad_items), None) if bad_items else None
+        if not valid[i]:
+            values.append(None)
+        elif wrong is not None:
+            values.append(None)
+            bad[i] = f"item {wrong - start}: {bad_items[wrong]}"
+        else:
+            values.append(LIST_SEPARATOR.join(v for v in flat[start:end] if v is not None))
+        start = end
+    return values, bad
+
+
+def _texts(rb: pa.RecordBatch, config: ReaderConfig) -> tuple[list[str | None], dict[int, str]]:
+    """The documents' texts of a record batch whose text column passed :func:`_columnar_file_error`,
+    as :func:`_strings`: reached through struct fields, a null-typed column as nulls, a list of text
+    joined (:func:`_joined`)."""
+    column, path = _text_column(rb.schema, config.text_field)
+    arr = rb.column(column)
+    if path:
+        arr = pc.struct_field(arr, path)  # a null struct gives a null text
+    if pa.types.is_null(arr.type):
+        return [None] * len(arr), {}
+    return _joined(arr) if _is_list(arr.type) else _strings(arr)
+
+
+def _read_columns(schema: pa.Schema, config: ReaderConfig) -> list[str]:
+    """The columns a columnar reader reads: the text's (its top column for a dotted text_field), id, label."""
+    found = _text_column(schema, config.text_field)
+    text = [found[0]] if not isinstance(found, str) else []
+    return list(dict.fromkeys(text + [c for c in (config.id_field, config.label_field) if c and c in schema.names]))
+
+
+def _reject_rows(src: "Source", out: Collector, rows: range, why: str) -> Iterator[Batch]:
+    """Each row of a file rejected as a whole, one rejected record per row."""
+    for r in rows:
+        out.reject(src.rel, r, f"row {r}: {WHOLE_FILE}: {why}")
+        if out.full():
+            yield out.flush()
 
 
 def _columnar_batch(
@@ -793,7 +993,7 @@ def _columnar_batch(
     the batch's columns cannot be converted (any exception), each row is rejected with the reason."""
     names = rb.schema.names
     try:
-        texts, bad = _strings(rb.column(config.text_field))
+        texts, bad = _texts(rb, config)
         ids, bad_ids = (
             _values(rb.column(config.id_field)) if config.id_field and config.id_field in names else (None, {})
         )
@@ -846,19 +1046,17 @@ def _read_parquet(src: Source, config: ReaderConfig, out: Collector) -> Generato
     except Exception as e:  # noqa: BLE001 -- pyarrow raises ArrowInvalid/OSError for corrupt or non-Parquet files
         out.reject(src.rel, -1, f"cannot open Parquet file: {e}")
         return 1
-    why = _columnar_file_error(pf.schema_arrow, config)
-    if why:
-        out.reject(src.rel, -1, why)
-        return 1
     groups = list(range(pf.num_row_groups))
     if src.piece is not None:
         i, n = src.piece
         groups = groups[len(groups) * i // n : len(groups) * (i + 1) // n]
-    names = pf.schema_arrow.names
-    columns = list(
-        dict.fromkeys(c for c in (config.text_field, config.id_field, config.label_field) if c and c in names)
-    )
     row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0])) if groups else 0
+    why = _columnar_file_error(pf.schema_arrow, config)
+    if why:  # each row of the piece's row groups (the footer's counts) is a rejected record
+        rows = sum(pf.metadata.row_group(g).num_rows for g in groups)
+        yield from _reject_rows(src, out, range(row, row + rows), why)
+        return rows
+    columns = _read_columns(pf.schema_arrow, config)
     records = 0
     for g in groups:
         rows, done = pf.metadata.row_group(g).num_rows, 0
@@ -908,19 +1106,12 @@ def _read_arrow(src: Source, config: ReaderConfig, out: Collector) -> Generator[
             out.reject(src.rel, -1, f"cannot open Arrow IPC file: {exception_text(e)}")
             return 1
         why = _columnar_file_error(schema, config)
-        if why:
-            out.reject(src.rel, -1, why)
-            return 1
-        columns = list(
-            dict.fromkeys(
-                c for c in (config.text_field, config.id_field, config.label_field) if c and c in schema.names
-            )
-        )
+        columns = _read_columns(schema, config)
         row = i = 0
         while True:
             try:
                 rb = next(it, None)
-                if rb is not None:  # memory-mapped: buffers too short for their lengths must not reach the conversion
+                if rb is not None and not why:  # memory-mapped: buffers too short must not reach the conversion
                     rb = rb.select(columns)
                     rb.validate()  # structure only: full validation would refuse the rows that are not UTF-8
             except Exception as e:  # noqa: BLE001
@@ -933,7 +1124,10 @@ def _read_arrow(src: Source, config: ReaderConfig, out: Collector) -> Generator[
                 return row + 1
             if rb is None:
                 return row
-            yield from _columnar_batch(src, config, out, rb, row)
+            if why:  # each row of the file is a rejected record
+                yield from _reject_rows(src, out, range(row, row + rb.num_rows), why)
+            else:
+                yield from _columnar_batch(src, config, out, rb, row)
             row += rb.num_rows
             i += 1
 
@@ -977,8 +1171,21 @@ def splittable(path: Path | str) -> bool:
     return not r.streams or not (_sniff(path) or Source(path, name, r).utf16)
 
 
+def dangling_link(path: Path | str) -> str | None:
+    """None unless ``path`` is a symbolic link whose target does not exist (or a loop of links), else the
+    reason to reject it, naming the target."""
+    if isinstance(path, str) or not path.is_symlink() or path.exists():
+        return None
+    try:
+        target = os.readlink(path)
+    except OSError as e:
+        target = f"({e.strerror})"
+    return f"dangling symbolic link: its target {target} does not exist (or is a loop of links)"
+
+
 def read_source(src: Source, config: ReaderConfig, out: Collector) -> Iterator[Batch]:
-    """``src.reader.read``, counting a UTF-16 file (``out.utf16_files``). A file that cannot be read
+    """``src.reader.read``, counting a UTF-16 file (``out.utf16_files``). A dangling link is one rejected
+    record (:func:`dangling_link`), whatever its name (its ``src.reader`` may be None). A file that cannot be read
     or decompressed to its end (any exception the reader does not turn into a rejected record)
     becomes one more rejected record (position -1) after whatever it yielded before the fault, the
     reason saying how many records were read before it.
@@ -986,6 +1193,9 @@ def read_source(src: Source, config: ReaderConfig, out: Collector) -> Iterator[B
     Raises RuntimeError when the reader's count of the records it took differs from the documents and
     rejected records it added: a record lost unseen (a fault of the reader, never of the input)."""
     before = out.outcomes
+    if why := dangling_link(src.path):
+        out.reject(src.rel, -1, why)
+        return
     try:
         if src.reader.streams and src.utf16:
             out.utf16_files += 1

@@ -69,13 +69,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from largetrain_core import fs
-from largetrain_core.balance import COPIES
+from largetrain_core import dataset_card, fs
 from largetrain_core.digest import file_digest
 from largetrain_core.storage import ArtifactError, loading, part_files, read_json, write_json_atomic
 from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info, read_tokenizer
@@ -335,6 +333,8 @@ def tokenize_parts(
     Raises ValueError naming the part on a ``copies`` value that is null or below 1, and in a mixture
     on a missing ``corpus`` column or a corpus without a weight; ArtifactError naming a part that
     cannot be read. A run that raises leaves none of its files in ``out_dir``."""
+    from largetrain_core.balance import COPIES  # polars: writing shards only
+
     info = load_tokenizer_info(tokenizer_path)
     tok = read_tokenizer(info.path)
     out_dir = Path(out_dir)
@@ -617,6 +617,8 @@ def assemble_token_shards(
         if (info.path.parent / name).exists():
             shutil.copy(info.path.parent / name, out_dir / name)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    files = {split: [s["file"] for s in splits[split]["shards"]] for split in SPLITS if splits[split]["shards"]}
+    dataset_card.write(out_dir, "token_shards", files, dataset_card.SHARDS_DESCRIPTION)
     return manifest
 
 
@@ -803,11 +805,15 @@ def build_token_shards(
 
 
 def _part_schema(path: Path) -> dict:
+    import polars as pl  # writing shards only: reading them (TokenShards) needs no polars
+
     with loading(path, "Parquet part file of a text stage (doc_id, text)"):
         return pl.read_parquet_schema(path)
 
 
-def _read_part(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
+def _read_part(path: Path, columns: list[str] | None = None) -> "pl.DataFrame":  # noqa: F821
+    import polars as pl
+
     with loading(path, "Parquet part file of a text stage (doc_id, text)"):
         return pl.read_parquet(path, columns=columns)
 

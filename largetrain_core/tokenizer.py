@@ -46,6 +46,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import json
 import math
 import os
 import re
@@ -59,7 +60,6 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-import polars as pl
 import pyarrow.parquet as pq
 import xxhash
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -106,7 +106,7 @@ def train_bpe(
     max_pretoken_chars: int = MAX_PRETOKEN_CHARS,
 ) -> tuple[TokenizerInfo, dict]:
     """Train a byte-level BPE of ``vocab_size`` ids (EOS included) on batches of texts; write
-    ``out_dir/tokenizer.json``.
+    ``out_dir/tokenizer.json`` and its ``tokenizer_config.json`` (:func:`write_tokenizer_config`).
 
     Long runs are cut before training (module doc, MAX_PRETOKEN_CHARS): every run of more than
     ``max_pretoken_chars`` whitespace or non-whitespace characters reaches the trainer as pieces of at
@@ -160,7 +160,9 @@ def train_bpe(
             raise RuntimeError(
                 f"BPE training process {' '.join(cmd)} exited with status {proc.returncode}:\n" + "\n".join(tail)
             )
-    return load_tokenizer_info(out_dir), stats
+    info = load_tokenizer_info(out_dir)
+    write_tokenizer_config(info)
+    return info, stats
 
 
 def text_bytes(parts: list[Path]) -> int:
@@ -168,6 +170,8 @@ def text_bytes(parts: list[Path]) -> int:
     uncompressed size less 4 bytes per value (PLAIN byte arrays are a 4-byte length and the bytes; the
     page headers and definition levels are counted too, a few bytes per page). A part whose text is
     dictionary-encoded is read and measured instead."""
+    import polars as pl  # reading text parts: not imported by what only reads token shards
+
     total = 0
     for part in parts:
         with loading(part, "Parquet part file of a text stage (doc_id, text)"):
@@ -196,6 +200,8 @@ class TrainingSample:
         """The sampled texts in corpus order, in lists of up to ``batch``; ``stats`` (if given) gets
         ``corpus_documents`` (documents looked at) and ``sampled_documents``. Reads a part's text only
         when one of its documents is sampled."""
+        import polars as pl
+
         limit = math.ceil(self.fraction * 2**64)  # h / 2**64 < fraction, exactly, for an integer h
         seen = taken = 0
         for part in self.parts:
@@ -392,7 +398,8 @@ def encode_documents(tok: Tokenizer, info: TokenizerInfo, texts: list[str]) -> l
 
 def save_hf_tokenizer(info: TokenizerInfo, out_dir: Path) -> None:
     """Write the tokenizer as a transformers ``PreTrainedTokenizerFast`` directory (tokenizer.json,
-    tokenizer_config.json with eos/bos), loadable with ``AutoTokenizer.from_pretrained``.
+    tokenizer_config.json: :func:`save_tokenizer`), loadable with ``AutoTokenizer.from_pretrained`` in
+    transformers 4.x and 5.
 
     ``split_special_tokens`` is saved as true, so ``AutoTokenizer`` encodes text that spells a special
     token as plain text, the same ids as :func:`encode_documents` (module doc); EOS/BOS are added by id."""
@@ -402,7 +409,57 @@ def save_hf_tokenizer(info: TokenizerInfo, out_dir: Path) -> None:
     kwargs = {"eos_token": tok.id_to_token(info.eos_id), "split_special_tokens": True}
     if info.bos_id is not None:
         kwargs["bos_token"] = tok.id_to_token(info.bos_id)
-    PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs).save_pretrained(str(out_dir))
+    save_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs), out_dir)
+
+
+# keys transformers 5 writes into tokenizer_config.json that name its own loading, not the tokenizer
+_LOADER_KEYS = ("backend", "is_local", "local_files_only")
+
+
+def save_tokenizer(tokenizer, out_dir: Path) -> None:
+    """``tokenizer.save_pretrained(out_dir)``, then make its tokenizer_config.json one that older tools
+    load: transformers 5 names its own class (``TokenizersBackend``), which transformers 4.x and the
+    tools that pin it (optimum-onnx, llama.cpp's converter) cannot import; the file names
+    ``PreTrainedTokenizerFast``, which both majors load from the same tokenizer.json (added special
+    tokens as ``additional_special_tokens``: 4.x reads 5.x's ``extra_special_tokens`` list as a
+    mapping and fails). A tokenizer
+    without a pad token gets EOS as its pad token (GPT-2's convention), so batched padding works; the
+    model's config.json keeps ``pad_token_id`` null (largetrain_core.model.build_config), so EOS's
+    embedding row still trains. Every transformers tokenizer the project writes goes through here."""
+    out_dir = Path(out_dir)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.save_pretrained(str(out_dir))
+    cfg_file = out_dir / "tokenizer_config.json"
+    cfg = read_json(cfg_file, "transformers tokenizer_config.json")
+    for key in _LOADER_KEYS:
+        cfg.pop(key, None)
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if isinstance(cfg.get("extra_special_tokens"), list):  # 5.x's list is 4.x's additional_special_tokens
+        cfg["additional_special_tokens"] = cfg.pop("extra_special_tokens")
+    cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def write_tokenizer_config(info: TokenizerInfo) -> Path:
+    """Write ``tokenizer_config.json`` beside ``info.path`` (a trained tokenizer.json), naming its special
+    tokens: ``eos_token``, ``bos_token`` when there is one, the class ``PreTrainedTokenizerFast``,
+    ``split_special_tokens``. Megatron-Core's Hugging Face tokenizer and ``AutoTokenizer`` pointed at the
+    directory then find the end-of-text token. No pad token: Megatron-Core's GPTDataset warns of a pad
+    id that collides with EOS (the model exports declare one: :func:`save_tokenizer`). tokenizer.json is
+    left byte for byte (its digest, ``info.sha256``, is in the shards' versions). Returns the file's path."""
+    tok = read_tokenizer(info.path)
+    eos = tok.id_to_token(info.eos_id)
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos,
+        "split_special_tokens": True,
+        "clean_up_tokenization_spaces": False,
+    }
+    if info.bos_id is not None:
+        cfg["bos_token"] = tok.id_to_token(info.bos_id)
+    out = info.path.parent / "tokenizer_config.json"
+    out.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
 
 
 def copy_tokenizer(src: Path, out_dir: Path) -> TokenizerInfo:

@@ -124,7 +124,8 @@ class DeduplicatedTextConfig(Config):
             "Class balancing after dedup (largetrain_core.balance; needs raw_corpus label_field): target share per "
             "label (normalized; `<null>` names documents without a label; a class left out or at 0 is dropped). "
             "{} = uniform over the classes present. null = no balancing (with labels read, a WARNING gives the documents "
-            "per class). Set without labels read: the step fails before any work."
+            "per class). With raw_corpus label_field null: no balancing, with a WARNING. With a label_field that no "
+            "document has: the step fails before any work."
         ),
     )
     balance_mode: str = Field(

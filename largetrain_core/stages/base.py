@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from largetrain_core import artifacts, fs
+from largetrain_core import artifacts, dataset_card, fs
 from largetrain_core.artifacts import Built
 from largetrain_core.executors.base import RECORD, Executor
 
@@ -134,8 +134,18 @@ class StageRun:
         """The asset key and partition in words (``domain/cleaned_text partition 000``)."""
         return "/".join(self.asset) + (f" partition {self.partition}" if self.partition is not None else "")
 
-    def build_or_reuse(self, version: str, build: Callable[[Path], dict]) -> Built:
-        """largetrain_core.artifacts.build_or_reuse of ``<root>/<key>/<version>/``."""
+    def build_or_reuse(self, version: str, build: Callable[[Path], dict], documents: bool = False) -> Built:
+        """largetrain_core.artifacts.build_or_reuse of ``<root>/<key>/<version>/``. ``documents``: the
+        version holds a text asset's documents as ``part-*.parquet``; a dataset card (README.md:
+        largetrain_core.dataset_card) says so to readers of the directory."""
+        if documents:
+            inner = build
+
+            def build(out: Path) -> dict:
+                stats = inner(out)
+                dataset_card.write(out, self.name, dataset_card.TEXT_FILES, dataset_card.TEXT_DESCRIPTION)
+                return stats
+
         return artifacts.build_or_reuse(artifacts.location(self.root, self.key, version), build, self.log)
 
     def cache_file(self, *parts: str) -> Path:

@@ -36,7 +36,9 @@ def cleaned_text(
     part = {k: raw.stats[k] for k in ("partition", "partitions")}
     step = WithSignatures(Cleaning(quality), dedup)
     built = run.build_or_reuse(
-        version, lambda out: {**run.executor.map_parts(step, raw.path, out), **part, "dedup": dedup.to_dict()}
+        version,
+        lambda out: {**run.executor.map_parts(step, raw.path, out), **part, "dedup": dedup.to_dict()},
+        documents=True,
     )
     stats = built.stats
     result = StageResult.built(

@@ -129,8 +129,14 @@ def deduplicated_text(
         _check_not_empty(where, group, raw, cleaned)
     dedup = dataclasses.replace(minhash_settings(role, cleaned), near=near)
     raw_dirs, cleaned_dirs = [raw[k].path for k in keys], [cleaned[k].path for k in keys]
-    if balance:
-        _check_labels(role, raw_dirs)
+    unlabelled = None
+    if balance and not _check_labels(role, raw_dirs):  # label_field null: no balancing, said at WARNING
+        balance = None
+        unlabelled = (
+            f"{role}/deduplicated_text: balance_target is set but raw_corpus label_field is null, so there is "
+            "nothing to balance on: not balanced. Set label_field (and re-materialize raw_corpus) to balance, or "
+            "balance_target: null to silence this."
+        )
     # the balance settings enter the version only when set, so unbalanced versions stay as they were
     version = data_version(
         CODE_VERSIONS["deduplicated_text"],
@@ -167,12 +173,13 @@ def deduplicated_text(
         outcome_table(raw_dirs, cleaned_dirs, out).write_parquet(out / "outcomes.parquet")
         return stats
 
-    built = run.build_or_reuse(version, build)
+    built = run.build_or_reuse(version, build, documents=True)
     result = StageResult.built(built, version, metadata=executor_metadata(built.stats))
     rejected_files = [stored_location(raw[k].path / "rejected.parquet") for k in keys if raw[k].stats.get("rejected")]
     if rejected_files:  # the partitions' rejected records, for the summary (each raw_corpus run logged its reasons)
         result.metadata["rejected_files"] = Json(rejected_files)
     _report_balance(result, role)
+    result.warn(unlabelled)
     pii = pii_redactions([cleaned[k].stats for k in keys])
     if pii:  # replacements in the kept text, beside the accounting (they remove no document)
         result.metadata |= {
@@ -347,19 +354,21 @@ def _check_not_empty(role: str, keys: list[str], raw: dict, cleaned: dict) -> No
     )
 
 
-def _check_labels(role: str, raw_dirs: list[Path]) -> None:
-    """Balancing needs labels: fails before any work when raw_corpus read none."""
+def _check_labels(role: str, raw_dirs: list[Path]) -> bool:
+    """Whether to balance, given a balance_target: False when raw_corpus read no label column
+    (label_field null: nothing to balance on). Fails before any work when a label_field was read but
+    no document has it (a misnamed field)."""
     read = label_histogram(raw_dirs)
-    if read is None or set(read) <= {NULL_LABEL}:
+    if read is None:
+        return False
+    if set(read) <= {NULL_LABEL}:
         raise StageError(
-            f"{role}/deduplicated_text: balance_target is set but no labels were read: "
-            + (
-                "raw_corpus label_field is null (set it to the field holding the class)"
-                if read is None
-                else f"none of the {read.get(NULL_LABEL, 0):,} documents has the field raw_corpus label_field names"
-            )
-            + f". Set label_field and re-materialize {role}/raw_corpus for every partition, or set balance_target: null."
+            f"{role}/deduplicated_text: balance_target is set but no labels were read: none of the "
+            f"{read.get(NULL_LABEL, 0):,} documents has the field raw_corpus label_field names. Set label_field to "
+            f"the field holding the class and re-materialize {role}/raw_corpus for every partition, or set "
+            "label_field: null (no balancing)."
         )
+    return True
 
 
 def _check_ids(role: str, raw_dirs: list[Path], keys: list[str], spill_dir: Path) -> None:

@@ -225,7 +225,7 @@ def filtered_text(
         outcome_table(raw_dirs, cleaned_dirs, text.path, out).write_parquet(out / "outcomes.parquet")
         return stats
 
-    built = run.build_or_reuse(version, build)
+    built = run.build_or_reuse(version, build, documents=True)
     stats = built.stats
     result = StageResult.built(built, version, metadata=executor_metadata(stats))
     acc = corpus_accounting(raw_dirs, cleaned_dirs, text.path, built.path)

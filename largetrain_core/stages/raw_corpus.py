@@ -14,7 +14,7 @@ from pathlib import Path
 
 from largetrain_core import fs
 from largetrain_core.artifacts import CODE_VERSIONS
-from largetrain_core.corpus import describe_rejections, fingerprint, rejection_error
+from largetrain_core.corpus import describe_rejections, fingerprint, holds_records, rejection_error
 from largetrain_core.provenance import check_provenance, describe, read_provenance
 from largetrain_core.readers import ReaderConfig
 from largetrain_core.stages.base import Json, StageError, StageResult, StageRun, Text, executor_metadata, mib, percent
@@ -43,7 +43,8 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
     not_sampled, parts, rejected_by_file), the partition, ``source`` (the corpus, resolved),
     ``content_digest`` and ``provenance`` (None without a provenance file). Warnings: rejected
     records with the top reasons, files no reader knows, renamed ids, a corpus that no longer matches
-    its provenance."""
+    its provenance, a corpus that holds no record (:func:`largetrain_core.corpus.holds_records`, probed
+    when this partition read none)."""
     source, shown = reader.path, fs.redact(reader.path)
     where = f"{shown} (partition {run.partition})"
     if fs.is_url(source):  # before any work: a missing bucket or prefix, wrong credentials, no endpoint
@@ -80,6 +81,11 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
             **executor_metadata(stats),
         },
     )
+    if not read and not holds_records(source):  # an empty partition is fine; an empty corpus is said at once
+        result.warn(
+            f"{shown}: the {run.asset[0]} corpus holds no record: each of its corpus files is empty, holds blank "
+            "lines only or is a Parquet file of no rows. deduplicated_text, the first global step, will fail on it."
+        )
     if stats["rejected"]:
         reasons = describe_rejections(rejected)
         result.warn(

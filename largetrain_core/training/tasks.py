@@ -115,7 +115,9 @@ def _write_split(path: Path, columns: dict[str, np.ndarray], seq_len: int) -> No
 
 
 def _write_manifest(out: Path, manifest: dict, tokenizer) -> dict:
-    tokenizer.save_pretrained(str(out))
+    from largetrain_core.tokenizer import save_tokenizer
+
+    save_tokenizer(tokenizer, out)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
@@ -251,7 +253,7 @@ def build_model(cfg, data: TaskExamples):
     ``cfg.model.base_model``, fp32, activation checkpointing per ``cfg.parallelism`` (module doc)."""
     import torch
 
-    from largetrain_core.model import load_model
+    from largetrain_core.model import enable_activation_checkpointing, load_model
     from largetrain_core.training.lora import add_lora
 
     ckpt = cfg.parallelism.activation_checkpointing
@@ -269,9 +271,7 @@ def build_model(cfg, data: TaskExamples):
             seed=cfg.seed,
         )
         if ckpt:
-            model.get_base_model().activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False}
-            )
+            enable_activation_checkpointing(model.get_base_model())
             model.enable_input_require_grads()
         return model, targets
     model = load_model(Path(cfg.model.base_model))
@@ -280,7 +280,7 @@ def build_model(cfg, data: TaskExamples):
         torch.manual_seed(cfg.seed)
         model.resize_token_embeddings(data.manifest["vocab_size"], mean_resizing=False)
     if ckpt:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     return add_lora(model, cfg.lora, ckpt, trainable_token_indices=added)
 
 
@@ -295,10 +295,11 @@ def export(module, cfg, data: TaskExamples, state: dict | None, tmp: Path) -> No
 
     from transformers import AutoTokenizer
 
+    from largetrain_core.tokenizer import save_tokenizer
     from largetrain_core.training.export import save_adapter
 
     save_adapter(module, cfg.lora.adapter_name, state, tmp)
-    AutoTokenizer.from_pretrained(str(data.directory), local_files_only=True).save_pretrained(str(tmp))
+    save_tokenizer(AutoTokenizer.from_pretrained(str(data.directory), local_files_only=True), tmp)
     if cfg.task == "classification":
         config = copy.deepcopy(module.get_base_model().config)
         config.architectures = [type(module.get_base_model()).__name__]
@@ -327,12 +328,13 @@ def export_chat_merged(base_model: Path, adapter: Path, final: Path, probe_ids) 
     written and ValueError says by how much they differ."""
     import shutil
 
+    from largetrain_core.tokenizer import save_tokenizer
     from largetrain_core.training.export import MERGE_TOLERANCE, merge_into
 
     model, tok = load_chat_adapter(base_model, adapter)
     tmp = final.with_name(f".tmp-{final.name}")
     diff = merge_into(model, probe_ids, tmp)
-    tok.save_pretrained(str(tmp))
+    save_tokenizer(tok, tmp)
     if not diff <= MERGE_TOLERANCE:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(

@@ -43,7 +43,7 @@ from largetrain_core.launch import (
     raise_on_sigterm,
     terminated,
 )
-from largetrain_core.model import build_model, load_model, parameter_count
+from largetrain_core.model import build_model, enable_activation_checkpointing, load_model, parameter_count
 from largetrain_core.shards import DistributedSampler
 from largetrain_core.storage import write_json_atomic
 from largetrain_core.training import checkpoints, distributed, preflight, sync, tasks
@@ -236,7 +236,7 @@ class Trainer:
                     f"do not fit the base model's vocabulary of {model.config.vocab_size}"
                 )
         if cfg.parallelism.activation_checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
         if cfg.mode == "lora":
             model, targets = add_lora(model, cfg.lora, cfg.parallelism.activation_checkpointing)
             self.info(f"LoRA r={cfg.lora.r} lora_alpha={cfg.lora.lora_alpha} on {targets}")

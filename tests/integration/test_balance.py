@@ -270,18 +270,23 @@ def test_labels_read_but_not_balanced_warn_and_show_the_class_counts(tmp_path):
     assert "labels read" not in summary
 
 
-def test_balance_target_without_labels_fails_before_any_work(tmp_path):
+def test_balance_target_with_label_field_null_does_not_balance_and_a_misnamed_label_field_fails(tmp_path):
+    """label_field: null (recipe 1's comment offers it) means no balancing, said at WARNING, whatever
+    balance_target says; a label_field that no document has fails before any work."""
     src = _labelled_corpus(tmp_path / "labelled.jsonl")
     root = tmp_path / "root"
-    for raw, why in (
-        ({}, "raw_corpus label_field is null (set it to the field holding the class)"),
-        ({"label_field": "category"}, "none of the 14 documents has the field raw_corpus label_field names"),
-    ):
-        ok, _, failures, md, _ = _run_chain(root, src, raw, {"balance_target": {}, "balance_mode": "upsample"})
-        assert not ok and not md
-        (msg,) = failures
-        assert (
-            f"domain/deduplicated_text: balance_target is set but no labels were read: {why}. Set label_field and "
-            "re-materialize domain/raw_corpus for every partition, or set balance_target: null." in msg
-        )
-        assert not (root / "domain" / "deduplicated_text").exists()  # nothing deduplicated, nothing written
+    balance = {"balance_target": {}, "balance_mode": "upsample"}
+    ok, warnings, failures, md, _ = _run_chain(root, src, {"label_field": None}, balance)
+    assert ok and not failures and "balance" not in md[0]
+    assert (
+        "domain/deduplicated_text: balance_target is set but raw_corpus label_field is null, so there is nothing "
+        "to balance on: not balanced." in " ".join(warnings)
+    )
+    ok, _, failures, md, _ = _run_chain(root, src, {"label_field": "category"}, balance)
+    assert not ok and not md
+    (msg,) = failures
+    assert (
+        "domain/deduplicated_text: balance_target is set but no labels were read: none of the 14 documents has the "
+        "field raw_corpus label_field names. Set label_field to the field holding the class and re-materialize "
+        "domain/raw_corpus for every partition, or set label_field: null (no balancing)." in msg
+    )

@@ -1,12 +1,13 @@
 """Issue 15: why records were rejected is said where the user looks, for every reader format.
 
 The max_rejected_fraction failure names the top reasons (count, first file:line) and, for a missing
-text field, the fields the records have; a file rejected as a whole is said to count as one record.
+text field, the fields the records have; a file rejected as a whole is said to count as its lines or rows.
 A successful run with rejected records logs a WARNING (count, reasons, rejected.parquet), and the
 summary prints the rejected.parquet paths."""
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,15 +42,15 @@ def test_a_wrong_text_field_names_the_fields_the_records_have_in_every_format(tm
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
     stats, cfg, rejected = _ingest(jsonl, tmp_path, text_field="body")
     msg = rejection_error(stats, cfg, rejected)
-    # the whole file is one record: said so, with the reason and the setting to change
+    # the whole file counts as its lines: said so, with the reason and the setting to change
     assert msg.startswith(
-        "1 of 1 records rejected, more than max_rejected_fraction=0.05; by file: tickets.jsonl (1). "
-        "1 file rejected as a whole, each counted as one record however many lines it has. "
+        "150 of 150 records rejected, more than max_rejected_fraction=0.05; by file: tickets.jsonl (150). "
+        "1 file rejected as a whole, counted as 150 records (each row or line of such a file is one). "
     )
     assert (
-        f"1 x no string field 'body' on any line: the first {UNREADABLE_PREFIX} non-empty lines lack it (the rest "
-        "was not read); line 1: the record has fields id, category, text; set raw_corpus text_field to the one "
-        "holding the text (first: tickets.jsonl (whole file))"
+        f"150 x the whole file is rejected: no string field 'body' on any line: the first {UNREADABLE_PREFIX} "
+        "non-empty lines lack it (the rest was not parsed); line 1: the record has fields id, category, text; set "
+        "raw_corpus text_field to the one holding the text (first: tickets.jsonl:1)"
     ) in msg
     assert "is it JSON Lines?" not in msg
 
@@ -67,8 +68,8 @@ def test_a_wrong_text_field_names_the_fields_the_records_have_in_every_format(tm
         stats, cfg, rejected = _ingest(d / name, sub, text_field="body")
         msg = rejection_error(stats, cfg, rejected)
         assert (
-            f"1 x no column 'body': the file has columns id, category, text; set raw_corpus text_field to the one "
-            f"holding the text (first: {name} (whole file))"
+            f"150 x the whole file is rejected: no column 'body': the file has columns id, category, text; set "
+            f"raw_corpus text_field to the one holding the text (first: {name}, row 0)"
         ) in msg, msg
 
 
@@ -142,7 +143,10 @@ def test_dagster_failure_says_why_and_a_successful_run_warns_and_the_summary_poi
     assert not result.success
     (failure,) = [e for e in logs if e.dagster_event and e.dagster_event.is_step_failure]
     msg = failure.dagster_event.step_failure_data.error.message
-    assert f"{corpus} (partition " in msg and "1 of 1 records rejected" in msg and "1 file rejected as a whole" in msg
+    # the file is split into pieces, one per partition: each piece's lines count
+    assert f"{corpus} (partition " in msg and " records rejected" in msg and "1 file rejected as a whole" in msg
+    rejected, read = re.search(r"\(partition \d+\): (\d+) of (\d+) records rejected", msg).groups()
+    assert rejected == read and int(read) > 1  # every line of the partition's piece
     assert "the record has fields id, category, text; set raw_corpus text_field" in msg
     assert "Every rejected record: " in msg and msg.rstrip().endswith("rejected.parquet")
     instance.dispose()

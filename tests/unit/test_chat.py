@@ -123,21 +123,19 @@ def test_a_messages_jsonl_file_read_as_a_corpus_is_not_called_not_json_lines(tmp
     lines = [{"messages": [_m("user", f"q{i}"), _m("assistant", "a")]} for i in range(3)]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     _, rej = read_all(path, text_field="messages")
-    assert rej.to_pylist() == [
-        {
-            "source": "chat.jsonl",
-            "position": -1,
-            "reason": "no string field 'messages' on any line: its 3 non-empty lines hold another JSON type; "
-            "line 1: it is a JSON array; set raw_corpus text_field to the one holding the text",
-        }
-    ]
+    why = (
+        "the whole file is rejected: no string field 'messages' on any line: its 3 non-empty lines hold another "
+        "JSON type; line 1: it is a JSON array; set raw_corpus text_field to the one holding the text"
+    )
+    assert rej.to_pylist() == [{"source": "chat.jsonl", "position": n, "reason": f"line {n}: {why}"} for n in (1, 2, 3)]
     # the same fault mixed with lines that lack the field
     path.write_text(json.dumps({"messages": "x"})[:0] + json.dumps({"other": 1}) + "\n" + json.dumps(lines[0]) + "\n")
     _, rej = read_all(path, text_field="messages")
-    assert rej.column("reason").to_pylist() == [
-        "no string field 'messages' on any line: its 2 non-empty lines lack it or hold another JSON type; line 1: "
-        "the record has fields other; set raw_corpus text_field to the one holding the text"
-    ]
+    why = (
+        "the whole file is rejected: no string field 'messages' on any line: its 2 non-empty lines lack it or hold "
+        "another JSON type; line 1: the record has fields other; set raw_corpus text_field to the one holding the text"
+    )
+    assert rej.column("reason").to_pylist() == [f"line {n}: {why}" for n in (1, 2)]
     # a line that is not JSON still asks whether it is JSON Lines
     path.write_text("[\n" + json.dumps(lines[0]) + "\n")
     _, rej = read_all(path, text_field="messages")
@@ -459,6 +457,10 @@ def test_a_conversation_file_read_as_text_says_to_set_format_chat(tmp_path):
     out = tmp_path / "raw"
     out.mkdir()
     ingest(ReaderConfig(path=str(src)), out)
-    (reason,) = pl.read_parquet(out / "rejected.parquet")["reason"].to_list()
-    assert reason.startswith("no string field 'text' on any line: its 2 non-empty lines lack it")
+    reasons = pl.read_parquet(out / "rejected.parquet")["reason"].to_list()
+    assert len(reasons) == 2 and len({r.split(": ", 1)[1] for r in reasons}) == 1  # each line, the file's reason
+    reason = reasons[0]
+    assert reason.startswith(
+        "line 1: the whole file is rejected: no string field 'text' on any line: its 2 non-empty lines lack it"
+    )
     assert reason.endswith("or, for conversations (largetrain_core.chat), set raw_corpus format: chat")

@@ -148,12 +148,14 @@ def test_parquet_bad_files_and_rows_are_rejected(tmp_path):
     docs, rej = read_all(tmp_path, id_field="id")
     assert docs.column("doc_id").to_pylist() == ["1", "3"]
     assert docs.column("text").to_pylist() == ["a", "c"]
+    # a file without the text column counts as its rows (the footer's count); one that cannot be opened,
+    # whose rows are unknown, as one record
     assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [
         ("a.parquet", 1),
-        ("b.parquet", -1),
+        ("b.parquet", 0),
         ("c.parquet", -1),
     ]
-    assert "no column 'text'" in rej.column("reason")[1].as_py()
+    assert rej.column("reason")[1].as_py().startswith("row 0: the whole file is rejected: no column 'text'")
     assert "cannot open Parquet file" in rej.column("reason")[2].as_py()
 
 
@@ -161,9 +163,18 @@ def test_truncated_gzip_is_a_rejected_record(tmp_path):
     blob = gzip.compress(b"".join(json.dumps({"text": f"document {i} " * 20}).encode() + b"\n" for i in range(200)))
     (tmp_path / "a.jsonl.gz").write_bytes(blob[: len(blob) // 2])
     docs, rej = read_all(tmp_path)
-    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [("a.jsonl.gz", -1)]
-    assert "cannot read file" in rej.column("reason")[0].as_py()
-    assert docs.num_rows < 200  # whatever was complete before the cut; counted, not silently dropped
+    # whatever was complete before the cut is kept; the rest is one record at the next line, saying where
+    assert 0 < docs.num_rows < 200
+    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [("a.jsonl.gz", docs.num_rows + 1)]
+    n = docs.num_rows
+    assert (
+        rej.column("reason")[0]
+        .as_py()
+        .startswith(
+            f"line {n + 1}: cannot read the file past line {n} ({n} records read before it): the reading ended at "
+            f"byte {len(blob) // 2:,} of {len(blob) // 2:,} of the file, after "
+        )
+    )
 
 
 def test_batches_never_exceed_batch_size_and_keep_every_document_once(tmp_path):
@@ -485,18 +496,30 @@ def test_a_gzip_stream_under_a_plain_jsonl_name_is_read_by_its_magic_bytes(cases
     assert sorted(per) == [0, 0, 400]
 
 
-def test_a_binary_file_under_a_jsonl_name_is_one_rejected_record(tmp_path):
+def test_a_binary_file_under_a_jsonl_name_is_rejected_as_a_whole_counting_its_lines(tmp_path):
     from largetrain_core.readers import UNREADABLE_PREFIX
 
     rng = random.Random(0)
-    (tmp_path / "noise.jsonl").write_bytes(bytes(rng.randrange(256) for _ in range(200_000)))
-    (tmp_path / "three_bad.jsonl").write_text("not json\n[1]\n{}\n")
+    noise = bytes(rng.randrange(256) for _ in range(200_000))
+    (tmp_path / "noise.jsonl").write_bytes(noise)
+    (tmp_path / "three_bad.jsonl").write_text("not json\n[1]\n\n{}\n")
     docs, rej = read_all(tmp_path)
     assert docs.num_rows == 0
-    assert [(r["source"], r["position"]) for r in rej.to_pylist()] == [("noise.jsonl", -1), ("three_bad.jsonl", -1)]
-    noise, three = rej.column("reason").to_pylist()
-    assert noise.startswith(f"no readable JSON line: {UNREADABLE_PREFIX} unreadable lines (not read further)")
-    assert three.startswith("no readable JSON line: 3 unreadable lines, the first: line 1: invalid JSON")
+    # every non-blank line is one rejected record, with the file's reason (max_rejected_fraction counts lines)
+    lines = noise.split(b"\n")
+    lines = [n + 1 for n, line in enumerate(lines) if line.strip() and (n + 1 < len(lines) or line)]
+    got = rej.to_pylist()
+    assert [(r["source"], r["position"]) for r in got] == [("noise.jsonl", n) for n in lines] + [
+        ("three_bad.jsonl", n) for n in (1, 2, 4)
+    ]
+    assert got[0]["reason"].startswith(
+        f"line {lines[0]}: the whole file is rejected: no readable JSON line: {UNREADABLE_PREFIX} unreadable lines "
+        "(not parsed further)"
+    )
+    assert len({r["reason"].split(": ", 1)[1] for r in got if r["source"] == "noise.jsonl"}) == 1
+    assert got[-1]["reason"].startswith(
+        "line 4: the whole file is rejected: no readable JSON line: 3 unreadable lines, the first: line 1: invalid JSON"
+    )
 
 
 def test_unreadable_lines_after_a_readable_one_are_rejected_one_by_one(tmp_path):
@@ -595,12 +618,13 @@ def test_every_parquet_layout_keeps_good_rows_and_rejects_bad_ones(tmp_path, lay
     ]
 
 
-def test_a_text_column_that_is_not_text_is_one_rejected_record(tmp_path):
+def test_a_text_column_that_is_not_text_rejects_each_row(tmp_path):
     pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "numbers.parquet")
     docs, rej = read_all(tmp_path)
     assert docs.num_rows == 0
+    why = "the whole file is rejected: column 'text' is int64, not a string or binary column"
     assert rej.to_pylist() == [
-        {"source": "numbers.parquet", "position": -1, "reason": "column 'text' is int64, not a string or binary column"}
+        {"source": "numbers.parquet", "position": r, "reason": f"row {r}: {why}"} for r in range(3)
     ]
 
 
@@ -780,3 +804,17 @@ def test_arrow_ipc_files_are_read_like_parquet(tmp_path, fmt):
     assert got.keys() == {("broken.arrow", -1), (name, 1)}
     assert got[(name, 1)] == "row 1: text: invalid UTF-8 at byte 3: invalid continuation byte"
     assert got[("broken.arrow", -1)].startswith("cannot open Arrow IPC file")
+
+
+def test_holds_records_is_false_only_for_a_corpus_of_nothing(cases, tmp_path):
+    """raw_corpus warns at once on a corpus that holds no record (tests/cases/empty_corpus)."""
+    from largetrain_core.corpus import holds_records
+
+    assert not holds_records(cases / "empty_corpus")
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "blank.jsonl.gz").write_bytes(gzip.compress(b"\n \r\n\t\n" * 50_000))
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), corpus / "none.parquet")
+    assert not holds_records(corpus)
+    (corpus / "late.txt").write_bytes(b" " * 200_000 + b"x")  # content past the first block
+    assert holds_records(corpus)

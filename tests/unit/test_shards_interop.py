@@ -175,6 +175,9 @@ def test_docs_examples_read_the_shards(shard_dir, tmp_path, monkeypatch):
     assert len(ns["files"]) == len(shards.manifest["splits"]["train"]["shards"]) >= 3
     for name in ("windows", "windows_pl", "hf_windows", "h5_windows"):  # pandas, polars, Hugging Face datasets, h5py
         assert ns[name].dtype == np.uint16 and np.array_equal(ns[name], rows), name
+    hf_validation = datasets.load_dataset(str(out), split="validation")  # the directory's README.md: both splits
+    validation = TokenShards(out, "validation")
+    assert hf_validation["input_ids"] == validation.take(range(len(validation))).tolist()
     assert ns["stats"] == (len(shards), int(rows.max()))  # DuckDB
     assert list(ns["first"]) == rows[0].tolist()
     batch = ns["batch"]  # PyTorch
@@ -182,3 +185,61 @@ def test_docs_examples_read_the_shards(shard_dir, tmp_path, monkeypatch):
     assert torch.equal(batch["input_ids"], torch.from_numpy(rows[:8, :-1].astype(np.int64)))
     assert torch.equal(batch["labels"], torch.from_numpy(rows[:8, 1:].astype(np.int64)))
     assert ns["first_document"][-1] == shards.manifest["eos_id"] and len(ns["first_document"]) == ns["offsets"][1]
+
+
+DOC_TEXT = '".largetrain/domain/deduplicated_text/DATA_VERSION"'
+
+
+@pytest.fixture
+def text_assets(tmp_path, sentences):
+    """A raw_corpus -> cleaned_text -> deduplicated_text run of the stages on a small corpus with
+    duplicates and a filtered document, so the version directories hold bookkeeping beside the parts."""
+    from largetrain_core.clean import QualityConfig
+    from largetrain_core.executors.local import LocalExecutor
+    from largetrain_core.readers import ReaderConfig
+    from largetrain_core.stages.base import StageRun
+    from largetrain_core.stages.cleaned_text import cleaned_text
+    from largetrain_core.stages.deduplicated_text import deduplicated_text
+    from largetrain_core.stages.raw_corpus import raw_corpus
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    texts = [" ".join(sentences[i * 10 : (i + 1) * 10]) for i in range(30)] + ["a few words"]
+    for i, text in enumerate(texts + texts[:5]):  # five exact copies
+        (src / f"d{i:02d}.txt").write_text(text)
+    root, ex = tmp_path / "root", LocalExecutor()
+    raw, cleaned = {}, {}
+    for pk in ("0", "1"):
+        raw[pk] = raw_corpus(
+            ReaderConfig(str(src), partition=int(pk), partitions=2),
+            StageRun(root, ("c", "raw_corpus"), pk, executor=ex),
+        )
+        cleaned[pk] = cleaned_text(QualityConfig(), raw[pk], StageRun(root, ("c", "cleaned_text"), pk, executor=ex))
+    dedup = deduplicated_text(True, raw, cleaned, StageRun(root, ("c", "deduplicated_text"), executor=ex))
+    return cleaned, dedup
+
+
+def test_docs_examples_read_the_text_assets(text_assets, tmp_path, monkeypatch):
+    """docs/guides/data-preparation.md's "Reading the text assets", run as written on a deduplicated_text
+    version and on a cleaned_text partition's version (whose filtered.parquet and signatures/ a
+    directory-level read must not take): each reader gives the documents of the part files, in order."""
+    import datasets
+    import polars as pl
+
+    cleaned, dedup = text_assets
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    blocks = [b.text for b in section_blocks(DOC, "Reading the text assets", "python")]
+    assert len(blocks) == 5 and DOC_TEXT in blocks[0]
+    assert cleaned["0"].stats["filtered"] >= 1 and dedup.stats["duplicate"] >= 1  # bookkeeping beside the parts
+    for version in (dedup.path, cleaned["0"].path):
+        assert (version / "README.md").is_file()
+        want = pl.concat([pl.read_parquet(p) for p in sorted(version.glob("part-*.parquet"))])
+        ns: dict = {}
+        for block in blocks:
+            exec(compile(block.replace(DOC_TEXT, repr(str(version))), DOC, "exec"), ns)
+        assert ns["hf_docs"]["doc_id"] == want["doc_id"].to_list() and ns["hf_docs"]["text"] == want["text"].to_list()
+        assert ns["pl_docs"].equals(want.select("doc_id", "text"))
+        assert ns["documents"] == len(want) == len(ns["pd_docs"]) > 0
+        assert ns["pd_docs"]["doc_id"].tolist() == want["doc_id"].to_list()

@@ -136,41 +136,23 @@ def test_megatron_export_writes_the_documents_under_the_whole_prefix(small, tmp_
 
 
 def _megatron_tokenizer(root: Path):
-    """Our tokenizer (tokenizer.json of the shard directory) behind Megatron-Core's tokenizer interface,
-    which its GPTDataset asks for the EOD id and the vocabulary size."""
-    from megatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+    """Megatron-Core's own Hugging Face tokenizer (``MegatronTokenizer.from_pretrained`` with the
+    ``huggingface`` library) pointed at a directory the project wrote: it finds the end-of-text token
+    (``eod``) in the tokenizer_config.json beside tokenizer.json."""
+    from megatron.core.tokenizers import MegatronTokenizer
 
-    from largetrain_core.tokenizer import load_tokenizer_info, read_tokenizer
+    return MegatronTokenizer.from_pretrained(str(root), metadata_path={"library": "huggingface"})
 
-    class Tokenizer_(MegatronLegacyTokenizer):
-        def __init__(self, directory: Path):
-            self.info = load_tokenizer_info(directory)
-            super().__init__(str(self.info.path))
-            self.tok = read_tokenizer(self.info.path)
 
-        def tokenize(self, text):
-            return np.array(self.tok.encode(text, add_special_tokens=False).ids)
-
-        def detokenize(self, ids):
-            return self.tok.decode(list(ids), skip_special_tokens=False)
-
-        @property
-        def vocab(self):
-            return self.tok.get_vocab(with_added_tokens=True)
-
-        @property
-        def inv_vocab(self):
-            return {i: t for t, i in self.vocab.items()}
-
-        @property
-        def vocab_size(self):
-            return self.info.vocab_size
-
-        @property
-        def eod(self):
-            return self.info.eos_id
-
-    return Tokenizer_(root)
+def test_megatron_tokenizer_finds_the_end_of_text_token_in_every_tokenizer_directory(small):
+    """The tokenizer stage's directory and the shards' (which carry the tokenizer that made them) both
+    give Megatron-Core's tokenizer the EOS id as ``eod``, and it encodes as the shards do."""
+    eos = json.loads((small / "shards" / "manifest.json").read_text())["eos_id"]
+    tok = Tokenizer.from_file(str(small / "tok" / "tokenizer.json"))
+    for directory in (small / "tok", small / "shards"):
+        megatron = _megatron_tokenizer(directory)
+        assert megatron.eod == eos and megatron.vocab_size == tok.get_vocab_size()
+        assert list(megatron.tokenize("the quick brown fox")) == tok.encode("the quick brown fox").ids
 
 
 @pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed")
@@ -197,9 +179,10 @@ def test_megatron_core_reads_the_export_and_its_gpt_dataset_samples_whole_docume
     assert joined > len(train) // 2  # most samples span a document boundary: the check above is exercised
 
 
-def gpt_dataset(prefix: str, shards_dir: Path, seq_len: int, cache: Path):
+def gpt_dataset(prefix: str, shards_dir: Path, seq_len: int, cache: Path, tokenizer=None):
     """megatron-core's GPTDataset over one IndexedDataset prefix, built by its BlendedMegatronDatasetBuilder
-    with its defaults (all of it the train split, ``sequence_length`` = our seq_len)."""
+    with its defaults (all of it the train split, ``sequence_length`` = our seq_len), with Megatron's
+    tokenizer of the shards' directory unless ``tokenizer`` is given."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
@@ -208,7 +191,7 @@ def gpt_dataset(prefix: str, shards_dir: Path, seq_len: int, cache: Path):
         sequence_length=seq_len,
         blend=([prefix], None),
         split="1,0,0",
-        tokenizer=_megatron_tokenizer(shards_dir),
+        tokenizer=tokenizer or _megatron_tokenizer(shards_dir),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
@@ -266,6 +249,7 @@ def test_megatron_export_keeps_the_documents_the_dropped_remainder_cut(tmp_path,
     tokens then EOS, and its GPTDataset samples them; an export that once left the cut ones out held 1
     of the 4 validation documents and none of train."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.tokenizers import MegatronTokenizer
 
     tok = make_word_tokenizer(tmp_path / "tok", [f"w{i}" for i in range(300)])
     eos = 300
@@ -303,7 +287,9 @@ def test_megatron_export_keeps_the_documents_the_dropped_remainder_cut(tmp_path,
         indexed = IndexedDataset(prefix)
         assert [indexed[i].tolist() for i in range(len(indexed))] == documents
         assert indexed.document_indices.tolist() == list(range(len(documents) + 1))
-        dataset = gpt_dataset(prefix, out, 16, tmp_path / "cache" / split)
+        # Megatron's tokenizer without a vocabulary: EOD is id 300, as here (the word vocabulary has no unknown token)
+        null = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=300)
+        dataset = gpt_dataset(prefix, out, 16, tmp_path / "cache" / split, null)
         assert len(dataset) == (info["tokens"] - 1) // 16
         samples_of_documents(dataset, documents, eos, 16)
 

@@ -24,7 +24,7 @@ from largetrain_core.executors.spark.commit import Uploads, attempt, check_outpu
 from largetrain_core.executors.spark.progress import Progress
 from largetrain_core.executors.spark.tasks import items_of, manifest_batch, run_tasks
 from largetrain_core.storage import part_files
-from largetrain_core.readers import ReaderConfig, Source, reader_for
+from largetrain_core.readers import ReaderConfig, Source, dangling_link, reader_for
 
 
 def _ingest_task(spec: dict, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -89,7 +89,10 @@ def ingest(
     )
     whole = one_file or any(src.piece for src in listed.sources)
     rels = [src.rel for src in listed.sources]
-    sizes = [src.size if src.size is not None else fs.size(src.path) for src in listed.sources]
+    sizes = [
+        src.size if src.size is not None else 0 if dangling_link(src.path) else fs.size(src.path)
+        for src in listed.sources
+    ]
     spec = {
         "config": config,
         "out": str(out_dir),
