@@ -731,8 +731,10 @@ def verify_assignment(
     verification failed, :data:`UNVERIFIED_SCHEMA` plus ``row``: kept documents with a candidate pair to an
     earlier document, ``candidate_of`` the most similar kept one of those (else the most similar) and
     ``similarity`` to it). ``verify``
-    None, or no near candidate: the assignment as it is, nothing kept. Memory: the candidate documents'
-    texts, then their shingle sets (8 bytes per shingle, a few times) and their pairs."""
+    None, or no near candidate: the assignment as it is, nothing kept. Memory, for the candidate
+    documents only: their texts, then their shingle sets (8 bytes per shingle, a few times), their
+    MinHash signatures (896 bytes each at 14 x 8) and their pairs (at most bands * max_bucket_pairs
+    per document, 16 bytes each plus a similarity)."""
     none_kept = pl.DataFrame(schema={"row": pl.Int64, **UNVERIFIED_SCHEMA})
     if verify is None or not assignment.height or not (assignment["kind"] == "near").any():
         return assignment.select(*ASSIGNMENT_SCHEMA), none_kept
