@@ -264,6 +264,7 @@ def test_labels_read_but_not_balanced_warn_and_show_the_class_counts(tmp_path):
     )
     assert md[0]["labels_not_balanced"].value == {"a": 6, "b": 2, "c": 3, "<null>": 1}
     assert "  labels read, not balanced (balance_target null): documents per class a 6, c 3, b 2, <null> 1" in summary
+    assert "/ duplicates 1 (exact 1, near 0 verified, 0 candidates kept by verification) /" in summary
 
     # no label_field: nothing to say
     ok, warnings, _, md, summary = _run_chain(tmp_path / "root", src, {}, {})
