@@ -108,7 +108,16 @@ sys.path.insert(0, str(ROOT))
 from largetrain_core.clean import QualityConfig, clean_corpus, normalize  # noqa: E402
 from largetrain_core.corpus import ingest  # noqa: E402
 from largetrain_core.readers import ReaderConfig  # noqa: E402
-from largetrain_core.dedup import DedupConfig, dedup_key, deduplicate, key_hashes, minhash  # noqa: E402
+from largetrain_core.dedup import (  # noqa: E402
+    DedupConfig,
+    VerifyConfig,
+    dedup_key,
+    deduplicate,
+    key_hashes,
+    minhash,
+    pair_jaccard,
+    shingle_sets,
+)
 
 CORPORA = ROOT / ".largetrain" / "corpora"
 
@@ -310,24 +319,36 @@ def bench_clean(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path, s
 
 
 def bench_dedup(raw: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) -> dict:
+    """Our deduplicate (verified, the default) against datatrove's MinHash, and against our connected
+    components unverified (verify=None): ``verification_cost`` = verified seconds / unverified seconds."""
     WS = _tokenizers()
-    stats = {}
+    stats, unverified = {}, {}
 
     def ours(out):
         stats.update(deduplicate(raw, out, DedupConfig()))
 
-    times = _interleaved({"ours": ours, "datatrove": lambda out: _dt_minhash(jsonl, out, WS())}, repeats, tmp / "dedup")
+    def ours_unverified(out):
+        unverified.update(deduplicate(raw, out, DedupConfig(), verify=None))
+
+    times = _interleaved(
+        {"ours": ours, "ours_unverified": ours_unverified, "datatrove": lambda out: _dt_minhash(jsonl, out, WS())},
+        repeats,
+        tmp / "dedup",
+    )
     d = tmp / "dedup" / "datatrove-0"
-    best_o, best_d = min(times["ours"]), min(times["datatrove"])
+    best_o, best_d, best_u = min(times["ours"]), min(times["datatrove"]), min(times["ours_unverified"])
     return {
         "documents": n_docs,
         "seconds": times,
-        "best_seconds": {"ours": best_o, "datatrove": best_d},
+        "best_seconds": {"ours": best_o, "ours_unverified": best_u, "datatrove": best_d},
         "speedup": best_d / best_o,
+        "verification_cost": best_o / best_u,
         "removed": {
             "ours": stats["duplicate"],
             "ours_exact": stats["duplicate_exact"],
             "ours_near": stats["duplicate_near"],
+            "ours_near_unverified_kept": stats["near_unverified_kept"],
+            "ours_unverified": unverified["duplicate"],
             "datatrove": len(_jsonl_ids(d / "removed")),
         },
         "config": {
@@ -471,6 +492,17 @@ def bench_pairs(quick: bool) -> dict:
             return True
         return bool(n_words[i] and n_words[j] and (band[i] == band[j]).all(axis=1).any())
 
+    offsets, hashes = shingle_sets(pl.Series([texts[k] for k in ids], dtype=pl.Utf8), cfg)
+    threshold = VerifyConfig().threshold
+
+    def similarity(a, b):
+        i, j = row[a], row[b]
+        return 1.0 if kh[i] == kh[j] else float(pair_jaccard(offsets, hashes, np.array([i]), np.array([j]))[0])
+
+    def ours_verified(a, b):
+        """A candidate pair whose exact Jaccard reaches the verification threshold (dedup.verify_assignment)."""
+        return ours(a, b) and similarity(a, b) >= threshold
+
     lsh = MinHashLSH(num_perm=cfg.bands * cfg.rows, params=(cfg.bands, cfg.rows))
     mh = {}
     for k in ids:
@@ -498,6 +530,7 @@ def bench_pairs(quick: bool) -> dict:
         }
 
     po = [ours(a, b) for a, b, *_ in pairs]
+    pv = [ours_verified(a, b) for a, b, *_ in pairs]
     pd = [ds(a, b) for a, b, *_ in pairs]
     cats = {}
     for (_a, _b, y, c, j), p, q in zip(pairs, po, pd):
@@ -516,14 +549,79 @@ def bench_pairs(quick: bool) -> dict:
         for (a, b, y, c, j), p in zip(pairs, po)
         if p != bool(y)
     ]
+    lost = [
+        {"a": a, "b": b, "category": c, "jaccard": round(similarity(a, b), 3)}
+        for (a, b, y, c, _j), p, q in zip(pairs, po, pv)
+        if p and not q
+    ]
+    sims = [similarity(a, b) if p else 0.0 for (a, b, *_), p in zip(pairs, po)]
+    sweep = {str(t): score([s >= t for s in sims]) for t in SWEEP}
     return {
         "ours": score(po),
+        "ours_verified": score(pv),
+        "verification_threshold": threshold,
+        "lost_by_verification": lost,
+        "ours_verified_by_threshold": sweep,
         "datasketch": score(pd),
         "categories": cats,
         "notes": notes,
         "pairs": len(pairs),
         "positives": sum(p[2] for p in pairs),
         "our_errors": errors[:50],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ templated (issue 45)
+
+
+SWEEP = (0.6, 0.65, 0.7, 0.75, 0.8)  # verification thresholds scored beside the default (not timed)
+
+
+def bench_templated(repeats: int, tmp: Path) -> dict:
+    """Near-duplicate removal on benchmarks/templated_corpus.py (templated documents with planted near
+    copies, known truth): precision and recall before verification (connected components, verify=None)
+    and after (the default VerifyConfig), and the seconds of each (interleaved, best of ``repeats``)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from templated_corpus import build, score
+
+    df, group = build()
+    src = tmp / "templated" / "in"
+    src.mkdir(parents=True)
+    df.write_parquet(src / "part-00000.parquet")
+    stats = {}
+
+    def run(name, verify):
+        def go(out):
+            stats[name] = deduplicate(src, out, DedupConfig(), verify)
+            stats[name + "_removed"] = set(pl.read_parquet(out / "duplicates.parquet")["doc_id"])
+
+        return go
+
+    times = _interleaved(
+        {"before": run("before", None), "after": run("after", VerifyConfig())}, repeats, tmp / "templated" / "runs"
+    )
+    ids = df["doc_id"].to_list()
+    before, after = score(ids, stats["before_removed"], group), score(ids, stats["after_removed"], group)
+    sweep = {}
+    for threshold in SWEEP:
+        out = tmp / "templated" / f"sweep-{threshold}"
+        out.mkdir()
+        deduplicate(src, out, DedupConfig(), VerifyConfig(threshold=threshold))
+        r = score(ids, set(pl.read_parquet(out / "duplicates.parquet")["doc_id"]), group)
+        sweep[str(threshold)] = {"precision": r["precision"], "recall": r["recall"]}
+    return {
+        "precision": {"before": before["precision"], "after": after["precision"]},
+        "recall": {"before": before["recall"], "after": after["recall"]},
+        "before": before,
+        "after": after,
+        "near_unverified_kept": stats["after"]["near_unverified_kept"],
+        "after_by_threshold": sweep,
+        "documents": df.height,
+        "best_seconds": {k: min(v) for k, v in times.items()},
+        "verification_cost": min(times["after"]) / min(times["before"]),
+        "verify": VerifyConfig().to_dict(),
+        "corpus": "benchmarks/templated_corpus.py build() (seed 45)",
+        "goal_precision_after": 0.99,
     }
 
 
@@ -1012,15 +1110,24 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument(
         "--only",
-        choices=("all", "filters"),
+        choices=("all", "filters", "dedup", "templated"),
         default="all",
-        help="filters: only language ID, PII, decontamination and the relevance classifier, merged into --out",
+        help="filters: only language ID, PII, decontamination and the relevance classifier; dedup: only the dedup "
+        "timings, the labelled pairs and the templated corpus; templated: only the templated corpus; merged into --out",
     )
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     t_start = time.perf_counter()
     load_before = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="prep-bench-"))
+    if args.only == "templated":
+        try:
+            templated = bench_templated(repeats, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _merge(args.out, {"templated": templated}, "templated_input", args.quick, repeats, load_before, t_start)
+        print(json.dumps(templated, indent=1))
+        return
     try:
         raw, norm, jsonl = tmp / "raw", tmp / "norm", tmp / "jsonl"
         for d in (raw, norm, jsonl):
@@ -1058,9 +1165,32 @@ def main() -> None:
             out.write_text(json.dumps(result, indent=1) + "\n")
             print(json.dumps({k: v for k, v in filters.items() if not isinstance(v, dict)}, indent=1))
             return
+        if args.only == "dedup":
+            dedup = bench_dedup(raw, jsonl, n, repeats, tmp)
+            pairs = bench_pairs(args.quick)
+            templated = bench_templated(repeats, tmp)
+            _merge(
+                args.out,
+                {
+                    **_dedup_headline(dedup, pairs),
+                    "goals": DEDUP_GOALS,
+                    "dedup": dedup,
+                    "labelled_pairs": pairs,
+                    "templated": templated,
+                },
+                "dedup_input",
+                args.quick,
+                repeats,
+                load_before,
+                t_start,
+                documents=n,
+            )
+            print(json.dumps(_dedup_headline(dedup, pairs) | {"templated": templated["precision"]}, indent=1))
+            return
         clean = bench_clean(norm, jsonl, n, repeats, tmp, spacy=True)
         dedup = bench_dedup(raw, jsonl, n, repeats, tmp)
         pairs = bench_pairs(args.quick)
+        templated = bench_templated(repeats, tmp)
         filters = bench_filters(norm, jsonl, n, repeats, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -1072,16 +1202,11 @@ def main() -> None:
     result = {
         "clean_speedup_vs_datatrove": ws["speedup"],
         "clean_agreement_vs_datatrove": ws["agreement"],
-        "dedup_speedup_vs_datatrove": dedup["speedup"],
-        "dedup_f1": pairs["ours"]["f1"],
-        "dedup_precision": pairs["ours"]["precision"],
-        "dedup_recall": pairs["ours"]["recall"],
-        "datasketch_f1": pairs["datasketch"]["f1"],
+        **_dedup_headline(dedup, pairs),
         "goals": {
             "clean_speedup_vs_datatrove": 3,
             "clean_agreement_vs_datatrove": 0.99,
-            "dedup_speedup_vs_datatrove": 3,
-            "dedup_f1": 0.95,
+            **DEDUP_GOALS,
         },
         "disagreements": {
             k: {
@@ -1102,6 +1227,7 @@ def main() -> None:
         "clean": clean,
         "dedup": dedup,
         "labelled_pairs": pairs,
+        "templated": templated,
         "input": {
             "corpus": "linux-doc (kernel docs rst sources)",
             "quick": args.quick,
@@ -1134,6 +1260,46 @@ def main() -> None:
             indent=1,
         )
     )
+
+
+DEDUP_GOALS = {
+    "dedup_speedup_vs_datatrove": 3,
+    "dedup_f1": 0.95,
+    "dedup_verification_cost": 1.3,  # at most: verified seconds / unverified seconds (issue 45)
+    "templated_precision_after": 0.99,
+}
+
+
+def _dedup_headline(dedup: dict, pairs: dict) -> dict:
+    """The dedup figures at the top of prep.json: on the labelled pairs, the verified removal's (the default)."""
+    return {
+        "dedup_speedup_vs_datatrove": dedup["speedup"],
+        "dedup_verification_cost": dedup["verification_cost"],
+        "dedup_f1": pairs["ours_verified"]["f1"],
+        "dedup_precision": pairs["ours_verified"]["precision"],
+        "dedup_recall": pairs["ours_verified"]["recall"],
+        "dedup_f1_unverified": pairs["ours"]["f1"],
+        "datasketch_f1": pairs["datasketch"]["f1"],
+    }
+
+
+def _merge(out: str, update: dict, key: str, quick: bool, repeats: int, load_before, t_start: float, **more) -> None:
+    """Merge ``update`` into the JSON at ``out`` (a partial run: --only), with what was run under ``key``."""
+    path = Path(out)
+    result = json.loads(path.read_text()) if path.exists() else {}
+    if "goals" in update:
+        update = {**update, "goals": {**result.get("goals", {}), **update["goals"]}}
+    result.update(update)
+    result[key] = {
+        "quick": quick,
+        "repeats": repeats,
+        "cores": CORES,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "seconds": time.perf_counter() - t_start,
+        **more,
+    }
+    path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 # "ours_reason|datatrove_reason" -> why the decisions differ (filled from the runs' examples)

@@ -36,7 +36,7 @@ from largetrain_core.storage import (
 CODE_VERSIONS = {
     "raw_corpus": "7",
     "cleaned_text": "9",
-    "deduplicated_text": "9",
+    "deduplicated_text": "10",
     "tokenizer": "3",
     "token_shards": "4",
     "base_checkpoint": "3",

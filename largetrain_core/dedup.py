@@ -17,11 +17,17 @@ A document with fewer words than the shingle size has one shingle, its whole wor
 documents match only documents with the same words; a document with no word has no signature and
 takes part in exact deduplication only (never in a near-duplicate cluster).
 
-Clusters are the connected components of exact and band matches. The copy kept is the first in
-corpus order (sorted partition / part file, then row); every other member is a duplicate recorded
-with ``duplicate_of`` (the kept copy's doc_id), ``cluster_id`` (its global row) and ``kind`` ("exact"
-when its key equals the kept copy's, else "near"). The result does not depend on batch size, on how
-the corpus is partitioned, or on an executor (largetrain_core.executors.spark computes the same on Spark).
+Candidate clusters are the connected components of exact and band matches. Components are
+transitive (A ~ B and B ~ C join A and C however little they share), so with near duplicates they are
+verified (:func:`verify_assignment`, :class:`VerifyConfig`): in corpus order (sorted partition / part
+file, then row) a document is removed only when the exact Jaccard similarity of its shingle set to an
+earlier *kept* document's reaches the threshold (or their keys are equal); a duplicate is recorded
+with ``duplicate_of`` (that kept copy's doc_id), ``cluster_id`` (its global row), ``kind`` ("exact"
+when its key equals the kept copy's, else "near") and ``similarity`` (the measured Jaccard); the
+candidates kept because verification failed go to ``unverified.parquet``. Without verification
+(``verify=None``) the first of each component is kept and every other member removed. The result does
+not depend on batch size, on how the corpus is partitioned, or on an executor
+(largetrain_core.executors.spark computes the same on Spark).
 
 Partitions: :func:`write_signatures` runs per partition (one Parquet file of key and LSH band hashes);
 :func:`cluster_signatures` reads all signature files, so a pair split across partitions is found, with
@@ -58,7 +64,32 @@ DUP_SCHEMA = {
     "cluster_id": pl.Int64,
     "kind": pl.Utf8,
     "key_hash": pl.UInt64,
+    "similarity": pl.Float64,
 }
+UNVERIFIED_SCHEMA = {"doc_id": pl.Utf8, "source": pl.Utf8, "candidate_of": pl.Utf8, "similarity": pl.Float64}
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Verification of near-duplicate candidates (:func:`verify_assignment`): a candidate is removed only
+    when the Jaccard similarity of its word-shingle set to a kept document's reaches ``threshold``.
+
+    threshold 0.7: the LSH's own design point, (1/bands)^(1/rows) = (1/14)^(1/8) ~ 0.72 (Leskovec et al.,
+    "Mining of Massive Datasets" 3.4.3), rounded down so that pairs the banding was built to find pass.
+    max_bucket_pairs 64: a document sharing a band hash with many others is compared with the first 64 of
+    them only (a cap on the work of one bucket, m * 64 pairs instead of m^2 / 2, as marin caps its
+    clusters, marin PR#8114); a copy beyond them is kept unless another band or its key pairs it."""
+
+    threshold: float = field(
+        default=0.7,
+        metadata=described("Jaccard (word 5-gram shingle sets) to a kept copy needed to remove a candidate."),
+    )
+    max_bucket_pairs: int = field(
+        default=64, metadata=described("Earlier documents of one LSH bucket a candidate is compared with, at most.")
+    )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -180,8 +211,10 @@ def _permute_min(h: np.ndarray, sdoc: np.ndarray, n_docs: int, cfg: DedupConfig)
     return np.ascontiguousarray(sig_t.T)
 
 
-def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
-    n, p = len(keys), cfg.bands * cfg.rows
+def _shingles_of_keys(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shingle hashes uint64, their documents int64 ascending, n_words int64 per document) of dedup keys:
+    the shingles the MinHash signatures are computed from (module docstring)."""
+    n = len(keys)
     # words = runs of \w in the key: the same as turning punctuation into spaces and splitting at whitespace
     words = (
         pl.DataFrame({"t": keys})
@@ -194,7 +227,7 @@ def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.n
         np.bincount(words["d"].to_numpy(), minlength=n).astype(np.int64) if words.height else np.zeros(n, np.int64)
     )
     if not words.height:
-        return np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64), n_words
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64), n_words
     uniq = words["w"].unique()
     table = pl.DataFrame(
         {
@@ -205,6 +238,14 @@ def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.n
     wh = words.join(table, on="w", how="left", maintain_order="left")["h"].to_numpy()
     doc = words["d"].to_numpy().astype(np.int64)
     h, sdoc = _shingle_hashes(wh, doc, n_words, cfg.ngram)
+    return h, sdoc, n_words
+
+
+def _minhash_serial(keys: pl.Series, cfg: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
+    n, p = len(keys), cfg.bands * cfg.rows
+    h, sdoc, n_words = _shingles_of_keys(keys, cfg)
+    if not len(h):
+        return np.full((n, p), np.iinfo(np.uint64).max, dtype=np.uint64), n_words
     return _permute_min(h, sdoc, n, cfg), n_words
 
 
@@ -517,6 +558,7 @@ ASSIGNMENT_SCHEMA = {
     "duplicate_of": pl.Utf8,
     "kind": pl.Utf8,
     "key_hash": pl.UInt64,
+    "similarity": pl.Float64,
 }
 
 
@@ -572,9 +614,210 @@ def cluster_signatures(
             "duplicate_of": ids.gather(ri),
             "kind": np.where(keys[mi] == keys[ri], "exact", "near").tolist(),
             "key_hash": pl.Series(keys[mi], dtype=pl.UInt64),
+            "similarity": pl.Series(np.where(keys[mi] == keys[ri], 1.0, np.nan)).fill_nan(None),
         },
         schema=ASSIGNMENT_SCHEMA,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# verification
+#
+# Connected components are transitive: A ~ B and B ~ C put A and C in one component however little they
+# share (marin#6854). :func:`verify_assignment` removes a candidate only when its own shingle set is
+# similar enough to the shingle set of a document that is kept.
+
+
+def shingle_sets(texts: pl.Series, cfg: DedupConfig = DedupConfig()) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct shingle hashes of each of N texts (the shingles of their MinHash signatures):
+    ``(offsets, hashes)``, int64 (N+1,) and uint64, document i's set sorted in
+    ``hashes[offsets[i]:offsets[i+1]]``."""
+    keys = pl.select(dedup_key(pl.lit(texts))).to_series()
+    h, sdoc, _ = _shingles_of_keys(keys, cfg)
+    order = np.lexsort((h, sdoc))
+    h, sdoc = h[order], sdoc[order]
+    keep = np.r_[True, (h[1:] != h[:-1]) | (sdoc[1:] != sdoc[:-1])] if len(h) else np.zeros(0, bool)
+    h, sdoc = h[keep], sdoc[keep]
+    offsets = np.zeros(len(texts) + 1, np.int64)
+    offsets[1:] = np.cumsum(np.bincount(sdoc, minlength=len(texts)))
+    return offsets, h
+
+
+def _doc_shingle(doc: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """One uint64 per (document, shingle hash): fmix64 of the hash xor the document's fmix64; a false
+    match among S shingles has probability about S / 2^64 per lookup."""
+    return fmix64(h ^ fmix64(doc.astype(np.uint64) + np.uint64(1)))
+
+
+def pair_jaccard(offsets: np.ndarray, hashes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact Jaccard similarity |A n B| / |A u B| of the shingle sets of documents ``a[i]`` and ``b[i]``
+    (int64 indices into :func:`shingle_sets`' ``offsets``); float64, 0 where both sets are empty.
+    Vectorized: each shingle of ``a[i]`` is looked up among ``b[i]``'s (:func:`_doc_shingle`), O(S log S)
+    for the S shingles of the ``a`` side."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    if not len(a):
+        return np.zeros(0)
+    n_docs = len(offsets) - 1
+    index = np.sort(_doc_shingle(np.repeat(np.arange(n_docs), np.diff(offsets)), hashes))
+    size_a, size_b = offsets[a + 1] - offsets[a], offsets[b + 1] - offsets[b]
+    pair = np.repeat(np.arange(len(a)), size_a)
+    starts = np.repeat(offsets[a] - np.r_[0, np.cumsum(size_a)[:-1]], size_a)
+    shingle = hashes[np.arange(len(pair)) + starts]
+    q = _doc_shingle(b[pair], shingle)
+    pos = np.minimum(np.searchsorted(index, q), max(len(index) - 1, 0))
+    found = index[pos] == q if len(index) else np.zeros(len(q), bool)
+    inter = np.bincount(pair[found], minlength=len(a))
+    union = size_a + size_b - inter
+    return np.where(union > 0, inter / np.maximum(union, 1), 0.0)
+
+
+ESTIMATE_MARGIN = 0.15  # see _pair_similarity
+
+
+def _pair_similarity(
+    offsets: np.ndarray,
+    hashes: np.ndarray,
+    sig: np.ndarray,
+    kh: np.ndarray,
+    u: np.ndarray,
+    v: np.ndarray,
+    threshold: float,
+    block: int = 1 << 16,
+) -> np.ndarray:
+    """Similarity of the candidate pairs (u, v): 1 where the keys are equal, else the exact Jaccard
+    (:func:`pair_jaccard`) where the MinHash estimate (share of equal signature values in ``sig``) is
+    at least ``threshold - ESTIMATE_MARGIN``, and the estimate itself below that (surely under the
+    threshold: with 112 permutations the estimate's standard error at J = 0.7 is 0.043, so a pair at
+    the threshold falls 0.15 under it with probability ~3e-4). Every removal rests on an exact value."""
+    est = np.empty(len(u))
+    for b0 in range(0, len(u), block):
+        b1 = min(b0 + block, len(u))
+        est[b0:b1] = (sig[u[b0:b1]] == sig[v[b0:b1]]).mean(axis=1)
+    same = kh[u] == kh[v]
+    sim = np.where(same, 1.0, est)
+    exact = np.flatnonzero(~same & (est >= threshold - ESTIMATE_MARGIN))
+    sim[exact] = pair_jaccard(offsets, hashes, u[exact], v[exact])
+    return sim
+
+
+def bucket_pairs(values: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (u, v), u > v, of the positions of equal ``values`` (uint64): each position paired with every
+    earlier position of its value, the first ``cap`` of them at most (a bucket of m equal values gives
+    about m * min(m, cap) pairs, not m^2 / 2)."""
+    order = np.argsort(values, kind="stable")
+    sv = values[order]
+    start = np.r_[True, sv[1:] != sv[:-1]] if len(sv) else np.zeros(0, bool)
+    first = np.flatnonzero(start)[np.cumsum(start) - 1]  # per sorted position: its bucket's first
+    k = np.arange(len(sv)) - first
+    c = np.minimum(k, cap)
+    u = np.repeat(np.arange(len(sv)), c)
+    v = first[u] + np.arange(len(u)) - np.repeat(np.cumsum(c) - c, c)
+    return order[u], order[v]
+
+
+def verify_assignment(
+    parts: list[Path], assignment: pl.DataFrame, cfg: DedupConfig, verify: VerifyConfig | None = VerifyConfig()
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Remove a candidate of :func:`cluster_signatures` (``assignment``, over the documents of ``parts`` in
+    corpus order) only where it is similar to a document that is kept.
+
+    The candidate documents' texts are read once; their shingle sets (:func:`shingle_sets`) give their
+    MinHash band hashes again (the signature files' values) and their exact Jaccard similarities. Candidate
+    pairs are the documents sharing a band hash, each paired with the first ``verify.max_bucket_pairs``
+    earlier documents of its bucket, and those sharing the dedup key (similarity 1); a pair is verified
+    when its exact Jaccard similarity (:func:`pair_jaccard`) reaches ``verify.threshold`` (pairs whose
+    MinHash estimate is far under it are not measured: :func:`_pair_similarity`). Then, in corpus
+    order, a document is removed when it has a verified pair with an earlier document that is kept (its
+    ``duplicate_of``: the first such), and kept otherwise: every removed document is similar to a kept
+    copy, and a chain A ~ B ~ C with J(A, C) under the threshold keeps C. Exact rather than
+    MinHash-estimated similarity: only candidate documents are read, and an estimate from 112
+    permutations has a standard error of ~0.04 at J = 0.7, enough to pass pairs under the threshold.
+
+    Returns (the verified assignment: :data:`ASSIGNMENT_SCHEMA`, ascending by row, ``cluster_id`` and
+    ``duplicate_of`` the kept copy's, ``similarity`` the measured Jaccard; the candidates kept because
+    verification failed, :data:`UNVERIFIED_SCHEMA` plus ``row``: kept documents with a candidate pair to an
+    earlier document, ``candidate_of`` the most similar kept one of those (else the most similar) and
+    ``similarity`` to it). ``verify``
+    None, or no near candidate: the assignment as it is, nothing kept. Memory, for the candidate
+    documents only: their texts, then their shingle sets (8 bytes per shingle, a few times), their
+    MinHash signatures (896 bytes each at 14 x 8) and their pairs (at most bands * max_bucket_pairs
+    per document, 16 bytes each plus a similarity)."""
+    none_kept = pl.DataFrame(schema={"row": pl.Int64, **UNVERIFIED_SCHEMA})
+    if verify is None or not assignment.height or not (assignment["kind"] == "near").any():
+        return assignment.select(*ASSIGNMENT_SCHEMA), none_kept
+    rows = np.unique(np.concatenate([assignment["row"].to_numpy(), assignment["cluster_id"].to_numpy()]))
+    t = gather_rows(parts, _file_rows(parts), rows, ["doc_id", "source", "text"])
+    texts = pl.from_arrow(t.column("text")).cast(pl.Utf8)
+    ids = pl.from_arrow(t.column("doc_id")).cast(pl.Utf8)
+    sources = pl.from_arrow(t.column("source")).cast(pl.Utf8)
+    kh = key_hashes(texts).to_numpy()
+    offsets, hashes = shingle_sets(texts, cfg)
+    del texts, t
+    n = len(rows)
+    sizes = np.diff(offsets)
+    live = np.flatnonzero(sizes > 0)  # documents without words join no band (cluster_signatures)
+    us, vs = [], []
+    sig = np.full((n, cfg.bands * cfg.rows), np.iinfo(np.uint64).max, dtype=np.uint64)
+    if len(live):
+        sdoc = np.repeat(np.arange(len(live)), sizes[live])
+        sig[live] = _permute_min(hashes, sdoc, len(live), cfg)
+        bands = band_hashes(sig[live], cfg)
+        for band in range(cfg.bands):
+            u, v = bucket_pairs(bands[:, band], verify.max_bucket_pairs)
+            us.append(live[u])
+            vs.append(live[v])
+    u, v = bucket_pairs(kh, verify.max_bucket_pairs)
+    us.append(u)
+    vs.append(v)
+    u, v = np.concatenate(us), np.concatenate(vs)
+    u, v = np.maximum(u, v), np.minimum(u, v)  # u later in corpus order (rows ascending)
+    pair = np.unique(u * n + v)
+    u, v = pair // n, pair % n  # by u, then v: each document's earlier candidates in corpus order
+    sim = _pair_similarity(offsets, hashes, sig, kh, u, v, verify.threshold)
+    ok = sim >= verify.threshold
+    kept = np.ones(n, bool)
+    dup_of = np.full(n, -1, np.int64)
+    dsim = np.full(n, np.nan)
+    vu, vv, vsim = u[ok], v[ok], sim[ok]
+    bounds = np.flatnonzero(np.r_[True, vu[1:] != vu[:-1], True]) if len(vu) else np.zeros(1, np.int64)
+    for a, b in zip(bounds[:-1], bounds[1:]):  # documents with a verified earlier pair, in corpus order
+        alive = np.flatnonzero(kept[vv[a:b]])
+        if len(alive):
+            d, k = vu[a], a + alive[0]
+            kept[d], dup_of[d], dsim[d] = False, vv[k], vsim[k]
+    is_dup = ~kept
+    d, k = np.flatnonzero(is_dup), dup_of[is_dup]
+    verified = pl.DataFrame(
+        {
+            "row": rows[d],
+            "doc_id": ids.gather(d),
+            "cluster_id": rows[k],
+            "duplicate_of": ids.gather(k),
+            "kind": np.where(kh[d] == kh[k], "exact", "near").tolist(),
+            "key_hash": pl.Series(kh[d], dtype=pl.UInt64),
+            "similarity": dsim[d],
+        },
+        schema=ASSIGNMENT_SCHEMA,
+    )
+    # kept documents that had a candidate pair with an earlier document: the most similar kept such
+    # candidate (the copy verification failed against), else the most similar one
+    order = np.lexsort((v, -sim, ~kept[v], u))
+    fu, fv, fs = u[order], v[order], sim[order]
+    head = np.r_[True, fu[1:] != fu[:-1]] if len(fu) else np.zeros(0, bool)
+    fu, fv, fs = fu[head], fv[head], fs[head]
+    failed = kept[fu]
+    fu, fv, fs = fu[failed], fv[failed], fs[failed]
+    unverified = pl.DataFrame(
+        {
+            "row": rows[fu],
+            "doc_id": ids.gather(fu),
+            "source": sources.gather(fu),
+            "candidate_of": ids.gather(fv),
+            "similarity": fs,
+        },
+        schema={"row": pl.Int64, **UNVERIFIED_SCHEMA},
+    )
+    return verified, unverified
 
 
 def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataFrame:
@@ -591,7 +834,11 @@ def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataF
     if not dups["doc_id"].equals(duplicates["doc_id"]):
         raise ValueError(f"{part}: its documents differ from those its signatures were computed from")
     return dups.with_columns(
-        duplicates["duplicate_of"], duplicates["cluster_id"], duplicates["kind"], duplicates["key_hash"]
+        duplicates["duplicate_of"],
+        duplicates["cluster_id"],
+        duplicates["kind"],
+        duplicates["key_hash"],
+        duplicates["similarity"],
     ).select(*DUP_SCHEMA)
 
 
@@ -612,9 +859,14 @@ def write_deduplicated(
     return row - first_row, pl.concat(dups) if dups else pl.DataFrame(schema=DUP_SCHEMA)
 
 
-def dedup_stats(dups: pl.DataFrame, n: int) -> dict:
-    """The counts of :func:`deduplicate` from the duplicates frame of ``n`` input documents."""
+UNVERIFIED = "unverified.parquet"  # beside duplicates.parquet: the candidates kept because verification failed
+
+
+def dedup_stats(dups: pl.DataFrame, n: int, unverified: int = 0) -> dict:
+    """The counts of :func:`deduplicate` from the duplicates frame of ``n`` input documents and the
+    number of candidates kept because verification failed."""
     return {
+        "near_unverified_kept": unverified,
         "input": n,
         "kept": n - dups.height,
         "duplicate": dups.height,
@@ -671,7 +923,12 @@ def partition_signatures(in_dir: Path | list[Path], cfg: DedupConfig) -> list[Pa
     return files
 
 
-def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = DedupConfig()) -> dict:
+def deduplicate(
+    in_dir: Path | list[Path],
+    out_dir: Path,
+    cfg: DedupConfig = DedupConfig(),
+    verify: VerifyConfig | None = VerifyConfig(),
+) -> dict:
     """Exact and (with ``cfg.near``) near-duplicate removal over the ``part-*.parquet`` files of a
     cleaned_text directory, or of several (one per partition, in partition order: corpus order is
     partition, then part file, then row), signatures per part file, clustering over all of them.
@@ -680,9 +937,12 @@ def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = Ded
     (:func:`partition_signatures`: cleaned_text computes them per partition, so this global step only
     clusters); else they are computed here into ``out_dir/signatures/part-NNNNN.parquet``. Writes the
     kept documents to ``out_dir/part-NNNNN.parquet`` (same columns, input order) and every removed copy
-    to ``out_dir/duplicates.parquet`` (doc_id, source, duplicate_of, cluster_id, kind, key_hash).
+    to ``out_dir/duplicates.parquet`` (doc_id, source, duplicate_of, cluster_id, kind, key_hash, similarity).
+    Near-duplicate candidates are verified (:func:`verify_assignment` with ``verify``; None: the connected
+    components unverified); the candidates kept because verification failed go to ``out_dir/unverified.parquet``
+    (doc_id, source, candidate_of, similarity).
     Returns counts ``input``, ``kept``, ``duplicate``, ``clusters`` (kept copies with at least one
-    duplicate), ``duplicate_exact``, ``duplicate_near``.
+    duplicate), ``duplicate_exact``, ``duplicate_near``, ``near_unverified_kept``.
     """
     parts = part_files(in_dir)
     sig_files = partition_signatures(in_dir, cfg)
@@ -695,9 +955,11 @@ def deduplicate(in_dir: Path | list[Path], out_dir: Path, cfg: DedupConfig = Ded
             write_signatures([part], f, cfg)
             sig_files.append(f)
     assignment = cluster_signatures(sig_files, cfg, spill_dir=Path(out_dir))
+    assignment, unverified = verify_assignment(parts, assignment, cfg, verify if cfg.near else None)
     n, dups = write_deduplicated(parts, assignment, 0, Path(out_dir))
     dups.write_parquet(Path(out_dir) / "duplicates.parquet")
-    return dedup_stats(dups, n)
+    unverified.drop("row").write_parquet(Path(out_dir) / UNVERIFIED)
+    return dedup_stats(dups, n, unverified.height)
 
 
 def exact_dedup(in_dir: Path | list[Path], out_dir: Path) -> dict:

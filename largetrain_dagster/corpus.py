@@ -8,8 +8,8 @@ LoRA adapter specializes on), hash-partitioned (largetrain_dagster.partitions), 
 corpora (LARGETRAIN_<ROLE>_CORPORA) has one partitioned chain per corpus, ``<role>/<corpus>/raw_corpus ->
 <role>/<corpus>/cleaned_text``, and one ``<role>/deduplicated_text`` over all of them. Every chain runs the same core
 stages (largetrain_core.stages) on the ``executor`` resource; the asset bodies only read
-their config and resources and call one stage. Checks: ``accounting`` (in deduplicated_text) and
-``no_exact_duplicates`` (recounted from the kept files), both blocking.
+their config and resources and call one stage. Checks: ``accounting`` and ``no_source_wiped_out`` (in
+deduplicated_text) and ``no_exact_duplicates`` (recounted from the kept files), all blocking.
 """
 
 from dataclasses import dataclass
@@ -31,7 +31,8 @@ from pydantic import Field
 
 from largetrain_core.accounting import WARN_REMOVED
 from largetrain_core.clean import QualityConfig
-from largetrain_core.dedup import DedupConfig
+from largetrain_core.dedup import DedupConfig, VerifyConfig
+from largetrain_core.dedup_report import MAX_SOURCE_REMOVED
 from largetrain_core.readers import ReaderConfig
 from largetrain_core.stages.base import Artifact
 from largetrain_core.stages.cleaned_text import cleaned_text as clean_stage
@@ -96,6 +97,23 @@ class DeduplicatedTextConfig(Config):
         ),
     )
 
+    verify_threshold: Optional[float] = Field(
+        default=VerifyConfig().threshold,
+        description=(
+            "A near-duplicate candidate is removed only when the Jaccard similarity of its word 5-gram shingle set to "
+            "a kept copy's reaches this (exact, measured on the candidates' texts; largetrain_core.dedup."
+            "verify_assignment). null = remove whole connected components unverified (datatrove's behaviour)."
+        ),
+    )
+    max_source_removed_fraction: Optional[float] = Field(
+        default=MAX_SOURCE_REMOVED,
+        description=(
+            "Check no_source_wiped_out (blocking) fails when one source (a mixture's corpus, a top-level folder, a "
+            "label class) loses more than this fraction of its documents to dedup (largetrain_core.dedup_report). "
+            "Raise it when such a loss is intended; null = never check. Not part of the data version."
+        ),
+    )
+
     warn_removed_fraction: Optional[float] = _warn_removed_field(
         "the corpus's whole chain (rejected, filtered, duplicate, balanced away, over every partition)"
     )
@@ -136,6 +154,10 @@ class DeduplicatedTextConfig(Config):
             "temperature_target). null = the shares of balance_target."
         ),
     )
+
+    def verify(self) -> Optional[VerifyConfig]:
+        """The verification settings (None: unverified components)."""
+        return None if self.verify_threshold is None else VerifyConfig(threshold=self.verify_threshold)
 
     def balancing(self) -> Optional[dict]:
         """The balance settings (largetrain_core.stages.deduplicated_text.balance_settings)."""
@@ -285,10 +307,18 @@ def dedup_asset(chain: Chain):
                 asset=[prefix, "deduplicated_text"],
                 blocking=True,
                 description="kept + filtered + duplicate + rejected == input, recounted from the files",
-            )
+            ),
+            AssetCheckSpec(
+                "no_source_wiped_out",
+                asset=[prefix, "deduplicated_text"],
+                blocking=True,
+                description="No source (mixture corpus, top-level folder, label class) lost more than "
+                "max_source_removed_fraction of its documents to dedup",
+            ),
         ],
-        description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key, format characters ignored) and MinHash-LSH "
-        "near duplicates removed; the first copy in corpus order (partition, file, row) is kept per cluster.",
+        description="Global over every partition: exact (NFKC, case-folded, whitespace-collapsed key, format characters "
+        "ignored) and MinHash-LSH near duplicates removed, each near duplicate verified against a kept copy (exact "
+        "shingle Jaccard >= verify_threshold); the first copy in corpus order (partition, file, row) is kept.",
         **common,
     )
     def deduplicated_text(
@@ -311,6 +341,8 @@ def dedup_asset(chain: Chain):
             config.balancing(),
             config.warn_removed_fraction,
             chain.hash_partitioned,
+            verify=config.verify(),
+            max_source_removed_fraction=config.max_source_removed_fraction,
         )
 
     return deduplicated_text
@@ -337,7 +369,14 @@ def mixture_dedup_asset(role: str, chains: list[Chain]):
                 asset=[role, "deduplicated_text"],
                 blocking=True,
                 description="kept + filtered + duplicate + rejected == input, recounted from the files",
-            )
+            ),
+            AssetCheckSpec(
+                "no_source_wiped_out",
+                asset=[role, "deduplicated_text"],
+                blocking=True,
+                description="No source (mixture corpus, top-level folder, label class) lost more than "
+                "max_source_removed_fraction of its documents to dedup",
+            ),
         ],
         description=f"Global over every partition of the corpora {', '.join(names)} of the {role} mixture: exact and "
         "MinHash-LSH near duplicates removed across them, the first copy in corpus order kept; each kept "
@@ -362,6 +401,8 @@ def mixture_dedup_asset(role: str, chains: list[Chain]):
             config.warn_removed_fraction,
             True,
             names,
+            verify=config.verify(),
+            max_source_removed_fraction=config.max_source_removed_fraction,
         )
 
     return deduplicated_text

@@ -170,13 +170,20 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
     filtered = chain.get("documents_filtered")
     rules = None if filtered is None else filtered - balanced - relevance - contaminated
     exact, near = dedup.get("duplicate_exact"), dedup.get("duplicate_near")
+    unverified = dedup.get("near_unverified_kept")  # near candidates kept because verification failed
     lines.append(
         f"  documents read {_fmt(chain.get('documents_input'))} / kept {_fmt(chain.get('documents_kept'))} / "
         f"filtered by the quality rules {_fmt(rules)}"
         + (f" + by balancing {balanced:,}" if balanced else "")
         + (f" + by relevance {relevance:,} + contaminated {contaminated:,}" if filt else "")
         + f" / duplicates {_fmt(chain.get('documents_duplicate'))}"
-        + (f" (exact {exact:,}, near {near:,})" if exact is not None and near is not None else "")
+        + (
+            f" (exact {exact:,}, near {near:,}"
+            + (f" verified, {unverified:,} candidates kept by verification" if unverified is not None else "")
+            + ")"
+            if exact is not None and near is not None
+            else ""
+        )
         + f" / rejected {_fmt(chain.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)"
     )
     lines += _filtering(filt)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from largetrain_core.dedup import DedupConfig
+    from largetrain_core.dedup import DedupConfig, VerifyConfig
     from largetrain_core.parts import PartStep
     from largetrain_core.readers import ReaderConfig
     from largetrain_core.shards import Packing
@@ -127,9 +127,13 @@ class Executor(ABC):
         the removed ones in filtered.parquet, and its counts."""
 
     @abstractmethod
-    def deduplicate(self, in_dirs: list[Path], out_dir: Path, cfg: "DedupConfig") -> dict:
-        """largetrain_core.dedup.deduplicate(in_dirs, out_dir, cfg): the global step over every
-        partition (kept part files, duplicates.parquet; signatures/ only when the partitions carry none) and its counts."""
+    def deduplicate(
+        self, in_dirs: list[Path], out_dir: Path, cfg: "DedupConfig", verify: "VerifyConfig | None"
+    ) -> dict:
+        """largetrain_core.dedup.deduplicate(in_dirs, out_dir, cfg, verify): the global step over every
+        partition (kept part files, duplicates.parquet, unverified.parquet; signatures/ only when the
+        partitions carry none) and its counts; ``verify`` None: the connected components unverified
+        (the implementations default to dedup.VerifyConfig())."""
 
     def find_contamination(self, in_dirs: list[Path], index_dir: Path, out_file: Path) -> dict:
         """The global part of decontamination, the join of the documents' word n-grams with the

@@ -6,7 +6,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from largetrain_core.corpus import ingest
-from largetrain_core.dedup import DedupConfig, deduplicate
+from largetrain_core.dedup import DedupConfig, VerifyConfig, deduplicate
 from largetrain_core.executors.base import Executor, ExecutorError
 from largetrain_core.parts import PartStep, map_parts
 from largetrain_core.readers import ReaderConfig
@@ -33,8 +33,10 @@ class LocalExecutor(Executor):
                 f"of memory (each holds a part), lower the executor's workers (now {workers}, LARGETRAIN_WORKERS)"
             ) from e
 
-    def deduplicate(self, in_dirs: list[Path], out_dir: Path, cfg: DedupConfig) -> dict:
-        return {**deduplicate(in_dirs, out_dir, cfg), **self.record()}
+    def deduplicate(
+        self, in_dirs: list[Path], out_dir: Path, cfg: DedupConfig, verify: VerifyConfig | None = VerifyConfig()
+    ) -> dict:
+        return {**deduplicate(in_dirs, out_dir, cfg, verify), **self.record()}
 
 
 EXECUTOR = LocalExecutor

@@ -1,7 +1,8 @@
 """deduplicated_text: the global step over every partition of one corpus: exact and MinHash-LSH near
-duplicates removed (largetrain_core.dedup, on the run's executor), the first copy in corpus order
-(partition, file, row) kept per cluster, then optional class balancing (largetrain_core.balance),
-the outcome of every input document (outcomes.parquet) and the accounting check.
+duplicates removed (largetrain_core.dedup, on the run's executor; near duplicates verified against a kept
+copy), the first copy in corpus order (partition, file, row) kept, then optional class balancing
+(largetrain_core.balance), the outcome of every input document (outcomes.parquet), the accounting check,
+and per source (largetrain_core.dedup_report) the removals table and the no_source_wiped_out check.
 
 Fails (:class:`StageError`) before any work when a partition was made with another partitioning,
 when the partitions come from different corpora or settings (largetrain_core.stages.global_inputs),
@@ -34,7 +35,9 @@ from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.balance import NULL_LABEL, balance_parts, histogram_markdown, label_histogram, repeat_counts
 from largetrain_core.clean import pii_redactions
 from largetrain_core.corpus import describe_rejections, duplicate_ids
-from largetrain_core.dedup import SIGNATURE_FIELDS, DedupConfig, count_exact_duplicates
+from largetrain_core import dedup_report
+from largetrain_core.dedup import SIGNATURE_FIELDS, DedupConfig, VerifyConfig, count_exact_duplicates
+from largetrain_core.dedup_report import MAX_SOURCE_REMOVED
 from largetrain_core.stages.base import (
     Artifact,
     Check,
@@ -43,6 +46,7 @@ from largetrain_core.stages.base import (
     StageError,
     StageResult,
     StageRun,
+    Text,
     count_table,
     executor_metadata,
     percent,
@@ -89,6 +93,8 @@ def deduplicated_text(
     warn_removed_fraction: float | None = WARN_REMOVED,
     hash_partitioned: bool = True,
     corpora: list[str] | None = None,
+    verify: VerifyConfig | None = VerifyConfig(),
+    max_source_removed_fraction: float | None = MAX_SOURCE_REMOVED,
 ) -> StageResult:
     """Deduplicate (and balance) the cleaned_text partitions ``cleaned`` (with their raw_corpus
     partitions ``raw``, keyed alike) into ``<root>/<asset>/<version>/``.
@@ -104,8 +110,12 @@ def deduplicated_text(
     on their own, corpus order is the corpora's order, then partition, file, row (the first copy of a
     duplicate across corpora is the earlier corpus's), and every kept document gets its corpus's name
     in a ``corpus`` column (stats ``corpora``: documents read and kept per corpus).
+    ``verify``: near-duplicate candidates are removed only when verified against a kept copy
+    (largetrain_core.dedup.verify_assignment; None: the connected components as they are).
+    ``max_source_removed_fraction``: check ``no_source_wiped_out`` fails when one source (corpus, top-level
+    folder, label; largetrain_core.dedup_report) loses more than this fraction to dedup (None: never).
     Stats: the executor's counts (input, kept, duplicate, clusters, duplicate_exact,
-    duplicate_near), ``partitions``, ``balance`` (when balanced), ``documents`` (the accounting) and
+    duplicate_near, near_unverified_kept), ``partitions``, ``balance`` (when balanced), ``documents`` (the accounting) and
     ``corpus`` (:func:`corpus_lineage`). Check ``accounting``: kept + filtered + duplicate + rejected ==
     input, recounted from the files."""
     role = run.asset[0]
@@ -133,13 +143,17 @@ def deduplicated_text(
     # the balance settings enter the version only when set, so unbalanced versions stay as they were
     version = data_version(
         CODE_VERSIONS["deduplicated_text"],
-        {**dedup.to_dict(), **({"balance": balance} if balance else {})},
+        {
+            **dedup.to_dict(),
+            "verify": verify.to_dict() if verify and near else None,
+            **({"balance": balance} if balance else {}),
+        },
         [(k, cleaned[k].data_version) for k in keys],
     )
 
     def build(out: Path) -> dict:
         _check_ids(role, raw_dirs, keys, out)
-        stats = {**run.executor.deduplicate(cleaned_dirs, out, dedup), "partitions": len(keys)}
+        stats = {**run.executor.deduplicate(cleaned_dirs, out, dedup, verify), "partitions": len(keys)}
         if corpora:
             stats["corpora"] = name_corpora(
                 out,
@@ -215,7 +229,32 @@ def deduplicated_text(
     result.checks["accounting"] = Check(
         acc["balanced"], {**summary, "intended_repeats": acc["repeats"], "problems": Json(acc["problems"])}
     )
+    _report_sources(
+        result, {name: [cleaned[k].path for k in g] for name, g in groups.items()}, max_source_removed_fraction
+    )
     return result
+
+
+def _report_sources(result: StageResult, dirs: dict[str | None, list[Path]], max_fraction: float | None) -> None:
+    """Per-source removals (largetrain_core.dedup_report) into the metadata, a sample of near duplicates
+    beside their kept copies, and the ``no_source_wiped_out`` check."""
+    docs = dedup_report.outcomes(dirs, result.path)
+    table = dedup_report.source_table(docs)
+    passed, message = dedup_report.wiped_out(docs, table, max_fraction)
+    result.metadata["dedup_by_source"] = Markdown(dedup_report.markdown(table))
+    result.metadata["near_duplicates_sample"] = Markdown(dedup_report.removed_sample(docs, dirs))
+    worst = table.row(0, named=True) if table.height else None
+    result.checks["no_source_wiped_out"] = Check(
+        passed,
+        {
+            "message": Text(message),
+            dedup_report.SETTING: max_fraction,
+            "largest_removed_fraction": worst["removed_fraction"] if worst else 0.0,
+            "largest_removed_source": f"{worst['dimension']}: {worst['source']}" if worst else "",
+        },
+    )
+    if not passed:
+        result.warn(message, key="no_source_wiped_out")
 
 
 def name_corpora(out: Path, dirs: dict[str, list[Path]], read: dict[str, int]) -> dict:

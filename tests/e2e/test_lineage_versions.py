@@ -194,7 +194,12 @@ def test_failing_blocking_checks_stop_downstream(tmp_path):
             )
 
         # The accounting check (inside the asset) fails: the check on duplicates never runs, the tokenizer never starts.
-        rerun_and_expect({("pretrain/deduplicated_text", "accounting"): False})
+        rerun_and_expect(
+            {
+                ("pretrain/deduplicated_text", "accounting"): False,
+                ("pretrain/deduplicated_text", "no_source_wiped_out"): True,
+            }
+        )
 
         # Same number of rows, but one kept document is now a copy of another: accounting holds, the
         # standalone blocking check no_exact_duplicates fails and stops the tokenizer.
@@ -207,6 +212,7 @@ def test_failing_blocking_checks_stop_downstream(tmp_path):
         rerun_and_expect(
             {
                 ("pretrain/deduplicated_text", "accounting"): True,
+                ("pretrain/deduplicated_text", "no_source_wiped_out"): True,
                 ("pretrain/deduplicated_text", "no_exact_duplicates"): False,
             }
         )

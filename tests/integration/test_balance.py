@@ -182,7 +182,8 @@ def _materialize(root, src, dedup_config):
 def test_dagster_balance_downsample_and_upsample(tmp_path):
     src = _labelled_corpus(tmp_path / "labelled.jsonl")
     md, checks = _materialize(tmp_path / "root", src, {"balance_target": {"a": 1, "b": 1, "c": 1}, "balance_seed": 7})
-    assert [(c.check_name, c.passed) for c in checks] == [("accounting", True)]
+    assert [(c.check_name, c.passed) for c in checks] == [("accounting", True), ("no_source_wiped_out", True)]
+    assert "| label: a | 7 | 1 | 0 | 0 | 14.3 % |" in md["dedup_by_source"].value  # dedup per label class
     table = md["class_histogram"].value
     assert "| `<null>` | 1 | 0 |" in table and "| `a` | 6 | 2 |" in table and "| `b` | 2 | 2 |" in table
     assert "| `c` | 3 | 2 |" in table and "| **total** | **12** | **6** |" in table
@@ -202,7 +203,7 @@ def test_dagster_balance_downsample_and_upsample(tmp_path):
 
     # up-sampling to uniform over every class present (<null> included): each class to 6 rows
     md, checks = _materialize(tmp_path / "root", src, {"balance_target": {}, "balance_mode": "upsample"})
-    assert [(c.check_name, c.passed) for c in checks] == [("accounting", True)]
+    assert [(c.check_name, c.passed) for c in checks] == [("accounting", True), ("no_source_wiped_out", True)]
     assert (
         "| `<null>` | 1 | 6 |" in md["class_histogram"].value
         and "| **total** | **12** | **24** |" in md["class_histogram"].value
@@ -263,6 +264,7 @@ def test_labels_read_but_not_balanced_warn_and_show_the_class_counts(tmp_path):
     )
     assert md[0]["labels_not_balanced"].value == {"a": 6, "b": 2, "c": 3, "<null>": 1}
     assert "  labels read, not balanced (balance_target null): documents per class a 6, c 3, b 2, <null> 1" in summary
+    assert "/ duplicates 1 (exact 1, near 0 verified, 0 candidates kept by verification) /" in summary
 
     # no label_field: nothing to say
     ok, warnings, _, md, summary = _run_chain(tmp_path / "root", src, {}, {})

@@ -119,4 +119,8 @@ def test_dagster_materialization_of_the_cases_keeps_the_good_records_and_counts_
     assert len(expected) == 6 and {t.strip() for t in kept.column("text").to_pylist()} == expected
     (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "accounting"]
     assert check.passed
+    # half of the documents are copies, but of files at the top level (one source of 12, not wiped out)
+    (wipeout,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "no_source_wiped_out"]
+    assert wipeout.passed, wipeout.metadata
+    assert "| folder: <top level> | 12 | 6 | 0 | 0 | 50.0 % |" in dedup["dedup_by_source"].value
     instance.dispose()

@@ -71,6 +71,7 @@ def test_every_data_configuration_passes_every_blocking_check(tmp_path):
             }
             assert {k: c.passed for k, c in checks.items()} == {
                 "accounting": True,
+                "no_source_wiped_out": True,
                 "no_exact_duplicates": True,
                 "token_ids_below_vocab": True,
             }, name

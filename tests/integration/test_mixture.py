@@ -259,6 +259,7 @@ def test_a_two_corpus_mixture_through_dagster(tmp_path, monkeypatch):
         assert set(kept["corpus"]) == {"tickets", "other"}
         assert all(d.startswith(f"{c}:") for d, c in zip(kept["doc_id"], kept["corpus"]))
         assert "other:copy-of-7" not in set(kept["doc_id"])  # the earlier corpus's copy is kept
+        assert "| corpus: other | 61 | 1 | 0 | 0 | 1.6 % |" in dedup["dedup_by_source"].value  # per mixture corpus
         assert handle["stats"]["corpora"]["other"]["documents_read"] == 61
         shards = run.asset_materializations_for_node("pretrain__token_shards")[0].metadata
         mix = shards["mixture"].value

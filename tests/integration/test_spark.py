@@ -111,6 +111,13 @@ def corpus(tmp_path_factory) -> Path:
         if '"language": "de", "kind": "paragraph"' in line
     ]
     (root / "cases" / "german.txt").write_text("\n\n".join(german * 3), encoding="utf-8")  # removed: reason language
+    # a chain A ~ B ~ C of near copies whose ends are not (J(A, C) < 0.7): verification keeps C
+    a = re.split(r"(\s+)", (KERNEL / "process" / "submitting-patches.rst.txt").read_text())  # words at even places
+    b = [f"{w}b" if i % 50 == 0 and i < len(a) // 2 else w for i, w in enumerate(a)]
+    c = [f"{w}c" if i % 50 == 0 and i >= len(b) // 2 else w for i, w in enumerate(b)]
+    for name, words in (("a", a), ("b", b), ("c", c)):
+        (root / "chain").mkdir(exist_ok=True)
+        (root / "chain" / f"{name}.txt").write_text("".join(words))
     originals = sorted((root / "kernel" / "process").glob("*.txt"))[:12]
     for i, f in enumerate(originals):
         text = f.read_text()
@@ -188,6 +195,12 @@ def test_spark_engine_equals_local_engine(spark, corpus, local, tmp_path):
     assert _docs(ld).equals(_docs(sd)), "deduplicated_text: kept documents"
     dups = pl.read_parquet(ld / "duplicates.parquet")
     assert dups.equals(pl.read_parquet(sd / "duplicates.parquet")), "duplicates: same copies, kept copy, cluster, kind"
+    unverified = pl.read_parquet(ld / "unverified.parquet")
+    assert unverified.equals(pl.read_parquet(sd / "unverified.parquet")), "candidates kept by verification"
+    # a and b fall in partition 0, c in partition 1: a is kept, b removed as its copy, c kept (J(a, c) < 0.7)
+    assert unverified["doc_id"].to_list() == ["chain/c.txt"] and lds["near_unverified_kept"] == 1
+    assert dups.filter(pl.col("doc_id").str.starts_with("chain/"))["doc_id"].to_list() == ["chain/b.txt"]
+    assert dups.filter(pl.col("kind") == "near")["similarity"].min() >= 0.7
     assert _docs(ld / "signatures").equals(_docs(sd / "signatures"))
     dirs = lambda res: ([d for d, _ in res["raw"]], [d for d, _ in res["clean"]], res["dd"][0])  # noqa: E731
     assert corpus_accounting(*dirs(local)) == corpus_accounting(*dirs(remote))

@@ -49,7 +49,15 @@ def test_near_duplicates_across_partitions_and_tiny_docs(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     stats = deduplicate(src, out, DedupConfig())
-    assert stats == {"input": 26, "kept": 23, "duplicate": 3, "clusters": 3, "duplicate_exact": 2, "duplicate_near": 1}
+    assert stats == {
+        "input": 26,
+        "kept": 23,
+        "duplicate": 3,
+        "clusters": 3,
+        "duplicate_exact": 2,
+        "duplicate_near": 1,
+        "near_unverified_kept": 0,
+    }
     dups = pl.read_parquet(out / "duplicates.parquet")
     assert dict(zip(dups["doc_id"], dups["duplicate_of"])) == {"b2": "b", "a2": "a", "t0bis": "t0"}
     assert dict(zip(dups["doc_id"], dups["kind"])) == {"b2": "exact", "a2": "near", "t0bis": "exact"}

@@ -2,9 +2,11 @@
 seeds; the signature files are the local executor's), sent to Spark through ``mapInArrow``; the key
 hash and the band hashes are exploded to (band, hash, row) and grouped in one shuffle (the exact pass
 is band -1: a shuffle on the normalized key's hash); each group of two or more rows gives the edges
-(row, smallest row); their connected components (largetrain_core.executors.spark.components) give
-each document its kept copy. No process holds data for every document: the driver holds the list
-of part files, executors their shuffle partitions. The duplicates are shuffled on their part and
+(row, smallest row); their connected components (largetrain_core.executors.spark.components) are the
+candidate clusters. With near duplicates they are verified on the driver by the local engine's
+function (dedup.verify_assignment: the candidate documents' texts read once, exact Jaccard per
+candidate pair), so the output is the local engine's. No process holds data for every document: the
+driver holds the list of part files and the candidate documents, executors their shuffle partitions. The duplicates are shuffled on their part and
 written one file per part; the kept documents are then written per part (dedup.write_kept), in the
 same byte-balanced runs of parts as the signatures. The global step runs without adaptive query
 execution (:func:`global_step_settings`), its counts from the last connected-components job and the
@@ -31,10 +33,14 @@ from largetrain_core import fs
 from largetrain_core.dedup import (
     ASSIGNMENT_SCHEMA,
     DUP_SCHEMA,
+    UNVERIFIED_SCHEMA,
+    UNVERIFIED,
     DedupConfig,
+    VerifyConfig,
     band_column,
     partition_signatures,
     same_value_edges,
+    verify_assignment,
     write_kept,
     write_signatures,
 )
@@ -127,9 +133,37 @@ def duplicates(
             "duplicate_of",
             F.when(F.col("key_hash") == F.col("root_key"), F.lit("exact")).otherwise(F.lit("near")).alias("kind"),
             "key_hash",
+            F.when(F.col("key_hash") == F.col("root_key"), F.lit(1.0)).otherwise(F.lit(None)).alias("similarity"),
         )
     )
     return dups, {"duplicate": found["leaves"], "clusters": found["centres"]}, stars
+
+
+def verified_duplicates(
+    spark: SparkSession, dups: DataFrame, parts: list[Path], firsts: np.ndarray, cfg: DedupConfig, verify: VerifyConfig
+) -> tuple[DataFrame, pl.DataFrame]:
+    """The duplicates of :func:`duplicates` verified as the local engine does (dedup.verify_assignment,
+    the same function on the same candidates): collected to the driver, which reads the candidate
+    documents' texts from ``parts`` (one row per document with a candidate pair, not per document).
+    Returns (the verified duplicates as a Spark frame with their part, the candidates kept because
+    verification failed)."""
+    t = dups.select("row", "doc_id", "cluster_id", "duplicate_of", "kind", "key_hash", "similarity").toArrow()
+    assignment = (
+        pl.from_arrow(t)
+        .with_columns(pl.col("key_hash").cast(pl.Int64).reinterpret(signed=False))
+        .sort("row")
+        .cast(ASSIGNMENT_SCHEMA)
+    )
+    verified, unverified = verify_assignment(parts, assignment, cfg, verify)
+    frame = verified.with_columns(
+        part=pl.Series(np.searchsorted(firsts, verified["row"].to_numpy(), side="right") - 1, dtype=pl.Int64),
+        key_hash=pl.col("key_hash").reinterpret(signed=True),
+    ).select("part", *ASSIGNMENT_SCHEMA)
+    schema = (
+        "part long, row long, doc_id string, cluster_id long, duplicate_of string, kind string, key_hash long, "
+        "similarity double"
+    )
+    return spark.createDataFrame(frame.to_pandas(), schema), unverified
 
 
 @contextlib.contextmanager
@@ -242,6 +276,7 @@ def deduplicate(
     cfg: DedupConfig = DedupConfig(),
     progress: Progress | None = None,
     uploads: Uploads | None = None,
+    verify: VerifyConfig | None = VerifyConfig(),
 ) -> dict:
     """dedup.deduplicate on Spark: the same kept part files, ``duplicates.parquet`` rows (kept copy,
     cluster id, kind) and counts, and ``signatures/`` when the partitions carry none of their own
@@ -282,6 +317,11 @@ def deduplicate(
         )
         progress.describe("deduplicated_text: candidate pairs (shuffle on band, hash) and connected components")
         dups, found, stars = duplicates(sig, cfg, log)
+        unverified = pl.DataFrame(schema={"row": pl.Int64, **UNVERIFIED_SCHEMA})
+        if found["duplicate"] and verify is not None and cfg.near:
+            progress.describe("deduplicated_text: verify the candidates against their kept copies (driver)")
+            dups, unverified = verified_duplicates(spark, dups, parts, firsts, cfg, verify)
+            found = {"duplicate": dups.count(), "clusters": dups.select("cluster_id").distinct().count()}
         progress.describe("deduplicated_text: duplicates by part")
         by_part = {}
         if found["duplicate"]:
@@ -324,8 +364,10 @@ def deduplicate(
     )
     shutil.rmtree(out_dir / "_dups")
     shutil.rmtree(out_dir / "_by_part")
+    unverified.drop("row").write_parquet(out_dir / UNVERIFIED)
     exact = sum(s["duplicate_exact"] for _, s in manifest)
     return {
+        "near_unverified_kept": unverified.height,
         "input": n,
         "kept": n - found["duplicate"],
         **found,

@@ -22,7 +22,7 @@ import time  # noqa: E402
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from largetrain_core.dedup import DedupConfig  # noqa: E402
+from largetrain_core.dedup import DedupConfig, VerifyConfig  # noqa: E402
 from largetrain_core.executors.spark.commit import Uploads  # noqa: E402
 from largetrain_core.executors.spark.decontamination import find_contamination  # noqa: E402
 from largetrain_core.executors.spark.dedup import deduplicate  # noqa: E402
@@ -48,7 +48,13 @@ def run_stage(spark: SparkSession, stage: str, args: dict, progress: Progress, u
         return map_parts(spark, decode_step(args["step"]), Path(args["in_dir"]), out, progress, uploads)
     if stage == "deduplicate":
         return deduplicate(
-            spark, [Path(d) for d in args["in_dirs"]], out, DedupConfig(**args["dedup"]), progress, uploads
+            spark,
+            [Path(d) for d in args["in_dirs"]],
+            out,
+            DedupConfig(**args["dedup"]),
+            progress,
+            uploads,
+            VerifyConfig(**args["verify"]) if args.get("verify") else None,
         )
     if stage == "find_contamination":
         return find_contamination(

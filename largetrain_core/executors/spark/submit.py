@@ -24,7 +24,7 @@ import time
 from importlib.util import find_spec
 from pathlib import Path
 
-from largetrain_core.dedup import DedupConfig
+from largetrain_core.dedup import DedupConfig, VerifyConfig
 from largetrain_core.executors.base import Executor, ExecutorError
 from largetrain_core.executors.spark import class_archive
 from largetrain_core.parts import PartStep
@@ -68,10 +68,15 @@ class SparkExecutor(Executor):
     def map_parts(self, step: PartStep, in_dir: Path, out_dir: Path) -> dict:
         return self.submit("map_parts", {"in_dir": str(in_dir), "step": encode_step(step)}, out_dir)
 
-    def deduplicate(self, in_dirs: list[Path], out_dir: Path, cfg: DedupConfig) -> dict:
-        return self.submit(
-            "deduplicate", {"in_dirs": [str(d) for d in in_dirs], "dedup": dataclasses.asdict(cfg)}, out_dir
-        )
+    def deduplicate(
+        self, in_dirs: list[Path], out_dir: Path, cfg: DedupConfig, verify: VerifyConfig | None = VerifyConfig()
+    ) -> dict:
+        args = {
+            "in_dirs": [str(d) for d in in_dirs],
+            "dedup": dataclasses.asdict(cfg),
+            "verify": dataclasses.asdict(verify) if verify else None,
+        }
+        return self.submit("deduplicate", args, out_dir)
 
     def find_contamination(self, in_dirs: list[Path], index_dir: Path, out_file: Path) -> dict:
         args = {"in_dirs": [str(d) for d in in_dirs], "index_dir": str(index_dir), "out_file": str(out_file)}
