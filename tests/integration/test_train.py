@@ -256,7 +256,13 @@ def test_exact_resume_after_sigkill_mid_save(shards, uninterrupted, tmp_path, mo
     # steps 4-6 were logged again after the resume, with bitwise the same losses
     history = {(m.step, m.value) for m in client.get_metric_history(ml["run_id"], "loss")}
     assert history == {(step, got[step]["loss"]) for step in range(1, 9)}
-    assert {a.path for a in client.list_artifacts(ml["run_id"])} == {"loss_curve.png", "model", "summary.json"}
+    assert {a.path for a in client.list_artifacts(ml["run_id"])} == {
+        "loss_curve.png",
+        "model",
+        "mlflow",
+        "summary.json",
+    }
+    assert "mlflow/model/MLmodel" in {a.path for a in client.list_artifacts(ml["run_id"], "mlflow/model")}
     assert "model/model.safetensors" in {a.path for a in client.list_artifacts(ml["run_id"], "model")}
 
 
