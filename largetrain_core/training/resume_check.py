@@ -41,8 +41,8 @@ def data_digest(data, location: str) -> str:
 
 def run_identity(cfg, data) -> dict:
     """``cfg.identity("weights")`` with the input paths (:data:`PATHS`) replaced by content digests: the train
-    data's :func:`data_digest`; a local base model directory's storage.sampled_digest (large files sampled, as
-    the manifests do); a tokenizer directory's (often the shards' own) tokenizer files; a URL kept as written.
+    data's :func:`data_digest`; a local base model directory's storage.sampled_digest of its config.json and
+    weights (large files sampled, as the manifests do); a tokenizer directory's (often the shards' own) tokenizer files; a URL kept as written.
     Plus the train data's ``seq_len`` and ``train_sequences``."""
     from largetrain_core.storage import sampled_digest
     from largetrain_core.training.sync import TOKENIZER_FILES
@@ -53,10 +53,16 @@ def run_identity(cfg, data) -> dict:
         if name == "train_shards":
             ident[name] = data_digest(data, cfg.train_shards)
         elif value and Path(value).is_dir():
-            ident[name] = sampled_digest(value, TOKENIZER_FILES if name == "tokenizer" else None)
+            ident[name] = sampled_digest(value, TOKENIZER_FILES if name == "tokenizer" else _weight_files(Path(value)))
     ident["seq_len"] = int(data.seq_len)
     ident["train_sequences"] = int(len(data))
     return ident
+
+
+def _weight_files(model_dir: Path) -> list[str]:
+    """The files of a base model directory that make its weights: config.json and the safetensors files (not
+    its model card or lineage.json, which name where the directory is stored)."""
+    return ["config.json", *sorted(p.name for p in model_dir.glob("*.safetensors"))]
 
 
 def identity_hash(identity: dict) -> str:
