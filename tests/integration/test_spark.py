@@ -118,6 +118,7 @@ def corpus(tmp_path_factory) -> Path:
     for name, words in (("a", a), ("b", b), ("c", c)):
         (root / "chain").mkdir(exist_ok=True)
         (root / "chain" / f"{name}.txt").write_text("".join(words))
+    (root / "cases" / "gone.txt").symlink_to("nowhere.txt")  # a dangling link: one rejected record naming it
     originals = sorted((root / "kernel" / "process").glob("*.txt"))[:12]
     for i, f in enumerate(originals):
         text = f.read_text()
@@ -192,6 +193,15 @@ def test_spark_engine_equals_local_engine(spark, corpus, local, tmp_path):
     assert lds == sds
     assert lds["duplicate_exact"] >= 6 and lds["duplicate_near"] >= 1 and lds["clusters"] >= 7
     assert sum(s["renamed_ids"] for _, s in local["raw"]) == 2  # r0, r1 of the late file
+    for res in (local, remote):  # the dangling link: the same record from both engines (compared above), named
+        rejected = pl.concat([pl.read_parquet(d / "rejected.parquet") for d, _ in res["raw"]])
+        assert rejected.filter(pl.col("source") == "cases/gone.txt").rows() == [
+            (
+                "cases/gone.txt",
+                -1,
+                "dangling symbolic link: its target nowhere.txt does not exist (or is a loop of links)",
+            )
+        ], rejected
     assert _docs(ld).equals(_docs(sd)), "deduplicated_text: kept documents"
     dups = pl.read_parquet(ld / "duplicates.parquet")
     assert dups.equals(pl.read_parquet(sd / "duplicates.parquet")), "duplicates: same copies, kept copy, cluster, kind"
