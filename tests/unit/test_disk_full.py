@@ -146,6 +146,7 @@ def test_a_storage_root_on_a_tmpfs_that_fills_during_cleaned_text(tmp_path, requ
         again = clean()
         assert not again.reused and again.data_version == ref.data_version
         assert verify_manifest(again.path) == []
+
         def files(d):
             return {str(p.relative_to(d)): p for p in Path(d).rglob("*") if p.is_file() and p.name != "stats.json"}
 
