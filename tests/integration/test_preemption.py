@@ -126,3 +126,48 @@ def test_preemption_settings_change_neither_the_config_hash_nor_the_data_version
     assert cfg.with_settings(preemption_grace_seconds=0).problems(cuda=False) == [
         "checkpointing.preemption_grace_seconds must be > 0, not 0"
     ]
+
+
+def test_a_disk_that_fills_during_a_save_is_named_not_retried_and_the_rerun_resumes_bitwise(
+    shards, uninterrupted, tmp_path, request
+):
+    """The case built for real (shared/cases "disk full (build it)"): the output directory on a tmpfs that a
+    filler file leaves room for one and a half checkpoints (the sizes of ``uninterrupted``'s step 3). The plan's
+    space check passes (no checkpoint yet, more than checkpoints.NO_SPACE_MARGIN free); step 3 is saved, the
+    save of step 6 hits the kernel's ENOSPC. Each rank's error names ENOSPC, the checkpoint and the free space;
+    the failure is not retried nor called killed or preempted; the half-written step 6 is gone. With the
+    filler deleted, the rerun resumes from step 3 and ends bitwise as the uninterrupted run."""
+    from helpers.small_disk import can_mount, fill, rerun_in_mount_namespace, tmpfs
+    from largetrain_dagster.resources import space_problem, training_failure
+
+    if not can_mount():
+        return rerun_in_mount_namespace(request.node.nodeid)
+    ckpt_bytes = sum(f.stat().st_size for f in (uninterrupted / "checkpoints" / "step-000003").iterdir())
+    with tmpfs(tmp_path / "small", 64 << 20) as disk:
+        out = disk / "out"
+        filler = fill(disk, ckpt_bytes * 3 // 2 + (256 << 10))  # the logs and error files too
+        cfg = _cfg(out, shards)
+        assert space_problem(out) is None  # the plan's check passed
+        proc = _torchrun(cfg)
+        assert proc.returncode != 0, proc.stderr[-3000:]
+        assert max(metrics(out)) == 6, proc.stderr[-3000:]
+        step6 = out / "checkpoints" / "step-000006"
+        complete = sorted(p.name for p in (out / "checkpoints").iterdir() if (p / "COMPLETE.json").exists())
+        assert complete == ["step-000003"] and not step6.exists()  # nothing half-written left to resume from
+        errors = rank_errors(proc.logs)
+        assert {e["rank"] for e in errors if not e.get("transient")} <= {0, 1} and errors, proc.stderr[-3000:]
+        for e in (e for e in errors if not e.get("transient")):
+            assert e["message"].startswith(
+                f"[Errno 28] No space left on device (ENOSPC) while saving checkpoint {step6}: "
+            ), e
+            assert "bytes were free on its file system" in e["message"], e
+        failure = training_failure(proc.returncode, proc.logs, proc.logs / "torchrun.log", out)
+        assert failure.allow_retries is False
+        assert "ENOSPC" in failure.description and str(step6) in failure.description
+        assert "killed or preempted" not in failure.description
+
+        filler.unlink()
+        proc = _torchrun(cfg)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "step-000003 at step 3" in proc.stderr, proc.stderr[-3000:]
+        _assert_bitwise(uninterrupted, out)

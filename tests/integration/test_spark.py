@@ -118,6 +118,7 @@ def corpus(tmp_path_factory) -> Path:
     for name, words in (("a", a), ("b", b), ("c", c)):
         (root / "chain").mkdir(exist_ok=True)
         (root / "chain" / f"{name}.txt").write_text("".join(words))
+    (root / "cases" / "gone.txt").symlink_to("nowhere.txt")  # a dangling link: one rejected record naming it
     originals = sorted((root / "kernel" / "process").glob("*.txt"))[:12]
     for i, f in enumerate(originals):
         text = f.read_text()
@@ -192,6 +193,15 @@ def test_spark_engine_equals_local_engine(spark, corpus, local, tmp_path):
     assert lds == sds
     assert lds["duplicate_exact"] >= 6 and lds["duplicate_near"] >= 1 and lds["clusters"] >= 7
     assert sum(s["renamed_ids"] for _, s in local["raw"]) == 2  # r0, r1 of the late file
+    for res in (local, remote):  # the dangling link: the same record from both engines (compared above), named
+        rejected = pl.concat([pl.read_parquet(d / "rejected.parquet") for d, _ in res["raw"]])
+        assert rejected.filter(pl.col("source") == "cases/gone.txt").rows() == [
+            (
+                "cases/gone.txt",
+                -1,
+                "dangling symbolic link: its target nowhere.txt does not exist (or is a loop of links)",
+            )
+        ], rejected
     assert _docs(ld).equals(_docs(sd)), "deduplicated_text: kept documents"
     dups = pl.read_parquet(ld / "duplicates.parquet")
     assert dups.equals(pl.read_parquet(sd / "duplicates.parquet")), "duplicates: same copies, kept copy, cluster, kind"
@@ -323,15 +333,15 @@ def test_tokenization_in_spark_tasks_gives_the_sequences_of_one_process(spark, l
     the train split holds twice (column ``copies``)."""
     from largetrain_core.balance import COPIES
     from largetrain_core.executors.spark.tokenize import tokenize as spark_tokenize
-    from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, tokenize_partition
+    from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, partition_parts, tokenize_partition
 
     docs = _docs(local["dd"][0]).select("doc_id", "source", "text")
     docs = docs.with_columns(pl.Series(COPIES, [1 + (i % 3 == 0) for i in range(len(docs))]))
     text = tmp_path / "text"
     text.mkdir()
-    step = -(-len(docs) // 8)
+    bounds = [round(i * len(docs) / 8) for i in range(9)]  # 8 part files of near-equal, non-zero sizes
     for i in range(8):
-        docs.slice(i * step, step).write_parquet(text / f"part-{i:05d}.parquet")
+        docs.slice(bounds[i], bounds[i + 1] - bounds[i]).write_parquet(text / f"part-{i:05d}.parquet")
     packing = Packing(seq_len=32, validation_fraction=0.1, seed=3, sequences_per_shard=64)
 
     def shards(tokenize_one) -> tuple[Path, list[dict]]:
@@ -357,7 +367,9 @@ def test_tokenization_in_spark_tasks_gives_the_sequences_of_one_process(spark, l
         return tokenize_partition(text, bpe_dir, d, p, 2, packing)
 
     (remote, remote_runs), (one, one_runs) = shards(in_spark), shards(in_process)
-    assert [len(s["runs"]) for s in remote_runs] == [4, 4]  # 2 executors: at least 2 runs per core
+    files = [len(partition_parts(sorted(text.glob("part-*.parquet")), p, 2)[1]) for p in range(2)]
+    # 2 executor cores: two runs per core (4), or one per part file where a partition has fewer (plan_runs)
+    assert [len(s["runs"]) for s in remote_runs] == [min(4, n) for n in files] and min(files) >= 2
     assert [len(s["runs"]) for s in one_runs] == [1, 1]
     assert sum(r["validation_documents"] for s in remote_runs for r in s["runs"]) > 0  # else assembly re-tokenizes
     for k in ("documents", "sequences", "tail_tokens", "parts"):

@@ -3,6 +3,7 @@ incomplete checkpoint removed so that the rank's error file fits, and a training
 room for a checkpoint is neither started nor retried, nor reported as killed or preempted."""
 
 import errno
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,64 @@ def test_no_room_for_a_checkpoint_is_refused_before_a_start_and_named_after_a_fa
     assert space_problem(small) is None
     killed = training_failure(-9, logs, tmp_path / "train.log", small)  # room on disk: killed, retried
     assert killed.allow_retries is True and "killed or preempted" in killed.description
+
+
+def test_a_storage_root_on_a_tmpfs_that_fills_during_cleaned_text(tmp_path, request):
+    """The case built for real (shared/cases "disk full (build it)"): a storage root on a 1 MiB tmpfs holding
+    raw_corpus, then filled by another file to 8 KiB free. cleaned_text fails with the kernel's ENOSPC named with
+    the part file, the version and the free space; nothing of the version is left (no directory, no commit
+    marker, no temporary directory). With the filler deleted the rerun succeeds, reuses raw_corpus, and its
+    version equals a run's on the normal disk, file for file."""
+    from helpers.small_disk import can_mount, fill, rerun_in_mount_namespace, tmpfs
+
+    from largetrain_core.clean import QualityConfig
+    from largetrain_core.executors.local import LocalExecutor
+    from largetrain_core.readers import ReaderConfig
+    from largetrain_core.stages.base import StageRun
+    from largetrain_core.stages.cleaned_text import cleaned_text
+    from largetrain_core.stages.raw_corpus import raw_corpus
+    from largetrain_core.storage import verify_manifest
+
+    if not can_mount():
+        return rerun_in_mount_namespace(request.node.nodeid)
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i in range(8):
+        (src / f"d{i}.txt").write_text(f"Document {i}: " + "some words about the kernel here. " * (20 + i))
+    quality = QualityConfig(gopher_quality=False, gopher_repetition=False, c4=False)
+
+    def steps(root):
+        raw = raw_corpus(ReaderConfig(str(src)), StageRun(root, ("c", "raw_corpus"), executor=LocalExecutor()))
+        return raw, lambda: cleaned_text(quality, raw, StageRun(root, ("c", "cleaned_text"), executor=LocalExecutor()))
+
+    ref = steps(tmp_path / "disk")[1]()
+    with tmpfs(tmp_path / "small", 1 << 20) as root:
+        raw, clean = steps(root)
+        filler = fill(root, 8192)
+        with pytest.raises(DiskFullError) as caught:
+            clean()
+        err = caught.value
+        version = root / "c" / "cleaned_text" / ref.data_version
+        assert err.errno == errno.ENOSPC and err.filename.endswith("part-00000.parquet")
+        assert err.filename.startswith(str(root / "c" / "cleaned_text" / ".tmp-"))  # the file being written
+        assert str(err).startswith(
+            f"[Errno 28] No space left on device (ENOSPC) writing {err.filename} while building {version}: "
+        )
+        assert " bytes free on its file system (OSError: [Errno 28] " in str(err)
+        assert "Free space there, then run the step again" in str(err)
+        assert list((root / "c" / "cleaned_text").iterdir()) == []  # nothing half-written kept, none committed
+        assert verify_manifest(raw.path) == []  # the committed input is untouched
+
+        filler.unlink()
+        again = clean()
+        assert not again.reused and again.data_version == ref.data_version
+        assert verify_manifest(again.path) == []
+
+        def files(d):
+            return {str(p.relative_to(d)): p for p in Path(d).rglob("*") if p.is_file() and p.name != "stats.json"}
+
+        made, expected = files(again.path), files(ref.path)
+        assert sorted(made) == sorted(expected)
+        for name in expected:  # the rerun's version is the normal disk's, byte for byte (stats.json holds seconds)
+            if name not in ("_manifest.json", "_COMMITTED.json"):
+                assert made[name].read_bytes() == expected[name].read_bytes(), name
