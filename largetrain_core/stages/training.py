@@ -188,10 +188,21 @@ def fine_tuning_examples(
     (largetrain_core.training.task_data.classification_examples or chat_examples, with the base model's
     tokenizer), and
     ``settled`` with ``train_shards`` set to them. Returns (that config, the examples' report: manifest,
-    the documents left out, the split). Raises StageError (not retryable) for an object-store root, or
-    documents without the labels or messages the task needs."""
+    the documents left out, the split). Raises StageError (not retryable) for an object-store root, a
+    ``settings.seq_len`` above the base model's ``max_position_embeddings`` (before any example is built),
+    or documents without the labels or messages the task needs."""
+    from largetrain_core.model import max_positions
+
     key = run.key[0]
     problems = settings.problems()
+    base = Path(settled.model.base_model)
+    positions = max_positions(base)
+    if positions is not None and settings.seq_len > positions:
+        problems.append(
+            f"task_data.seq_len={settings.seq_len} is more than the base model {base} takes "
+            f"(max_position_embeddings={positions}): set lora_adapter's task_data.seq_len to at most {positions}, "
+            "or use a base model with longer positions"
+        )
     if problems:
         raise StageError(f"{key}: " + "; ".join(problems))
     where = artifacts.location(run.root, run.key, version)
