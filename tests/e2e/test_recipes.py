@@ -142,7 +142,6 @@ class Lab:
                 done |= {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
         return done, results
 
-
     def _run_cli(self, path: Path, cfg: dict) -> tuple[set[str], list[str]]:
         """:meth:`run` through the dagster CLI: the whole config file (every step's keys, as the header's
         commands pass it) written beside the root; each run must succeed with every asset check passed."""

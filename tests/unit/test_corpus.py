@@ -351,9 +351,21 @@ def test_rejected_labels_go_to_rejected_parquet_and_count_against_max_rejected_f
     stats = ingest(config, out)
     assert (stats["documents"], stats["rejected"]) == (3, 6)
     stored = pq.read_table(out / "rejected.parquet")
-    assert stored.column("reason").to_pylist()[2] == "line 5: label 'maybe' is not in the declared label set ['pos', 'neg']"
+    assert (
+        stored.column("reason").to_pylist()[2]
+        == "line 5: label 'maybe' is not in the declared label set ['pos', 'neg']"
+    )
     error = rejection_error(stats, config, out / "rejected.parquet")
     assert "6 of 9 records rejected" in error and "label 'maybe' is not in the declared label set" in error
+
+
+def test_label_rules_enter_raw_corpus_versions_only_when_set():
+    from largetrain_core.stages.raw_corpus import settings_version
+
+    plain = settings_version(ReaderConfig(path="x", label_field="y"))
+    assert "labels" not in plain and "require_label" not in plain  # corpora read before the rules keep their versions
+    ruled = settings_version(ReaderConfig(path="x", label_field="y", labels=["a", "b"], require_label=True))
+    assert (ruled["labels"], ruled["require_label"]) == (["a", "b"], True)
 
 
 @pytest.mark.parametrize(
