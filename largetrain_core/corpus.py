@@ -260,7 +260,12 @@ def read_corpus(config: ReaderConfig, listed: Scan | None = None) -> Iterator[Ba
     """
     if listed is None:
         listed = scan(config.path, config.partition, config.partitions)
-    out = Collector(config.batch_size, labelled=config.label_field is not None, chat=config.format == "chat")
+    out = Collector(
+        config.batch_size,
+        labelled=config.label_field is not None,
+        chat=config.format == "chat",
+        label_error=config.label_error if config.labels is not None or config.require_label else None,
+    )
     for src in _fetched_whole(listed.sources):
         if (
             utf8_error(src.rel) is not None

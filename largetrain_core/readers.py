@@ -34,6 +34,9 @@ Encoding policy (tested in tests/unit/test_corpus.py and tests/unit/test_reader_
   (position: 1-based line); a columnar row whose text is null or not UTF-8 (position: 0-based row),
   for every physical layout (string, large_string, string_view, dictionary-encoded, binary), or that
   lies in a Parquet row group that cannot be decoded (each of its rows rejected).
+* A labelled record (``label_field``) is rejected when ``labels`` (a declared label set) or
+  ``require_label`` is set and it has no label (missing, null or empty), or, with ``labels``, a label
+  outside the set (:meth:`ReaderConfig.label_error`, applied by :class:`Collector` for every reader).
 * A file rejected as a whole counts as the records it holds, so that ``max_rejected_fraction`` weighs
   it by its size: each of its records is one rejected record at its own position, the reason
   starting with :data:`WHOLE_FILE`. That is the case when a columnar file lacks the text column or
@@ -144,7 +147,24 @@ class ReaderConfig:
         default=None,
         metadata=described(
             "JSONL key / column holding a class label: adds a `label` column (null where a record lacks it; a "
-            "non-string value as its JSON text), kept through cleaned_text and deduplicated_text; needed for balancing."
+            "non-string value as its JSON text), kept through cleaned_text and deduplicated_text; needed for balancing "
+            "and task classification."
+        ),
+    )
+    labels: list[str] | None = field(
+        default=None,
+        metadata=described(
+            "With label_field: the declared label set. A record without a label (missing, null or empty) or with "
+            "one outside the set is rejected (file, line or row, reason; counted against max_rejected_fraction). "
+            "null: any label is taken."
+        ),
+    )
+    require_label: bool = field(
+        default=False,
+        metadata=described(
+            "With label_field: a record without a label (missing, null or empty) is rejected (file, line or row, "
+            "reason), whatever its label (for a classifier's records: true). false: it is kept with a null label. "
+            "Implied by labels."
         ),
     )
     batch_size: int = field(default=1024, metadata=described("Documents per batch and per part file (bounds memory)."))
@@ -178,6 +198,26 @@ class ReaderConfig:
             raise ValueError(f"sample_fraction must be in (0, 1], got {self.sample_fraction}")
         if self.format not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if (self.labels is not None or self.require_label) and not self.label_field:
+            raise ValueError("labels and require_label need label_field: the key or column holding the label")
+        if self.labels is not None and (
+            not self.labels
+            or len(set(self.labels)) != len(self.labels)
+            or not all(isinstance(x, str) and x.strip() for x in self.labels)
+        ):
+            raise ValueError(f"labels must be distinct non-empty strings or null, got {self.labels!r}")
+
+    def label_error(self, label: str | None) -> str | None:
+        """Why a record's ``label`` (the text of its label_field, None when missing or null) is rejected
+        under ``labels`` / ``require_label``, else None."""
+        if label is None or not label.strip():
+            if self.require_label or self.labels is not None:
+                what = "missing or null" if label is None else f"empty ({label!r})"
+                return f"no label: field {self.label_field!r} is {what}"
+            return None
+        if self.labels is not None and label not in self.labels:
+            return f"label {label!r} is not in the declared label set {self.labels}"
+        return None
 
 
 # ------------------------------------------------------------------------------------------------ compression
@@ -392,8 +432,15 @@ class Collector:
     ``Batch.renamed``.
     """
 
-    def __init__(self, batch_size: int, labelled: bool = False, chat: bool = False):
+    def __init__(
+        self,
+        batch_size: int,
+        labelled: bool = False,
+        chat: bool = False,
+        label_error: Callable[[str | None], str | None] | None = None,
+    ):
         self.batch_size = batch_size
+        self.label_error = label_error  # ReaderConfig.label_error: a record whose label it faults is rejected
         self.schema = LABELLED_DOC_SCHEMA if labelled else DOC_SCHEMA
         if chat:
             self.schema = self.schema.append(pa.field(MESSAGES, pa.large_string()))
@@ -420,7 +467,13 @@ class Collector:
     ) -> None:
         """Add one document; ``at`` ("line 3", "row 2", "" for a whole file) prefixes a rejection's reason."""
         doc_id = record_id or fallback
-        bad = utf8_error(text) or control_error(text) or utf8_error(doc_id) or (label is not None and utf8_error(label))
+        bad = (
+            utf8_error(text)
+            or control_error(text)
+            or utf8_error(doc_id)
+            or (label is not None and utf8_error(label))
+            or (self.label_error(label) if self.label_error else None)
+        )
         if not bad and doc_id in self.seen and f"{doc_id}@{fallback}" in self.seen:
             bad = f"duplicate id {doc_id!r}, and {doc_id + '@' + fallback!r} is taken too"
         if bad:

@@ -23,11 +23,15 @@ from largetrain_core.storage import data_version, stored_location
 
 def settings_version(reader: ReaderConfig) -> dict:
     """The reader settings that enter the data version: every field but the location and the
-    partition (which enters on its own); ``label_field`` and ``id_prefix`` only when set, ``format`` only
-    when not text."""
+    partition (which enters on its own); ``label_field``, ``labels``, ``require_label`` and ``id_prefix`` only
+    when set, ``format`` only when not text."""
     settings = {k: v for k, v in dataclasses.asdict(reader).items() if k not in ("path", "partition", "partitions")}
     if settings["label_field"] is None:
         del settings["label_field"]
+    if settings["labels"] is None:  # the label rules, only when set: the versions read before them hold
+        del settings["labels"]
+    if not settings["require_label"]:
+        del settings["require_label"]
     if settings["format"] == "text":  # the default: the versions read before the setting existed hold
         del settings["format"]
     if not settings.get("id_prefix"):  # a mixture's corpus prefixes its ids; a corpus alone keeps its versions

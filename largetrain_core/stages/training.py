@@ -186,12 +186,23 @@ def fine_tuning_examples(
     """The examples of a fine-tuning task (``settled.task``) under ``<root>/<key>/<version>/examples``,
     built once from the documents of the deduplicated_text directory ``text``
     (largetrain_core.training.task_data.classification_examples or chat_examples, with the base model's
-    tokenizer), and
-    ``settled`` with ``train_shards`` set to them. Returns (that config, the examples' report: manifest,
-    the documents left out, the split). Raises StageError (not retryable) for an object-store root, or
-    documents without the labels or messages the task needs."""
+    tokenizer), and ``settled`` with ``train_shards`` set to them. Returns (that config, the examples'
+    report: manifest, the documents left out, the split); a WARNING names the documents left out, if any.
+    Raises StageError (not retryable) for an object-store root, a ``settings.seq_len`` above the base
+    model's ``max_position_embeddings`` (before any example is built), or documents without the labels or
+    messages the task needs."""
+    from largetrain_core.model import max_positions
+
     key = run.key[0]
     problems = settings.problems()
+    base = Path(settled.model.base_model)
+    positions = max_positions(base)
+    if positions is not None and settings.seq_len > positions:
+        problems.append(
+            f"task_data.seq_len={settings.seq_len} is more than the base model {base} takes "
+            f"(max_position_embeddings={positions}): set lora_adapter's task_data.seq_len to at most {positions}, "
+            "or use a base model with longer positions"
+        )
     if problems:
         raise StageError(f"{key}: " + "; ".join(problems))
     where = artifacts.location(run.root, run.key, version)
@@ -211,4 +222,16 @@ def fine_tuning_examples(
         shutil.rmtree(examples, ignore_errors=True)
         os.replace(tmp, examples)
         run.log.info(f"{key}: {settled.task} examples written to {examples}")
-    return settled.with_settings(train_shards=str(examples)), read_json(report_file, "task examples report")
+    report = read_json(report_file, "task examples report")
+    if report["left_out"]:  # a second line behind raw_corpus's labels / require_label: said, never silent
+        first = report["left_out"][0]
+        hint = (
+            "; raw_corpus require_label: true and labels: [...] reject such records where they are read"
+            if settled.task == "classification"
+            else ""
+        )
+        run.log.warning(
+            f"{key}: {len(report['left_out'])} documents left out of the {settled.task} examples (listed in the "
+            f"metadata's left_out; the first: {first['source']}: {first['reason']}){hint}"
+        )
+    return settled.with_settings(train_shards=str(examples)), report

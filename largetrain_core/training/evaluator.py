@@ -14,29 +14,28 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from largetrain_core.shards import TokenShards
 from largetrain_core.training import checkpoints, tasks
 from largetrain_core.training.loss import next_token_loss, targets
 
 
 class Evaluator:
-    """One rank's part of the validation loss. ``shards``: a token_shards directory or URL.
-    Raises ValueError naming ``shards`` when its validation split holds no sequence."""
+    """One rank's part of the validation loss of training config ``cfg`` (largetrain_core.training.config):
+    the validation split of ``cfg.train_shards`` as the training reads its task's data (tasks.open_split),
+    ``cfg.evaluation.eval_max_sequences`` of it in micro-batches of ``cfg.schedule.micro_batch_size``.
+    Raises ValueError naming the shards when the validation split holds no sequence."""
 
-    def __init__(self, shards, rank: int, world: int, micro_batch_size: int, max_sequences: int, task="causal_lm"):
-        self.task = task
-        self.validation = (
-            TokenShards(shards, "validation") if task == "causal_lm" else tasks.TaskExamples(shards, "validation")
-        )
+    def __init__(self, cfg, rank: int, world: int):
+        self.task = cfg.task
+        self.validation = tasks.open_split(cfg, "validation")
         if len(self.validation) == 0:
             raise ValueError(
-                f"{shards}: the validation split holds no sequence, so there is nothing to "
+                f"{cfg.train_shards}: the validation split holds no sequence, so there is nothing to "
                 "evaluate on; make the shards with validation_fraction > 0 or set eval_strategy 'no'"
             )
-        n = min(len(self.validation), max_sequences)
+        n = min(len(self.validation), cfg.evaluation.eval_max_sequences)
         self.indices = np.arange(rank, n, world)
-        self.micro_batch_size = micro_batch_size
-        self.batches = math.ceil(math.ceil(n / world) / micro_batch_size)  # rank 0's, the most
+        self.micro_batch_size = cfg.schedule.micro_batch_size
+        self.batches = math.ceil(math.ceil(n / world) / self.micro_batch_size)  # rank 0's, the most
 
     def __call__(self, engine, device: torch.device) -> tuple[float, float]:
         """(mean loss in nats over every target token of every rank's sequences, seconds). Every rank

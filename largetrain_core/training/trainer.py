@@ -182,14 +182,7 @@ class Trainer:
         weights = self.data.manifest.get("class_weights")  # classification: the loss's class weights, if any
         self.class_weights = torch.tensor(weights, dtype=torch.float32, device=self.device) if weights else None
         if cfg.evaluation.eval_strategy != "no":
-            self.evaluator = Evaluator(
-                cfg.train_shards,
-                self.rank,
-                self.world,
-                cfg.schedule.micro_batch_size,
-                cfg.evaluation.eval_max_sequences,
-                cfg.task,
-            )
+            self.evaluator = Evaluator(cfg, self.rank, self.world)
         model = self.build_model()
         self.n_params, self.n_trainable = parameter_count(model), parameter_count(model, trainable_only=True)
         self.info(f"parameters {self.n_params:,}, trainable {self.n_trainable:,}")

@@ -11,21 +11,24 @@ Every key of every file must name a step of the code location (configs.check_ops
 
 import copy
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+from dagster import AssetKey, AssetSelection, DagsterEventType, DagsterInstance, DagsterRunStatus, materialize
 
 from helpers import REPO, TICKETS
 from largetrain_dagster.configs import check_ops_keys, deep_merge
 from largetrain_dagster.corpus import dedup_checks
 from largetrain_dagster.definitions import ROLES, build_definitions, lineage_assets
 from largetrain_dagster.partitions import DATA_PARTITIONS, PARTITIONED_KEYS
+from largetrain_dagster.resources import read_handle
 from largetrain_dagster.summary import render
 from helpers.docblocks import Block, commands, section_blocks
 from helpers.corpora import SHORT_RUN, labelled_corpus
@@ -62,7 +65,7 @@ def recipe_commands(path: Path) -> list[tuple[str, bool]]:
     commands = []
     for chunk in header.split("dagster asset materialize")[1:]:
         chunk = chunk.split(".venv/bin/")[0]
-        assert f"-c configs/{path.name}" in chunk, chunk
+        assert f"-m largetrain_dagster.definitions -c configs/{path.name}" in " ".join(chunk.split()), chunk
         commands.append((re.search(r"--select '([^']+)'", chunk).group(1), "--partition $p" in chunk))
     loop = re.search(r"for p in \$\((.+?)\); do", header)
     if any(parted for _, parted in commands):  # the loop runs over what the command prints: every data partition
@@ -94,18 +97,21 @@ def merged(base: dict, extra: dict) -> dict:
 
 
 class Lab:
-    """One storage root and one Dagster instance that the recipes run on in turn."""
+    """One storage root and one Dagster instance (its DAGSTER_HOME ``home``, dagster.yaml's settings) that the
+    recipes run on in turn, in this process (``materialize``) or through the dagster CLI."""
 
-    def __init__(self, root: Path, instance: DagsterInstance):
-        self.root, self.instance = root, instance
+    def __init__(self, root: Path, home: Path, instance: DagsterInstance):
+        self.root, self.home, self.instance = root, home, instance
         self.defs = build_definitions(root=str(root), nproc_per_node=1, wandb_mode="disabled", report_to=[])
         self.graph = self.defs.resolve_asset_graph()
         self.assets = [*lineage_assets(), *dedup_checks(ROLES)]
         self.known = {n.name for job in [self.defs.resolve_implicit_global_asset_job_def()] for n in job.graph.nodes}
 
-    def run(self, name: str, overrides: dict) -> tuple[set[str], list]:
+    def run(self, name: str, overrides: dict, cli: bool = False) -> tuple[set[str], list]:
         """Materialize recipe ``name`` as its header says, its file's config with ``overrides`` and SMALL.
-        Returns (the asset keys materialized, the results)."""
+        ``cli``: each command of the header run as it is written, `dagster asset materialize -m
+        largetrain_dagster.definitions -c <the config> --select ... [--partition p]`, a subprocess on this lab's
+        root and instance. Returns (the asset keys materialized, the results: the runs' ids with ``cli``)."""
         path = REPO / "configs" / name
         cfg = yaml.safe_load(path.read_text())
         check_ops_keys(cfg, set(), self.known)  # every key names a step (raises RunConfigError otherwise)
@@ -113,6 +119,8 @@ class Lab:
         ops = merged(ops, overrides)
         if "pretrained_model" in ops.get("tokenizer", {}).get("config", {}):
             ops["tokenizer"]["config"].pop("vocab_size", None)
+        if cli:
+            return self._run_cli(path, {**cfg, "ops": ops})
         done, results = set(), []
         for select, parted in recipe_commands(path):
             keys = AssetSelection.from_coercible(select.split(",")).resolve(self.graph)  # as the CLI resolves it
@@ -134,11 +142,57 @@ class Lab:
                 done |= {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
         return done, results
 
+    def _run_cli(self, path: Path, cfg: dict) -> tuple[set[str], list[str]]:
+        """:meth:`run` through the dagster CLI: the whole config file (every step's keys, as the header's
+        commands pass it) written beside the root; each run must succeed with every asset check passed."""
+        config = self.root.parent / path.name
+        config.write_text(yaml.safe_dump(cfg))
+        env = {
+            **os.environ,
+            "LARGETRAIN_ROOT": str(self.root),
+            "DAGSTER_HOME": str(self.home),
+            "LARGETRAIN_NPROC": "1",
+            "LARGETRAIN_REPORT_TO": "",
+            "LARGETRAIN_WANDB_MODE": "disabled",
+        }
+        dagster = str(Path(sys.executable).with_name("dagster"))
+        done, runs = set(), []
+        for select, parted in recipe_commands(path):
+            for pk in PARTITION_KEYS if parted else [None]:
+                before = {r.run_id for r in self.instance.get_runs()}
+                argv = [dagster, "asset", "materialize", "-m", "largetrain_dagster.definitions", "-c", str(config)]
+                argv += ["--select", select] + (["--partition", pk] if pk else [])
+                proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                assert proc.returncode == 0, (path.name, select, pk, (proc.stdout + proc.stderr)[-4000:])
+                (new,) = [r for r in self.instance.get_runs() if r.run_id not in before]
+                assert new.status == DagsterRunStatus.SUCCESS, (path.name, select, pk, new.status)
+                logs = self.instance.all_logs(new.run_id)
+                failed = [
+                    (e.dagster_event.event_specific_data.asset_key, e.dagster_event.event_specific_data.check_name)
+                    for e in logs
+                    if e.dagster_event
+                    and e.dagster_event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+                    and not e.dagster_event.event_specific_data.passed
+                ]
+                assert not failed, failed
+                done |= {
+                    e.dagster_event.asset_key.to_user_string()
+                    for e in logs
+                    if e.dagster_event and e.dagster_event.event_type == DagsterEventType.ASSET_MATERIALIZATION
+                }
+                runs.append(new.run_id)
+        return done, runs
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with DagsterInstance.ephemeral() as instance:
-        yield Lab(tmp_path_factory.mktemp("recipes") / "root", instance)
+    """A lab on an instance in its own DAGSTER_HOME (the repository's dagster.yaml), which the CLI's runs share."""
+    base = tmp_path_factory.mktemp("recipes")
+    home = base / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    with DagsterInstance.from_config(str(home)) as instance:
+        yield Lab(base / "root", home, instance)
 
 
 @pytest.fixture(scope="module")
@@ -272,17 +326,22 @@ def test_recipe_3_import_a_hugging_face_model_and_adapt_it(lab, recipe2, tickets
     assert "LoRA adapter: r=16, lora_alpha=32 on" in text
 
 
-def test_recipe_4_a_classifier_on_your_labelled_records(lab, recipe2, tickets):
-    """The classifier recipe on the base the lab has: the tickets' category learnt by a LoRA sequence classifier,
+def test_recipe_4_a_classifier_on_your_labelled_records(lab, recipe2, tickets, tmp_path):
+    """The classifier recipe through the dagster CLI on the base the lab has: records without a label or outside
+    the declared label set rejected by file, line and reason, the tickets' category learnt by a LoRA sequence classifier,
     evaluated on the held-out test split beside the baselines, its blocking check passed, its export labelling text."""
     from transformers import pipeline
 
     from largetrain_core.classification import load_classifier
 
+    records = tmp_path / "tickets.jsonl"  # the tickets, and two records the declared label set rejects
+    bad = [{"id": "no-label", "text": "where is my parcel"}, {"id": "odd", "text": "hello", "category": "sales"}]
+    records.write_text(tickets.read_text() + "".join(json.dumps(r) + "\n" for r in bad))
+    labels = ["account", "billing", "shipping", "technical"]
     done, _ = lab.run(
         "classifier_on_my_records.yaml",
         {
-            "domain__raw_corpus": {"path": str(tickets)},
+            "domain__raw_corpus": {"path": str(records), "labels": labels},
             "lora_adapter": {
                 "schedule": {"max_steps": 80, "micro_batch_size": 16},
                 "optimizer": {"learning_rate": 0.01},
@@ -290,8 +349,20 @@ def test_recipe_4_a_classifier_on_your_labelled_records(lab, recipe2, tickets):
                 "task_data": {"seq_len": 32},  # the small base's positions
             },
         },
+        cli=True,
     )
     assert done == documented_keys(REPO / "configs" / "classifier_on_my_records.yaml")
+    rejected = [
+        row
+        for pk in PARTITION_KEYS
+        for row in pq.read_table(
+            Path(read_handle(lab.root, AssetKey(["domain", "raw_corpus"]), pk)["path"]) / "rejected.parquet"
+        ).to_pylist()
+    ]
+    assert sorted((r["source"], r["position"], r["reason"]) for r in rejected) == [
+        ("tickets.jsonl", 301, "line 301: no label: field 'category' is missing or null"),
+        ("tickets.jsonl", 302, f"line 302: label 'sales' is not in the declared label set {labels}"),
+    ]
     lora = md(lab.instance, "lora_adapter")
     assert lora["task"] == "classification"
     assert lora["label_names"] == ["account", "billing", "shipping", "technical"]
@@ -307,7 +378,7 @@ def test_recipe_4_a_classifier_on_your_labelled_records(lab, recipe2, tickets):
 
 
 def test_recipe_5_an_assistant_from_your_chat_records(lab, recipe2, tmp_path):
-    """The chat recipe on the base the lab has: conversations read (malformed ones rejected by line), a message's
+    """The chat recipe through the dagster CLI on the base the lab has: conversations read (malformed ones rejected by line), a message's
     e-mail address redacted in the messages the adapter trains on, the adapter trained on assistant tokens and
     evaluated on held-out conversations, its template saved with its tokenizer."""
     from helpers.finetune import conversations
@@ -329,6 +400,7 @@ def test_recipe_5_an_assistant_from_your_chat_records(lab, recipe2, tmp_path):
                 "task_data": {"seq_len": 32},
             },
         },
+        cli=True,
     )
     assert done == documented_keys(REPO / "configs" / "assistant_from_my_chats.yaml")
     lora = md(lab.instance, "lora_adapter")

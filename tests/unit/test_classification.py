@@ -400,7 +400,7 @@ def test_export_loads_back_with_the_documented_client_code(trained):
     assert bare.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
 
 
-def test_classification_examples_from_deduplicated_parts(tmp_path, bpe_dir):
+def test_classification_examples_from_deduplicated_parts(tmp_path, bpe_dir, caplog):
     """lora_adapter's examples (largetrain_core.training.task_data.classification_examples): documents without a
     label in the set left out and named, the split stratified by record, the balancing's copies repeated in
     the train split only, and the class weights of the natural train split."""
@@ -438,3 +438,53 @@ def test_classification_examples_from_deduplicated_parts(tmp_path, bpe_dir):
     assert np.bincount(TaskExamples(tmp_path / "examples", "test").take(np.arange(24))["label"]).tolist() == [12, 7, 5]
     weights = report["manifest"]["class_weights"]
     assert weights == [round(72 / (3 * n), 6) for n in (36, 22, 14)]  # sklearn's balanced, natural train split
+    # through lora_adapter's stage: the documents left out are said in a WARNING, not only in the metadata
+    import logging
+
+    from largetrain_core.stages.base import StageRun
+    from largetrain_core.stages.training import fine_tuning_examples
+    from largetrain_core.training.config import TrainConfig
+
+    log = logging.getLogger("lora_adapter_examples")
+    cfg = TrainConfig(output_dir="o", train_shards="s", mode="lora", task="classification").with_settings(
+        base_model=str(base)
+    )
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        settled, again = fine_tuning_examples(
+            StageRun(tmp_path / "root", ("lora_adapter",), log=log), "v1", cfg, parts, settings
+        )
+    assert again["left_out"] == report["left_out"] and settled.train_shards.endswith("examples")
+    assert (
+        "lora_adapter: 2 documents left out of the classification examples (listed in the metadata's left_out; "
+        "the first: t.jsonl:121: no label); raw_corpus require_label: true and labels: [...] reject such records"
+    ) in caplog.text
+
+
+def test_task_seq_len_above_the_base_models_positions_fails_before_any_example_is_built(tmp_path):
+    """lora_adapter's fine_tuning_examples checks task_data.seq_len against the base model's
+    max_position_embeddings first: a clear error, and no examples directory."""
+    import json
+
+    from largetrain_core.model import model_config
+    from largetrain_core.stages.base import StageError, StageRun
+    from largetrain_core.stages.training import fine_tuning_examples
+    from largetrain_core.training.config import TrainConfig
+    from largetrain_core.training.task_data import TaskDataSettings
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 16}))
+    assert model_config(base).max_position_embeddings == 16
+    cfg = TrainConfig(output_dir="o", train_shards="s", mode="lora", task="classification").with_settings(
+        base_model=str(base)
+    )
+    run = StageRun(tmp_path / "root", ("lora_adapter",))
+    text = tmp_path / "no-such-dedup"  # never read: the check comes first
+    with pytest.raises(
+        StageError, match=r"task_data.seq_len=32 is more than the base model .* \(max_position_embeddings=16\): set"
+    ):
+        fine_tuning_examples(run, "v1", cfg, text, TaskDataSettings(seq_len=32))
+    assert not any((tmp_path / "root").rglob("examples"))
+    with pytest.raises(StageError, match="no-such-dedup: task classification needs labelled documents"):
+        # within the positions: on to the documents (none here)
+        fine_tuning_examples(run, "v1", cfg, text, TaskDataSettings(seq_len=16))

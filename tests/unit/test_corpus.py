@@ -291,6 +291,98 @@ def test_label_field_jsonl_and_parquet(tmp_path):
     assert docs.schema == DOC_SCHEMA
 
 
+def labelled_corpus(d):
+    """One JSONL and one Parquet file of labelled records: good ones, and each fault of a label."""
+    d.mkdir()
+    write_jsonl(
+        d / "a.jsonl",
+        [
+            {"text": "one", "y": "pos"},
+            {"text": "two"},  # line 2: no label
+            {"text": "three", "y": "neg"},
+            {"text": "four", "y": None},  # line 4: null label
+            {"text": "five", "y": "maybe"},  # line 5: outside the set
+            {"text": "six", "y": "  "},  # line 6: empty label
+        ],
+    )
+    pq.write_table(pa.table({"text": ["seven", "eight", "nine"], "y": ["neg", None, "other"]}), d / "b.parquet")
+    return d
+
+
+def test_declared_label_set_rejects_missing_and_unknown_labels(tmp_path):
+    d = labelled_corpus(tmp_path / "c")
+    docs, rej = read_all(d, label_field="y", labels=["pos", "neg"])
+    assert docs.column("text").to_pylist() == ["one", "three", "seven"]
+    assert docs.column("label").to_pylist() == ["pos", "neg", "neg"]
+    assert list(zip(rej.column("source").to_pylist(), rej.column("position").to_pylist())) == [
+        ("a.jsonl", 2),
+        ("a.jsonl", 4),
+        ("a.jsonl", 5),
+        ("a.jsonl", 6),
+        ("b.parquet", 1),
+        ("b.parquet", 2),
+    ]
+    assert rej.column("reason").to_pylist() == [
+        "line 2: no label: field 'y' is missing or null",
+        "line 4: no label: field 'y' is missing or null",
+        "line 5: label 'maybe' is not in the declared label set ['pos', 'neg']",
+        "line 6: no label: field 'y' is empty ('  ')",
+        "row 1: no label: field 'y' is missing or null",
+        "row 2: label 'other' is not in the declared label set ['pos', 'neg']",
+    ]
+
+
+def test_require_label_rejects_unlabelled_records_and_keeps_any_label(tmp_path):
+    d = labelled_corpus(tmp_path / "c")
+    docs, rej = read_all(d, label_field="y", require_label=True)
+    assert docs.column("label").to_pylist() == ["pos", "neg", "maybe", "neg", "other"]
+    assert [r.split(":")[0] for r in rej.column("reason").to_pylist()] == ["line 2", "line 4", "line 6", "row 1"]
+    docs, rej = read_all(d, label_field="y")  # neither set: unlabelled records kept with a null label
+    assert rej.num_rows == 0 and docs.column("label").to_pylist().count(None) == 3
+
+
+def test_rejected_labels_go_to_rejected_parquet_and_count_against_max_rejected_fraction(tmp_path):
+    from largetrain_core.corpus import rejection_error
+
+    d = labelled_corpus(tmp_path / "c")
+    out = tmp_path / "raw"
+    out.mkdir()
+    config = ReaderConfig(str(d), label_field="y", labels=["pos", "neg"])
+    stats = ingest(config, out)
+    assert (stats["documents"], stats["rejected"]) == (3, 6)
+    stored = pq.read_table(out / "rejected.parquet")
+    assert (
+        stored.column("reason").to_pylist()[2]
+        == "line 5: label 'maybe' is not in the declared label set ['pos', 'neg']"
+    )
+    error = rejection_error(stats, config, out / "rejected.parquet")
+    assert "6 of 9 records rejected" in error and "label 'maybe' is not in the declared label set" in error
+
+
+def test_label_rules_enter_raw_corpus_versions_only_when_set():
+    from largetrain_core.stages.raw_corpus import settings_version
+
+    plain = settings_version(ReaderConfig(path="x", label_field="y"))
+    assert "labels" not in plain and "require_label" not in plain  # corpora read before the rules keep their versions
+    ruled = settings_version(ReaderConfig(path="x", label_field="y", labels=["a", "b"], require_label=True))
+    assert (ruled["labels"], ruled["require_label"]) == (["a", "b"], True)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"labels": ["a", "b"]}, "need label_field"),
+        ({"require_label": True}, "need label_field"),
+        ({"label_field": "y", "labels": ["a", "a"]}, "distinct non-empty"),
+        ({"label_field": "y", "labels": []}, "distinct non-empty"),
+        ({"label_field": "y", "labels": ["a", " "]}, "distinct non-empty"),
+    ],
+)
+def test_label_rules_are_checked(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        ReaderConfig(str(tmp_path), **kw)
+
+
 def test_label_column_survives_clean_and_dedup(tmp_path):
     from largetrain_core.clean import QualityConfig, clean_corpus
     from largetrain_core.dedup import deduplicate
