@@ -59,6 +59,7 @@ import argparse
 import bisect
 import functools
 import json
+import logging
 import math
 import os
 import posixpath
@@ -77,10 +78,13 @@ import xxhash
 from largetrain_core import dataset_card, fs
 from largetrain_core.digest import file_digest
 from largetrain_core.storage import ArtifactError, loading, part_files, read_json, write_json_atomic
-from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info, read_tokenizer
+from largetrain_core.tokenizer import TokenizerInfo, document_encoder, load_tokenizer_info, read_tokenizer
 
 FORMAT = "largetrain.token_shards/1"
 SPLITS = ("train", "validation")
+
+
+LOG = logging.getLogger("largetrain.shards")
 
 
 class ShardError(ArtifactError):
@@ -337,7 +341,14 @@ def tokenize_parts(
     from largetrain_core.balance import COPIES  # polars: writing shards only
 
     info = load_tokenizer_info(tokenizer_path)
-    tok = read_tokenizer(info.path)
+    encode = document_encoder(info)
+    LOG.info(
+        "tokenizing parts %d..%d with %s%s",
+        first_part,
+        first_part + len(parts) - 1,
+        encode.engine,
+        f" ({encode.reason})" if encode.reason else "",
+    )
     out_dir = Path(out_dir)
     tag = f"{first_part:06d}"
     mixture = packing.mixture
@@ -422,7 +433,7 @@ def tokenize_parts(
                     most_copies = max(most_copies, int(train_copies.max(initial=1)))
                     if mixture is None:
                         writer("train", 1).repeated_documents += int((train_copies > 1).sum())
-                encoded = encode_documents(tok, info, batch["text"].to_list())
+                encoded = encode(batch["text"].to_list())
                 corpora = [c for c, v in zip(batch[CORPUS].to_list(), is_val) if not v] if mixture is not None else None
                 train(part, 1, [e for e, v in zip(encoded, is_val) if not v], corpora, train_copies)
                 writer("validation", 1).add([e for e, v in zip(encoded, is_val) if v])
@@ -439,7 +450,7 @@ def tokenize_parts(
                         corpora = (
                             [c for c, a in zip(batch[CORPUS].to_list(), again) if a] if mixture is not None else None
                         )
-                        train(part, k, encode_documents(tok, info, texts), corpora)
+                        train(part, k, encode(texts), corpora)
                 end_part(k, first_part + j)
         tail_file = None
         if tails:
@@ -464,6 +475,7 @@ def tokenize_parts(
             "smallest_split_hash": list(smallest) if smallest else None,
             "tails": tail_file,
             "tail_tokens": sum(len(t[4]) for t in tails),
+            "encoder": {"engine": encode.engine, "reason": encode.reason},
             "units": units,
             "writers": {key: w.finish() for key, w in sorted(writers.items())},
         }
@@ -538,6 +550,16 @@ def _read_tokenized(d: Path) -> dict:
     if not isinstance(summary, dict) or summary.get("format") != TOKENIZED_FORMAT:
         raise ArtifactError(f"{Path(d) / TOKENIZED}: not a {TOKENIZED_FORMAT} summary")
     return summary
+
+
+def tokenizer_engines(partition_dirs: list[Path]) -> dict:
+    """Which engine encoded the runs of the :func:`tokenize_partition` directories ``partition_dirs``
+    (tokenizers.DocumentEncoder): ``{"tokenizer_engine": the engines, joined by "+" when they differ,
+    "tokenizer_engine_reason": why not tiktoken ("" when tiktoken ran everywhere)}``."""
+    seen = [r.get("encoder") or {} for d in partition_dirs for r in _read_tokenized(Path(d))["runs"]]
+    engines = sorted({e.get("engine", "tokenizers") for e in seen})
+    reasons = sorted({e.get("reason", "") for e in seen} - {""})
+    return {"tokenizer_engine": "+".join(engines), "tokenizer_engine_reason": "; ".join(reasons)}
 
 
 def assemble_token_shards(
