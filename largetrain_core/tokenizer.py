@@ -462,7 +462,8 @@ class DocumentEncoder:
     """Encodes documents following the EOS/BOS policy (module doc), with ``engine`` "tiktoken" when the
     tokenizer is one tiktoken expresses (:func:`tiktoken_ranks`; the same ids as tokenizers, about 3x
     faster: benchmarks/results/tokenizer_engines.json) and tiktoken is installed, else "tokenizers";
-    ``reason``: why not tiktoken ("" when it is). Make one with :func:`document_encoder`."""
+    ``reason``: why not tiktoken ("" when it is). Make one with :func:`document_encoder`; it may be
+    shared by threads (neither engine's state changes while encoding)."""
 
     info: TokenizerInfo
     tok: Tokenizer
@@ -474,8 +475,9 @@ class DocumentEncoder:
         """One 1-D array per document of ``texts``, dtype ``info.dtype``: its ids (BOS first when the
         tokenizer has one), ending in ``info.eos_id``. Several threads, as tokenizers' pool
         (RAYON_NUM_THREADS, else every core)."""
-        if self.tiktoken is None:
-            return encode_documents(self.tok, self.info, texts)
+        if self.tiktoken is None:  # self.tok is this encoder's own, with encode_special_tokens set
+            encoded = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+            return _with_eos(self.info, encoded)
         threads = int(os.environ.get("RAYON_NUM_THREADS") or os.cpu_count() or 1)
         if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("0", "false", "off", "no"):
             threads = 1
@@ -483,9 +485,13 @@ class DocumentEncoder:
             encoded = [self.tiktoken.encode_ordinary(t) for t in texts]
         else:
             encoded = self.tiktoken.encode_ordinary_batch(texts, num_threads=threads)
-        dtype, info = self.info.dtype, self.info
-        head = [info.bos_id] if info.bos_id is not None else []
-        return [np.array(head + ids + [info.eos_id], dtype=dtype) for ids in encoded]
+        return _with_eos(self.info, encoded)
+
+
+def _with_eos(info: TokenizerInfo, encoded: list[list[int]]) -> list[np.ndarray]:
+    """Each document's ids with BOS (when the tokenizer has one) in front and EOS after, dtype ``info.dtype``."""
+    head = [info.bos_id] if info.bos_id is not None else []
+    return [np.array(head + ids + [info.eos_id], dtype=info.dtype) for ids in encoded]
 
 
 @functools.lru_cache(maxsize=4)
@@ -497,6 +503,7 @@ def document_encoder(info: TokenizerInfo, engine: str = "auto") -> DocumentEncod
     if engine not in ("auto", "tokenizers", "tiktoken"):
         raise ValueError(f"engine must be 'auto', 'tokenizers' or 'tiktoken', got {engine!r}")
     tok = read_tokenizer(info.path)
+    tok.encode_special_tokens = True  # special-token text inside a document is plain text (module doc)
     if engine == "tokenizers":
         return DocumentEncoder(info, tok, "tokenizers", "asked for tokenizers", None)
     ranks, reason = tiktoken_ranks(json.loads(info.path.read_bytes()))
@@ -533,9 +540,7 @@ def encode_documents(tok: Tokenizer, info: TokenizerInfo, texts: list[str]) -> l
         encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
     finally:
         tok.encode_special_tokens = ordinary
-    dtype = info.dtype
-    head = [info.bos_id] if info.bos_id is not None else []
-    return [np.array(head + e.ids + [info.eos_id], dtype=dtype) for e in encodings]
+    return _with_eos(info, [e.ids for e in encodings])
 
 
 def save_hf_tokenizer(info: TokenizerInfo, out_dir: Path) -> None:
