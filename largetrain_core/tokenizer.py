@@ -460,8 +460,8 @@ def tiktoken_ranks(tokenizer_json: dict) -> tuple[dict[bytes, int] | None, str]:
 @dataclass(frozen=True)
 class DocumentEncoder:
     """Encodes documents following the EOS/BOS policy (module doc), with ``engine`` "tiktoken" when the
-    tokenizer is one tiktoken expresses (:func:`tiktoken_ranks`; the same ids as tokenizers, about 3x
-    faster: benchmarks/results/tokenizer_engines.json) and tiktoken is installed, else "tokenizers";
+    tokenizer is one tiktoken expresses (:func:`tiktoken_ranks`; the same ids as tokenizers, several
+    times faster per core: benchmarks/results/tokenizer_engines.json) and tiktoken is installed, else "tokenizers";
     ``reason``: why not tiktoken ("" when it is). Make one with :func:`document_encoder`; it may be
     shared by threads (neither engine's state changes while encoding)."""
 
