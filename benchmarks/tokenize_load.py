@@ -134,7 +134,8 @@ def main() -> None:
         if f.is_file():
             write_atomic(f"memory://bench-{work.name}/shards/{f.name}", f.read_bytes())
     bucket = TokenShards(f"memory://bench-{work.name}/shards", "train")
-    bucket.cache = ShardCache(work / "cache", max_bytes=2 * sum(f.stat().st_size for f in shard_dir.iterdir()) + 2**20)
+    files = [f.stat().st_size for f in shard_dir.glob("*.arrow")]
+    bucket.cache = ShardCache(work / "cache", max_bytes=(len(files) + 2) * max(files))  # holds the split
     for i in range(0, n, 4096):
         bucket.take(np.arange(i, min(n, i + 4096)))
 
