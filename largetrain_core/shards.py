@@ -59,8 +59,10 @@ litdata and mosaicml-streaming: :mod:`largetrain_core.streaming_export`.
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
 import json
+import logging
 import math
 import os
 import posixpath
@@ -79,10 +81,13 @@ import xxhash
 from largetrain_core import dataset_card, fs
 from largetrain_core.digest import file_digest
 from largetrain_core.storage import ArtifactError, loading, part_files, read_json, write_json_atomic
-from largetrain_core.tokenizer import TokenizerInfo, encode_documents, load_tokenizer_info, read_tokenizer
+from largetrain_core.tokenizer import TokenizerInfo, document_encoder, load_tokenizer_info, read_tokenizer
 
 FORMAT = "largetrain.token_shards/1"
 SPLITS = ("train", "validation")
+
+
+LOG = logging.getLogger("largetrain.shards")
 
 
 class ShardError(ArtifactError):
@@ -341,7 +346,14 @@ def tokenize_parts(
     from largetrain_core.balance import COPIES  # polars: writing shards only
 
     info = load_tokenizer_info(tokenizer_path)
-    tok = read_tokenizer(info.path)
+    encode = document_encoder(info)
+    LOG.info(
+        "tokenizing parts %d..%d with %s%s",
+        first_part,
+        first_part + len(parts) - 1,
+        encode.engine,
+        f" ({encode.reason})" if encode.reason else "",
+    )
     out_dir = Path(out_dir)
     tag = f"{first_part:06d}"
     mixture = packing.mixture
@@ -426,7 +438,7 @@ def tokenize_parts(
                     most_copies = max(most_copies, int(train_copies.max(initial=1)))
                     if mixture is None:
                         writer("train", 1).repeated_documents += int((train_copies > 1).sum())
-                encoded = encode_documents(tok, info, batch["text"].to_list())
+                encoded = encode(batch["text"].to_list())
                 corpora = [c for c, v in zip(batch[CORPUS].to_list(), is_val) if not v] if mixture is not None else None
                 train(part, 1, [e for e, v in zip(encoded, is_val) if not v], corpora, train_copies)
                 writer("validation", 1).add([e for e, v in zip(encoded, is_val) if v])
@@ -443,7 +455,7 @@ def tokenize_parts(
                         corpora = (
                             [c for c, a in zip(batch[CORPUS].to_list(), again) if a] if mixture is not None else None
                         )
-                        train(part, k, encode_documents(tok, info, texts), corpora)
+                        train(part, k, encode(texts), corpora)
                 end_part(k, first_part + j)
         tail_file = None
         if tails:
@@ -468,6 +480,7 @@ def tokenize_parts(
             "smallest_split_hash": list(smallest) if smallest else None,
             "tails": tail_file,
             "tail_tokens": sum(len(t[4]) for t in tails),
+            "encoder": {"engine": encode.engine, "reason": encode.reason},
             "units": units,
             "writers": {key: w.finish() for key, w in sorted(writers.items())},
         }
@@ -542,6 +555,16 @@ def _read_tokenized(d: Path) -> dict:
     if not isinstance(summary, dict) or summary.get("format") != TOKENIZED_FORMAT:
         raise ArtifactError(f"{Path(d) / TOKENIZED}: not a {TOKENIZED_FORMAT} summary")
     return summary
+
+
+def tokenizer_engines(partition_dirs: list[Path]) -> dict:
+    """Which engine encoded the runs of the :func:`tokenize_partition` directories ``partition_dirs``
+    (tokenizers.DocumentEncoder): ``{"tokenizer_engine": the engines, joined by "+" when they differ,
+    "tokenizer_engine_reason": why not tiktoken ("" when tiktoken ran everywhere)}``."""
+    seen = [r.get("encoder") or {} for d in partition_dirs for r in _read_tokenized(Path(d))["runs"]]
+    engines = sorted({e.get("engine", "tokenizers") for e in seen})
+    reasons = sorted({e.get("reason", "") for e in seen} - {""})
+    return {"tokenizer_engine": "+".join(engines), "tokenizer_engine_reason": "; ".join(reasons)}
 
 
 def assemble_token_shards(
@@ -935,6 +958,7 @@ class TokenShards:
                 self._rows.append(rows)
         lengths = [len(a) if r is None else len(r) for a, r in zip(self._arrays, self._rows)]
         self._offsets = np.cumsum([0] + lengths)
+        self._starts_list = self._offsets.tolist()
         expected = self.manifest["splits"][self.split]["sequences"]
         if self._offsets[-1] != expected:
             raise ShardError(
@@ -1172,14 +1196,17 @@ class TokenShards:
         return self._arrays[chunk][row if rows is None else rows[row]]
 
     def take(self, indices) -> np.ndarray:
-        """Gather rows: (len(indices), seq_len + 1) array of the shard dtype."""
+        """Gather rows: (len(indices), seq_len + 1) array of the shard dtype. Raises IndexError for an
+        index out of range."""
         idx = np.asarray(indices, dtype=np.int64)
+        if self._arrays is not None:  # a local directory
+            return self._take_flat(idx, self._arrays, self._rows, self._offsets, self._starts_list)
         if self.remote:
-            if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
-                raise IndexError(f"sequence index out of range for {len(self)} sequences")
             flat = self._flat or self._flatten()
             if flat is not None:  # every file held open: gather as from a local directory
                 return self._take_flat(idx, *flat)
+            if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+                raise IndexError(f"sequence index out of range for {len(self)} sequences")
             entry = np.searchsorted(self._starts, idx, side="right") - 1
             out = np.empty((len(idx), self.seq_len + 1), dtype=self.dtype)
             order = np.argsort(entry, kind="stable")  # the positions of idx grouped by entry: one gather per entry
@@ -1190,27 +1217,56 @@ class TokenShards:
                 out[at] = self._gather(e, idx[at] - self._starts[e])
             return out
         self._load()
-        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError(f"sequence index out of range for {len(self)} sequences")
-        return self._take_flat(idx, self._arrays, self._rows, self._offsets)
+        return self._take_flat(idx, self._arrays, self._rows, self._offsets, self._starts_list)
 
     def _take_flat(
-        self, idx: np.ndarray, arrays: list[np.ndarray], rows: list[np.ndarray | None], offsets: np.ndarray
+        self,
+        idx: np.ndarray,
+        arrays: list[np.ndarray],
+        rows: list[np.ndarray | None],
+        offsets: np.ndarray,
+        starts: list[int],
     ) -> np.ndarray:
-        """Rows ``idx`` (in range) of record batches ``arrays``, batch ``c`` holding the split's rows
-        ``offsets[c]:offsets[c + 1]`` (its ``rows[c]``, None for all of them): one gather per batch touched."""
-        if len(arrays) == 1 and rows[0] is None:
-            return arrays[0][idx]
-        chunks = np.searchsorted(offsets, idx, side="right") - 1
+        """Rows ``idx`` of record batches ``arrays``, batch ``c`` holding the split's rows
+        ``offsets[c]:offsets[c + 1]`` (its ``rows[c]``, None for all of them; ``starts`` is ``offsets``
+        as a list). Raises IndexError for an index out of range.
+
+        Indices that all lie in the record batch of the smallest (most random batches when a split is
+        one large shard and its short tail) are one fancy-index gather, as from one ``np.memmap``, checked
+        by that gather's own bounds check; else one gather per record batch touched, or one row copy
+        each for a few rows spread over as many record batches."""
+        if not len(idx):
+            return np.empty((0, self.seq_len + 1), dtype=self.dtype)
+        lo = idx.min()
+        if lo < 0 or len(starts) == 1:
+            raise IndexError(f"sequence index {lo} out of range for {starts[-1]} sequences")
+        c = 0 if lo < starts[1] else bisect.bisect_right(starts, int(lo)) - 1
+        if c < len(arrays):
+            local = idx - starts[c] if c else idx
+            try:  # raises IndexError when an index lies beyond record batch c
+                return arrays[c][local if rows[c] is None else rows[c][local]]
+            except IndexError:
+                pass
+        hi = int(idx.max())
+        if hi >= starts[-1]:
+            raise IndexError(f"sequence index {hi} out of range for {starts[-1]} sequences")
+        chunks = offsets.searchsorted(idx, side="right") - 1
+        local = idx - offsets[chunks]
         out = np.empty((len(idx), self.seq_len + 1), dtype=self.dtype)
-        for c in np.unique(chunks):
-            sel = chunks == c
-            local = idx[sel] - offsets[c]
-            out[sel] = arrays[c][local if rows[c] is None else rows[c][local]]
+        if len(idx) <= 2 * (bisect.bisect_right(starts, hi) - c):  # about one row per record batch
+            for j, (k, r) in enumerate(zip(chunks.tolist(), local.tolist())):
+                out[j] = arrays[k][r if rows[k] is None else rows[k][r]]
+            return out
+        order = np.argsort(chunks, kind="stable")  # positions grouped by record batch
+        grouped = chunks[order]
+        bounds = (np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist()
+        for a, b in zip([0, *bounds], [*bounds, len(idx)]):
+            at, k = order[a:b], int(grouped[a])
+            out[at] = arrays[k][local[at] if rows[k] is None else rows[k][local[at]]]
         return out
 
-    def _flatten(self) -> tuple[list[np.ndarray], list[np.ndarray | None], np.ndarray] | None:
-        """A streamed directory's (arrays, rows, offsets), as :meth:`_load` makes for a local one, once
+    def _flatten(self) -> tuple[list[np.ndarray], list[np.ndarray | None], np.ndarray, list[int]] | None:
+        """A streamed directory's (arrays, rows, offsets, offsets as a list), as :meth:`_load` makes for a local one, once
         every entry is held open (:attr:`max_open` covers the split and each entry was read); else None."""
         if len(self._held) < len(self._entries):
             return None
@@ -1220,11 +1276,8 @@ class TokenShards:
                 for a, r in self._held[e][0]:
                     arrays.append(a)
                     rows.append(r)
-            self._flat = (
-                arrays,
-                rows,
-                np.cumsum([0] + [len(a) if r is None else len(r) for a, r in zip(arrays, rows)]),
-            )
+            offsets = np.cumsum([0] + [len(a) if r is None else len(r) for a, r in zip(arrays, rows)])
+            self._flat = (arrays, rows, offsets, offsets.tolist())
         return self._flat
 
 

@@ -380,8 +380,157 @@ def _token_str(value) -> str | None:
     return value
 
 
+# GPT-2's pre-tokenizer pattern: tokenizers' ByteLevel(use_regex=True) splits with it, tiktoken's r50k_base too
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character standing for each byte (printable bytes stand for
+    themselves, the others for 256 + n) mapped back to the byte (openai/gpt-2 encoder.py, bytes_to_unicode)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def tiktoken_ranks(tokenizer_json: dict) -> tuple[dict[bytes, int] | None, str]:
+    """The tiktoken mergeable ranks (token bytes -> id) of a tokenizers ``tokenizer.json`` (parsed) that
+    tiktoken encodes with the same ids as tokenizers' ``encode_batch`` (special-token text as plain
+    text, no special tokens added), and "" ; or (None, the reason it cannot).
+
+    Expressible: a byte-level BPE (model BPE without dropout, unknown token, subword prefix/suffix or
+    byte fallback; pre-tokenizer ByteLevel with GPT-2's pattern and no prefix space; no normalizer),
+    whose vocabulary holds the 256 bytes, whose merged tokens are made by exactly one merge each, in
+    the order of their ids (tiktoken merges the pair of lowest rank first, tokenizers the merge listed
+    first: the same order), and whose added tokens are all special (a non-special added token is
+    matched in text by tokenizers, not by tiktoken). The BPE trainer (:func:`train_bpe`) makes such a
+    tokenizer; an imported model's may not be."""
+    model, pre = tokenizer_json.get("model") or {}, tokenizer_json.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE":
+        return None, f"model {model.get('type')!r}, not BPE"
+    for key in ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key):
+            return None, f"BPE {key} {model[key]!r}"
+    if model.get("byte_fallback"):
+        return None, "BPE byte_fallback"
+    if tokenizer_json.get("normalizer") is not None:
+        return None, f"normalizer {tokenizer_json['normalizer'].get('type')!r}"
+    if pre.get("type") == "Sequence" and len(pre.get("pretokenizers") or []) == 1:
+        pre = pre["pretokenizers"][0]
+    if pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex", True):
+        return None, f"pre-tokenizer {pre.get('type')!r} (add_prefix_space, use_regex as set), not GPT-2's ByteLevel"
+    added = tokenizer_json.get("added_tokens") or []
+    plain = [t["content"] for t in added if not t.get("special")]
+    if plain:
+        return None, f"added tokens that are not special: {plain[:3]}"
+    alphabet = _byte_level_alphabet()
+    special = {t["content"] for t in added}
+    ranks: dict[bytes, int] = {}
+    for token, i in model.get("vocab", {}).items():
+        if token in special:
+            continue
+        try:
+            ranks[bytes(alphabet[ch] for ch in token)] = i
+        except KeyError:
+            return None, f"vocabulary token {token!r} is not byte-level"
+    if len(ranks) != len(model.get("vocab", {})) - len(special & set(model.get("vocab", {}))):
+        return None, "two vocabulary tokens spell the same bytes"
+    if any(bytes([b]) not in ranks for b in range(256)):
+        return None, "the vocabulary lacks some of the 256 bytes"
+    last, made = -1, set()
+    for m in model.get("merges", []):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        try:
+            i = model["vocab"][a + b]
+        except KeyError:
+            return None, f"merge {a!r} {b!r} makes no vocabulary token"
+        if i <= last or i <= model["vocab"][a] or i <= model["vocab"][b]:
+            return None, f"merge {a!r} {b!r}: the ids of the merged tokens are not in merge order"
+        last = i
+        made.add(i)
+    if len(made) + 256 != len(ranks):
+        return None, "vocabulary tokens that no merge makes (or made by more than one)"
+    return ranks, ""
+
+
+@dataclass(frozen=True)
+class DocumentEncoder:
+    """Encodes documents following the EOS/BOS policy (module doc), with ``engine`` "tiktoken" when the
+    tokenizer is one tiktoken expresses (:func:`tiktoken_ranks`; the same ids as tokenizers, several
+    times faster per core: benchmarks/results/tokenizer_engines.json) and tiktoken is installed, else "tokenizers";
+    ``reason``: why not tiktoken ("" when it is). Make one with :func:`document_encoder`; it may be
+    shared by threads (neither engine's state changes while encoding)."""
+
+    info: TokenizerInfo
+    tok: Tokenizer
+    engine: str
+    reason: str
+    tiktoken: object | None  # tiktoken.Encoding
+
+    def __call__(self, texts: list[str]) -> list[np.ndarray]:
+        """One 1-D array per document of ``texts``, dtype ``info.dtype``: its ids (BOS first when the
+        tokenizer has one), ending in ``info.eos_id``. Several threads, as tokenizers' pool
+        (RAYON_NUM_THREADS, else every core)."""
+        if self.tiktoken is None:  # self.tok is this encoder's own, with encode_special_tokens set
+            encoded = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+            return _with_eos(self.info, encoded)
+        threads = int(os.environ.get("RAYON_NUM_THREADS") or os.cpu_count() or 1)
+        if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("0", "false", "off", "no"):
+            threads = 1
+        if threads == 1 or len(texts) < 2:
+            encoded = [self.tiktoken.encode_ordinary(t) for t in texts]
+        else:
+            encoded = self.tiktoken.encode_ordinary_batch(texts, num_threads=threads)
+        return _with_eos(self.info, encoded)
+
+
+def _with_eos(info: TokenizerInfo, encoded: list[list[int]]) -> list[np.ndarray]:
+    """Each document's ids with BOS (when the tokenizer has one) in front and EOS after, dtype ``info.dtype``."""
+    head = [info.bos_id] if info.bos_id is not None else []
+    return [np.array(head + ids + [info.eos_id], dtype=info.dtype) for ids in encoded]
+
+
+@functools.lru_cache(maxsize=4)
+def document_encoder(info: TokenizerInfo, engine: str = "auto") -> DocumentEncoder:
+    """The :class:`DocumentEncoder` of the tokenizer ``info`` describes. ``engine``: "auto" (tiktoken
+    when it expresses the tokenizer and is installed), "tokenizers" (always that one) or "tiktoken"
+    (raises ValueError saying why it cannot). Converting is checked: every vocabulary token's text
+    must encode to the same ids with both engines, else tokenizers is used, the reason saying so."""
+    if engine not in ("auto", "tokenizers", "tiktoken"):
+        raise ValueError(f"engine must be 'auto', 'tokenizers' or 'tiktoken', got {engine!r}")
+    tok = read_tokenizer(info.path)
+    tok.encode_special_tokens = True  # special-token text inside a document is plain text (module doc)
+    if engine == "tokenizers":
+        return DocumentEncoder(info, tok, "tokenizers", "asked for tokenizers", None)
+    ranks, reason = tiktoken_ranks(json.loads(info.path.read_bytes()))
+    encoding = None
+    if ranks is not None:
+        try:
+            import tiktoken
+        except ImportError:
+            reason = "tiktoken is not installed"
+        else:
+            encoding = tiktoken.Encoding(
+                name=f"largetrain-{info.sha256[:16]}", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={}
+            )
+            texts = [t.decode("utf-8", "replace") for t in ranks]
+            fast = DocumentEncoder(info, tok, "tiktoken", "", encoding)
+            if [a.tolist() for a in fast(texts)] != [a.tolist() for a in encode_documents(tok, info, texts)]:
+                encoding, reason = None, "tiktoken's ids differ from tokenizers' on the vocabulary's own tokens"
+    if encoding is None:
+        if engine == "tiktoken":
+            raise ValueError(f"{info.path}: tiktoken cannot encode with this tokenizer: {reason}")
+        return DocumentEncoder(info, tok, "tokenizers", reason, None)
+    return DocumentEncoder(info, tok, "tiktoken", "", encoding)
+
+
 def encode_documents(tok: Tokenizer, info: TokenizerInfo, texts: list[str]) -> list[np.ndarray]:
-    """Encode a batch of documents in parallel (tokenizers' thread pool) following the EOS/BOS policy.
+    """Encode a batch of documents with tokenizers (its thread pool) following the EOS/BOS policy.
+    The shards use :func:`document_encoder`, which gives the same ids, with tiktoken where it can.
 
     Returns one 1-D array per document, dtype ``info.dtype``, ending in ``info.eos_id``.
     """
@@ -391,9 +540,7 @@ def encode_documents(tok: Tokenizer, info: TokenizerInfo, texts: list[str]) -> l
         encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
     finally:
         tok.encode_special_tokens = ordinary
-    dtype = info.dtype
-    head = [info.bos_id] if info.bos_id is not None else []
-    return [np.array(head + e.ids + [info.eos_id], dtype=dtype) for e in encodings]
+    return _with_eos(info, [e.ids for e in encodings])
 
 
 def save_hf_tokenizer(info: TokenizerInfo, out_dir: Path) -> None:

@@ -27,7 +27,7 @@ from largetrain_core import artifacts
 from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.relevance import SCORE, histogram_quantiles, score_histogram
 from largetrain_core.executors.base import RECORD, load
-from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, build_token_shards
+from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, build_token_shards, tokenizer_engines
 from largetrain_core import fs
 from largetrain_core.stages.base import Artifact, Check, Json, Markdown, StageError, StageResult, StageRun
 from largetrain_core.storage import data_version, mirror_path, part_files, verify_manifest
@@ -228,6 +228,7 @@ def token_shards(
     (largetrain_core.shards.assemble_token_shards); without them (or when they are not given because
     the shards are complete, :func:`token_shard_partitions`) tokenized here in one process if not reused.
     Stats: total_tokens, dtype, vocab_size, per split its counts (``train_sequences``, ...),
+    ``tokenizer_engine`` (tiktoken or tokenizers: which encoded the documents) and its ``_reason``,
     ``partitions`` and, from a text with relevance scores, ``relevance_score`` (their distribution,
     also in the manifest: :func:`relevance_record`). Warns (metadata ``validation_warning``) about a tiny validation split
     (:func:`tiny_validation_warning`)."""
@@ -269,7 +270,8 @@ def token_shards(
             if packing.mixture is None:
                 raise
             raise StageError(f"{run.name}: {e}") from e  # a corpus weighted above 0 that has no train sequence
-        return {**_stats(m), "partitions": len(partitions) if partitions else 1, **extra}
+        engines = tokenizer_engines([p.path for p in partitions] if partitions else [out])
+        return {**_stats(m), "partitions": len(partitions) if partitions else 1, **engines, **extra}
 
     result = StageResult.built(run.build_or_reuse(version, build), version)
     if SCORE in result.stats:  # the score distribution of what filtered_text kept

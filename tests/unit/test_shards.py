@@ -156,6 +156,32 @@ def test_round_trip_equals_the_eos_joined_token_stream(built, bpe_dir, split):
         shards[n]
 
 
+def test_take_gathers_the_rows_of_any_index_batch_across_shard_files(built):
+    """take() equals row-by-row indexing for index batches inside one shard file, over two, over every
+    file (a row each, and many rows each), repeated and unordered, and refuses any index out of range."""
+    _, out, _ = built
+    shards = TokenShards(out, "train")
+    n = len(shards)
+    rows = np.stack([shards[i] for i in range(n)])
+    assert len(shards.manifest["splits"]["train"]["shards"]) >= 4, "the fixture should span several shard files"
+    rng = np.random.default_rng(0)
+    batches = [
+        [1, 0, 2, 1],  # inside the first file (3 sequences per shard)
+        [n - 1, n - 2, n - 1],  # inside the last
+        [2, 3, 2],  # over two files
+        list(range(0, n, 3)),  # a row from each file
+        rng.integers(0, n, 5 * n).tolist(),  # many rows from each file
+        list(range(n))[::-1],
+    ]
+    for idx in batches:
+        assert np.array_equal(shards.take(idx), rows[idx]), idx
+        assert np.array_equal(shards.take(np.array(idx, dtype=np.int32)), rows[idx]), idx
+    assert shards.take([]).shape == (0, 17)
+    for bad in ([-1], [0, -1], [n], [0, n], [2, n + 5], [-n]):
+        with pytest.raises(IndexError):
+            shards.take(bad)
+
+
 def test_manifest_describes_the_files(built, bpe_dir):
     docs, out, m = built
     assert json.loads((out / "manifest.json").read_text()) == m

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 
 from largetrain_core.tokenizer import (
     EOS_TOKEN,
     MAX_PRETOKEN_CHARS,
+    document_encoder,
     encode_documents,
     load_tokenizer_info,
+    read_tokenizer,
     save_hf_tokenizer,
     storage_dtype,
     train_bpe,
@@ -316,3 +318,86 @@ def test_text_bytes_of_a_dictionary_encoded_part_is_measured(tmp_path):
         use_dictionary=True,
     )
     assert text_bytes([tmp_path / "part-00000.parquet"]) == sum(len(t) for t in texts)
+
+
+def _engine_texts() -> list[str]:
+    """Every text of the handed cases and test data (valid UTF-8, as documents reach the shards), and
+    the shapes that part a BPE's engines if any does: special-token text, emoji, CJK, long runs of
+    letters, digits and whitespace, Unicode spaces, contractions."""
+    root = Path(__file__).resolve().parents[1]
+    texts = []
+    files = [*sorted((root / "cases").glob("*.jsonl")), *sorted((root / "data").glob("*.jsonl"))]
+    for f in files:
+        for line in f.read_text(encoding="utf-8-sig").splitlines():
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):  # the cases' unreadable lines (deep nesting, huge integers)
+                continue
+            if isinstance(record, dict):
+                texts += [v for k, v in record.items() if isinstance(v, str) and k in ("text", "prompt", "answer")]
+    for f in sorted((root / "data" / "recipe_corpora").rglob("*")) + [root / "cases" / "utf16_text" / "plain_utf8.txt"]:
+        if f.is_file():
+            texts.append(f.read_bytes().decode("utf-8", "replace"))
+    texts += [
+        "Quoting <|endoftext|> inside a page, and <|endoftext|><|endoftext|> twice, and <|endoftext",
+        "Emoji 👩‍👩‍👧‍👦 family, 🇫🇷 flag, 👍🏽 tone, ❤️ heart, 🧬🧬🧬 runs",
+        "中文分词测试：机器学习和自然语言处理。日本語のテキスト、カタカナ。한국어 문장입니다.",
+        "x" * 5000 + " " + "9" * 3000 + " " + "é" * 2000,
+        "lines\n\n\n\n    indented\t\t\ttabs   \r\n trailing   \n" + " " * 700 + "end" + "\u3000\u00a0\u2009 spaces",
+        "They'll say it's John's, we've I'm you'd THEY'LL IT'S 's 't",
+        "",
+        " ",
+        "\n",
+    ]
+    return [t for t in texts if t.encode("utf-8", "surrogatepass") == t.encode("utf-8", "ignore")]
+
+
+@pytest.fixture(scope="module")
+def engine_bpe(tmp_path_factory):
+    texts = _engine_texts()
+    out = tmp_path_factory.mktemp("engine-bpe")
+    info, _ = train_bpe([texts], 2000, out)
+    return info, texts
+
+
+def test_tiktoken_gives_the_ids_of_tokenizers_on_every_handed_text(engine_bpe):
+    """The trained byte-level BPE is encoded by tiktoken, with the ids tokenizers gives, on every text
+    of tests/cases and tests/data and the hard shapes (special-token text as plain text, EOS by id)."""
+    info, texts = engine_bpe
+    fast = document_encoder(info)
+    assert (fast.engine, fast.reason) == ("tiktoken", "")
+    slow = document_encoder(info, "tokenizers")
+    assert slow.engine == "tokenizers"
+    ours, theirs = fast(texts), encode_documents(read_tokenizer(info.path), info, texts)
+    assert len(ours) == len(texts) > 100
+    for text, a, b in zip(texts, ours, theirs):
+        assert a.dtype == b.dtype and a.tolist() == b.tolist(), text[:80]
+    assert [a.tolist() for a in fast(texts[:5])] == [a.tolist() for a in slow(texts[:5])]
+    special = next(a for t, a in zip(texts, ours) if t.startswith("Quoting <|endoftext|>"))
+    assert special.tolist().count(info.eos_id) == 1 and special[-1] == info.eos_id
+
+
+def test_a_tokenizer_tiktoken_cannot_express_falls_back_to_tokenizers(engine_bpe, tmp_path, make_word_tokenizer):
+    """An imported model's tokenizer (another model, a normalizer, an added token that is not special)
+    is encoded by tokenizers, the reason said; asking for tiktoken then raises ValueError."""
+    info, _ = engine_bpe
+    word = load_tokenizer_info(make_word_tokenizer(tmp_path / "word", ["a", "b"]))
+    assert document_encoder(word).engine == "tokenizers" and "WordLevel" in document_encoder(word).reason
+    with pytest.raises(ValueError, match="tiktoken cannot"):
+        document_encoder(word, "tiktoken")
+    tok = read_tokenizer(info.path)
+    tok.add_tokens(["<plain>"])
+    (tmp_path / "added").mkdir()
+    tok.save(str(tmp_path / "added" / "tokenizer.json"))
+    added = load_tokenizer_info(tmp_path / "added")
+    enc = document_encoder(added)
+    assert enc.engine == "tokenizers" and "not special" in enc.reason
+    text = ["a <plain> b"]
+    assert [a.tolist() for a in enc(text)] == [
+        a.tolist() for a in encode_documents(read_tokenizer(added.path), added, text)
+    ]
+    tok = read_tokenizer(info.path)
+    tok.normalizer = normalizers.NFKC()
+    (tmp_path / "norm").mkdir()
+    tok.save(str(tmp_path / "norm" / "tokenizer.json"))
+    assert "normalizer" in document_encoder(load_tokenizer_info(tmp_path / "norm")).reason
