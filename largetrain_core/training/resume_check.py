@@ -48,6 +48,8 @@ def run_identity(cfg, data) -> dict:
     from largetrain_core.training.sync import TOKENIZER_FILES
 
     ident = cfg.identity("weights")
+    if not ident.get("tokenizer") and Path(cfg.train_shards).is_dir():
+        ident["tokenizer"] = cfg.train_shards  # the shards' own, as the export takes it (and sync, for a bucket's)
     for name in PATHS:
         value = ident.get(name)
         if name == "train_shards":
