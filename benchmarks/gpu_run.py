@@ -118,19 +118,16 @@ def build_wheels(dest: Path) -> list[str]:
         check=True,
         env={**os.environ, "DS_BUILD_OPS": "0"},
     )
-    plat = [a for p in PLATFORMS for a in ("--platform", p)]
+    # the GPU host's interpreter and platform, for both the download and the trial install
+    host = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
+    host += [a for p in PLATFORMS for a in ("--platform", p)]
     others = [f"{n}=={version(n)}" for n in CARRIED if n != "deepspeed"]
     subprocess.run(
         [
             *pip,
             "download",
             "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.12",
-            "--implementation",
-            "cp",
-            *plat,
+            *host,
             "-d",
             str(dest),
             *others,
@@ -157,12 +154,7 @@ def build_wheels(dest: Path) -> list[str]:
                 "install",
                 "--no-index",
                 "--no-deps",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.12",
-                "--implementation",
-                "cp",
-                *plat,
+                *host,
                 "--target",
                 target,
                 *(str(dest / n) for n in names),

@@ -35,7 +35,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import polars as pl  # noqa: E402
@@ -45,20 +44,10 @@ import tokenizers  # noqa: E402
 from largetrain_core.corpus import ingest  # noqa: E402
 from largetrain_core.readers import ReaderConfig  # noqa: E402
 from largetrain_core.tokenizer import document_encoder, encode_documents, read_tokenizer, train_bpe  # noqa: E402
+from tokenize_load import interleaved  # noqa: E402  (benchmarks/, the script's own folder, is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 CORPORA = ("linux-doc", "shakespeare", "python-faq", "fortunes")
-
-
-def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
-    """Each function ``repeats`` times, alternating between them; the raw seconds per function."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return times
 
 
 def main() -> None:
