@@ -187,6 +187,14 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
         + f" / rejected {_fmt(chain.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)"
     )
     lines += _filtering(filt)
+    if dedup.get("sources_most_removed"):
+        lines.append(
+            "  sources that lost most to dedup: "
+            + "; ".join(
+                f"{s['source']} {100 * s['removed_fraction']:.1f} % ({s['removed']:,} of {s['read']:,})"
+                for s in dedup["sources_most_removed"]
+            )
+        )
     if dedup.get("pii_redacted") is not None:
         pii = dedup["pii_redacted"]
         lines.append(
