@@ -25,36 +25,18 @@ from largetrain_core.readers.encoding import (
 
 
 DOC_SCHEMA = pa.schema([("doc_id", pa.large_string()), ("source", pa.large_string()), ("text", pa.large_string())])
-
-
 LABELLED_DOC_SCHEMA = DOC_SCHEMA.append(pa.field("label", pa.large_string()))
-
-
 MESSAGES = "messages"  # format chat: a conversation's messages, JSON ([{"role", "content", "weight"}])
-
-
 FORMATS = ("text", "chat")
-
-
 REJECT_SCHEMA = pa.schema([("source", pa.large_string()), ("position", pa.int64()), ("reason", pa.large_string())])
-
-
 # a document whose id repeats one read before it: doc_id is "<id>@<fallback id>"
 RENAMED_SCHEMA = pa.schema(
     [("doc_id", pa.large_string()), ("id", pa.large_string()), ("source", pa.large_string()), ("position", pa.int64())]
 )
 
-
 UNREADABLE_PREFIX = 100  # JSONL: a file whose first 100 non-empty lines are all unreadable is rejected as a whole
-
-
 WHOLE_FILE = "the whole file is rejected"  # starts the reason of each record of a file rejected as a whole
-
-
 LIST_SEPARATOR = "\n\n"  # between the strings of a list-of-strings text: a blank line, a paragraph break
-
-
-# ------------------------------------------------------------------------------------------------ settings
 
 
 @dataclass(frozen=True)
@@ -181,9 +163,6 @@ code unit (its high byte, 0x00..0x1F), so it is at least half control characters
 cent at most (a log with ANSI colour codes: one ESC per colour change)."""
 
 
-# ------------------------------------------------------------------------------------------------ records out
-
-
 @dataclass
 class Batch:
     documents: pa.Table  # DOC_SCHEMA (LABELLED_DOC_SCHEMA with ReaderConfig.label_field)
@@ -300,9 +279,6 @@ class Collector:
         )
         self._clear()
         return batch
-
-
-# ------------------------------------------------------------------------------------------------ readers
 
 
 @dataclass(frozen=True)

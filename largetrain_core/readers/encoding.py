@@ -17,9 +17,6 @@ import zstandard
 from largetrain_core import fs
 
 
-# ------------------------------------------------------------------------------------------------ compression
-
-
 @dataclass(frozen=True)
 class Compression:
     """A compression of byte streams: detected by ``magic`` (the stream's first bytes); ``suffix`` is
@@ -50,29 +47,16 @@ def _sniff(path: Path | str) -> Compression | None:
     return compression_of(fs.read_head(path, 8))
 
 
-# ------------------------------------------------------------------------------------------------ encodings
-
-
 # Control characters that text does not hold in quantity: C0 but tab, line feed, vertical tab, form
 # feed and carriage return; DEL; C1.
 _CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")
-
-
 CONTROL_FRACTION = 0.5
 
 
 SNIFF_BYTES = 1 << 16  # UTF-16 is recognised from a stream's first 64 KiB
-
-
 _UTF16_MIN_UNITS = 8  # fewer code units than this are too few to tell a byte pattern
-
-
 _UTF16_IMPLAUSIBLE = 0.01
-
-
 _UTF16_COHERENT = 0.9
-
-
 _CONTROL_NAMES = "U+0000-U+001F, U+007F-U+009F other than tab and line breaks"
 
 

@@ -34,8 +34,6 @@ def _suffix_table() -> list[tuple[str, Reader]]:
 
 
 _SUFFIXES = _suffix_table()
-
-
 SUFFIXES: tuple[str, ...] = tuple(sorted(s for s, _ in _SUFFIXES))
 
 

@@ -108,8 +108,6 @@ def document_offsets(data: TokenShards, chunk_sequences: int = 8192) -> np.ndarr
 #        (the sequence index where each document starts, plus the total at the end);
 # .bin = the token ids of every sequence, concatenated.
 MEGATRON_INDEX_HEADER = b"MMIDIDX\x00\x00"
-
-
 MEGATRON_DTYPE_CODES = {
     np.dtype(np.uint8): 1,
     np.dtype(np.int8): 2,

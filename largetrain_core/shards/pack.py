@@ -30,8 +30,6 @@ def split_of(doc_ids: list[str], validation_fraction: float, seed: int, hashes: 
 
 
 TOKENIZED = "tokenized.json"  # a tokenize_partition directory's summary
-
-
 TOKENIZED_FORMAT = "largetrain.tokenized_parts/1"
 
 

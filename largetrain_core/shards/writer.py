@@ -15,8 +15,6 @@ from largetrain_core.tokenizer import TokenizerInfo
 
 
 FORMAT = "largetrain.token_shards/1"
-
-
 SPLITS = ("train", "validation")
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from largetrain_core.training.config import TrainConfig
 
 
-# ----------------------------------------------------------------------------------------------
 # the model's shape
 
 
@@ -93,7 +92,6 @@ def model_shape(
     )
 
 
-# ----------------------------------------------------------------------------------------------
 # memory
 
 
@@ -253,7 +251,6 @@ def checkpoint_bytes(shape: ModelShape, cfg: TrainConfig, precision: str) -> dic
     }
 
 
-# ----------------------------------------------------------------------------------------------
 # where it runs
 
 

@@ -10,10 +10,6 @@ from largetrain_core.training.plan.settings import GiB, PlanSettings
 from largetrain_core.training.plan.throughput import Throughput
 
 
-# ----------------------------------------------------------------------------------------------
-# the plan
-
-
 @dataclass
 class Plan:
     """A training's plan; :meth:`to_dict` is plan.json. Bytes are per device unless named otherwise."""

@@ -9,11 +9,7 @@ from largetrain_core.settings import described
 
 
 GiB = 2**30
-
-
 THROUGHPUT_SOURCES = ("auto", "calibrate", "optimization_report", "none")
-
-
 PLAN, PLAN_TABLE = "plan.json", "plan.md"  # written into the training's output directory before its launch
 
 

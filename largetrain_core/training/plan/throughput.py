@@ -11,10 +11,6 @@ from largetrain_core.training.config import TrainConfig
 from largetrain_core.training.plan.memory import ModelShape
 
 
-# ----------------------------------------------------------------------------------------------
-# throughput
-
-
 @dataclass(frozen=True)
 class Throughput:
     """Measured training throughput: tokens/s over every rank, and where it was measured."""
