@@ -290,14 +290,17 @@ def _new_bucket(store: str, request) -> str:
 LONGEST_FILES = (
     "integration/test_train.py",
     "e2e/test_webserver.py",
-    "integration/test_spark_dagster.py",
-    "e2e/test_lineage.py",
+    "e2e/test_recipes.py",
     "integration/test_train_faults.py",
+    "e2e/test_lineage.py",
+    "integration/test_spark_dagster.py",
+    "integration/test_preemption.py",
     "integration/test_plan.py",
     "integration/test_retry.py",
-    "e2e/test_recipes.py",
+    "integration/test_finetune_tasks.py",
     "integration/test_training_health.py",
-    "integration/test_preemption.py",
+    "integration/test_finetune_benchmark_runs.py",
+    "integration/test_filtering_dagster.py",
 )
 
 

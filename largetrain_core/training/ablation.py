@@ -473,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     from largetrain_core.training.trackers import DagsterPipesTracker
 
     cfg = AblationConfig.from_dict(json.loads(Path(argv[0]).read_text()))
+    sys.modules.setdefault("mlflow", None)  # the variants track nothing: training.__main__.skip_mlflow_unless_used
     pipes = (
         DagsterPipesTracker()
         if os.environ.get("RANK", "0") == "0" and os.environ.get("DAGSTER_PIPES_CONTEXT")

@@ -252,10 +252,12 @@ def _main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from largetrain_core.launch import finish_rank
     from largetrain_core.training import preflight
+    from largetrain_core.training.__main__ import skip_mlflow_unless_used
     from largetrain_core.training.config import TrainConfig
 
     spec = json.loads(Path(argv[0]).read_text())
     cfg = TrainConfig.from_dict(spec["train"])
+    skip_mlflow_unless_used(cfg)
     preflight.check(cfg)
     run(
         cfg, spec.get("steps", STEPS), spec.get("profiled_steps", PROFILED_STEPS), spec.get("measure_checkpoint", False)

@@ -3,12 +3,14 @@ ZeRO-2, fp32): a classifier and a chat adapter on a tiny Llama base, their expor
 (transformers' Auto classes, PEFT, pipelines), and a resume after a crash bitwise equal to the run without."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from helpers.finetune import MAX_LENGTH, conversations, separable_set, tiny_base
+from helpers.one_launch import launch_many
 from helpers.training import metrics, torchrun
 from largetrain_core.training import tasks
 from largetrain_core.training.config import TrainConfig
@@ -79,21 +81,32 @@ def config(task, out, examples, base, **settings) -> TrainConfig:
     )
 
 
-@pytest.fixture(scope="module")
-def classifier_run(base, classification_examples, tmp_path_factory):
-    """The classifier trained 30 steps (checkpoints at 10, 20, 30): the clients' test and the resume's reference."""
-    tmp = tmp_path_factory.mktemp("classifier_run")
-    torchrun(config("classification", tmp / "out", classification_examples, base), tmp)
-    return tmp / "out"
+CHAT_LORA = {"r": 8, "lora_alpha": 16.0, "merge_export": True}
 
 
 @pytest.fixture(scope="module")
-def chat_run(base, chat_examples, tmp_path_factory):
-    """The chat adapter trained 30 steps with its merged export: the clients' test and the resume's reference."""
-    tmp = tmp_path_factory.mktemp("chat_run")
-    lora = {"r": 8, "lora_alpha": 16.0, "merge_export": True}
-    torchrun(config("chat", tmp / "out", chat_examples, base, lora=lora), tmp)
-    return tmp / "out"
+def runs(base, classification_examples, chat_examples, tmp_path_factory) -> dict[str, Path]:
+    """The classifier and the chat adapter (with its merged export) trained 30 steps each (checkpoints and
+    evaluations at 10, 20, 30), one after the other in the same 2 ranks of one torchrun
+    (tests/helpers/one_launch.py): the clients' tests and the resumes' references."""
+    tmp = tmp_path_factory.mktemp("finetune_runs")
+    outs = {"classification": tmp / "classification", "chat": tmp / "chat"}
+    specs = [
+        {"train": config("classification", outs["classification"], classification_examples, base).to_dict()},
+        {"train": config("chat", outs["chat"], chat_examples, base, lora=CHAT_LORA).to_dict()},
+    ]
+    launch_many(specs, tmp / "specs.json")
+    return outs
+
+
+@pytest.fixture(scope="module")
+def classifier_run(runs):
+    return runs["classification"]
+
+
+@pytest.fixture(scope="module")
+def chat_run(runs):
+    return runs["chat"]
 
 
 def test_a_classifier_trains_under_torchrun_and_its_export_labels_new_text(
@@ -162,22 +175,24 @@ def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(b
 
 @pytest.mark.parametrize("task", ["classification", "chat"])
 def test_a_resume_after_a_crash_is_bitwise_the_run_without(
-    task, base, classification_examples, chat_examples, tmp_path
+    task, base, classification_examples, chat_examples, runs, tmp_path
 ):
-    """8 steps (checkpoints at 3, 6 and 8, evaluations at 4 and 8), killed after step 4 and run again from
-    step 3: every step's loss, the evaluations and the exported adapter bitwise those of the run without."""
+    """The 30-step run of :func:`runs` (checkpoints and evaluations at 10, 20 and 30) again in a fresh torchrun,
+    killed after step 12 and run again from step 10: every step's loss, the evaluations and the exported adapter
+    bitwise those of the run without."""
     from safetensors.torch import load_file
 
     examples = classification_examples if task == "classification" else chat_examples
-    settings = {"max_steps": 8, "save_steps": 3, "eval_steps": 4, "logging_steps": 4}
-    whole = config(task, tmp_path / "whole", examples, base, **settings)
-    torchrun(whole, tmp_path, name="whole")
+    settings = {"lora": CHAT_LORA} if task == "chat" else {}
     crashed = config(task, tmp_path / "crashed", examples, base, **settings)
-    torchrun(crashed, tmp_path, fault="after_step:4", name="crashed")
-    torchrun(crashed, tmp_path, name="resumed")
-    a, b = metrics(tmp_path / "whole"), metrics(tmp_path / "crashed")
-    assert [a[s]["loss"] for s in range(1, 9)] == [b[s]["loss"] for s in range(1, 9)]
-    assert a[8]["eval_loss"] == b[8]["eval_loss"]
-    wa = load_file(tmp_path / "whole" / "adapter" / "adapter_model.safetensors")
+    torchrun(crashed, tmp_path, fault="after_step:12", name="crashed")
+    assert max(metrics(tmp_path / "crashed")) == 12
+    proc = torchrun(crashed, tmp_path, name="resumed")
+    assert "step-000010 at step 10" in proc.stderr, proc.stderr[-3000:]
+    a, b = metrics(runs[task]), metrics(tmp_path / "crashed")
+    assert sorted(a) == sorted(b) == list(range(1, 31))
+    assert [a[s]["loss"] for s in range(1, 31)] == [b[s]["loss"] for s in range(1, 31)]
+    assert [a[s]["eval_loss"] for s in (10, 20, 30)] == [b[s]["eval_loss"] for s in (10, 20, 30)]
+    wa = load_file(runs[task] / "adapter" / "adapter_model.safetensors")
     wb = load_file(tmp_path / "crashed" / "adapter" / "adapter_model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -266,7 +266,51 @@ def test_exact_resume_after_sigkill_mid_save(shards, uninterrupted, tmp_path, mo
     assert "model/model.safetensors" in {a.path for a in client.list_artifacts(ml["run_id"], "model")}
 
 
-def test_resume_from_each_later_checkpoint_is_bitwise(shards, uninterrupted, tmp_path):
+def _zero3_config(out: Path, shards: Path) -> TrainConfig:
+    return TrainConfig.from_settings(
+        output_dir=str(out),
+        train_shards=str(shards),
+        preset="llama-tiny",
+        zero_stage=3,
+        activation_checkpointing=True,
+        micro_batch_size=2,
+        max_steps=3,
+        learning_rate=5e-3,
+        warmup_steps=1,
+        save_steps=3,
+        save_total_limit=1,
+        eval_steps=1,
+        eval_max_sequences=5,
+        report_to=[],
+        tokenizer=str(shards),
+    )
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(shards, uninterrupted, tmp_path_factory) -> dict:
+    """Three 2-rank trainings in one torchrun, one after the other in the same ranks (tests/helpers/one_launch.py,
+    as the ablation's variants run: the process start and the process group once, not three times): the
+    uninterrupted run resumed from each of its complete checkpoints after its first and before its last (step 6)
+    over a copy of its shards, first, in ranks that have run nothing yet, as every resume starts; micro-batch 1 x 2
+    accumulation steps of the same run; ZeRO-3 with evaluation. Returns the finished process (``proc``: its stderr
+    holds the ranks' log), the copied shards, the resumed checkpoints and each run's output directory."""
+    tmp = tmp_path_factory.mktemp("two_rank_runs")
+    copied = Path(shutil.copytree(shards, tmp / "copied_root" / "shards"))
+    saved = sorted(p for p in (uninterrupted / "checkpoints").iterdir() if (p / "COMPLETE.json").exists())
+    resumed = {ckpt: tmp / ckpt.name for ckpt in saved[1:-1]}
+    specs = [
+        {"train": resume_config(out, copied, resume_from_checkpoint=str(c)).to_dict()} for c, out in resumed.items()
+    ]
+    accumulated, z3 = tmp / "mb1-ga2", tmp / "z3"
+    specs.append(
+        {"train": resume_config(accumulated, shards, micro_batch_size=1, gradient_accumulation_steps=2).to_dict()}
+    )
+    specs.append({"train": _zero3_config(z3, shards).to_dict()})
+    proc = launch_many(specs, tmp / "specs.json")
+    return {"proc": proc, "copied": copied, "saved": saved, "resumed": resumed, "accumulated": accumulated, "z3": z3}
+
+
+def test_resume_from_each_later_checkpoint_is_bitwise(shards, uninterrupted, two_rank_runs, tmp_path):
     """Issue 42 item 9: a resume from every complete checkpoint of the uninterrupted run (2 ranks, ZeRO-2,
     fp32 on CPU, 8 steps) after its first (step 3: test_exact_resume_after_sigkill_mid_save) and before its
     last (step 8, nothing left to train) -- step 6 -- in a fresh output directory gives bitwise the same
@@ -275,15 +319,12 @@ def test_resume_from_each_later_checkpoint_is_bitwise(shards, uninterrupted, tmp
     and 16 of the 20 weight tensors differed in the last bits (at most 6e-8). Item 10: the resume reads a
     copy of the shards elsewhere (a storage root copied): the same content, so no setting is named as
     changed; a resume with another learning rate and other shards names both at WARNING and is refused."""
-    ref = uninterrupted
-    copied = Path(shutil.copytree(shards, tmp_path / "copied_root" / "shards"))
-    saved = sorted(p for p in (ref / "checkpoints").iterdir() if (p / "COMPLETE.json").exists())
+    ref, proc, saved = uninterrupted, two_rank_runs["proc"], two_rank_runs["saved"]
     assert [p.name for p in saved] == ["step-000003", "step-000006", "step-000008"]
+    assert list(two_rank_runs["resumed"]) == saved[1:-1]
     want, a = metrics(ref), load_file(ref / "model" / "model.safetensors")
-    for ckpt in saved[1:-1]:
+    for ckpt, out in two_rank_runs["resumed"].items():
         at = int(ckpt.name.split("-")[1])
-        out = tmp_path / ckpt.name
-        proc = torchrun(resume_config(out, copied, resume_from_checkpoint=str(ckpt)), tmp_path)
         assert f"resumed from {ckpt} at step {at}" in proc.stderr
         assert "differ from this run" not in proc.stderr and "records no settings" not in proc.stderr
         got = metrics(out)
@@ -309,13 +350,12 @@ def test_resume_from_each_later_checkpoint_is_bitwise(shards, uninterrupted, tmp
     assert "checkpointing.resume_across_data_change: true" in proc.stderr
 
 
-def test_gradient_accumulation_equals_larger_micro_batch(shards, uninterrupted, tmp_path):
+def test_gradient_accumulation_equals_larger_micro_batch(shards, uninterrupted, two_rank_runs):
     """2 ranks, ZeRO-2: micro-batch 1 x 2 accumulation steps gives the same losses and weights as micro-batch 2
     (the uninterrupted run of helpers.training.resume_config; same samples per step, by the sampler's
     global positions; DeepSpeed scales each micro-loss by 1/2). Equal within fp32 rounding of the
     summation order: 1e-6 relative on losses, 1e-6 absolute on weights."""
-    out = tmp_path / "mb1-ga2"
-    torchrun(resume_config(out, shards, micro_batch_size=1, gradient_accumulation_steps=2), tmp_path)
+    out = two_rank_runs["accumulated"]
     m1, m2 = metrics(uninterrupted), metrics(out)
     for step in range(1, 9):
         assert m1[step]["loss"] == pytest.approx(m2[step]["loss"], rel=1e-6, abs=0)
@@ -337,7 +377,7 @@ def _manifest(shards: Path) -> dict:
     return TokenShards(shards, "train").manifest
 
 
-def test_zero3_exports_consolidated_safetensors_and_evaluates_uneven_shares(shards, tmp_path):
+def test_zero3_exports_consolidated_safetensors_and_evaluates_uneven_shares(shards, two_rank_runs):
     """ZeRO-3 on 2 ranks partitions every parameter; the export gathers them on rank 0 into one
     model.safetensors with full shapes, equal to the fp32 weights DeepSpeed's zero_to_fp32 rebuilds
     from the two ranks' partitions of the last checkpoint (the live model at that step).
@@ -351,25 +391,7 @@ def test_zero3_exports_consolidated_safetensors_and_evaluates_uneven_shares(shar
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
-    out = tmp_path / "z3"
-    cfg = TrainConfig.from_settings(
-        output_dir=str(out),
-        train_shards=str(shards),
-        preset="llama-tiny",
-        zero_stage=3,
-        activation_checkpointing=True,
-        micro_batch_size=2,
-        max_steps=3,
-        learning_rate=5e-3,
-        warmup_steps=1,
-        save_steps=3,
-        save_total_limit=1,
-        eval_steps=1,
-        eval_max_sequences=5,
-        report_to=[],
-        tokenizer=str(shards),
-    )
-    torchrun(cfg, tmp_path)
+    out = two_rank_runs["z3"]  # its config: _zero3_config
     saved = load_file(out / "model" / "model.safetensors")
     live = get_fp32_state_dict_from_zero_checkpoint(str(out / "checkpoints"), tag="step-000003")
     model = AutoModelForCausalLM.from_pretrained(out / "model")
