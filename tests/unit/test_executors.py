@@ -207,3 +207,32 @@ def test_each_engine_is_built_with_its_own_settings_and_gives_its_own_metadata()
     assert executor_metadata({}) == {"executor": "local"}
     with pytest.raises(TypeError, match="settings must be LocalSettings, got ThreadSettings"):
         LocalExecutor(ThreadSettings())
+
+
+def test_raw_corpus_lists_the_corpus_once_for_its_fingerprint_and_its_read(corpus, tmp_path, monkeypatch):
+    """The partition's listing (corpus.scan) is made once by the stage and carried into the engine's
+    read; the documents are those of a read that lists the corpus itself."""
+    import largetrain_core.corpus as corpus_module
+    import largetrain_core.stages.raw_corpus as stage_module
+    from largetrain_core.stages.base import StageRun
+    from largetrain_core.stages.raw_corpus import raw_corpus
+
+    listings = []
+    real_scan = corpus_module.scan
+
+    def counted(*args, **kwargs):
+        listings.append(args)
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(corpus_module, "scan", counted)
+    monkeypatch.setattr(stage_module, "scan", counted)
+    reader = ReaderConfig(str(corpus), partition=1, partitions=2)
+    result = raw_corpus(
+        reader, StageRun(tmp_path / "root", ("c", "raw_corpus"), partition="001", executor=LocalExecutor())
+    )
+    assert len(listings) == 1 and result.stats["documents"] > 0
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    assert ingest(reader, alone)["documents"] == result.stats["documents"] and len(listings) == 2
+    read = lambda d: pl.concat([pl.read_parquet(p) for p in part_files(d)])  # noqa: E731
+    assert read(result.path).equals(read(alone))
