@@ -12,42 +12,35 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import polars as pl
 
-from largetrain_core.dedup import VerifyConfig
+from largetrain_core.corpus import Scan, ingest as read_corpus
+from largetrain_core.decontamination import MATCH_SCHEMA, contamination_counts, load_index, scan
+from largetrain_core.dedup import DedupConfig, VerifyConfig, deduplicate as dedup, write_signature_settings
+from largetrain_core.parts import PartStep, WithSignatures, add_counts, finish, map_part, zero_counts
+from largetrain_core.readers import ReaderConfig
+from largetrain_core.shards import Packing, partition_parts, tokenize_partition, tokenize_parts
+from largetrain_core.storage import part_files
 
 if TYPE_CHECKING:
-    from largetrain_core.corpus import Scan
-    from largetrain_core.dedup import DedupConfig
     from largetrain_core.executors.base import Executor
-    from largetrain_core.parts import PartStep
-    from largetrain_core.readers import ReaderConfig
-    from largetrain_core.shards import Packing
 
 
-def ingest(engine: "Executor", out_dir: Path, reader: "ReaderConfig", listed: "Scan | None" = None) -> dict:
+def ingest(engine: "Executor", out_dir: Path, reader: ReaderConfig, listed: Scan | None = None) -> dict:
     """raw_corpus: largetrain_core.corpus.ingest(reader, out_dir, listed), the partition's documents in
     part files, rejected.parquet, renamed_ids.parquet, skipped_files.txt, and its counts. ``listed``:
     the partition's corpus.scan when the caller made it (else made here). One stream in this process
     (document ids are unique within a read)."""
-    from largetrain_core.corpus import ingest as read
-
-    return read(reader, out_dir, listed)
+    return read_corpus(reader, out_dir, listed)
 
 
-def _map_part(step: "PartStep", unit: tuple[Path, Path]) -> tuple[pl.DataFrame, dict]:
-    from largetrain_core.parts import map_part
-
+def _map_part(step: PartStep, unit: tuple[Path, Path]) -> tuple[pl.DataFrame, dict]:
     return map_part(step, *unit)
 
 
-def map_parts(engine: "Executor", out_dir: Path, step: "PartStep", in_dir: Path | list[Path]) -> dict:
+def map_parts(engine: "Executor", out_dir: Path, step: PartStep, in_dir: Path | list[Path]) -> dict:
     """largetrain_core.parts.map_parts(step, in_dir, out_dir): ``step`` over every part file of
     ``in_dir`` (a per-document stage such as cleaned_text's rules), one task per part: kept documents
     per part (numbered in input order), the removed ones in filtered.parquet (and for a
     parts.WithSignatures step ``signatures/``), and the summed counts with ``filtered_by_reason``."""
-    from largetrain_core.dedup import write_signature_settings
-    from largetrain_core.parts import WithSignatures, add_counts, finish, zero_counts
-    from largetrain_core.storage import part_files
-
     parts = part_files(in_dir)
     units = [(p, Path(out_dir) / f"part-{i:05d}.parquet") for i, p in enumerate(parts)]
     totals, removed = zero_counts(step), []
@@ -63,21 +56,17 @@ def deduplicate(
     engine: "Executor",
     out_dir: Path,
     in_dirs: list[Path],
-    cfg: "DedupConfig",
+    cfg: DedupConfig,
     verify: VerifyConfig | None = VerifyConfig(),
 ) -> dict:
     """deduplicated_text: largetrain_core.dedup.deduplicate(in_dirs, out_dir, cfg, verify), the global
     step over every partition (kept part files, duplicates.parquet, unverified.parquet; signatures/
     only when the partitions carry none) and its counts; ``verify`` None: the connected components
     unverified."""
-    from largetrain_core.dedup import deduplicate as dedup
-
     return dedup(in_dirs, out_dir, cfg, verify)
 
 
 def _scan_part(index, part: Path) -> pl.DataFrame:
-    from largetrain_core.decontamination import scan
-
     return scan(pl.read_parquet(part, columns=["doc_id", "source", "text"]), index)
 
 
@@ -87,9 +76,6 @@ def find_contamination(engine: "Executor", out_dir: Path, in_dirs: list[Path], i
     (inside ``out_dir``; Parquet, decontamination.MATCH_SCHEMA, one row per contaminated document,
     corpus order, its first matching n-gram) and decontamination.contamination_counts. The index is
     in each task's memory (24 bytes per n-gram of the sets)."""
-    from largetrain_core.decontamination import MATCH_SCHEMA, contamination_counts, load_index
-    from largetrain_core.storage import part_files
-
     index = load_index(index_dir)
     found = engine.map_tasks(
         partial(_scan_part, index), part_files(in_dirs), "filtered_text: 13-gram join with the evaluation sets"
@@ -99,9 +85,7 @@ def find_contamination(engine: "Executor", out_dir: Path, in_dirs: list[Path], i
     return contamination_counts(table, index)
 
 
-def _tokenize_run(tokenizer_path: Path, out_dir: Path, packing: "Packing", unit: tuple[list[Path], int]) -> dict:
-    from largetrain_core.shards import tokenize_parts
-
+def _tokenize_run(tokenizer_path: Path, out_dir: Path, packing: Packing, unit: tuple[list[Path], int]) -> dict:
     parts, first = unit
     return tokenize_parts(parts, first, tokenizer_path, out_dir, packing)
 
@@ -113,16 +97,13 @@ def tokenize(
     tokenizer_path: Path,
     partition: int,
     partitions: int,
-    packing: "Packing",
+    packing: Packing,
 ) -> dict:
     """One partition of token_shards (largetrain_core.shards.tokenize_partition): partition
     ``partition`` of ``partitions`` of the part files of ``in_dir`` tokenized and packed into
     ``out_dir`` (shard files, tails, ``tokenized.json``), and its summary. Its part files are cut into
     ``engine.slots`` contiguous runs, one task each (one run: as tokenize_partition alone); the
     sequences and their order do not depend on the runs (largetrain_core.shards, Packing)."""
-    from largetrain_core.shards import partition_parts, tokenize_partition
-    from largetrain_core.storage import part_files
-
     first, mine = partition_parts(part_files(in_dir), partition, partitions)
     runs = None
     if engine.slots > 1 and len(mine) > 1:
