@@ -763,8 +763,8 @@ def bench_lid(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) -> 
     from datatrove.pipeline.writers import JsonlWriter
 
     from largetrain_core.clean import Cleaning
-    from largetrain_core.executors.base import ExecutorSettings
-    from largetrain_core.executors.local import LocalExecutor
+    from largetrain_core.executors import steps
+    from largetrain_core.executors.local import LocalExecutor, LocalSettings
 
     _patch_fasttext_check()
     cfg = QualityConfig(gopher_quality=False, languages=("en",), redact_pii=False)
@@ -776,10 +776,10 @@ def bench_lid(norm: Path, jsonl: Path, n_docs: int, repeats: int, tmp: Path) -> 
     size = -(-docs.height // CORES)
     for c in range(CORES):
         docs.slice(c * size, size).write_parquet(split / f"part-{c:05d}.parquet")
-    executor = LocalExecutor(ExecutorSettings(workers=CORES))
+    executor = LocalExecutor(LocalSettings(workers=CORES))
 
     def ours(out):
-        stats.update(executor.map_parts(Cleaning(cfg), split, out))
+        stats.update(executor.run_global(steps.map_parts, out, step=Cleaning(cfg), in_dir=split))
 
     def dt(out):
         f = LanguageFilter(

@@ -615,17 +615,26 @@ def duplicate_ids(
     return repeated, t.group_by("doc_id", maintain_order=True).agg(sources=pl.format("{}: {}", "where", "source"))
 
 
-def fingerprint(path: str | Path, partition: int = 0, partitions: int = 1, cache_file: str | Path | None = None) -> str:
+def fingerprint(
+    path: str | Path,
+    partition: int = 0,
+    partitions: int = 1,
+    cache_file: str | Path | None = None,
+    listed: Scan | None = None,
+) -> str:
     """Content version of a corpus (or of one partition of it): largetrain_core.digest.files_digest
     of its corpus files, i.e. xxh3-128 over (path relative to the corpus, xxh3-128 of the bytes) of
     every file, 32 hex digits (then, if there are dangling links, xxh3-128 of that and each link's
     relative path and target). Independent of where the corpus lies and of file times: a copy
     elsewhere has the same fingerprint. ``cache_file``: a DigestCache file (one per corpus partition)
     so that unchanged files are not re-read; None reads every file. The pieces of a split file share
-    the file's digest (the partition is part of raw_corpus's version). Errors as :func:`list_files`."""
+    the file's digest (the partition is part of raw_corpus's version). ``listed``: the partition's
+    :func:`scan` when the caller made it (raw_corpus: the same listing is then read). Errors as
+    :func:`list_files`."""
     from largetrain_core.digest import DigestCache, files_digest
 
-    listed = scan(path, partition, partitions)
+    if listed is None:
+        listed = scan(path, partition, partitions)
     cache = DigestCache(cache_file)
     broken = [f for f in listed.files if dangling_link(f)]
     digest = files_digest(listed.base, [f for f in listed.files if f not in broken], cache)

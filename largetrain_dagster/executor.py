@@ -1,8 +1,9 @@
 """The data-preparation executor resource: where raw_corpus, cleaned_text, deduplicated_text, filtered_text and
 token_shards' partitions compute
 (largetrain_core.executors): ``local`` (the core's functions in the step's process; the default and
-the executor of ``make demo``) or ``spark`` (largetrain_core.executors.spark, the same outputs, on any
-Spark master).
+the executor of ``make demo``), ``threads`` (a thread pool of the step's process) or ``spark``
+(largetrain_core.executors.spark, the same outputs, on any Spark master). Each engine's settings nest
+under its name (``{name: spark, spark: {master: ..., conf: {...}}}``; largetrain_core.executors.settings).
 
 Chosen by the ``executor`` resource's config, or by the environment when the code location loads:
 LARGETRAIN_EXECUTOR (``local`` or ``spark``; LARGETRAIN_ENGINE, its former name, still works and
@@ -26,7 +27,8 @@ import os
 
 from dagster import ConfigurableResource, Failure
 
-from largetrain_core.executors.base import Executor, ExecutorSettings, load
+from largetrain_core.executors.base import Executor, load
+from largetrain_core.executors.settings import ExecutorSettings
 from largetrain_core.settings import positive_int
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.runner import run_process
@@ -67,9 +69,11 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
             raise ValueError("LARGETRAIN_SPARK_CONF must be a JSON object of Spark settings")
         return cls(
             name=name,
-            workers=positive_int(os.environ.get("LARGETRAIN_WORKERS", "1"), "LARGETRAIN_WORKERS"),
-            master=os.environ.get("LARGETRAIN_SPARK_MASTER", "local[*]"),
-            conf={str(k): str(v) for k, v in conf.items()},
+            local={"workers": positive_int(os.environ.get("LARGETRAIN_WORKERS", "1"), "LARGETRAIN_WORKERS")},
+            spark={
+                "master": os.environ.get("LARGETRAIN_SPARK_MASTER", "local[*]"),
+                "conf": {str(k): str(v) for k, v in conf.items()},
+            },
         )
 
     def bind(self, context) -> Executor:
@@ -89,4 +93,4 @@ class DataExecutor(dagster_config(ExecutorSettings, "DataExecutorFields", base=C
                 context, cmd, log_path, cls.process_name, env=env, grace_seconds=settings.kill_grace_seconds
             ).returncode
 
-        return cls(settings, launch=launch, log=context.log)
+        return settings.executor(launch=launch, log=context.log)

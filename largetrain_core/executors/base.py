@@ -1,19 +1,28 @@
-"""The executor interface of data preparation: where raw_corpus, cleaned_text, deduplicated_text,
+"""The engine interface of data preparation: where raw_corpus, cleaned_text, deduplicated_text,
 filtered_text and token_shards' partitions compute (docs/ARCHITECTURE.md, "Adding an executor").
-datatrove's ``executor/base.py`` is the model.
+datatrove's ``executor/base.py`` is the model: an engine runs tasks, "rank r of world", and names no
+stage.
 
-An executor runs the core's functions (largetrain_core.corpus.ingest, a
-:class:`~largetrain_core.parts.PartStep` over part files, the MinHash signatures and the clustering of
-largetrain_core.dedup, the tokenization of largetrain_core.shards) and must write the files the local
-executor writes, in the same layout, with the same counts (token shards: the same sequences in the
-same order): so the executor is in no data version. It may cut the work into tasks as it likes
-(files, part files) and distribute what is global (the dedup clustering); it writes only inside the
-``out_dir`` it is given (a temporary directory renamed into place by the caller when complete:
-largetrain_core.artifacts).
+Two primitives:
 
-Executors are found by name: ``largetrain_core.executors.<name>`` holds ``EXECUTOR``, the class
-(:func:`load`). Each method returns the stage's counts plus :data:`RECORD`: what ran it
-(``{"executor": name, ...}``), shown by :func:`largetrain_core.stages.base.executor_metadata`.
+* :meth:`Executor.map_tasks` ``(fn, units)``: ``fn(unit)`` for every unit, independent tasks, the
+  results in the units' order. ``fn`` and the units must pickle (a module-level function or a
+  ``functools.partial`` of one) for an engine that runs them in other processes.
+* :meth:`Executor.run_global` ``(fn, out_dir, **inputs)``: a step over the whole input,
+  ``fn(engine, out_dir, **inputs) -> counts``, which writes only inside ``out_dir`` (a temporary
+  directory renamed into place by the caller when complete: largetrain_core.artifacts) and hands
+  its independent parts to ``engine.map_tasks``. Here it runs in this process; an engine may run it
+  elsewhere (Spark: in a Spark application, with a distributed implementation of its own where it has
+  one). The data-preparation steps are such functions (largetrain_core.executors.steps).
+
+An engine must give the outputs of the local engine, in the same layout, with the same counts
+(token shards: the same sequences in the same order): so the engine is in no data version.
+
+Engines are found by name: ``largetrain_core.executors.<name>`` holds ``EXECUTOR``, the class
+(:func:`load`), whose ``Settings`` dataclass is its own settings (nested under its name in
+largetrain_core.executors.settings.ExecutorSettings). :meth:`Executor.run_global` returns the step's
+counts plus :data:`RECORD`: what ran it (``{"executor": name, ...}``), which the engine's
+:meth:`Executor.metadata` turns into materialization metadata.
 """
 
 from __future__ import annotations
@@ -22,150 +31,79 @@ import importlib
 import logging
 import pkgutil
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Sequence
 
-if TYPE_CHECKING:
-    from largetrain_core.dedup import DedupConfig, VerifyConfig
-    from largetrain_core.parts import PartStep
-    from largetrain_core.readers import ReaderConfig
-    from largetrain_core.shards import Packing
-
-RECORD = "executor"  # the stats key of the executor record
+RECORD = "executor"  # the stats key of the engine record
 LOG = logging.getLogger("largetrain_core.executors")
-# (command, environment, log file) -> exit code: how an executor starts a process of its own
+KILL_GRACE_SECONDS = 10.0  # default seconds between SIGTERM and SIGKILL to a process an engine starts
+NOT_ENGINES = {"base", "settings", "steps"}  # the modules of largetrain_core.executors that are no engine
+# (command, environment, log file) -> exit code: how an engine starts a process of its own
 Launch = Callable[[list[str], dict, Path], int]
 
 
-def _describe(text: str) -> dict:
-    return {"description": text}
-
-
 @dataclass(frozen=True)
-class ExecutorSettings:
-    """Where data preparation computes, for the whole deployment."""
-
-    name: str = field(
-        default="local",
-        metadata=_describe(
-            "local (in the step's process; per-part stages in `workers` processes) or spark (spark-submit through Dagster Pipes); any module "
-            "largetrain_core.executors.<name> that defines EXECUTOR. LARGETRAIN_EXECUTOR."
-        ),
-    )
-    master: str = field(
-        default="local[*]",
-        metadata=_describe(
-            "The cluster: a Spark master URL (local[*], local-cluster[2,1,1024], spark://host:7077, "
-            "k8s://https://host:443, yarn). LARGETRAIN_SPARK_MASTER."
-        ),
-    )
-    conf: dict[str, str] = field(
-        default_factory=dict,
-        metadata=_describe(
-            "More settings of the cluster's jobs (Spark: spark.executor.memory, ...). LARGETRAIN_SPARK_CONF (a JSON object)."
-        ),
-    )
-    workers: int = field(
-        default=1,
-        metadata=_describe(
-            "local: part files that cleaned_text and filtered_text work on at once, each in a worker process "
-            "(memory: about this many parts); the outputs do not depend on it. LARGETRAIN_WORKERS."
-        ),
-    )
-    spark_submit: str = field(
-        default="",
-        metadata=_describe("Path of spark-submit; empty = $SPARK_HOME/bin/spark-submit, else pyspark's own."),
-    )
-    kill_grace_seconds: float = field(
-        default=10.0,
-        metadata=_describe(
-            "Seconds between SIGTERM and SIGKILL to a job's process group when the run is cancelled or fails."
-        ),
-    )
-
-    def __post_init__(self):
-        if not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"executor workers must be an integer >= 1, got {self.workers!r}")
+class NoSettings:
+    """The settings of an engine that has none."""
 
 
 class ExecutorError(RuntimeError):
-    """An executor's job failed (not the data): the message holds what its log says. Running again can succeed."""
+    """An engine's job failed (not the data): the message holds what its log says. Running again can succeed."""
 
 
 class Executor(ABC):
-    """Where the data-preparation stages compute: three abstract methods and two with an in-process
-    default (find_contamination, tokenize), each returning counts + :data:`RECORD`.
+    """Where the data-preparation steps compute: :meth:`map_tasks` (abstract) and :meth:`run_global`.
 
-    ``settings``: the deployment's (:class:`ExecutorSettings`); ``launch``: how to start a process
-    of its own (default :func:`launch_in_group`; the Dagster resource passes one that runs it through
-    Dagster Pipes); ``log``: where its lines go (``info``/``warning``)."""
+    ``settings``: the engine's own (an instance of its ``Settings``; default ``Settings()``);
+    ``launch``: how to start a process of its own (default :func:`launch_in_group`; the Dagster
+    resource passes one that runs it through Dagster Pipes); ``log``: where its lines go
+    (``info``/``warning``)."""
 
     name: str = ""
+    Settings: type = NoSettings
     process_name: str = "the executor's process"  # how a log names a process it starts ("stopping <process_name>")
 
-    def __init__(self, settings: ExecutorSettings | None = None, launch: Launch | None = None, log=None):
-        self.settings = settings or ExecutorSettings(name=self.name)
-        self.launch = launch or (
-            lambda cmd, env, log_path: launch_in_group(cmd, env, log_path, self.settings.kill_grace_seconds)
-        )
+    def __init__(self, settings: Any = None, launch: Launch | None = None, log=None):
+        self.settings = self.Settings() if settings is None else settings
+        if not isinstance(self.settings, self.Settings):
+            raise TypeError(
+                f"executor {self.name}: settings must be {self.Settings.__name__}, got {type(settings).__name__}"
+            )
+        self.launch = launch or launch_in_group
         self.log = log or LOG
 
+    @property
+    def slots(self) -> int:
+        """Tasks that run at once (a step may cut its work into this many runs); 1 by default."""
+        return 1
+
+    @abstractmethod
+    def map_tasks(self, fn: Callable[[Any], Any], units: Sequence[Any], description: str = "") -> list:
+        """``[fn(u) for u in units]``: each unit an independent task (rank r of world len(units)), run
+        wherever the engine runs tasks; results in the units' order. ``description``: what the tasks do,
+        for the log and for errors. A task's exception is raised as it is; the engine's own failure
+        (a worker process killed, a lost cluster) raises :class:`ExecutorError`."""
+
+    def run_global(self, fn: Callable[..., dict], out_dir: Path, **inputs) -> dict:
+        """``fn(self, out_dir, **inputs)`` (a step of largetrain_core.executors.steps, or any function
+        of that shape), in this process, its tasks through :meth:`map_tasks`: its counts plus the
+        engine record (:data:`RECORD`)."""
+        return {**fn(self, Path(out_dir), **inputs), **self.record()}
+
     def record(self, **extra) -> dict:
-        """What ran a stage, as recorded in its stats (:data:`RECORD`)."""
+        """What ran a step, as recorded in its stats (:data:`RECORD`)."""
         return {RECORD: {"executor": self.name, **extra}}
 
-    @abstractmethod
-    def ingest(self, reader: "ReaderConfig", out_dir: Path) -> dict:
-        """largetrain_core.corpus.ingest(reader, out_dir): the partition's documents in part files,
-        rejected.parquet, renamed_ids.parquet, skipped_files.txt, and its counts."""
-
-    @abstractmethod
-    def map_parts(self, step: "PartStep", in_dir: Path, out_dir: Path) -> dict:
-        """largetrain_core.parts.map_parts(step, in_dir, out_dir): ``step`` over every part file of
-        ``in_dir`` (a per-document stage such as cleaned_text's rules), kept documents per part and
-        the removed ones in filtered.parquet, and its counts."""
-
-    @abstractmethod
-    def deduplicate(
-        self, in_dirs: list[Path], out_dir: Path, cfg: "DedupConfig", verify: "VerifyConfig | None"
-    ) -> dict:
-        """largetrain_core.dedup.deduplicate(in_dirs, out_dir, cfg, verify): the global step over every
-        partition (kept part files, duplicates.parquet, unverified.parquet; signatures/ only when the
-        partitions carry none) and its counts; ``verify`` None: the connected components unverified
-        (the implementations default to dedup.VerifyConfig())."""
-
-    def find_contamination(self, in_dirs: list[Path], index_dir: Path, out_file: Path) -> dict:
-        """The global part of decontamination, the join of the documents' word n-grams with the
-        evaluation sets' index (an evaluation_sets directory, largetrain_core.decontamination.load_index):
-        ``out_file`` (Parquet, decontamination.MATCH_SCHEMA: one row per contaminated document of the
-        part files of ``in_dirs``, corpus order, its first matching n-gram) and
-        decontamination.contamination_counts. Here: decontamination.find_contamination in this process,
-        one part file at a time against the index in memory; an executor may distribute the join."""
-        from largetrain_core.decontamination import contamination_counts, find_contamination, load_index
-
-        index = load_index(index_dir)
-        table = find_contamination(in_dirs, index)
-        table.write_parquet(out_file)
-        return {**contamination_counts(table, index), **self.record()}
-
-    def tokenize(
-        self, in_dir: Path, tokenizer_path: Path, out_dir: Path, partition: int, partitions: int, packing: "Packing"
-    ) -> dict:
-        """One partition of token_shards (largetrain_core.shards.tokenize_partition): partition
-        ``partition`` of ``partitions`` of the part files of ``in_dir`` tokenized and packed into
-        ``out_dir`` (shard files, tails, ``tokenized.json``), and its summary. Here: in this process,
-        one run over the partition's parts; an executor may cut them into runs of its own, one task
-        each (the summary lists the runs, in part order)."""
-        from largetrain_core.shards import tokenize_partition
-
-        return {
-            **tokenize_partition(in_dir, tokenizer_path, out_dir, partition, partitions, packing),
-            **self.record(),
-        }
+    @classmethod
+    def metadata(cls, record: dict) -> dict:
+        """Materialization metadata of the record (:meth:`record`) of a step this engine ran, as plain
+        values (a dict is shown as JSON): ``executor`` and ``executor_<key>`` for each of the record's
+        other keys."""
+        return {"executor": record["executor"], **{f"executor_{k}": v for k, v in record.items() if k != "executor"}}
 
 
-def launch_in_group(cmd: list[str], env: dict, log_path: Path, grace_seconds: float = 10.0) -> int:
+def launch_in_group(cmd: list[str], env: dict, log_path: Path, grace_seconds: float = KILL_GRACE_SECONDS) -> int:
     """Run ``cmd`` in a process group of its own to its end (largetrain_core.processes.run_in_group)."""
     from largetrain_core.processes import run_in_group
 
@@ -173,15 +111,26 @@ def launch_in_group(cmd: list[str], env: dict, log_path: Path, grace_seconds: fl
 
 
 def known() -> list[str]:
-    """The executor names: the modules and packages of largetrain_core.executors but base."""
+    """The engine names: the modules and packages of largetrain_core.executors but :data:`NOT_ENGINES`."""
     import largetrain_core.executors as package
 
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name != "base")
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in NOT_ENGINES)
 
 
 def load(name: str) -> type[Executor]:
-    """The executor class named ``name`` (``EXECUTOR`` of largetrain_core.executors.<name>).
-    Raises ValueError naming the known executors."""
+    """The engine class named ``name`` (``EXECUTOR`` of largetrain_core.executors.<name>).
+    Raises ValueError naming the known engines."""
     if name not in known():
         raise ValueError(f"executor must be one of {', '.join(known())}, got {name!r}")
     return importlib.import_module(f"largetrain_core.executors.{name}").EXECUTOR
+
+
+def metadata(stats: dict) -> dict:
+    """Materialization metadata of the engine that built an artifact, from its stats' record (an
+    engine no longer known: its name only)."""
+    record = stats.get(RECORD) or {"executor": "local"}
+    try:
+        cls = load(record["executor"])
+    except ValueError:
+        return {"executor": record["executor"]}
+    return cls.metadata(record)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from largetrain_core import artifacts, dataset_card, fs
 from largetrain_core.artifacts import Built
-from largetrain_core.executors.base import RECORD, Executor
+from largetrain_core.executors.base import Executor, metadata as engine_metadata
 
 LOG = logging.getLogger("largetrain_core.stages")
 
@@ -186,18 +186,6 @@ def text_block(text: str) -> str:
 
 
 def executor_metadata(stats: dict) -> dict:
-    """Materialization metadata of the executor that built an artifact (from its stats' record)."""
-    e = stats.get(RECORD) or {"executor": "local"}
-    md = {"executor": e["executor"]}
-    if "workers" in e:
-        md["executor_workers"] = e["workers"]
-    if e["executor"] == "spark":
-        md.update(
-            {
-                "spark_master": e.get("spark_master", ""),
-                "spark_application_id": e.get("spark_application_id", ""),
-                "spark_version": e.get("spark_version", ""),
-                "spark": Json(e),
-            }
-        )
-    return md
+    """Materialization metadata of the engine that built an artifact, from its stats' record (the
+    engine's own :meth:`~largetrain_core.executors.base.Executor.metadata`; a dict shown as :class:`Json`)."""
+    return {k: Json(v) if isinstance(v, dict) else v for k, v in engine_metadata(stats).items()}

@@ -14,6 +14,7 @@ from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.clean import Cleaning, QualityConfig, pii_redactions
 from largetrain_core.dedup import DedupConfig
 from largetrain_core.parts import WithSignatures
+from largetrain_core.executors import steps
 from largetrain_core.stages.base import Artifact, StageResult, StageRun, count_table, executor_metadata, mib, percent
 from largetrain_core.storage import data_version
 
@@ -38,7 +39,11 @@ def cleaned_text(
     step = WithSignatures(Cleaning(quality), dedup)
     built = run.build_or_reuse(
         version,
-        lambda out: {**run.executor.map_parts(step, raw.path, out), **part, "dedup": dedup.to_dict()},
+        lambda out: {
+            **run.executor.run_global(steps.map_parts, out, step=step, in_dir=raw.path),
+            **part,
+            "dedup": dedup.to_dict(),
+        },
         documents=True,
     )
     stats = built.stats

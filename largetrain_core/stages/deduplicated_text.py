@@ -38,6 +38,7 @@ from largetrain_core.corpus import describe_rejections, duplicate_ids
 from largetrain_core import dedup_report
 from largetrain_core.dedup import SIGNATURE_FIELDS, DedupConfig, VerifyConfig, count_exact_duplicates
 from largetrain_core.dedup_report import MAX_SOURCE_REMOVED
+from largetrain_core.executors import steps
 from largetrain_core.stages.base import (
     Artifact,
     Check,
@@ -153,7 +154,10 @@ def deduplicated_text(
 
     def build(out: Path) -> dict:
         _check_ids(role, raw_dirs, keys, out)
-        stats = {**run.executor.deduplicate(cleaned_dirs, out, dedup, verify), "partitions": len(keys)}
+        stats = {
+            **run.executor.run_global(steps.deduplicate, out, in_dirs=cleaned_dirs, cfg=dedup, verify=verify),
+            "partitions": len(keys),
+        }
         if corpora:
             stats["corpora"] = name_corpora(
                 out,

@@ -33,6 +33,7 @@ import polars as pl
 from largetrain_core.accounting import WARN_REMOVED, corpus_accounting, markdown_table, outcome_table, removal_warning
 from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.relevance import SCORE, Model, histogram_quantiles, load, score_histogram, threshold_for_top
+from largetrain_core.executors import steps
 from largetrain_core.stages.base import (
     Artifact,
     Check,
@@ -186,7 +187,9 @@ def filtered_text(
     raw_dirs, cleaned_dirs = [raw[k].path for k in keys], [cleaned[k].path for k in keys]
 
     def build(out: Path) -> dict:
-        found = run.executor.find_contamination([text.path], sets.path, out / CONTAMINATED)
+        found = run.executor.run_global(
+            steps.find_contamination, out, in_dirs=[text.path], index_dir=sets.path, out_file=out / CONTAMINATED
+        )
         remove = (
             frozenset(pl.read_parquet(out / CONTAMINATED, columns=["doc_id"])["doc_id"].to_list())
             if settings.decontamination == "remove"
@@ -195,14 +198,14 @@ def filtered_text(
         model = load(classifier.path)
         cut = settings.relevance_threshold
         if settings.relevance_top_fraction is None:
-            stats = run.executor.map_parts(Filtering(model, cut, remove), text.path, out)
+            stats = run.executor.run_global(steps.map_parts, out, step=Filtering(model, cut, remove), in_dir=text.path)
         else:  # every score first, for the threshold of the top fraction
             scored = out / "_scored"
             scored.mkdir()
-            run.executor.map_parts(Filtering(model), text.path, scored)
+            run.executor.run_global(steps.map_parts, scored, step=Filtering(model), in_dir=text.path)
             hist = score_histogram(part_files(scored), exclude=remove)
             cut = threshold_for_top(hist, settings.relevance_top_fraction)
-            stats = run.executor.map_parts(Filtering(None, cut, remove), scored, out)
+            stats = run.executor.run_global(steps.map_parts, out, step=Filtering(None, cut, remove), in_dir=scored)
             shutil.rmtree(scored)
         removed = pl.read_parquet(out / "filtered.parquet")
         kept_hist = score_histogram(part_files(out))

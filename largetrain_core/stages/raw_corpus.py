@@ -14,9 +14,10 @@ from pathlib import Path
 
 from largetrain_core import fs
 from largetrain_core.artifacts import CODE_VERSIONS
-from largetrain_core.corpus import describe_rejections, fingerprint, holds_records, rejection_error
+from largetrain_core.corpus import describe_rejections, fingerprint, holds_records, rejection_error, scan
 from largetrain_core.provenance import check_provenance, describe, read_provenance
 from largetrain_core.readers import ReaderConfig
+from largetrain_core.executors import steps
 from largetrain_core.stages.base import Json, StageError, StageResult, StageRun, Text, executor_metadata, mib, percent
 from largetrain_core.storage import data_version, stored_location
 
@@ -67,9 +68,13 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
     except ValueError as e:
         raise StageError(str(e)) from e
     part = {"partition": reader.partition, "partitions": reader.partitions}
-    digest = fingerprint(source, **part, cache_file=run.cache_file("digests", run.asset[0], f"{run.partition}.json"))
+    listed = scan(source, **part)  # once: for the fingerprint and for the read
+    cache = run.cache_file("digests", run.asset[0], f"{run.partition}.json")
+    digest = fingerprint(source, **part, cache_file=cache, listed=listed)
     version = data_version(CODE_VERSIONS["raw_corpus"], settings_version(reader), part, digest)
-    built = run.build_or_reuse(version, lambda out: {**run.executor.ingest(reader, out), **part})
+    built = run.build_or_reuse(
+        version, lambda out: {**run.executor.run_global(steps.ingest, out, reader=reader, listed=listed), **part}
+    )
     stats, rejected = built.stats, built.path / "rejected.parquet"
     error = rejection_error(stats, reader, rejected)
     if error:

@@ -29,6 +29,7 @@ from largetrain_core.relevance import SCORE, histogram_quantiles, score_histogra
 from largetrain_core.executors.base import RECORD, load
 from largetrain_core.shards import Packing, TokenShards, assemble_token_shards, build_token_shards, tokenizer_engines
 from largetrain_core import fs
+from largetrain_core.executors import steps
 from largetrain_core.stages.base import Artifact, Check, Json, Markdown, StageError, StageResult, StageRun
 from largetrain_core.storage import data_version, mirror_path, part_files, verify_manifest
 
@@ -209,7 +210,15 @@ def token_shard_partition(
     executor = run.executor or load("local")()
 
     def build(out: Path) -> dict:
-        s = executor.tokenize(text.path, tokenizer.path, out, partition, partitions, _packing(settings, text, run.name))
+        s = executor.run_global(
+            steps.tokenize,
+            out,
+            in_dir=text.path,
+            tokenizer_path=tokenizer.path,
+            partition=partition,
+            partitions=partitions,
+            packing=_packing(settings, text, run.name),
+        )
         keys = ("partition", "partitions", "first_part", "parts", "documents", "sequences", "tail_tokens", RECORD)
         return {k: s[k] for k in keys}
 

@@ -235,15 +235,15 @@ def test_the_spark_executor_writes_what_the_local_one_writes(chain, tmp_path, ca
     sets, then of each map_parts job, the join, the scoring and the reasons in its tasks) gives the same part
     files, byte for byte, the same filtered.parquet, contaminated.parquet and outcomes, and the same counts as
     on the local executor, with a top fraction (two map_parts jobs: scoring, then the cut)."""
-    from largetrain_core.executors.base import ExecutorSettings
     from largetrain_core.executors.spark import SparkExecutor
+    from largetrain_core.executors.spark.submit import SparkSettings
 
     root, raw, cleaned, dedup, clf, sets = chain
     settings = FilteredTextSettings(relevance_top_fraction=0.5)
     results = {}
     for name, executor in (
         ("local", LocalExecutor()),
-        ("spark", SparkExecutor(ExecutorSettings(name="spark", master="local[2]"))),
+        ("spark", SparkExecutor(SparkSettings(master="local[2]"))),
     ):
         run = StageRun(
             root=tmp_path / name,

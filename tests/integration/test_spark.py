@@ -400,3 +400,23 @@ def test_local_applications_start_their_jvms_from_the_class_archive(tmp_path):
     assert out.returncode == 0 and "the application ran" in out.stdout, out.stderr[-3000:]
     loaded = [line for line in log.read_text().splitlines() if " org.apache.spark.deploy.SparkSubmit " in line]
     assert loaded and loaded[0].endswith("source: shared objects file (top)"), loaded
+
+
+def test_the_spark_engine_meets_the_shared_contract(spark, cases, tmp_path, bpe_dir):
+    """The contract every engine meets (tests/helpers/executor_contract.py, as the in-process engines in
+    tests/unit/test_executors.py), on the engine inside a Spark application (driver.SparkDriver, what
+    job.py runs after spark-submit) in this module's cluster: the primitives (tasks as Spark tasks, a
+    step Spark has no implementation of run on the driver) and Spark's own implementations of the steps."""
+    from pyspark import cloudpickle
+
+    from helpers import executor_contract
+    from largetrain_core.executors.spark.driver import SparkDriver
+
+    # the contract's task functions travel by value: tests/ is not on the executors' path
+    cloudpickle.register_pickle_by_value(executor_contract)
+    try:
+        executor_contract.check_executor(
+            SparkDriver(spark), executor_contract.contract_corpus(cases, tmp_path / "corpus"), tmp_path / "out", bpe_dir
+        )
+    finally:
+        cloudpickle.unregister_pickle_by_value(executor_contract)

@@ -69,7 +69,7 @@ def _backfill(root: str, executor: DataExecutor, run_config: dict) -> None:
         assert len(runs.results) == 3  # one run per partition, then the global step
         for m in runs.get_asset_materialization_events():
             md = m.materialization.metadata
-            assert md["executor"].value == "spark" and md["spark_master"].value == executor.master
+            assert md["executor"].value == "spark" and md["spark_master"].value == executor.spark.master
             assert md["spark_application_id"].value.startswith(("local-", "app-"))
         assert all(e.passed for e in runs.get_asset_check_evaluations())  # accounting
         for r in runs.results:  # each run's log has the Spark application's stage progress, through Pipes
@@ -151,7 +151,11 @@ def test_backfill_on_s3_through_materialize_writes_the_files_of_local_disk(
     )
     s3_root = fs.join(s3_bucket, "largetrain")
     cluster = DataExecutor(
-        name="spark", master="local-cluster[1,2,1024]", conf={"spark.executorEnv.LARGETRAIN_CACHE": str(executor_cache)}
+        name="spark",
+        spark={
+            "master": "local-cluster[1,2,1024]",
+            "conf": {"spark.executorEnv.LARGETRAIN_CACHE": str(executor_cache)},
+        },
     )
     _backfill(
         s3_root,

@@ -111,7 +111,7 @@ def test_the_asset_tokenizes_each_partition_in_a_step_of_its_own(tmp_path, bpe_d
             resources={
                 "storage": Storage(root=str(root)),
                 "handles": HandleIOManager(root=str(root)),
-                "executor": DataExecutor(name=executor, master="local[2]"),
+                "executor": DataExecutor(name=executor, spark={"master": "local[2]"}),
             },
             selection=[AssetKey(["pretrain", "token_shards"])],
         )

@@ -121,8 +121,8 @@ def test_spark_settings(monkeypatch):
         monkeypatch.setenv("LARGETRAIN_SPARK_MASTER", settings["LARGETRAIN_SPARK_MASTER"][0])
         monkeypatch.setenv("LARGETRAIN_SPARK_CONF", conf)
         executor = DataExecutor.from_env()
-        assert (executor.name, executor.master) == ("spark", "local[*]")
-        assert executor.conf == json.loads(conf) and executor.conf
+        assert (executor.name, executor.spark.master) == ("spark", "local[*]")
+        assert executor.spark.conf == json.loads(conf) and executor.spark.conf
 
 
 def test_several_nodes_commands_are_what_launch_commands_generates():

@@ -7,8 +7,9 @@ modules import pyspark; this package's import (the submitting process) does not.
 
 By concern, one module each:
 
-* ``submit``      the executor of the submitting process: the job file, ``spark-submit``, the counts back
-* ``job``         the Spark application of one stage (``spark-submit .../job.py JOB.json``)
+* ``submit``      the engine of the submitting process and its settings: the job file, ``spark-submit``, the counts back
+* ``job``         the Spark application of one step (``spark-submit .../job.py JOB.json``)
+* ``driver``      the engine inside the application: Spark tasks, and its own implementations of the steps
 * ``session``     the SparkSession: this interpreter on the executors, 127.0.0.1 for local masters
 * ``class_archive``  the class-data archive of Spark's JVM classes that local masters' JVMs start from
 * ``tasks``       items cut into byte-balanced runs, one task each; their counts collected

@@ -70,6 +70,7 @@ def ingest(
     out_dir: Path,
     progress: Progress | None = None,
     uploads: Uploads | None = None,
+    listed: Scan | None = None,
 ) -> dict:
     """corpus.ingest on Spark: the same documents (ids, order, text), rejected records, renamed ids and
     counts. Part files are cut per chunk of files, so their boundaries (not their contents in order)
@@ -78,9 +79,11 @@ def ingest(
     Document ids are unique within a read (readers.Collector renames a repeated id): when an id
     repeats across chunks, the partition is read again as one chunk, as the local engine reads it.
     A corpus at a URL is read by the tasks through largetrain_core.fs; ``uploads``: where the tasks
-    put their files for a version at a URL (commit.Uploads). Raises what corpus.scan raises."""
+    put their files for a version at a URL (commit.Uploads); ``listed``: the partition's corpus.scan when
+    the caller made it (else made here). Raises what corpus.scan raises."""
     out_dir, progress, uploads = Path(out_dir), progress or Progress(spark), uploads or Uploads()
-    listed = scan(config.path, config.partition, config.partitions)
+    if listed is None:
+        listed = scan(config.path, config.partition, config.partitions)
     stats = start_ingest(listed, out_dir)
     one_file = (
         len(listed.sources) == 1 and str(listed.sources[0].path).rstrip("/") == str(config.path).rstrip("/")

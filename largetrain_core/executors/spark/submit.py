@@ -1,18 +1,17 @@
-"""The Spark executor as the submitting process sees it: each stage one ``spark-submit`` application
-of :mod:`largetrain_core.executors.spark.job` on the settings' master, started by the executor's
-``launch`` (the Dagster resource runs it through Dagster Pipes, in its own process group: cancelling
-the run stops the driver, the executors and their Python workers). Imports no pyspark: only the
-application does.
+"""The Spark engine as the submitting process sees it: each step (``run_global``) one ``spark-submit``
+application of :mod:`largetrain_core.executors.spark.job` on the settings' master, started by the
+engine's ``launch`` (the Dagster resource runs it through Dagster Pipes, in its own process group:
+cancelling the run stops the driver, the executors and their Python workers). Imports no pyspark:
+only the application does.
 
-The job file carries the stage's arguments (a PartStep pickled: the application runs this same
-code), the Spark settings and where to write the counts; the application's log goes beside the
+The job file names the step function and carries its inputs pickled (the application runs this same
+code), the Spark settings and where to write the result; the application's log goes beside the
 artifact's temporary directory, never into it, and its tail is in the error when it fails.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import os
 import pickle
@@ -21,16 +20,40 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
-from largetrain_core.dedup import DedupConfig, VerifyConfig
+from largetrain_core.cache import cache_dir
+from largetrain_core.executors import steps
 from largetrain_core.executors.base import Executor, ExecutorError
 from largetrain_core.executors.spark import class_archive
-from largetrain_core.parts import PartStep
-from largetrain_core.readers import ReaderConfig
-from largetrain_core.shards import Packing
 from largetrain_core.storage import direct_url, record_uploaded
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """The Spark engine's settings."""
+
+    master: str = field(
+        default="local[*]",
+        metadata={
+            "description": "The cluster: a Spark master URL (local[*], local-cluster[2,1,1024], spark://host:7077, "
+            "k8s://https://host:443, yarn). LARGETRAIN_SPARK_MASTER."
+        },
+    )
+    conf: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "description": "More settings of the cluster's jobs (spark.executor.memory, ...). LARGETRAIN_SPARK_CONF "
+            "(a JSON object)."
+        },
+    )
+    spark_submit: str = field(
+        default="",
+        metadata={"description": "Path of spark-submit; empty = $SPARK_HOME/bin/spark-submit, else pyspark's own."},
+    )
 
 
 def local_jvm_conf() -> dict[str, str]:
@@ -45,57 +68,55 @@ def local_jvm_conf() -> dict[str, str]:
 JOB = Path(__file__).resolve().parent / "job.py"
 
 
-def encode_step(step: PartStep | Packing) -> str:
-    """A PartStep (or a Packing) as the job file carries it: pickled, base64 text: the application runs
-    this same code, and the job file is this process's own."""
-    return base64.b64encode(pickle.dumps(step)).decode()
+def encode(value: Any) -> str:
+    """A value as the job file carries it: pickled, base64 text (the application runs this same code,
+    and the job file is this process's own)."""
+    return base64.b64encode(pickle.dumps(value)).decode()
 
 
-def decode_step(text: str) -> PartStep | Packing:
+def decode(text: str) -> Any:
     return pickle.loads(base64.b64decode(text))
 
 
+def step_name(fn: Callable) -> str:
+    """``module:qualname`` of a module-level function, as the job file names the step."""
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
 class SparkExecutor(Executor):
-    """raw_corpus, cleaned_text, deduplicated_text, filtered_text's n-gram join and token_shards'
-    partitions on Apache Spark (``settings.master``, ``settings.conf``)."""
+    """The data-preparation steps on Apache Spark (``settings.master``, ``settings.conf``), one
+    application per step (:meth:`run_global`)."""
 
     name = "spark"
     process_name = "the Spark application"
 
-    def ingest(self, reader: ReaderConfig, out_dir: Path) -> dict:
-        return self.submit("ingest", {"reader": dataclasses.asdict(reader)}, out_dir)
+    Settings = SparkSettings
 
-    def map_parts(self, step: PartStep, in_dir: Path, out_dir: Path) -> dict:
-        return self.submit("map_parts", {"in_dir": str(in_dir), "step": encode_step(step)}, out_dir)
-
-    def deduplicate(
-        self, in_dirs: list[Path], out_dir: Path, cfg: DedupConfig, verify: VerifyConfig | None = VerifyConfig()
-    ) -> dict:
-        args = {
-            "in_dirs": [str(d) for d in in_dirs],
-            "dedup": dataclasses.asdict(cfg),
-            "verify": dataclasses.asdict(verify) if verify else None,
+    @classmethod
+    def metadata(cls, record: dict) -> dict:
+        """``executor``, ``spark_master``, ``spark_application_id``, ``spark_version`` and the whole record."""
+        return {
+            "executor": record["executor"],
+            "spark_master": record.get("spark_master", ""),
+            "spark_application_id": record.get("spark_application_id", ""),
+            "spark_version": record.get("spark_version", ""),
+            "spark": dict(record),
         }
-        return self.submit("deduplicate", args, out_dir)
 
-    def find_contamination(self, in_dirs: list[Path], index_dir: Path, out_file: Path) -> dict:
-        args = {"in_dirs": [str(d) for d in in_dirs], "index_dir": str(index_dir), "out_file": str(out_file)}
-        return self.submit("find_contamination", args, Path(out_file).parent)
-
-    def tokenize(
-        self, in_dir: Path, tokenizer_path: Path, out_dir: Path, partition: int, partitions: int, packing: Packing
-    ) -> dict:
-        args = {
-            "in_dir": str(in_dir),
-            "tokenizer": str(tokenizer_path),
-            "partition": partition,
-            "partitions": partitions,
-            "packing": encode_step(packing),
-        }
-        return self.submit("tokenize", args, out_dir)
+    def map_tasks(self, fn: Callable[[Any], Any], units: Sequence[Any], description: str = "") -> list:
+        """The tasks as Spark tasks of an application of their own (steps.map_all)."""
+        if not units:
+            return []
+        base = cache_dir()
+        base.mkdir(parents=True, exist_ok=True)
+        out = Path(tempfile.mkdtemp(prefix=".spark-tasks-", dir=base))
+        try:
+            return self.run_global(steps.map_all, out, fn=fn, units=list(units))["results"]
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
 
     def command(self, job_file: Path, stage: str) -> list[str]:
-        """The spark-submit command line of one stage's job. Raises ExecutorError when there is no spark-submit."""
+        """The spark-submit command line of one step's job (``stage``: the step's name). Raises ExecutorError when there is no spark-submit."""
         submit = self.settings.spark_submit
         if not submit and os.environ.get("SPARK_HOME"):
             submit = str(Path(os.environ["SPARK_HOME"]) / "bin" / "spark-submit")
@@ -124,20 +145,25 @@ class SparkExecutor(Executor):
             str(job_file),
         ]
 
-    def submit(self, stage: str, args: dict, out: Path) -> dict:
-        """Run one stage as a Spark application; returns its counts plus the executor record (master,
-        application id, Spark version, seconds). Raises ExecutorError with the tail of the Spark log
-        when the application fails."""
+    def run_global(self, fn: Callable[..., dict], out_dir: Path, **inputs) -> dict:
+        """Run the step ``fn(engine, out_dir, **inputs)`` as a Spark application (job.run_step: Spark's
+        own implementation of the step where it has one, else ``fn`` on the driver with its tasks as
+        Spark tasks); returns its counts plus the engine record (master, application id, Spark
+        version, seconds). Raises ExecutorError with the tail of the Spark log when the application
+        fails."""
+        out, stage = Path(out_dir), fn.__name__
         work = Path(tempfile.mkdtemp(prefix=f".spark-{stage}-", dir=Path(out).parent))  # beside the artifact, not in it
         url = direct_url(out)  # a version at a URL: the tasks put their files there themselves
         try:
-            job_file, stats_file, log_file = work / "job.json", work / "stats.json", work / "spark.log"
+            job_file, stats_file, log_file = work / "job.json", work / "result.pickle", work / "spark.log"
             job_file.write_text(
                 json.dumps(
                     {
-                        "stage": stage,
-                        "args": {**args, "out_dir": str(out), "out_url": url},
-                        "stats": str(stats_file),
+                        "step": step_name(fn),
+                        "inputs": encode(inputs),
+                        "out_dir": str(out),
+                        "out_url": url,
+                        "result": str(stats_file),
                         "conf": self.settings.conf,
                     },
                     indent=1,
@@ -162,7 +188,7 @@ class SparkExecutor(Executor):
                     f"Spark {stage} exited with code {code}: {errors[-1] if errors else 'see the log'}\n"
                     "last lines of the Spark log:\n" + "\n".join(lines[-40:])
                 )
-            result = json.loads(stats_file.read_text())
+            result = pickle.loads(stats_file.read_bytes())
             record_uploaded(out, result.get("uploaded") or {})
             return {
                 **result["stats"],
