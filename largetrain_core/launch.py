@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from largetrain_core.error_records import AGENT_ERROR_FILE
 from largetrain_core.processes import exit_status, run_in_group
@@ -108,6 +108,7 @@ def rank_env(
     return env
 
 
+@runtime_checkable
 class Launcher(Protocol):
     """What starts an entry point (``module``, by default the training) under torchrun on ``config_path``,
     waits for it and returns what rank 0 reported (a dict, {} when it reports through files only).

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import REPO
 from largetrain_core.launch import (
+    Launcher,
     LocalTorchrun,
     launch_commands,
     module_entry,
@@ -70,6 +71,15 @@ def test_k8s_pod_command_is_the_builders():
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["OMP_NUM_THREADS"] == "8" and env["PYTHONUNBUFFERED"] == "1"  # 64 CPUs / 8 ranks
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(int(k8s.kill_grace_seconds) + 20)
+
+
+def test_the_three_launchers_are_launchers():
+    from largetrain_dagster.k8s import K8sTorchrunLauncher
+    from largetrain_dagster.resources import TorchrunLauncher
+
+    for launcher in (LocalTorchrun(1), TorchrunLauncher(), K8sTorchrunLauncher()):
+        assert isinstance(launcher, Launcher), type(launcher).__name__
+    assert not isinstance(object(), Launcher)
 
 
 def test_builder_refuses_what_torchrun_cannot_run():
