@@ -495,6 +495,8 @@ def launch_training(cfg, work: Path, name: str, timeout: float = 3600) -> dict:
     the log's tail when it fails."""
     import subprocess
 
+    from largetrain_core.launch import ENTRY_MODULE, module_entry, torchrun_command
+
     config = work / f"config-{name}.json"
     config.write_text(json.dumps(cfg.to_dict()))
     env = {
@@ -503,8 +505,7 @@ def launch_training(cfg, work: Path, name: str, timeout: float = 3600) -> dict:
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     env.pop("LARGETRAIN_FAULT", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
-    cmd += ["-m", "largetrain_core.training", str(config)]
+    cmd = torchrun_command(module_entry(ENTRY_MODULE, config), 1)
     t = time.perf_counter()
     proc = subprocess.run(
         cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, start_new_session=True

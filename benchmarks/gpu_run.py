@@ -23,7 +23,7 @@ but no DeepSpeed, polars, Dagster, W&B or zstandard. Two commands:
   (:data:`ABSENT`) unimportable in the trainings, where this machine has them (the rehearsal).
 
 ``run`` installs the wheels (``pip install --no-index --no-deps --target``, then PYTHONPATH) and starts
-one torchrun of one rank (largetrain_core.launch.launch_commands) of :func:`worker`, which measures the
+one torchrun of one rank (largetrain_core.launch.torchrun_command) of :func:`worker`, which measures the
 device's peak with a matrix-product microbenchmark, then trains each figure and the resume in turn
 through the training entry point's steps (largetrain_core.training.__main__: config, preflight,
 trainer.run), each planned first as a launcher plans it (largetrain_core.training.plan). One process
@@ -49,7 +49,6 @@ import argparse
 import json
 import os
 import random
-import shlex
 import shutil
 import statistics
 import struct
@@ -384,14 +383,14 @@ def worker(spec_path: str) -> None:
     ``peak_flops`` set to the measured peak, the memory released and the peak-memory counter reset
     between runs (what was still allocated before each is recorded). A ``copy_checkpoint`` [from, to]
     is copied first (the resume). A run that raises is recorded, and the next one runs. Writes
-    ``worker.json`` beside the spec; ends the rank as the entry point does (launch.finish_rank)."""
+    ``worker.json`` beside the spec; ends the rank as the entry point does (rank_signals.finish_rank)."""
     import gc
     import logging
     import traceback
 
     import torch
 
-    from largetrain_core.launch import finish_rank, raise_on_sigterm
+    from largetrain_core.rank_signals import finish_rank, raise_on_sigterm
     from largetrain_core.training import preflight
     from largetrain_core.training.__main__ import read_bytes, skip_mlflow_unless_used
     from largetrain_core.training.config import TrainConfig
@@ -466,23 +465,13 @@ def worker(spec_path: str) -> None:
 
 
 def launch_worker(spec: Path, env: dict, log_path: Path, logf, limit_s: float) -> int:
-    """One torchrun (one rank, largetrain_core.launch.launch_commands) of :func:`worker` with ``spec``,
+    """One torchrun (one rank, largetrain_core.launch.torchrun_command) of :func:`worker` with ``spec``,
     stopped (SIGTERM, then SIGKILL after 10 s) once it has run ``limit_s`` seconds: the runs finished by
     then keep their figures."""
-    from largetrain_core.launch import launch_commands
+    from largetrain_core.launch import module_entry, torchrun_command
     from largetrain_core.processes import run_in_group
 
-    cmd = shlex.split(
-        launch_commands(
-            str(spec),
-            ["localhost"],
-            1,
-            python=sys.executable,
-            log_dir=str(spec.parent / "torchrun"),
-            module="benchmarks.gpu_run",
-        )["torchrun"][0]
-    )
-    cmd.insert(-1, "worker")
+    cmd = torchrun_command(module_entry("benchmarks.gpu_run", "worker", spec), 1, log_dir=spec.parent / "torchrun")
     log(" ".join(cmd), logf)
     deadline = time.monotonic() + limit_s
 

@@ -42,7 +42,7 @@ from typing import Any
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from largetrain_core.fs import is_url
-from largetrain_core.launch import ENTRY_MODULE
+from largetrain_core.launch import ENTRY_MODULE, module_entry, rank_env, torchrun_command
 from largetrain_dagster.partitions import DATA_PARTITIONS
 from largetrain_dagster.resources import TorchrunLauncher, training_failure
 from largetrain_dagster.runner import reported_metadata
@@ -103,21 +103,21 @@ class K8sTorchrunLauncher(TorchrunLauncher):
     def torchrun_command(
         self, config_path: str, rdzv_host: str, run_id: str, log_dir: str | None = None, module: str = ENTRY_MODULE
     ) -> list[str]:
-        return [
-            "python",
-            "-m",
-            "torch.distributed.run",
-            f"--nnodes={self.nnodes}",
-            f"--nproc_per_node={self.nproc_per_node}",
-            "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={rdzv_host}:{self.rdzv_port}",
-            f"--rdzv_id={run_id}",
-            "--max_restarts=0",
-            *([f"--log-dir={log_dir}"] if log_dir else []),
-            "-m",
-            module,
-            config_path,
-        ]
+        """A pod's torchrun command (largetrain_core.launch.torchrun_command): the image's ``python``, c10d
+        rendezvous at ``rdzv_host:rdzv_port`` with the run id, no restarts (a failed pod fails the step, whose
+        RetryPolicy decides)."""
+        return torchrun_command(
+            module_entry(module, config_path),
+            self.nproc_per_node,
+            rendezvous="c10d",
+            nnodes=self.nnodes,
+            host=rdzv_host,
+            port=self.rdzv_port,
+            rdzv_id=run_id,
+            log_dir=log_dir,
+            max_restarts=0,
+            python="python",
+        )
 
     def grace(self, grace_seconds: float | None) -> int:
         """The pods' terminationGracePeriodSeconds (whole seconds, rounded up): ``grace_seconds`` (a training's
@@ -159,12 +159,13 @@ class K8sTorchrunLauncher(TorchrunLauncher):
                             self.credentials_secret,
                             self.shard_cache_bytes,
                         ),
-                        {"name": "PYTHONUNBUFFERED", "value": "1"},
-                        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(self.grace(grace_seconds))},
-                        {
-                            "name": "OMP_NUM_THREADS",
-                            "value": str(max(1, int(float(self.cpu_per_node)) // self.nproc_per_node)),
-                        },
+                        *(
+                            {"name": k, "value": v}
+                            for k, v in rank_env(
+                                max(1, int(float(self.cpu_per_node)) // self.nproc_per_node),
+                                self.grace(grace_seconds),
+                            ).items()
+                        ),
                         {
                             "name": "WANDB_API_KEY",
                             "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key", "optional": True}},

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import os
-import shlex
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +25,8 @@ from dagster import (
 from pydantic import Field
 
 from largetrain_core import fs
-from largetrain_core.launch import AGENT_ERROR_FILE, ENTRY_MODULE, describe_failure, launch_commands, rank_errors
+from largetrain_core.error_records import describe_failure, rank_errors
+from largetrain_core.launch import ENTRY_MODULE, module_entry, rank_env, threads_per_rank, torchrun_command
 from largetrain_core.processes import exit_status
 from largetrain_core.storage import (
     NO_SPACE_MARGIN,
@@ -442,7 +440,8 @@ class TrackerSettings(
 
 
 class TorchrunLauncher(ConfigurableResource):
-    """Starts ``torchrun -m largetrain_core.training`` through Dagster Pipes in its own process group.
+    """Starts ``torchrun -m largetrain_core.training`` through Dagster Pipes in its own process group: the
+    Pipes implementation of largetrain_core.launch.Launcher.
 
     ``nproc_per_node`` ranks on this host; ``threads_per_rank`` sets OMP_NUM_THREADS (0 = the
     OMP_NUM_THREADS this process was given, a share of a machine shared with other work, as torchrun
@@ -484,18 +483,19 @@ class TorchrunLauncher(ConfigurableResource):
     )
 
     def command(self, config_path: Path, log_dir: Path | None = None, module: str = ENTRY_MODULE) -> list[str]:
-        """This node's torchrun command of ``module`` (largetrain_core.launch.launch_commands, static
-        rendezvous); ``log_dir``: torchrun's --log-dir, where every rank's error file is written."""
-        cmds = launch_commands(
-            str(config_path),
-            self.hosts or ["localhost"],
+        """This node's torchrun command of ``module`` (largetrain_core.launch.torchrun_command: standalone on
+        one host, static rendezvous at ``hosts[0]:master_port`` on several); ``log_dir``: torchrun's --log-dir,
+        where every rank's error file is written."""
+        return torchrun_command(
+            module_entry(module, config_path),
             self.nproc_per_node,
-            self.master_port,
-            python=sys.executable,
-            log_dir=str(log_dir) if log_dir else None,
-            module=module,
-        )["torchrun"]
-        return shlex.split(cmds[self.node_rank])
+            rendezvous="static" if len(self.hosts) > 1 else "standalone",
+            nnodes=max(1, len(self.hosts)),
+            node_rank=self.node_rank,
+            host=self.hosts[0] if self.hosts else None,
+            port=self.master_port,
+            log_dir=log_dir,
+        )
 
     def run(
         self, context, config_path: Path, log_path: Path, module: str = ENTRY_MODULE, grace_seconds: float | None = None
@@ -509,26 +509,15 @@ class TorchrunLauncher(ConfigurableResource):
         ranks, so that SIGTERM'd ranks have that long for their preemption save.
 
         Every start gets a fresh torchrun log directory ``<dir of config_path>/torchelastic/<time>-*``,
-        where each rank records its uncaught exception (largetrain_core.launch.record) and torchrun its
+        where each rank records its uncaught exception (largetrain_core.error_records.record) and torchrun its
         own (TORCHELASTIC_ERROR_FILE); removed again after a successful run. Raises
         :func:`training_failure` when the processes fail."""
-        given = os.environ.get("OMP_NUM_THREADS", "")
-        threads = (
-            self.threads_per_rank
-            or (int(given) if given.isdigit() and int(given) > 0 else 0)
-            or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
-        )
+        threads = threads_per_rank(self.nproc_per_node, self.threads_per_rank)
         logs = Path(config_path).parent / "torchelastic"
         logs.mkdir(parents=True, exist_ok=True)
         log_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%S-"), dir=logs))
         grace = self.kill_grace_seconds if grace_seconds is None else grace_seconds
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": str(threads),
-            "PYTHONUNBUFFERED": "1",
-            "TORCHELASTIC_ERROR_FILE": str(log_dir / AGENT_ERROR_FILE),
-            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace)),
-        }
+        env = {**os.environ, **rank_env(threads, grace, log_dir)}
         space = space_problem(Path(config_path).parent)
         if space:
             raise Failure(space, allow_retries=False)
@@ -563,7 +552,7 @@ def space_problem(output_dir: Path) -> str | None:
 
 def training_failure(returncode: int | None, log_dir: Path, log_path: Path, output_dir: Path | None = None) -> Failure:
     """The dagster.Failure of a failed torchrun: each rank's recorded error (full exception type,
-    message, rank, the file it concerns; largetrain_core.launch.describe_failure) in the description
+    message, rank, the file it concerns; largetrain_core.error_records.describe_failure) in the description
     and as ``rank_errors`` metadata. ``allow_retries`` is False for a deterministic error (a rank raised
     one of its own: a bad config, data or file fails the same way again), so the RetryPolicy retries only
     a killed or preempted run. No rank's error recorded and the file system of ``output_dir`` without room

@@ -8,6 +8,6 @@ trackers.py (metrics.jsonl, W&B, MLflow, Dagster Pipes), health.py (whether a fi
 healthy, the training assets' blocking check; rate-limited step warnings), plots.py (loss curve),
 plan.py (the training plan: memory, disk, time and cost before launch, the blocking check),
 calibrate.py (a few measured steps before launch: tokens/s, memory, checkpoint), __main__.py (the
-torchrun entry point). Launch commands and error records are largetrain_core.launch; starting and
+torchrun entry point). Launch commands are largetrain_core.launch, a rank's signals largetrain_core.rank_signals, its error records largetrain_core.error_records; starting and
 stopping processes, largetrain_core.processes.
 """

@@ -2,7 +2,7 @@
 (a :class:`~largetrain_core.training.config.TrainConfig` as JSON; a local path or a URL such as
 ``s3://bucket/.../train_config.json``, read through largetrain_core.fs). Exit status 0 after a finished run.
 
-An uncaught exception is recorded in torchrun's per-rank error file (largetrain_core.launch.record)
+An uncaught exception is recorded in torchrun's per-rank error file (largetrain_core.error_records.record)
 before it ends the process: its full type, message, rank and the file it concerns reach the launcher."""
 
 import json
@@ -11,7 +11,8 @@ import os
 import sys
 
 from largetrain_core.fs import filesystem
-from largetrain_core.launch import concerning, finish_rank, raise_on_sigterm, record
+from largetrain_core.error_records import concerning, record
+from largetrain_core.rank_signals import finish_rank, raise_on_sigterm
 
 
 def read_bytes(location: str) -> bytes:

@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from largetrain_core.processes import exit_status, run_in_group
 from largetrain_core.training.cpu import cpu_fields, cpu_flags
 from largetrain_core.settings import described, from_dict
 from largetrain_core.training.config import LoraSettings
@@ -436,29 +435,18 @@ def run_ablation(
     cfg: AblationConfig, nproc_per_node: int, log_path: Path | None = None, threads_per_rank: int | None = None
 ) -> dict:
     """Launch :func:`run` under torchrun on this host with ``nproc_per_node`` ranks (``threads_per_rank``:
-    OMP_NUM_THREADS, default cores / ranks) in a process group of its own (largetrain_core.processes:
-    an interrupt stops every rank), wait, and return the report. Raises RuntimeError with the log's
-    tail when the processes fail."""
-    import shlex
-
-    from largetrain_core.launch import launch_commands
+    OMP_NUM_THREADS, default cores / ranks) through largetrain_core.launch.LocalTorchrun (a process group
+    of its own: an interrupt stops every rank), wait, and return the report. Raises RuntimeError with the
+    log's tail when the processes fail."""
+    from largetrain_core.launch import LocalTorchrun
 
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "ablation_config.json"
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
     threads = threads_per_rank or max(1, len(os.sched_getaffinity(0)) // nproc_per_node)
-    cmd = shlex.split(
-        launch_commands(str(cfg_path), ["localhost"], nproc_per_node, python=sys.executable, module=MODULE)["torchrun"][
-            0
-        ]
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    log_path = log_path or out / "ablation.log"
-    code = run_in_group(cmd, env, Path(log_path), grace_seconds=10.0)
-    if code != 0:
-        tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"the ablation ended with {exit_status(code)}; last lines of {log_path}:\n{tail}")
+    launcher = LocalTorchrun(nproc_per_node, threads, what="the ablation")
+    launcher.run(None, cfg_path, Path(log_path or out / "ablation.log"), module=MODULE)
     return json.loads((out / REPORT).read_text())
 
 
@@ -469,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: torchrun --nproc_per_node N -m {MODULE} CONFIG.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from largetrain_core.launch import finish_rank
+    from largetrain_core.rank_signals import finish_rank
     from largetrain_core.training.trackers import DagsterPipesTracker
 
     cfg = AblationConfig.from_dict(json.loads(Path(argv[0]).read_text()))

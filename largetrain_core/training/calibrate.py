@@ -159,6 +159,35 @@ def calibration_config(cfg, out: Path, steps: int):
     )
 
 
+def write_spec(cfg, scratch: Path, steps: int) -> Path:
+    """The calibration's spec of ``cfg`` (module docstring), ``steps`` timed steps after
+    ``PROFILED_STEPS`` profiled ones, measuring one checkpoint: written atomically to
+    ``scratch/calibration_spec.json``, whose path is returned."""
+    from largetrain_core.storage import write_json_atomic
+
+    spec = scratch / "calibration_spec.json"
+    write_json_atomic(
+        spec,
+        {
+            "train": calibration_config(cfg, scratch, steps + PROFILED_STEPS).to_dict(),
+            "steps": steps,
+            "profiled_steps": PROFILED_STEPS,
+            "measure_checkpoint": True,
+        },
+    )
+    return spec
+
+
+def launch(launcher, context, cfg, scratch: Path, steps: int) -> dict:
+    """Calibrate ``cfg`` with ``launcher`` (a largetrain_core.launch.Launcher; ``context``: its caller's) into
+    ``scratch`` (replaced): :func:`write_spec`, the run (its log ``scratch/calibration.log``); returns
+    calibration.json. Raises what the launcher raises when the ranks fail."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    launcher.run(context, write_spec(cfg, scratch, steps), scratch / "calibration.log", module=MODULE)
+    return json.loads((scratch / CALIBRATION).read_text())
+
+
 def run(cfg, steps: int = STEPS, profiled_steps: int = PROFILED_STEPS, measure_checkpoint: bool = False) -> dict | None:
     """Every rank: calibrate ``cfg`` (already a :func:`calibration_config`); rank 0 writes and returns the
     result (other ranks return None). Keys: ``tokens_per_s``, ``step_time_s`` (median), ``step_times_s``,
@@ -250,7 +279,7 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"usage: torchrun --nproc_per_node N -m {MODULE} CALIBRATION.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from largetrain_core.launch import finish_rank
+    from largetrain_core.rank_signals import finish_rank
     from largetrain_core.training import preflight
     from largetrain_core.training.__main__ import skip_mlflow_unless_used
     from largetrain_core.training.config import TrainConfig
@@ -266,8 +295,8 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The entry point, its uncaught exception recorded in torchrun's per-rank error file (launch.record)."""
-    from largetrain_core.launch import record
+    """The entry point, its uncaught exception recorded in torchrun's per-rank error file (error_records.record)."""
+    from largetrain_core.error_records import record
 
     return record(_main)(argv)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from largetrain_core.launch import concerning
+from largetrain_core.error_records import concerning
 
 SKIP_HINT = "set resume_from_checkpoint to an older checkpoint directory, or never, to skip it"
 
@@ -269,6 +269,39 @@ def save(
     dist.barrier()
     if remote is not None and rank != 0 and node_leader():
         prune_node_copies(ckpt_root, keep, step)
+
+
+class Checkpointer:
+    """The training's checkpoints component (torchtitan's CheckpointManager in shape): when to save
+    (:meth:`should_save`) and the save itself (:meth:`save`) under ``ckpt_root``.
+
+    ``settings``: the config's ``checkpointing`` (``save_steps``, ``save_total_limit``); ``max_steps``: the
+    run's last step; ``remote``: largetrain_core.training.sync.RemoteOutput for an output_dir URL, else None."""
+
+    def __init__(self, ckpt_root: Path, settings, max_steps: int, remote=None):
+        self.ckpt_root = Path(ckpt_root)
+        self.save_steps = settings.save_steps
+        self.keep = settings.save_total_limit
+        self.max_steps = max_steps
+        self.remote = remote
+
+    def should_save(self, step: int, stopping: bool = False) -> bool:
+        """Whether step ``step`` (1-based, just finished) is saved: every ``save_steps``-th step, the last
+        (``max_steps``), and, with ``stopping``, a step after which the run ends early (early stopping, a
+        collapse), so that its model is the one exported."""
+        return step % self.save_steps == 0 or step == self.max_steps or stopping
+
+    def save(self, engine, step: int, client: dict, rank: int, world: int, dist, mid_save=None) -> None:
+        """:func:`save` of step ``step`` with ``client`` state, keeping ``save_total_limit`` complete
+        checkpoints. A full disk raises ``OSError(ENOSPC)`` naming the checkpoint and the free space
+        (:func:`no_space_error`); any other error is raised as it is."""
+        try:
+            save(engine, self.ckpt_root, step, client, self.keep, rank, world, dist, self.remote, mid_save)
+        except Exception as e:
+            full = no_space_error(e, self.ckpt_root / tag(step))
+            if full is None:
+                raise
+            raise full from e
 
 
 def no_space_error(exc: BaseException, ckpt: Path) -> OSError | None:

@@ -36,6 +36,12 @@ class Evaluator:
         self.indices = np.arange(rank, n, world)
         self.micro_batch_size = cfg.schedule.micro_batch_size
         self.batches = math.ceil(math.ceil(n / world) / self.micro_batch_size)  # rank 0's, the most
+        self.eval_steps, self.max_steps = cfg.evaluation.eval_steps, cfg.schedule.max_steps
+
+    def should_evaluate(self, step: int) -> bool:
+        """Whether the training evaluates after step ``step`` (1-based, just finished): every ``eval_steps``-th
+        step and the last (``max_steps``)."""
+        return step % self.eval_steps == 0 or step == self.max_steps
 
     def __call__(self, engine, device: torch.device) -> tuple[float, float]:
         """(mean loss in nats over every target token of every rank's sequences, seconds). Every rank

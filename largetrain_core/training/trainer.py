@@ -18,8 +18,9 @@ after the last one, the mean next-token cross-entropy (nats) and perplexity on t
 with it and without it (tested on CPU). Optional early stopping (``early_stopping_patience``,
 early_stopping.py) ends the run after that many evaluations without improvement; a collapsed training
 (``health.stop_after_collapsed_steps`` steps in a row skipped, non-finite or at ln V: health.CollapseWatch)
-ends after the last of them, ``collapsed`` in its summary saying why. Fault injection
-(LARGETRAIN_FAULT) is a hook outside the loop (launch.FaultInjection, :class:`Trainer`'s ``hooks``).
+ends after the last of them, ``collapsed`` in its summary saying why. The loop asks its components when to act:
+Evaluator.should_evaluate and checkpoints.Checkpointer.should_save. Fault injection
+(LARGETRAIN_FAULT) is a hook outside the loop (rank_signals.FaultInjection, :class:`Trainer`'s ``hooks``).
 """
 
 from __future__ import annotations
@@ -37,14 +38,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from largetrain_core.launch import (
-    FaultInjection,
-    concerning,
-    defer_sigterm,
-    preempted,
-    raise_on_sigterm,
-    terminated,
-)
+from largetrain_core.error_records import concerning
+from largetrain_core.rank_signals import FaultInjection, defer_sigterm, preempted, raise_on_sigterm, terminated
 from largetrain_core.model import build_model, enable_activation_checkpointing, load_model, parameter_count
 from largetrain_core.shards import DistributedSampler
 from largetrain_core.storage import write_json_atomic
@@ -68,7 +63,7 @@ log = logging.getLogger("largetrain.training")
 def run(cfg: TrainConfig) -> dict:
     """Train ``cfg`` to ``max_steps`` (resuming per ``resume_from_checkpoint``), export, and return the
     summary (also ``summary.json``). Raises ValueError for an invalid config or unusable shards.
-    LARGETRAIN_FAULT set: its faults are injected (launch.FaultInjection), for the fault tests."""
+    LARGETRAIN_FAULT set: its faults are injected (rank_signals.FaultInjection), for the fault tests."""
     trainer = Trainer(cfg, hooks=[FaultInjection()] if os.environ.get("LARGETRAIN_FAULT") else [])
     try:
         return trainer.fit()
@@ -104,6 +99,9 @@ class Trainer:
             self.ckpt_root.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         self.trackers = Trackers(cfg, self.rank)
+        self.checkpointer = checkpoints.Checkpointer(
+            self.ckpt_root, cfg.checkpointing, cfg.schedule.max_steps, self.remote
+        )
         self.step = self.consumed = self.steps_this_run = 0
         self.first_loss = self.last_loss = None
         self.collapsed: str | None = None  # why the run stopped early as collapsed (health.CollapseWatch)
@@ -146,12 +144,7 @@ class Trainer:
                     log.warning(
                         f"{self.collapsed}; its checkpoint and model are written, and its health check fails it"
                     )
-            if (
-                self.step % cfg.checkpointing.save_steps == 0
-                or self.step == cfg.schedule.max_steps
-                or self.early.stopped
-                or self.collapsed
-            ):
+            if self.checkpointer.should_save(self.step, stopping=self.early.stopped or self.collapsed is not None):
                 self.save()
             if cfg.checkpointing.preemption_save:
                 self.stop_if_preempted()
@@ -341,14 +334,11 @@ class Trainer:
         return row
 
     def evaluate(self) -> dict:
-        """After every ``eval_steps``-th step and the last one (``eval_strategy: steps``): ``eval_loss``
+        """When the :class:`Evaluator` says so (``eval_strategy: steps``; Evaluator.should_evaluate): ``eval_loss``
         (the :class:`Evaluator`'s mean next-token cross-entropy in nats over every rank's validation
         sequences), ``eval_perplexity`` (exp of it) and ``eval_seconds``; else {}. Every rank takes
         part. Updates the early stopping."""
-        cfg = self.cfg
-        if self.evaluator is None or not (
-            self.step % cfg.evaluation.eval_steps == 0 or self.step == cfg.schedule.max_steps
-        ):
+        if self.evaluator is None or not self.evaluator.should_evaluate(self.step):
             return {}
         loss, seconds = self.evaluator(self.engine, self.device)
         self.eval_seconds += seconds
@@ -360,10 +350,10 @@ class Trainer:
         }
 
     def stop_if_preempted(self) -> None:
-        """After a step: whether any rank got SIGTERM (launch.defer_sigterm), agreed by an all_reduce (MAX)
+        """After a step: whether any rank got SIGTERM (rank_signals.defer_sigterm), agreed by an all_reduce (MAX)
         of every rank's flag, so that all ranks stop after the same step however far apart their signals
         came. If so, save a complete checkpoint of this step (unless the newest is fewer than
-        ``preemption_min_new_steps`` steps older, said in the log) and raise launch.preempted's
+        ``preemption_min_new_steps`` steps older, said in the log) and raise rank_signals.preempted's
         SignalException: transient, the run is retried and resumes from it."""
         flag = torch.tensor([1.0 if terminated() else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -398,24 +388,9 @@ class Trainer:
             "settings": self.identity,
             "early_stopping": self.early.state(),
         }
-        try:
-            checkpoints.save(
-                self.engine,
-                self.ckpt_root,
-                self.step,
-                client,
-                self.cfg.checkpointing.save_total_limit,
-                self.rank,
-                self.world,
-                dist,
-                self.remote,
-                mid_save=lambda: self.call_hooks("mid_save"),
-            )
-        except Exception as e:  # a full disk: named, with the path and the free space (checkpoints.no_space_error)
-            full = checkpoints.no_space_error(e, self.ckpt_root / checkpoints.tag(self.step))
-            if full is None:
-                raise
-            raise full from e
+        self.checkpointer.save(
+            self.engine, self.step, client, self.rank, self.world, dist, mid_save=lambda: self.call_hooks("mid_save")
+        )
         self.saved_step = self.step
         self.info(f"checkpoint {checkpoints.tag(self.step)} complete")
 

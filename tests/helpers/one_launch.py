@@ -24,7 +24,7 @@ def launch_many(specs: list[dict], spec_file: Path, nproc: int = 2, timeout: flo
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from largetrain_core.launch import finish_rank
+    from largetrain_core.rank_signals import finish_rank
     from largetrain_core.training.config import TrainConfig
 
     specs = json.loads(Path(sys.argv[1]).read_text())

@@ -5,12 +5,12 @@ and what MLflow and W&B hold of an exported directory."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from helpers import REPO
+from largetrain_core.launch import torchrun_command
 
 SENTENCES = [
     "the kernel schedules tasks on every processor and balances the load between them",
@@ -126,9 +126,7 @@ def launch(
     run_env.pop("LARGETRAIN_FAULT", None)
     if fault:
         run_env["LARGETRAIN_FAULT"] = fault
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += [f"--log-dir={log_dir}"] if log_dir else []
-    cmd += [*entry, str(config_path)]
+    cmd = torchrun_command([*entry, str(config_path)], nproc, log_dir=log_dir)
     return subprocess.run(
         cmd, env=run_env, cwd=REPO, capture_output=True, text=True, timeout=timeout, start_new_session=True
     )

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers.training import launch, metrics
-from largetrain_core.launch import describe_failure, rank_errors
+from largetrain_core.error_records import describe_failure, rank_errors
 from largetrain_core.training.checkpoints import resume_point
 from largetrain_core.training.config import TrainConfig
 

@@ -2,7 +2,7 @@
 
 The crash is injected from outside, as a node failure would be: once the first checkpoint is
 complete (COMPLETE.json), rank 1 is killed with SIGKILL. torchrun fails, no rank recorded an error of
-its own (largetrain_core.launch.describe_failure), the asset raises a retryable Failure, Dagster
+its own (largetrain_core.error_records.describe_failure), the asset raises a retryable Failure, Dagster
 retries the step, and the new torchrun resumes from that checkpoint instead of step 0. A deterministic
 error is not retried: tests/integration/test_train_faults.py.
 """

@@ -18,7 +18,7 @@ from dagster import AssetKey, DagsterInstance
 from safetensors.torch import load_file
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
-from largetrain_core.launch import describe_failure, rank_errors
+from largetrain_core.error_records import describe_failure, rank_errors
 from largetrain_core.model import PRESETS, build_model
 from largetrain_core.training import preflight
 from largetrain_core.training.config import PRECISIONS, WANDB_MODES, ZERO_STAGES, TrainConfig
@@ -404,7 +404,7 @@ def test_cancelled_training_ends_its_mlflow_run_killed(pretrain_root, tmp_path, 
     the README's way to add MLflow: the cancel's SIGTERM reaches W&B's wandb-core too), is cancelled while it trains,
     the way Dagster terminates a run (the run marked CANCELING, then SIGINT to the process running it,
     DefaultRunLauncher.terminate and its run worker): the launcher stops torchrun's process tree with
-    SIGTERM, rank 0 unwinds (largetrain_core.launch.raise_on_sigterm) and its MLflow run ends KILLED, read
+    SIGTERM, rank 0 unwinds (largetrain_core.rank_signals.raise_on_sigterm) and its MLflow run ends KILLED, read
     back with MlflowClient; the Dagster run ends CANCELED, its training step never up for a retry (a cancel is
     not a failure to retry, issue 23 item 4), Dagster Pipes is closed, and no training process is left."""
     import time
@@ -502,7 +502,7 @@ def test_k8s_pods_write_error_files_on_the_shared_volume():
     cmd = launcher.pod_manifest("/data/lora_adapter/v1/train_config.json", "abcdef123456", "lora_adapter", 1)["spec"][
         "containers"
     ][0]["command"]
-    assert "--log-dir=/data/lora_adapter/v1/torchelastic/lora-adapter-abcdef123456" in cmd
+    assert dict(zip(cmd, cmd[1:]))["--log-dir"] == "/data/lora_adapter/v1/torchelastic/lora-adapter-abcdef123456"
     assert cmd[-3:] == [
         "-m",
         "largetrain_core.training",
@@ -522,8 +522,8 @@ def test_k8s_pods_write_error_files_on_the_shared_volume():
 )
 def test_transient_means_a_consequence(exc, transient):
     """Only errors that another process's end causes are transient, and a SIGTERM from outside
-    (launch.raise_on_sigterm); a ValueError never is; a tracker's failure is its first tracker's error."""
-    from largetrain_core.launch import error_record
+    (rank_signals.raise_on_sigterm); a ValueError never is; a tracker's failure is its first tracker's error."""
+    from largetrain_core.error_records import error_record
 
     try:
         raise exc

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from dagster import DagsterInstance
 from helpers import REPO
 from helpers.corpora import CORPORA, SHORT_RUN, tiny_run_config
 from helpers.lineage import materialize_lineage
+from largetrain_core.launch import ENTRY_MODULE, module_entry, torchrun_command
 from largetrain_core.model import build_model
 from largetrain_core.training.config import HealthSettings, TrainConfig
 from largetrain_core.training.health import judge_metrics
@@ -162,16 +162,7 @@ def test_uniform_prediction_fails_even_as_a_short_run(shards, tmp_path):
     config = tmp_path / "lora.json"
     config.write_text(json.dumps(cfg.to_dict()))
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=1",
-            "-m",
-            "largetrain_core.training",
-            str(config),
-        ],
+        torchrun_command(module_entry(ENTRY_MODULE, config), 1),
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         cwd=REPO,
         capture_output=True,

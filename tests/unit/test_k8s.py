@@ -32,9 +32,11 @@ def test_training_pods_render_with_gpus_and_one_rendezvous(monkeypatch):
         (c,) = pod.spec.containers
         assert c.resources.limits["nvidia.com/gpu"] == "8" and c.resources.requests["nvidia.com/gpu"] == "8"
         assert c.command[:3] == ["python", "-m", "torch.distributed.run"]
-        assert "--nnodes=4" in c.command and "--nproc_per_node=8" in c.command and f"--rdzv_id={run_id}" in c.command
+        opts = dict(zip(c.command, c.command[1:]))
+        assert opts["--nnodes"] == "4" and opts["--nproc_per_node"] == "8" and opts["--rdzv_id"] == run_id
+        assert opts["--max_restarts"] == "0"
         assert c.command[-3:] == ["-m", "largetrain_core.training", "/data/base_checkpoint/abc/train_config.json"]
-        endpoints |= {a for a in c.command if a.startswith("--rdzv_endpoint=")}
+        endpoints.add(opts["--rdzv_endpoint"])
         assert pod.spec.hostname == f"{pod.metadata.name}" and pod.spec.subdomain == svc.metadata.name
         assert pod.spec.restart_policy == "Never"
         assert {v.name for v in pod.spec.volumes} == {"storage", "shm"}
@@ -43,7 +45,7 @@ def test_training_pods_render_with_gpus_and_one_rendezvous(monkeypatch):
         env = {e.name: e for e in c.env}
         assert env["WANDB_API_KEY"].value is None and env["WANDB_API_KEY"].value_from.secret_key_ref.name == "wandb"
     (endpoint,) = endpoints  # every node meets at the same place: node 0, through the headless service
-    assert endpoint == f"--rdzv_endpoint={pods[0].spec.hostname}.{svc.metadata.name}.largetrain.svc.cluster.local:29400"
+    assert endpoint == f"{pods[0].spec.hostname}.{svc.metadata.name}.largetrain.svc.cluster.local:29400"
     assert svc.spec.cluster_ip == "None" and svc.spec.ports[0].port == 29400
     assert len(pods[0].metadata.name) <= 63 and all(p.metadata.name.islower() for p in pods)
 
@@ -148,7 +150,7 @@ def test_with_an_object_store_root_pods_share_no_volume_and_read_the_bucket(monk
         assert "do-not-leak-this-secret" not in json.dumps(manifest)
         (c,) = pod.spec.containers
         assert c.command[-1] == cfg  # the pods read the config from the bucket
-        assert any(a.startswith("--log-dir=/cache/torchelastic/") for a in c.command)
+        assert dict(zip(c.command, c.command[1:]))["--log-dir"].startswith("/cache/torchelastic/")
         env = {e.name: e for e in c.env}
         assert env["LARGETRAIN_ROOT"].value == root and env["LARGETRAIN_CACHE"].value == "/cache"
         assert env["AWS_ENDPOINT_URL"].value == "http://minio.storage.svc:9000"

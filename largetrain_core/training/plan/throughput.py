@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -81,36 +80,9 @@ def from_report(
 
 def calibrate_here(cfg: TrainConfig, ranks: int, scratch: Path, steps: int) -> dict:
     """Run the calibration of ``cfg`` under torchrun on this host with ``ranks`` ranks into ``scratch``
-    (replaced); return calibration.json. Raises RuntimeError with the log's tail when it fails."""
-    import json
-    import os
-    import shlex
-    import sys
-
-    from largetrain_core.launch import launch_commands
-    from largetrain_core.processes import run_in_group
+    (replaced; largetrain_core.training.calibrate.launch with a LocalTorchrun); return calibration.json.
+    Raises RuntimeError with the log's tail when it fails."""
+    from largetrain_core.launch import LocalTorchrun
     from largetrain_core.training import calibrate
 
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    spec = scratch / "calibration_spec.json"
-    spec.write_text(
-        json.dumps(
-            {
-                "train": calibrate.calibration_config(cfg, scratch, steps + calibrate.PROFILED_STEPS).to_dict(),
-                "steps": steps,
-                "profiled_steps": calibrate.PROFILED_STEPS,
-                "measure_checkpoint": True,
-            }
-        )
-    )
-
-    cmd = shlex.split(
-        launch_commands(str(spec), ["localhost"], ranks, python=sys.executable, module=calibrate.MODULE)["torchrun"][0]
-    )
-    log = scratch / "calibration.log"
-    code = run_in_group(cmd, dict(os.environ), log, 10.0)
-    if code != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"the calibration exited with code {code}; last lines of {log}:\n{tail}")
-    return json.loads((scratch / calibrate.CALIBRATION).read_text())
+    return calibrate.launch(LocalTorchrun(ranks, what="the calibration"), None, cfg, scratch, steps)
