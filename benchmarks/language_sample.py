@@ -19,8 +19,9 @@ Keys:
   text's (``label``), and share whose keep/drop decision at ``min_language_score`` 0.65 is the same
   (``keep``, from the sample alone; ``keep_identify``, with :func:`largetrain_core.language.identify`
   taking the unsure decisions again on the whole text, and ``identified_again``, the documents it
-  did; ``margins``: the same at the default N for margins 0.1, 0.2, 0.3). The wanted language: ``en`` for the two corpora and the handed case files, each
-  language_id.jsonl document's own language (its first for a mixed one). ``method``: ``prefix``
+  did; ``margins``: the same at the default N for margins 0.1, 0.2, 0.3). The wanted language:
+  ``en`` for the two corpora and the handed case files, each language_id.jsonl document's own
+  language (its first for a mixed one). ``method``: ``prefix``
   (the first N characters), ``windows_3``, ``windows_8`` (3 or 8 windows) or ``windows``
   (``WINDOWS`` windows, the group's method).
 * ``score_error``: quantiles of |sampled score - whole score| over the documents longer than N

@@ -135,9 +135,10 @@ _SNAP = 32  # look this far for a word boundary at a window's edge; a window wit
 def sample(text: str, sample_chars: int | None, windows: int = WINDOWS) -> str:
     """The part of ``text`` the model reads: the whole text when ``sample_chars`` is None or the text has
     at most that many characters; else ``windows`` windows of ``sample_chars // windows`` characters
-    (fewer windows when that is under 64: 15 windows of 66 characters at 1,000), the first at the start, the last at the end, the others
-    evenly between, each without the word cut at its edges (a whitespace within 32 characters of the
-    edge; none there, as in Chinese or Japanese text, keeps the cut), joined by newlines. At most
+    (fewer windows when that is under 64: 15 windows of 66 characters at 1,000), the first at the
+    start, the last at the end, the others evenly between, each without the word cut at its edges (a
+    whitespace within 32 characters of the edge; none there, as in Chinese or Japanese text, keeps
+    the cut), joined by newlines. At most
     ``sample_chars`` + ``windows`` characters (``windows=1``: the first ``sample_chars`` characters).
     Raises ValueError for ``sample_chars`` under 1."""
     if sample_chars is None or len(text) <= sample_chars:
