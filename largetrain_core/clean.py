@@ -105,6 +105,8 @@ def _check(self) -> None:
     check_kinds(self.pii_kinds)
     if not 0.0 <= self.min_language_score < 1.0:
         raise ValueError(f"min_language_score must be in [0, 1), got {self.min_language_score}")
+    if self.language_sample_chars is not None and self.language_sample_chars < 1:
+        raise ValueError(f"language_sample_chars must be at least 1 or null, got {self.language_sample_chars}")
 
 
 QualityConfig = make_dataclass(

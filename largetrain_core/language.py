@@ -21,12 +21,21 @@ documents shorter than that by their top label alone, without the score threshol
 documents kept in the right language, at the price of keeping a short one whose top label is wrong.
 Mixed-language documents get the label of the language with most of the text and a lower score;
 one whose wanted language is the smaller part is removed.
+
+Bounded sample (:func:`sample`): fastText's cost grows with the text (every word's character
+n-grams are hashed and summed), so a long document is identified on ``WINDOWS`` windows of its text
+spread evenly from its beginning to its end, ``sample_chars`` characters in all, each cut to whole
+words; a text of at most ``sample_chars`` characters is read whole. The model averages its n-grams'
+embeddings, so windows spread over the document estimate the whole text's average better than a
+prefix of the same length (benchmarks/language_sample.py measures both). A sampled score is an
+estimate: a decision it could change is taken on the whole text (:func:`identify`).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -111,17 +120,87 @@ def check_languages(languages) -> None:
         )
 
 
-def detect(texts: list[str]) -> tuple[list[str | None], np.ndarray]:
-    """Top language and its probability for each text: (labels, float64 array of shape (N,)). A text
-    the model gives no label (none happens with lid.176) gets None and 0.0. One core: fastText's
-    predict holds the GIL (a Spark task or another partition's run uses the others)."""
+# The sample: up to WINDOWS windows (benchmarks/language_sample.py, ``agreement``: at 1,000 characters on
+# the kernel docs, 16 windows agree with the whole text's top label and keep decision more often than 1
+# (a prefix), 3 or 8; docs/measurements.md).
+WINDOWS = 16
+# A sampled decision is taken again on the whole text when the sampled score is within SAMPLE_MARGIN of
+# the threshold (benchmarks/language_sample.py, ``margins``: the smallest of 0.1, 0.2, 0.3 whose keep
+# decisions agree with the whole text's on at least 99.5% of the kernel docs at the default sample).
+SAMPLE_MARGIN = 0.2
+_SPACE = re.compile(r"\s")
+_SNAP = 32  # look this far for a word boundary at a window's edge; a window without one is kept as cut (CJK)
+
+
+def sample(text: str, sample_chars: int | None, windows: int = WINDOWS) -> str:
+    """The part of ``text`` the model reads: the whole text when ``sample_chars`` is None or the text has
+    at most that many characters; else ``windows`` windows of ``sample_chars // windows`` characters
+    (fewer windows when that is under 64: 15 windows of 66 characters at 1,000), the first at the
+    start, the last at the end, the others evenly between, each without the word cut at its edges (a
+    whitespace within 32 characters of the edge; none there, as in Chinese or Japanese text, keeps
+    the cut), joined by newlines. At most
+    ``sample_chars`` + ``windows`` characters (``windows=1``: the first ``sample_chars`` characters).
+    Raises ValueError for ``sample_chars`` under 1."""
+    if sample_chars is None or len(text) <= sample_chars:
+        return text
+    if sample_chars < 1:
+        raise ValueError(f"sample_chars must be at least 1 or None, got {sample_chars}")
+    k = max(1, min(windows, sample_chars // 64))
+    width, n = sample_chars // k, len(text)
+    parts = []
+    for i in range(k):
+        start = (n - width) * i // (k - 1) if k > 1 else 0
+        window = text[start : start + width]
+        if start > 0 and not text[start - 1].isspace() and (m := _SPACE.search(window, 0, _SNAP)):
+            window = window[m.end() :]
+        end = start + width
+        if end < n and not text[end].isspace():
+            tail = max(len(window) - _SNAP, 0)
+            cut = max(window.rfind(" ", tail), window.rfind("\n", tail))
+            if cut > 0:
+                window = window[:cut]
+        parts.append(window)
+    return "\n".join(parts)
+
+
+def detect(texts: list[str], sample_chars: int | None = None) -> tuple[list[str | None], np.ndarray]:
+    """Top language and its probability for each text (of its :func:`sample` when ``sample_chars`` is
+    set): (labels, float64 array of shape (N,)). A text the model gives no label (none happens with
+    lid.176) gets None and 0.0. One core: fastText's predict holds the GIL (a Spark task or another
+    partition's run uses the others)."""
     m = model()
     labels, scores = [], np.zeros(len(texts))
     for i, text in enumerate(texts):
-        lab, prob = m.predict(text.replace("\n", " "), k=1)
+        lab, prob = m.predict(sample(text, sample_chars).replace("\n", " "), k=1)
         labels.append(lab[0].removeprefix("__label__") if lab else None)
         scores[i] = prob[0] if lab else 0.0
     return labels, scores
+
+
+def identify(
+    texts: list[str],
+    sample_chars: int | None,
+    languages=None,
+    min_score: float = 0.65,
+    margin: float = SAMPLE_MARGIN,
+) -> tuple[list[str | None], np.ndarray, int]:
+    """:func:`detect` on each text's :func:`sample`, then, when ``languages`` decide (not None), the whole
+    text of each document longer than the sample whose decision the sample could get wrong: its top
+    label is wanted with a score within ``margin`` of ``min_score``, or unwanted with a score
+    under ``1 - min_score + margin`` (the wanted languages could then pass the threshold on the
+    whole text). Returns (labels, float64 scores of shape (N,), number of texts identified again)."""
+    labels, scores = detect(texts, sample_chars)
+    if sample_chars is None or languages is None:
+        return labels, scores, 0
+    langs = set(languages)
+    top = np.array([lab in langs for lab in labels], dtype=bool)
+    unsure = np.where(top, np.abs(scores - min_score) < margin, scores < 1.0 - min_score + margin)
+    again = [i for i in np.flatnonzero(unsure) if len(texts[i]) > sample_chars]
+    if again:
+        whole_labels, whole_scores = detect([texts[i] for i in again])
+        for i, lab, score in zip(again, whole_labels, whole_scores):
+            labels[i], scores[i] = lab, score
+    return labels, scores, len(again)
 
 
 def wanted(
