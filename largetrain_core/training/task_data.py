@@ -90,6 +90,25 @@ class TaskDataSettings:
         return p
 
 
+def label_set(task_labels: list[str] | None, corpus_labels: list[str] | None) -> list[str] | None:
+    """The one declared label set of a classification lineage: raw_corpus's ``labels`` (``corpus_labels``,
+    the set its reader checked every record against) and lora_adapter's ``task_data.labels``
+    (``task_labels``, which also fixes the label order, id2label). Either alone is the set; both must name
+    the same labels (task_labels may reorder them); neither: None (the labels found, sorted). Raises
+    ValueError naming both sets and the labels in one only, when they differ."""
+    if task_labels is None or corpus_labels is None:
+        return list(task_labels or corpus_labels) if (task_labels or corpus_labels) else None
+    if set(task_labels) != set(corpus_labels):
+        only_task = [x for x in task_labels if x not in corpus_labels]
+        only_corpus = [x for x in corpus_labels if x not in task_labels]
+        raise ValueError(
+            f"lora_adapter task_data.labels {list(task_labels)} and raw_corpus labels {list(corpus_labels)} differ "
+            f"(only in task_data.labels: {only_task}; only in raw_corpus labels: {only_corpus}): declare one label set, "
+            "in raw_corpus labels, and leave task_data.labels null or set it to the same labels in the order wanted"
+        )
+    return list(task_labels)
+
+
 def labelled_documents(parts: list[Path], declared: list[str] | None) -> tuple[dict, list[dict]]:
     """The documents of deduplicated_text part files ``parts`` that have a label in the set:
     ``({"doc_id", "source", "text", "label": int64 indices, "copies": int64, "label_names"}, left_out)``;
@@ -142,19 +161,25 @@ def labelled_documents(parts: list[Path], declared: list[str] | None) -> tuple[d
 
 
 def classification_examples(
-    parts: list[Path], base_model: Path, settings: TaskDataSettings, seed: int, out: Path
+    parts: list[Path],
+    base_model: Path,
+    settings: TaskDataSettings,
+    seed: int,
+    out: Path,
+    corpus_labels: list[str] | None = None,
 ) -> dict:
     """Write the classification examples of the labelled documents of ``parts`` (:func:`labelled_documents`)
     into ``out``: split by record, stratified by label (largetrain_core.classification.stratified_split with
     ``settings``' fractions and ``seed``), the train split's documents repeated by their ``copies`` (the
     balancing), encoded with the base model's tokenizer (:func:`write_classification`). Also writes
     ``records.json`` (per split the doc_ids, texts and labels, each record once: for the evaluation and the
-    baselines, whose majority class is the natural train split's).
+    baselines, whose majority class is the natural train split's). The label set: :func:`label_set` of
+    ``settings.labels`` and ``corpus_labels`` (raw_corpus's declared labels).
     Returns ``{"manifest", "left_out", "split"}`` (the split's counts, the classes too small, the held-out
     records whose text is also in train)."""
     from largetrain_core.classification import load_classifier_tokenizer, stratified_split
 
-    docs, left_out = labelled_documents(parts, settings.labels)
+    docs, left_out = labelled_documents(parts, label_set(settings.labels, corpus_labels))
     names = docs["label_names"]
     fractions = (
         1 - settings.validation_fraction - settings.test_fraction,

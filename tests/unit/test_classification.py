@@ -564,3 +564,42 @@ def test_the_pretrained_encoder_trains_a_classifier_that_clients_load_with_label
     majority = evaluate_predictions(labels[split.test], majority_baseline(labels[split.train], len(split.test)), names)
     assert np.mean(losses[-3:]) < losses[0]
     assert m["macro_f1"] > majority["macro_f1"] + 0.3, (losses, m)
+
+
+def test_one_label_set_flows_from_raw_corpus_to_the_task(tmp_path):
+    """task_data.label_set: raw_corpus's declared labels serve the task when task_data.labels is null; the task's
+    may reorder them (id2label) but not name others: a mismatch names both sets before any example is built."""
+    from largetrain_core.training.task_data import (
+        TaskDataSettings,
+        classification_examples,
+        label_set,
+        labelled_documents,
+    )
+
+    corpus = ["billing", "shipping", "account"]
+    assert label_set(None, corpus) == corpus and label_set(None, None) is None
+    assert label_set(["account", "billing", "shipping"], corpus) == ["account", "billing", "shipping"]
+    assert label_set(corpus, None) == corpus
+    part = tmp_path / "part-00000.parquet"
+    pl.DataFrame(
+        {
+            "doc_id": ["a", "b", "c", "d"],
+            "source": ["t.jsonl:1", "t.jsonl:2", "t.jsonl:3", "t.jsonl:4"],
+            "text": ["refund", "parcel", "login", "other"],
+            "label": ["billing", "shipping", "account", "refunds"],
+        }
+    ).write_parquet(part)
+    docs, left_out = labelled_documents([part], label_set(None, corpus))
+    assert docs["label_names"] == corpus and docs["label"].tolist() == [0, 1, 2]
+    assert left_out == [
+        {"doc_id": "d", "source": "t.jsonl:4", "reason": f"label 'refunds' is not in the label set {corpus}"}
+    ]
+    with pytest.raises(ValueError) as e:
+        classification_examples(
+            [part], tmp_path / "no-base", TaskDataSettings(labels=["billing", "refunds"]), 0, tmp_path / "ex", corpus
+        )
+    assert str(e.value).startswith(
+        "lora_adapter task_data.labels ['billing', 'refunds'] and raw_corpus labels ['billing', 'shipping', "
+        "'account'] differ (only in task_data.labels: ['refunds']; only in raw_corpus labels: ['shipping', 'account'])"
+    )
+    assert not (tmp_path / "ex").exists()
