@@ -603,3 +603,31 @@ def test_one_label_set_flows_from_raw_corpus_to_the_task(tmp_path):
         "'account'] differ (only in task_data.labels: ['refunds']; only in raw_corpus labels: ['shipping', 'account'])"
     )
     assert not (tmp_path / "ex").exists()
+    # through the lineage: deduplicated_text records raw_corpus's declared set, lora_adapter's stage refuses a
+    # mismatch before any example is built
+    from largetrain_core.stages.base import Artifact, StageError, StageRun
+    from largetrain_core.stages.deduplicated_text import corpus_lineage
+    from largetrain_core.stages.training import fine_tuning_examples
+    from largetrain_core.training.config import TrainConfig
+
+    def raw(labels):
+        reader = {"text_field": "text", "label_field": "label", **({"labels": labels} if labels else {})}
+        return Artifact(tmp_path, "v", {"source": "t", "reader": reader})
+
+    assert corpus_lineage({"000": raw(corpus), "001": raw(corpus)}, {})["labels"] == corpus
+    assert "labels" not in corpus_lineage({"000": raw(None)}, {})
+    from largetrain_core.classification import pretrained_encoder
+
+    cfg = TrainConfig(output_dir="o", train_shards="s", mode="lora", task="classification").with_settings(
+        base_model=str(pretrained_encoder())
+    )
+    with pytest.raises(StageError, match=r"lora_adapter: lora_adapter task_data.labels \['billing', 'refunds'\] and "):
+        fine_tuning_examples(
+            StageRun(tmp_path / "root", ("lora_adapter",)),
+            "v1",
+            cfg,
+            tmp_path,
+            TaskDataSettings(labels=["billing", "refunds"]),
+            corpus_labels=corpus,
+        )
+    assert not (tmp_path / "root").exists()
