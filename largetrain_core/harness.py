@@ -4,6 +4,9 @@
   of items and the task's YAML): each item is the first half of a sentence, its own second half and
   the second halves of ``choices - 1`` other sentences, shuffled; the model should give its own
   second half the highest log-likelihood. Chance accuracy is 1 / ``choices``.
+* :func:`build_chat_task` writes a generative task from held-out conversations: the prompt rendered through
+  the chat template up to the last assistant turn, the model's greedy answer scored against the reference
+  by exact match and token F1 (:func:`answer_scores`, SQuAD's normalization).
 * :func:`check_task_files` reads task YAML files (lm-eval's task format) and refuses any whose data
   is not local: ``dataset_path`` must be one of datasets' packaged file builders
   (:data:`LOCAL_BUILDERS`) with ``dataset_kwargs.data_files`` naming files that exist (relative
@@ -165,6 +168,113 @@ def cloze_yaml(name: str, data: Path) -> str:
         "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n"
         "metadata:\n  version: 1\n"
     )
+
+
+ARTICLES = re.compile(r"\b(a|an|the)\b")
+PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+CHAT_METRICS = "chat_metrics"  # the Python module beside a chat task's YAML (lm-eval's !function)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD v1.1's answer normalization (Rajpurkar et al. 2016, its official evaluate-v1.1.py): lower case,
+    ASCII punctuation removed, the articles a / an / the removed, white space collapsed."""
+    text = "".join(c for c in text.lower() if c not in PUNCTUATION)
+    return " ".join(ARTICLES.sub(" ", text).split())
+
+
+def answer_scores(prediction: str, reference: str) -> dict[str, float]:
+    """``{"exact_match", "token_f1"}`` of a generated answer against the reference, both
+    :func:`normalize_answer`-ed (SQuAD v1.1's metrics): exact_match 1.0 when equal, else 0.0; token_f1 the
+    harmonic mean of the precision and recall of the prediction's tokens (white-space split) over the
+    reference's, counting repeats (a multiset overlap); 1.0 when both are empty, 0.0 when one is."""
+    from collections import Counter
+
+    p, r = normalize_answer(prediction).split(), normalize_answer(reference).split()
+    exact = float(p == r)
+    if not p or not r:
+        return {"exact_match": exact, "token_f1": float(p == r)}
+    common = sum((Counter(p) & Counter(r)).values())
+    if common == 0:
+        return {"exact_match": exact, "token_f1": 0.0}
+    precision, recall = common / len(p), common / len(r)
+    return {"exact_match": exact, "token_f1": 2 * precision * recall / (precision + recall)}
+
+
+def chat_process_results(doc: dict, results: list[str]) -> dict[str, float]:
+    """lm-eval's ``process_results`` of a chat task (:func:`build_chat_task`): the generation ``results[0]``
+    scored against ``doc["answer"]`` (:func:`answer_scores`)."""
+    return answer_scores(results[0], doc["answer"])
+
+
+def build_chat_task(
+    conversations: Iterable[tuple[str, list[dict]]],
+    out_dir: Path,
+    name: str,
+    render_prompt: Callable[[list[dict]], str],
+    stop: list[str],
+    items: int = 100,
+    max_gen_toks: int = 64,
+    seed: int = 0,
+) -> dict:
+    """Write ``out_dir/<name>.jsonl``, ``out_dir/<name>.yaml`` and ``out_dir/chat_metrics.py``: a generative
+    lm-eval task (``output_type: generate_until``, greedy) of at most ``items`` held-out conversations
+    ((doc_id, messages) pairs, largetrain_core.chat's messages), drawn without replacement by numpy
+    PCG64(``seed``). Each item: ``prompt``, ``render_prompt`` of the messages before the conversation's last
+    assistant message (the chat template with its generation prompt:
+    ``lambda m: tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)``), ``answer``, that
+    message's content, and ``doc_id``. The model generates until one of ``stop`` (the template's end of
+    turn, e.g. ``<|im_end|>``) or ``max_gen_toks`` tokens; scored per item by :func:`chat_process_results`
+    (exact_match and token_f1, means over the items). A conversation without an assistant message with
+    content, or whose prompt would be empty, is not used (counted in ``skipped``). Returns ``{"task",
+    "items", "conversations", "skipped", "data", "yaml"}``. Raises ValueError when no conversation is usable."""
+    pool, skipped = [], 0
+    for doc_id, messages in conversations:
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        answer = messages[last].get("content") if last is not None else None
+        if last is None or last == 0 or not isinstance(answer, str) or not answer.strip():
+            skipped += 1
+            continue
+        pool.append({"doc_id": doc_id, "prompt": render_prompt(list(messages[:last])), "answer": answer})
+    if not pool:
+        raise ValueError(f"no conversation with a prompt and an assistant answer ({skipped} without)")
+    rng = np.random.default_rng(seed)
+    chosen = [pool[i] for i in sorted(rng.choice(len(pool), size=min(items, len(pool)), replace=False))]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = out_dir / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen))
+    (out_dir / f"{CHAT_METRICS}.py").write_text(
+        "from largetrain_core.harness import chat_process_results as process_results  # noqa: F401\n"
+    )
+    yaml_file = out_dir / f"{name}.yaml"
+    yaml_file.write_text(
+        f"task: {name}\n"
+        "dataset_path: json\n"
+        "dataset_kwargs:\n"
+        "  data_files:\n"
+        f"    test: {json.dumps(str(data.resolve()))}\n"
+        "test_split: test\n"
+        "output_type: generate_until\n"
+        'doc_to_text: "{{prompt}}"\n'
+        'doc_to_target: "{{answer}}"\n'
+        "generation_kwargs:\n"
+        f"  until: {json.dumps(list(stop))}\n"
+        "  do_sample: false\n"
+        f"  max_gen_toks: {int(max_gen_toks)}\n"
+        f"process_results: !function {CHAT_METRICS}.process_results\n"
+        "metric_list:\n"
+        "  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+        "  - metric: token_f1\n    aggregation: mean\n    higher_is_better: true\n"
+        "metadata:\n  version: 1\n"
+    )
+    return {
+        "task": name,
+        "items": len(chosen),
+        "conversations": len(pool) + skipped,
+        "skipped": skipped,
+        "data": str(data),
+        "yaml": str(yaml_file),
+    }
 
 
 class _TaskLoader:
@@ -402,7 +512,11 @@ def evaluate(
                                 "task": task,
                                 "doc_id": r["doc_id"],
                                 "target": r["target"],
-                                "loglikelihoods": [x[0] for x in r["filtered_resps"]],
+                                **(
+                                    {"generations": list(r["filtered_resps"])}
+                                    if all(isinstance(x, str) for x in r["filtered_resps"])
+                                    else {"loglikelihoods": [x[0] for x in r["filtered_resps"]]}
+                                ),
                                 **{m: r[m] for m in values_of(r)},
                             },
                             default=str,

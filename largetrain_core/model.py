@@ -106,6 +106,20 @@ def load_model(path: Path) -> PreTrainedModel:
         )
 
 
+def load_encoder(path: Path) -> PreTrainedModel:
+    """Load a local Hugging Face encoder directory (:func:`is_encoder`) with ``AutoModel`` in fp32,
+    safetensors only; raises as :func:`load_model`."""
+    import torch
+    from transformers import AutoModel
+
+    path = Path(path)
+    what = "Hugging Face encoder directory"
+    read_json(path / "config.json", f"config.json of a {what}")
+    _check_weights(path, "model", what)
+    with loading(path, f"{what} (config.json + safetensors weights)"):
+        return AutoModel.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True, local_files_only=True)
+
+
 def load_adapter(model: PreTrainedModel, adapter_dir: Path, adapter_name: str = "default"):
     """``peft.PeftModel.from_pretrained(model, adapter_dir, adapter_name=...)`` (safetensors weights only),
     after checking adapter_config.json and adapter_model.safetensors: raises MissingArtifactError /
@@ -160,8 +174,27 @@ def embedding_overflow(model_dir: Path) -> str | None:
     )
 
 
+# architectures whose class names a generative head: a config naming only others (BertModel,
+# BertForMaskedLM, ...) and not is_decoder is an encoder (:func:`is_encoder`)
+GENERATIVE_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def is_encoder(model_dir: Path) -> bool:
+    """Whether the Hugging Face directory holds an encoder (BERT-style: all-MiniLM-L6-v2), not a causal
+    LM: its config.json's ``architectures`` name no class with a generative head
+    (:data:`GENERATIVE_HEADS`) and ``is_decoder`` is not set. An encoder serves the classification task
+    only (AutoModelForSequenceClassification). Raises as :func:`model_config`."""
+    config = model_config(model_dir)
+    architectures = getattr(config, "architectures", None) or []
+    generative = any(a.endswith(GENERATIVE_HEADS) for a in architectures)
+    return bool(architectures) and not generative and not getattr(config, "is_decoder", False)
+
+
 def import_pretrained(src: Path, out: Path) -> dict:
-    """Import an existing causal LM from the local Hugging Face directory ``src`` into ``out``.
+    """Import an existing causal LM, or an encoder (:func:`is_encoder`), from the local Hugging Face
+    directory ``src`` into ``out``. An encoder is loaded with ``AutoModel`` (its pooler kept, no LM
+    head added) and its tokenizer saved with its own special tokens (``AutoTokenizer``: pad, CLS, SEP;
+    SEP is its EOS, largetrain_core.tokenizer.load_tokenizer_info); ``model_type`` says which it is.
 
     ``src`` needs config.json, safetensors weights and a tokenizer (tokenizer.json, optionally
     tokenizer_config.json naming eos/bos). The model is loaded in fp32 (safetensors only, no hub) and
@@ -175,13 +208,21 @@ def import_pretrained(src: Path, out: Path) -> dict:
 
     src, out = Path(src), Path(out)
     info = load_tokenizer_info(src)
-    model = load_model(src)
+    encoder = is_encoder(src)
+    model = load_encoder(src) if encoder else load_model(src)
     problem = embedding_overflow(src)
     if problem:
         raise ValueError(problem)
     model.config.use_cache = True
     model.save_pretrained(str(out), safe_serialization=True)
-    save_hf_tokenizer(info, out)
+    if encoder:
+        from transformers import AutoTokenizer
+
+        from largetrain_core.tokenizer import save_tokenizer
+
+        save_tokenizer(AutoTokenizer.from_pretrained(str(src), local_files_only=True), out)
+    else:
+        save_hf_tokenizer(info, out)
     return {
         "parameters": parameter_count(model),
         "model_vocab_size": model.config.vocab_size,

@@ -347,7 +347,8 @@ def read_tokenizer(path: Path) -> Tokenizer:
 def load_tokenizer_info(path: Path) -> TokenizerInfo:
     """Read tokenizer.json (a file, or a directory holding it and optionally tokenizer_config.json).
 
-    EOS is ``eos_token`` from tokenizer_config.json if present, else ``<|endoftext|>``; BOS is
+    EOS is ``eos_token`` from tokenizer_config.json if present, else ``<|endoftext|>``, else (a BERT-style
+    encoder's tokenizer, which has neither) its ``sep_token``, the token that ends its sequences; BOS is
     ``bos_token`` from tokenizer_config.json if present. Raises MissingArtifactError (a
     FileNotFoundError) when there is no tokenizer.json, ArtifactError (a ValueError) naming the file
     when tokenizer.json or tokenizer_config.json cannot be parsed, and ValueError when the EOS token
@@ -362,7 +363,8 @@ def load_tokenizer_info(path: Path) -> TokenizerInfo:
     cfg_file = tj.parent / "tokenizer_config.json"
     if cfg_file.exists():
         cfg = read_json(cfg_file, "transformers tokenizer_config.json")
-        eos = _token_str(cfg.get("eos_token")) or eos
+        sep = _token_str(cfg.get("sep_token"))
+        eos = _token_str(cfg.get("eos_token")) or (sep if sep and tok.token_to_id(eos) is None else eos)
         bos = _token_str(cfg.get("bos_token"))
     eos_id = tok.token_to_id(eos)
     if eos_id is None:

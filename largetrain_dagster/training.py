@@ -520,7 +520,12 @@ def lora_adapter(
     )
     try:
         settled, report = fine_tuning_examples(
-            stage_run(context, storage), version, settled, local_copy(text["path"]), task_data
+            stage_run(context, storage),
+            version,
+            settled,
+            local_copy(text["path"]),
+            task_data,
+            corpus_labels=(text["stats"].get("corpus") or {}).get("labels"),
         )
     except StageError as e:
         raise Failure(str(e), allow_retries=e.retryable) from e

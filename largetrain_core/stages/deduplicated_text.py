@@ -417,9 +417,14 @@ def _report_balance(result: StageResult, role: str) -> None:
 def corpus_lineage(raw: dict[str, Artifact], cleaned: dict[str, Artifact]) -> dict:
     """What deduplicated_text was made from, from the partitions' artifacts: the corpus source, its
     provenance (the provenance file beside it, or None), the content digest of each partition's files
-    and the data versions of raw_corpus and cleaned_text per partition."""
+    and the data versions of raw_corpus and cleaned_text per partition; ``labels``, only when raw_corpus
+    declared a label set (its reader's ``labels``, the same in every partition that declares one): the
+    label set lora_adapter's classification takes (largetrain_core.training.task_data.label_set)."""
     stats = [raw[k].stats for k in sorted(raw)]
+    declared = {tuple(s["reader"]["labels"]) for s in stats if (s.get("reader") or {}).get("labels")}
+    labels = {"labels": list(next(iter(declared)))} if len(declared) == 1 else {}
     return {
+        **labels,
         "source": next((s["source"] for s in stats if s.get("source")), None),
         "provenance": next((s["provenance"] for s in stats if s.get("provenance")), None),
         "content_digests": {k: raw[k].stats.get("content_digest") for k in sorted(raw)},

@@ -181,12 +181,18 @@ def local_dir(location: str | Path) -> Path:
 
 
 def fine_tuning_examples(
-    run: StageRun, version: str, settled: TrainConfig, text: Path, settings: TaskDataSettings
+    run: StageRun,
+    version: str,
+    settled: TrainConfig,
+    text: Path,
+    settings: TaskDataSettings,
+    corpus_labels: list[str] | None = None,
 ) -> tuple[TrainConfig, dict]:
     """The examples of a fine-tuning task (``settled.task``) under ``<root>/<key>/<version>/examples``,
     built once from the documents of the deduplicated_text directory ``text``
     (largetrain_core.training.task_data.classification_examples or chat_examples, with the base model's
-    tokenizer), and ``settled`` with ``train_shards`` set to them. Returns (that config, the examples'
+    tokenizer; for classification the label set of ``settings.labels`` and ``corpus_labels``, raw_corpus's
+    declared labels: task_data.label_set), and ``settled`` with ``train_shards`` set to them. Returns (that config, the examples'
     report: manifest, the documents left out, the split); a WARNING names the documents left out, if any.
     Raises StageError (not retryable) for an object-store root, a ``settings.seq_len`` above the base
     model's ``max_position_embeddings`` (before any example is built), or documents without the labels or
@@ -195,6 +201,11 @@ def fine_tuning_examples(
 
     key = run.key[0]
     problems = settings.problems()
+    if settled.task == "classification":
+        try:
+            task_data.label_set(settings.labels, corpus_labels)
+        except ValueError as e:
+            problems.append(str(e))
     base = Path(settled.model.base_model)
     positions = max_positions(base)
     if positions is not None and settings.seq_len > positions:
@@ -214,8 +225,11 @@ def fine_tuning_examples(
         tmp = examples.with_name(".tmp-examples")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            make = task_data.classification_examples if settled.task == "classification" else task_data.chat_examples
-            report = make(part_files(text), Path(settled.model.base_model), settings, settled.seed, tmp)
+            args = (part_files(text), Path(settled.model.base_model), settings, settled.seed, tmp)
+            if settled.task == "classification":
+                report = task_data.classification_examples(*args, corpus_labels=corpus_labels)
+            else:
+                report = task_data.chat_examples(*args)
         except ValueError as e:
             raise StageError(f"{key}: {text}: {e}") from e
         write_json_atomic(tmp / "report.json", report)

@@ -51,6 +51,24 @@ class TaskDataSettings:
             "'balanced'), the other way to balance than deduplicated_text's up- or down-sampling; use one of them."
         ),
     )
+    packing: bool = field(
+        default=True,
+        metadata=described(
+            "Chat: pack several conversations into each row of seq_len tokens, each attending only to itself "
+            "(largetrain_core.chat.pack). false: one conversation a row, a micro-batch padded to its longest "
+            "conversation (largetrain_core.training.tasks.write_chat), more compute on padding; the losses are the same."
+        ),
+    )
+    group_by_length: int = field(
+        default=0,
+        metadata=described(
+            "Chat with packing false: rows per length group (0: none). The conversations are ordered by length, "
+            "longest first, in groups of this many, each a shard of the examples; with schedule.shuffle_window_shards "
+            "1 the sampler draws each micro-batch from one group (a multiple of micro_batch_size x ranks keeps every "
+            "micro-batch inside one), so a micro-batch pads to a similar length (Hugging Face Trainer's "
+            "group_by_length)."
+        ),
+    )
     labels: Optional[list[str]] = field(
         default=None,
         metadata=described(
@@ -65,9 +83,30 @@ class TaskDataSettings:
         v, t = self.validation_fraction, self.test_fraction
         if not (0 <= v < 1 and 0 <= t < 1 and v + t < 1):
             p.append(f"task_data.validation_fraction and test_fraction must be in [0, 1) with a sum < 1, not {v}, {t}")
+        if self.group_by_length < 0 or (self.group_by_length and self.packing):
+            p.append(f"task_data.group_by_length must be >= 0, and 0 with packing true, not {self.group_by_length}")
         if self.labels is not None and (len(self.labels) < 2 or len(set(self.labels)) != len(self.labels)):
             p.append(f"task_data.labels must be at least 2 distinct labels or null, not {self.labels}")
         return p
+
+
+def label_set(task_labels: list[str] | None, corpus_labels: list[str] | None) -> list[str] | None:
+    """The one declared label set of a classification lineage: raw_corpus's ``labels`` (``corpus_labels``,
+    the set its reader checked every record against) and lora_adapter's ``task_data.labels``
+    (``task_labels``, which also fixes the label order, id2label). Either alone is the set; both must name
+    the same labels (task_labels may reorder them); neither: None (the labels found, sorted). Raises
+    ValueError naming both sets and the labels in one only, when they differ."""
+    if task_labels is None or corpus_labels is None:
+        return list(task_labels or corpus_labels) if (task_labels or corpus_labels) else None
+    if set(task_labels) != set(corpus_labels):
+        only_task = [x for x in task_labels if x not in corpus_labels]
+        only_corpus = [x for x in corpus_labels if x not in task_labels]
+        raise ValueError(
+            f"lora_adapter task_data.labels {list(task_labels)} and raw_corpus labels {list(corpus_labels)} differ "
+            f"(only in task_data.labels: {only_task}; only in raw_corpus labels: {only_corpus}): declare one label set, "
+            "in raw_corpus labels, and leave task_data.labels null or set it to the same labels in the order wanted"
+        )
+    return list(task_labels)
 
 
 def labelled_documents(parts: list[Path], declared: list[str] | None) -> tuple[dict, list[dict]]:
@@ -122,19 +161,25 @@ def labelled_documents(parts: list[Path], declared: list[str] | None) -> tuple[d
 
 
 def classification_examples(
-    parts: list[Path], base_model: Path, settings: TaskDataSettings, seed: int, out: Path
+    parts: list[Path],
+    base_model: Path,
+    settings: TaskDataSettings,
+    seed: int,
+    out: Path,
+    corpus_labels: list[str] | None = None,
 ) -> dict:
     """Write the classification examples of the labelled documents of ``parts`` (:func:`labelled_documents`)
     into ``out``: split by record, stratified by label (largetrain_core.classification.stratified_split with
     ``settings``' fractions and ``seed``), the train split's documents repeated by their ``copies`` (the
     balancing), encoded with the base model's tokenizer (:func:`write_classification`). Also writes
     ``records.json`` (per split the doc_ids, texts and labels, each record once: for the evaluation and the
-    baselines, whose majority class is the natural train split's).
+    baselines, whose majority class is the natural train split's). The label set: :func:`label_set` of
+    ``settings.labels`` and ``corpus_labels`` (raw_corpus's declared labels).
     Returns ``{"manifest", "left_out", "split"}`` (the split's counts, the classes too small, the held-out
     records whose text is also in train)."""
     from largetrain_core.classification import load_classifier_tokenizer, stratified_split
 
-    docs, left_out = labelled_documents(parts, settings.labels)
+    docs, left_out = labelled_documents(parts, label_set(settings.labels, corpus_labels))
     names = docs["label_names"]
     fractions = (
         1 - settings.validation_fraction - settings.test_fraction,
@@ -192,7 +237,7 @@ def chat_examples(parts: list[Path], base_model: Path, settings: TaskDataSetting
     """Write the chat examples of the conversations in deduplicated_text part files ``parts`` (their
     ``messages`` column: largetrain_core.readers format chat) into ``out``: split by record
     (:func:`split_records`), rendered with the base model's tokenizer and chat template (ChatML when it
-    has none) and packed (:func:`write_chat`); ``records.json`` holds each split's doc_ids and messages.
+    has none) and packed, or padded and grouped by length, per ``settings`` (:func:`write_chat`); ``records.json`` holds each split's doc_ids and messages.
     Returns ``{"manifest", "left_out", "split"}``. Raises ValueError when no part has a ``messages``
     column (raw_corpus read without format chat) or no conversation is left."""
     import polars as pl
@@ -217,7 +262,14 @@ def chat_examples(parts: list[Path], base_model: Path, settings: TaskDataSetting
     conversations = [json.loads(m) for m in df[MESSAGES].to_list()]
     rows = split_records(len(conversations), settings.validation_fraction, settings.test_fraction, seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_model), local_files_only=True)
-    manifest = write_chat(out, {s: [conversations[i] for i in r] for s, r in rows.items()}, tokenizer, settings.seq_len)
+    manifest = write_chat(
+        out,
+        {s: [conversations[i] for i in r] for s, r in rows.items()},
+        tokenizer,
+        settings.seq_len,
+        packing=settings.packing,
+        group_size=settings.group_by_length,
+    )
     ids = df["doc_id"].to_list()
     records = {s: {"doc_id": [ids[i] for i in r], "messages": [conversations[i] for i in r]} for s, r in rows.items()}
     (out / "records.json").write_text(json.dumps(records, ensure_ascii=False))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from largetrain_core.harness import answer_scores
 from largetrain_core.training.tasks import MANIFEST, TaskExamples, counted, load_chat_adapter, task_loss
 
 
@@ -65,7 +66,11 @@ def evaluate_chat(
     trained token counted once), and greedy generations through the chat template for the first
     ``generations`` test conversations' last prompt, beside the reference answer. Writes
     ``out/evaluation.json`` and returns it: ``{"assistant_loss", "assistant_perplexity",
-    "assistant_tokens", "generations": [{"doc_id", "prompt", "reference", "generated"}]}``."""
+    "assistant_tokens", "generations": [{"doc_id", "prompt", "reference", "generated", "exact_match",
+    "token_f1"}], "answers": {"items", "exact_match", "token_f1"}}``: each generation scored against its
+    reference by SQuAD's exact match and token F1 (largetrain_core.harness.answer_scores), ``answers`` their
+    means over the generations (None without one); largetrain_core.harness.build_chat_task is the same
+    scoring as an lm-evaluation-harness task."""
     import math
 
     import torch
@@ -96,6 +101,7 @@ def evaluate_chat(
                 "prompt": messages[last - 1]["content"],
                 "reference": messages[last]["content"],
                 "generated": generated,
+                **answer_scores(generated, messages[last]["content"]),
             }
         )
     loss = nats / n if n else float("nan")
@@ -104,6 +110,10 @@ def evaluate_chat(
         "assistant_perplexity": math.exp(loss) if n and loss < 700 else None,
         "assistant_tokens": n,
         "generations": shown,
+        "answers": {
+            "items": len(shown),
+            **{k: float(np.mean([g[k] for g in shown])) if shown else None for k in ("exact_match", "token_f1")},
+        },
     }
     (out / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result

@@ -9,11 +9,13 @@ Task examples (a directory, written once by :func:`write_classification` or :fun
 * ``manifest.json``: ``task``, ``seq_len``, ``pad_id``, ``eos_id``, ``vocab_size`` (the tokenizer's length), per split
   ``{"examples", "rows", "trained_tokens", "truncated"}``; classification also ``label_names`` (in label
   order) and the train split's ``label_counts``; chat ``added_token_ids`` (the chat template's special
-  tokens added to the tokenizer) and ``chat_template``;
+  tokens added to the tokenizer), ``chat_template``, ``packing`` and ``group_size`` (:func:`write_chat`),
+  and per split ``padding_fraction`` and, grouped by length, ``shard_sizes`` (the groups' rows);
 * ``<split>.arrow`` (split ``train``, ``validation``, ``test``): one Arrow IPC file, memory-mapped when
   read, with fixed-size-list int32 columns of ``seq_len``: classification ``input_ids`` (right-padded
   with ``pad_id``) and int32 ``length`` and ``label``; chat ``input_ids``, ``labels`` (-100 where not
-  trained) and ``position_ids`` (restarting at 0 for each packed example: largetrain_core.chat.pack);
+  trained) and ``position_ids`` (restarting at 0 for each packed example: largetrain_core.chat.pack, or
+  one conversation per row, right-padded: largetrain_core.chat.pad_rows);
 * the tokenizer (``tokenizer.json``, ``tokenizer_config.json``, with the chat template for chat).
 
 Models (:func:`build_model`): classification is ``AutoModelForSequenceClassification`` on the base with
@@ -60,6 +62,8 @@ class TaskExamples:
         self.task, self.seq_len = self.manifest["task"], int(self.manifest["seq_len"])
         if self.task not in FINE_TUNING:
             raise ValueError(f"{directory}: task {self.task!r} in {MANIFEST}; task examples are {FINE_TUNING}")
+        self.split = split
+        self.padded = self.task == "chat" and self.manifest.get("packing", True) is False
         path = self.directory / f"{split}.arrow"
         if not path.is_file():
             raise ValueError(f"{directory}: no {split}.arrow: the {split} split was not written")
@@ -79,14 +83,33 @@ class TaskExamples:
 
     @property
     def shard_sizes(self) -> list[int]:
-        return [len(self)]
+        """Rows per shard, in order: chat examples grouped by length (:func:`write_chat`) give one shard per
+        group, so that the sampler's shuffle by windows of shards (``schedule.shuffle_window_shards`` 1)
+        draws each micro-batch from one group; otherwise one shard, the whole split."""
+        sizes = self.manifest["splits"].get(self.split, {}).get("shard_sizes")
+        return list(sizes) if sizes else [len(self)]
 
     def follow(self, sampler, micro_batch: int, position) -> None:
         """Nothing to prefetch: the split is one local memory-mapped file."""
 
     def take(self, indices) -> dict[str, np.ndarray]:
+        """The rows ``indices``; for chat examples written unpacked (one conversation a row, :func:`write_chat`
+        ``packing=False``) cut to the longest conversation of the batch: the columns past it are padding in
+        every row (:func:`row_lengths`), so the loss and each row's attention are those of the full rows."""
         idx = np.asarray(indices, dtype=np.int64)
-        return {k: v[idx].astype(np.int64) for k, v in self.columns.items()}
+        batch = {k: v[idx].astype(np.int64) for k, v in self.columns.items()}
+        if self.padded and len(idx):
+            longest = int(row_lengths(batch["position_ids"]).max())
+            batch = {k: v[:, :longest] for k, v in batch.items()}
+        return batch
+
+
+def row_lengths(position_ids: np.ndarray) -> np.ndarray:
+    """Tokens of the conversation in each unpacked chat row (int64, shape (rows,)): the first position
+    after 0 where ``position_ids`` restart at 0 (the padding's, largetrain_core.chat.pad_rows), else the
+    row's length."""
+    restart = position_ids[:, 1:] == 0
+    return np.where(restart.any(axis=1), restart.argmax(axis=1) + 1, position_ids.shape[1]).astype(np.int64)
 
 
 def open_split(cfg, split: str):
@@ -168,21 +191,42 @@ def write_classification(
     return _write_manifest(out, manifest, tokenizer)
 
 
-def write_chat(out: Path, splits: dict[str, Sequence[Sequence[dict]]], tokenizer, seq_len: int) -> dict:
+def write_chat(
+    out: Path,
+    splits: dict[str, Sequence[Sequence[dict]]],
+    tokenizer,
+    seq_len: int,
+    packing: bool = True,
+    group_size: int = 0,
+) -> dict:
     """Write chat examples into the directory ``out`` (module doc): each split's conversations (lists of
     messages, largetrain_core.chat) rendered under the tokenizer's chat template (ChatML added when it has
     none: largetrain_core.chat.add_chat_template), with the loss on trained assistant tokens only, and
-    packed into rows of ``seq_len`` (largetrain_core.chat.pack). Returns the manifest. Raises ValueError
-    as largetrain_core.chat.render (a message that spells a special token, a template it cannot read)."""
+    packed into rows of ``seq_len`` (largetrain_core.chat.pack). ``packing`` False: one conversation a row,
+    right-padded (largetrain_core.chat.pad_rows; :meth:`TaskExamples.take` cuts a batch to its longest);
+    then ``group_size`` > 0 orders the rows by length, longest first (largetrain_core.chat.group_by_length),
+    in groups of ``group_size`` rows, each a shard (:attr:`TaskExamples.shard_sizes`), so that micro-batches
+    hold conversations of similar lengths. Returns the manifest. Raises ValueError for group_size < 0 or
+    set with packing, and as largetrain_core.chat.render (a message that spells a special token, a template
+    it cannot read)."""
     from largetrain_core import chat
 
+    if group_size < 0 or (group_size and packing):
+        raise ValueError(f"group_size must be >= 0, and 0 with packing; got {group_size} (packing {packing})")
     out.mkdir(parents=True, exist_ok=True)
     added = chat.add_chat_template(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     info = {}
     for split, conversations in splits.items():
         examples = [chat.render(tokenizer, messages) for messages in conversations]
-        packed = chat.pack(examples, seq_len, pad_id)
+        groups = []
+        if packing:
+            packed = chat.pack(examples, seq_len, pad_id)
+        else:
+            lengths = [min(len(ids), seq_len) for ids, _ in examples]
+            groups = chat.group_by_length(lengths, group_size) if group_size else []
+            order = [i for g in groups for i in g] if groups else None
+            packed = chat.pad_rows(examples, seq_len, pad_id, order)
         _write_split(
             out / f"{split}.arrow",
             {"input_ids": packed.input_ids, "labels": packed.labels, "position_ids": packed.position_ids},
@@ -194,6 +238,7 @@ def write_chat(out: Path, splits: dict[str, Sequence[Sequence[dict]]], tokenizer
             "trained_tokens": int((packed.labels != IGNORE_INDEX).sum()),
             "truncated": packed.truncated,
             "padding_fraction": round(chat.padding_fraction(packed), 4),
+            **({"shard_sizes": [len(g) for g in groups]} if groups else {}),
         }
     manifest = {
         "task": "chat",
@@ -203,6 +248,8 @@ def write_chat(out: Path, splits: dict[str, Sequence[Sequence[dict]]], tokenizer
         "vocab_size": len(tokenizer),
         "added_token_ids": added,
         "chat_template": tokenizer.chat_template,
+        "packing": packing,
+        "group_size": group_size,
         "splits": info,
     }
     return _write_manifest(out, manifest, tokenizer)

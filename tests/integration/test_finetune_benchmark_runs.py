@@ -1,6 +1,7 @@
 """benchmarks/finetune.py's parts classification (issue 40 (a)) and chat_ppl (issue 40 (c)) at a tiny size:
 main() on a tiny Llama base, the fortune sample of tests/data/recipe_corpora and the chat records of
-tests/data/chat, 2 steps a LoRA run (4 trainings under torchrun, 1 rank each). The JSON's structure only:
+tests/data/chat, 2 steps a LoRA run (5 trainings under torchrun, 1 rank each: classification's also on the
+imported encoder all-MiniLM-L6-v2). The JSON's structure only:
 never timing, never that one classifier or adapter beats another."""
 
 import json
@@ -54,8 +55,12 @@ def test_the_classification_part_has_each_classifier_and_the_label_counts(result
         assert set(CLASSIFIERS) <= set(scores)
         assert 0 <= scores["macro_f1"] <= 1 and 0 <= scores["accuracy"] <= 1
         assert list(scores["per_class_f1"]) == names
-    for run in (c["lora"], c["unbalanced"]["lora"]):
+    for run in (c["lora"], c["unbalanced"]["lora"], c["minilm"]["lora"]):
         assert set(RUN) <= set(run) and run["steps"] == 2
+    # the imported encoder (all-MiniLM-L6-v2, the Makefile's $(VENV)/minilm/.installed) on the balanced split
+    assert set(CLASSIFIERS) <= set(c["minilm"]["lora"]) and list(c["minilm"]["lora"]["per_class_f1"]) == names
+    assert c["minilm"]["lora"]["parameters"] > 22_000_000 > 1_000_000 > c["lora"]["parameters"]
+    assert c["minilm"]["lora"]["train_rows"] == c["lora"]["train_rows"]
     assert c["label_names"] == names
     assert (c["steps"], c["seq_len"], c["learning_rate"]) == (2, 64, 3e-3)
     assert set(c["label_counts"]) == {"train", "train_balanced", "validation", "test"}

@@ -135,7 +135,7 @@ def test_a_classifier_trains_under_torchrun_and_its_export_labels_new_text(
     assert classify("refund invoice payment")[0]["label"] in WORDS
 
 
-def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(base, chat_run):
+def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(base, chat_run, chat_examples, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -171,6 +171,20 @@ def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(b
     with torch.no_grad():
         a, b = merged(input_ids=ids).logits, model(input_ids=ids).logits
     assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
+    # the stage's evaluation: greedy answers to held-out prompts scored against the references
+    from largetrain_core.harness import answer_scores
+    from largetrain_core.training.task_evaluation import evaluate_chat
+
+    test = conversations(60)[54:]  # the chat_examples fixture's test split, as task_data.chat_examples records it
+    records = {"test": {"doc_id": [f"c{i}" for i in range(54, 60)], "messages": test}}
+    (chat_examples / "records.json").write_text(json.dumps(records))
+    evaluated = evaluate_chat(base, adapter, chat_examples, tmp_path, generations=3, max_new_tokens=8)
+    shown = evaluated["generations"]
+    assert len(shown) == evaluated["answers"]["items"] == 3 and evaluated["assistant_tokens"] > 0
+    for g in shown:
+        assert {k: g[k] for k in ("exact_match", "token_f1")} == answer_scores(g["generated"], g["reference"])
+    for k in ("exact_match", "token_f1"):
+        assert evaluated["answers"][k] == pytest.approx(np.mean([g[k] for g in shown]))
 
 
 @pytest.mark.parametrize("task", ["classification", "chat"])

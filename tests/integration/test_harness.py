@@ -400,3 +400,90 @@ def test_the_task_file_of_the_docs_scores(models, tmp_path):
     assert names == ["support_intent"]
     res = evaluate(models["uniform"], tmp_path / "tasks", names)
     assert res["tasks"]["support_intent"]["metrics"]["acc"]["value"] == 0.5
+
+
+def test_answer_scores_are_squads_exact_match_and_token_f1():
+    from largetrain_core.harness import answer_scores, normalize_answer
+
+    assert normalize_answer("  The Cat, sat!  ") == "cat sat"
+    assert answer_scores("The cat sat.", "a cat sat on the mat") == {"exact_match": 0.0, "token_f1": 2 * 0.5 / 1.5}
+    assert answer_scores("Cat sat", "the cat  sat!") == {"exact_match": 1.0, "token_f1": 1.0}
+    assert answer_scores("dog dog", "dog") == {"exact_match": 0.0, "token_f1": 2 * 0.5 / 1.5}  # repeats count once each
+    assert answer_scores("", "the") == {"exact_match": 1.0, "token_f1": 1.0}  # both empty once normalized
+    assert answer_scores("", "dog") == {"exact_match": 0.0, "token_f1": 0.0}
+
+
+@pytest.fixture(scope="module")
+def bpe_models(bpe_dir, tmp_path_factory):
+    """llama-tiny bases with the session's byte-level BPE (a generation's stop string, its EOS, encodes as bytes):
+    ``random`` and ``uniform`` (its final norm zero: every logit 0, so greedy decoding picks id 0, the EOS, and stops)."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers.finetune import tiny_base
+    from largetrain_core.tokenizer import load_tokenizer_info, save_hf_tokenizer
+
+    root = tmp_path_factory.mktemp("chat_harness")
+    random = tiny_base(bpe_dir, root / "random")
+    model = AutoModelForCausalLM.from_pretrained(random)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+    model.save_pretrained(root / "uniform")
+    save_hf_tokenizer(load_tokenizer_info(bpe_dir), root / "uniform")
+    return {"random": random, "uniform": root / "uniform"}
+
+
+def test_a_chat_task_scores_greedy_answers_by_exact_match_and_token_f1(bpe_models, tmp_path):
+    """build_chat_task's generative task through the harness: the uniform model's greedy answer is id 0, its EOS,
+    so it answers nothing and each item's scores are known; the random model's are recomputed from its
+    generations."""
+    from transformers import AutoTokenizer
+
+    from largetrain_core.harness import build_chat_task
+
+    def conv(user, answer, system=None):
+        head = [{"role": "system", "content": system}] if system else []
+        return head + [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+
+    convs = [
+        ("c0", conv("the old man", "the")),
+        ("c1", conv("the dog sits", "old man", system="a b")),
+        ("c2", conv("the man walks", "the dog")),
+        ("c3", [{"role": "user", "content": "river"}]),  # no answer: skipped
+    ]
+    record = build_chat_task(
+        convs,
+        tmp_path / "tasks",
+        "chat_answers",
+        lambda m: " ".join(x["content"] for x in m),
+        stop=["\n"],
+        max_gen_toks=2,
+    )
+    assert (record["items"], record["conversations"], record["skipped"]) == (3, 4, 1)
+    rows = [json.loads(line) for line in (tmp_path / "tasks" / "chat_answers.jsonl").read_text().splitlines()]
+    assert [(r["doc_id"], r["prompt"], r["answer"]) for r in rows] == [
+        ("c0", "the old man", "the"),
+        ("c1", "a b the dog sits", "old man"),
+        ("c2", "the man walks", "the dog"),
+    ]
+    res = evaluate(bpe_models["uniform"], tmp_path / "tasks", ["chat_answers"], samples_file=tmp_path / "u.jsonl")
+    metrics = res["tasks"]["chat_answers"]["metrics"]
+    assert res["tasks"]["chat_answers"]["items"] == 3
+    assert metrics["exact_match"]["value"] == pytest.approx(1 / 3) and metrics["token_f1"]["value"] == pytest.approx(
+        1 / 3
+    )
+    samples = [json.loads(line) for line in (tmp_path / "u.jsonl").read_text().splitlines()]
+    assert [s["generations"] for s in sorted(samples, key=lambda s: s["doc_id"])] == [[""]] * 3
+    assert AutoTokenizer.from_pretrained(bpe_models["uniform"]).convert_ids_to_tokens(0) == "<|endoftext|>"
+    assert [s["exact_match"] for s in sorted(samples, key=lambda s: s["doc_id"])] == [1.0, 0.0, 0.0]
+
+    from largetrain_core.harness import answer_scores
+
+    res = evaluate(bpe_models["random"], tmp_path / "tasks", ["chat_answers"], samples_file=tmp_path / "r.jsonl")
+    samples = sorted(
+        (json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()), key=lambda s: s["doc_id"]
+    )
+    scores = [answer_scores(s["generations"][0], rows[s["doc_id"]]["answer"]) for s in samples]
+    for metric in ("exact_match", "token_f1"):
+        assert res["tasks"]["chat_answers"]["metrics"][metric]["value"] == pytest.approx(
+            np.mean([x[metric] for x in scores])
+        )

@@ -464,3 +464,54 @@ def test_a_conversation_file_read_as_text_says_to_set_format_chat(tmp_path):
         "line 1: the whole file is rejected: no string field 'text' on any line: its 2 non-empty lines lack it"
     )
     assert reason.endswith("or, for conversations (largetrain_core.chat), set raw_corpus format: chat")
+
+
+def test_padded_rows_grouped_by_length_lose_what_packed_rows_lose(tok, tmp_path):
+    """task_data packing false + group_by_length: tasks.write_chat writes one conversation a row, ordered by
+    length in groups that are shards; the trainer's sampler, shuffling by windows of one shard, draws each
+    micro-batch from one group, TaskExamples.take cuts it to its longest conversation, and each conversation's
+    loss there equals its loss in packed rows."""
+    import torch
+
+    from helpers.finetune import conversations
+    from largetrain_core.model import build_model
+    from largetrain_core.shards import DistributedSampler
+    from largetrain_core.training import tasks
+
+    convs = CONVERSATIONS + conversations(7)
+    examples = [chat.render(tok, m) for m in convs]
+    lengths = [len(i) for i, _ in examples]
+    seq_len, pad = 128, tok.eos_token_id
+    manifest = tasks.write_chat(tmp_path / "ex", {"train": convs}, tok, seq_len, packing=False, group_size=4)
+    assert manifest["packing"] is False and manifest["splits"]["train"]["shard_sizes"] == [4, 4, 4]
+    data = tasks.TaskExamples(tmp_path / "ex", "train")
+    assert data.shard_sizes == [4, 4, 4] and len(data) == 12
+    order = [i for g in chat.group_by_length(lengths, 4) for i in g]
+    stored = tasks.row_lengths(data.columns["position_ids"])
+    assert stored.tolist() == [lengths[i] for i in order] == sorted(lengths, reverse=True)
+
+    model = build_model("llama-tiny", len(tok), seq_len, pad)
+    model.eval()
+    p = chat.pack(examples, seq_len, pad_id=pad)
+    per_pos = _summed_losses(model, p.input_ids, p.labels, position_ids=torch.as_tensor(p.position_ids))
+    seg = torch.as_tensor(p.segment_ids)[:, 1:]
+    packed = [per_pos[seg == i].sum().item() for i in range(len(examples))]
+
+    sampler = DistributedSampler(12, seed=3, micro_batch_size=2, shard_sizes=(4, 4, 4), window_shards=1)
+    seen, widths = [], []
+    for _, idx in zip(range(6), sampler):  # one epoch
+        assert len({int(i) // 4 for i in idx}) == 1  # both rows from one length group
+        batch = data.take(idx)
+        assert batch["input_ids"].shape[1] == max(lengths[order[i]] for i in idx)  # padded to the batch's longest
+        rows = _summed_losses(
+            model, batch["input_ids"], batch["labels"], position_ids=torch.as_tensor(batch["position_ids"])
+        ).sum(1)
+        assert rows.tolist() == pytest.approx([packed[order[i]] for i in idx], abs=1e-5, rel=0)
+        with torch.no_grad():
+            total = tasks.task_loss("chat", model, {k: torch.as_tensor(v) for k, v in batch.items()}, reduction="sum")
+        assert total.item() == pytest.approx(rows.sum().item(), abs=1e-4, rel=0)
+        seen += idx.tolist()
+        widths.append(batch["input_ids"].shape[1])
+    assert sorted(seen) == list(range(12)) and min(widths) < seq_len
+    with pytest.raises(ValueError, match="group_size must be >= 0, and 0 with packing"):
+        tasks.write_chat(tmp_path / "bad", {"train": convs}, tok, seq_len, packing=True, group_size=4)

