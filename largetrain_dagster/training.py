@@ -33,7 +33,7 @@ from largetrain_core.training.task_data import TaskDataSettings
 from largetrain_dagster.artifacts import CODE_VERSIONS, materialize_stage, stage_run
 from largetrain_dagster.configs import dagster_config
 from largetrain_dagster.partitions import shards_text
-from largetrain_dagster.resources import Storage, TorchrunLauncher, TrackerSettings, read_handle
+from largetrain_dagster.resources import LINEAGE_ONLY, Storage, TorchrunLauncher, TrackerSettings, read_handle
 
 # Filled in by the stage (paths, mode) or by the TrackerSettings resource, not by the run config.
 SET_BY_ASSET = TrainConfig.set_outside_run_config()
@@ -175,8 +175,8 @@ def not_retried_when_deterministic(fn):
     code_version=CODE_VERSIONS["base_checkpoint"],
     ins={
         "shards": AssetIn(key=["pretrain", "token_shards"]),
-        "text": AssetIn(key=["pretrain", shards_text("pretrain")]),
-        "tokenizer": AssetIn(key="tokenizer"),
+        "text": AssetIn(key=["pretrain", shards_text("pretrain")], metadata={LINEAGE_ONLY: True}),
+        "tokenizer": AssetIn(key="tokenizer", metadata={LINEAGE_ONLY: True}),
     },
     io_manager_key="handles",
     pool="accelerators",
@@ -195,8 +195,8 @@ def base_checkpoint(
     launcher: TorchrunLauncher,
     trackers: TrackerSettings,
     shards: dict,
-    text: dict,
-    tokenizer: dict,
+    text: Optional[dict],
+    tokenizer: Optional[dict],
 ):
     yield from materialize_stage(
         context,
@@ -222,7 +222,7 @@ def base_checkpoint(
         "base": AssetIn(key="base_checkpoint"),
         "shards": AssetIn(key=["domain", "token_shards"]),
         "text": AssetIn(key=["domain", "deduplicated_text"]),
-        "tokenizer": AssetIn(key="tokenizer"),
+        "tokenizer": AssetIn(key="tokenizer", metadata={LINEAGE_ONLY: True}),
     },
     io_manager_key="handles",
     pool="accelerators",
@@ -246,7 +246,7 @@ def lora_adapter(
     base: dict,
     shards: dict,
     text: dict,
-    tokenizer: dict,
+    tokenizer: Optional[dict],
 ):
     yield from materialize_stage(
         context,

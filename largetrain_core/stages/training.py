@@ -2,10 +2,12 @@
 run's identity, :meth:`TrainConfig.identity`, with the inputs' versions), one training run or the reuse
 of a finished one, and the seal of its outputs (docs/ARCHITECTURE.md, Training contract).
 
-A stage builds its :class:`TrainConfig` once (paths, mode and trackers set), checks it
-(largetrain_core.training.preflight), writes ``train_config.json`` once and hands that file to its
-``launch`` (the orchestrator's torchrun launcher); the ranks read it. The orchestrator supplies
-``launch`` and ``plan`` (the plan before the launch, which refuses what does not fit).
+A stage builds its :class:`TrainConfig` once (:func:`train_config`: the run config, the stage's paths
+and mode, the trackers), computes its data version from it, places it under that version, checks it
+once (largetrain_core.training.preflight), writes ``train_config.json`` once, plans the run
+(largetrain_core.stages.training_plan, which refuses what does not fit) and hands the file to the
+orchestrator's launcher (:class:`Launch`); the ranks read it. The stages themselves:
+largetrain_core.stages.base_checkpoint and lora_adapter; what they show: training_metadata.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from largetrain_core.storage import (
     read_json,
     relative_to_root,
     resolve_under,
-    verify_manifest,
     write_json_atomic,
     write_manifest,
 )
@@ -122,7 +123,9 @@ def train(run: StageRun, version: str, cfg: TrainConfig, launch: Launch, plan: P
     """Run (or resume, or reuse) the training ``cfg`` (:func:`train_config`) of ``run``'s stage under
     ``<root>/<key>/<version>/``.
 
-    A version whose outputs are committed and match their manifest is reused. Else ``cfg`` is placed
+    A version whose outputs are committed and match their manifest is reused (artifacts.verified, the
+    reuse check of every stage; a training is built in place, not in a temporary directory, so that a
+    rerun resumes from its checkpoints). Else ``cfg`` is placed
     there (:func:`placed`), checked (largetrain_core.training.preflight), written to
     ``train_config.json``, planned (largetrain_core.stages.training_plan: refuses by raising StageError)
     and launched (``launch.launcher``); the ranks read that file.
@@ -142,17 +145,10 @@ def train(run: StageRun, version: str, cfg: TrainConfig, launch: Launch, plan: P
         else (out / "summary.json").exists() and (out / EXPORTED[key]).exists()
     )
     if trained:
-        problems = verify_manifest(where)
-        if not problems:
-            run.log.info(
-                f"{key} {version} already trained at {fs.redact(str(where))} and matches its manifest: reusing it"
-            )
+        again = "running the training again (it resumes from its newest complete checkpoint)"
+        intact, rebuilt_because = artifacts.verified(where, run.log, again)
+        if intact:
             return local_copy(where), moved_summary(local_copy(where), where), True
-        rebuilt_because = "; ".join(problems)
-        run.log.warning(
-            f"{key} {version} at {fs.redact(str(where))} does not match its manifest; running the training "
-            f"again (it resumes from its newest complete checkpoint): {rebuilt_because}"
-        )
     cfg = placed(cfg, run, version)
     try:  # fail here, before any process starts, and never retry: a config error fails the same way again
         preflight.check(cfg)
@@ -266,7 +262,7 @@ def fine_tuning_examples(
             f"{key}: {len(report['left_out'])} documents left out of the {settled.task} examples (listed in the "
             f"metadata's left_out; the first: {first['source']}: {first['reason']}){hint}"
         )
-    return settled.with_settings(train_shards=str(examples)), report
+    return replace(settled, train_shards=str(examples)), report
 
 
 def trained(
