@@ -8,7 +8,6 @@ Every materialization measures anew (the run id is part of its data version)."""
 from dagster import AssetExecutionContext, AssetIn, asset
 
 from largetrain_core.stages.optimization_report import optimization_report as optimization_report_stage
-from largetrain_core.stages.optimization_report import report_numbers  # noqa: F401 (public)
 from largetrain_core.stages.training import Launch
 from largetrain_core.training.ablation import AblationConfig
 from largetrain_dagster.artifacts import CODE_VERSIONS, materialize_stage, stage_run

@@ -21,7 +21,6 @@ from dagster import (
 )
 from pydantic import Field
 
-from largetrain_core.stages.base_checkpoint import TOKENIZER_FILES  # noqa: F401 (public)
 from largetrain_core.stages.base_checkpoint import base_checkpoint as base_checkpoint_stage
 from largetrain_core.stages.lora_adapter import lora_adapter as lora_adapter_stage
 from largetrain_core.stages.training import Launch

@@ -14,9 +14,7 @@ from largetrain_core.stages.training import Launch, trained, train_config, train
 from largetrain_core.storage import data_version, fetch_tree, local_files, stored_location
 from largetrain_core.training.lineage import write_card
 from largetrain_core.training.plan import PlanSettings
-
-# What the shards and a model directory carry of their tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+from largetrain_core.training.sync import TOKENIZER_FILES
 
 
 def base_checkpoint(

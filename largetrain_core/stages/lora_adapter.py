@@ -9,10 +9,10 @@ from dataclasses import asdict
 from largetrain_core.model import tokenizer_mismatch
 from largetrain_core.shards import TokenShards
 from largetrain_core.stages.base import StageError, StageResult, StageRun
-from largetrain_core.stages.base_checkpoint import TOKENIZER_FILES
 from largetrain_core.stages.training import Launch, fine_tuning_examples, trained, train_config, training_version
 from largetrain_core.storage import local_copy, local_files
 from largetrain_core.training.plan import PlanSettings
+from largetrain_core.training.sync import TOKENIZER_FILES
 from largetrain_core.training.task_data import TaskDataSettings
 
 
