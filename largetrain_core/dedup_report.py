@@ -16,6 +16,7 @@ a document elsewhere are 67 % and say nothing about the dedup.
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import polars as pl
@@ -23,6 +24,7 @@ import polars as pl
 from largetrain_core.dedup import UNVERIFIED
 from largetrain_core.stages.base import text_block
 from largetrain_core.storage import part_files
+from largetrain_core.training import plots
 
 MAX_SOURCE_REMOVED = 0.5
 MIN_SOURCE_DOCUMENTS = 20
@@ -121,6 +123,42 @@ def markdown(table: pl.DataFrame) -> str:
         f"{r['kept_unverified']:,} | {100 * r['removed_fraction']:.1f} % |"
         for r in table.iter_rows(named=True)
     )
+
+
+def cluster_sizes(docs: pl.DataFrame) -> dict[str, dict[int, int]]:
+    """Clusters by size and kind (:func:`outcomes`' frame): ``{"exact": {size: clusters}, "near": {...}}``,
+    a cluster being a kept document and the documents removed as its copies (size = removed + 1)."""
+    removed = docs.filter(pl.col("outcome").is_in(["exact", "near"]))
+    sizes = removed.group_by("duplicate_of", "outcome").agg(size=pl.len() + 1)
+    counts = sizes.group_by("outcome", "size").agg(clusters=pl.len()).sort("outcome", "size")
+    out: dict[str, dict[int, int]] = {"exact": {}, "near": {}}
+    for r in counts.iter_rows(named=True):
+        out[r["outcome"]][int(r["size"])] = int(r["clusters"])
+    return out
+
+
+def cluster_sizes_markdown(sizes: dict[str, dict[int, int]]) -> str:
+    """:func:`cluster_sizes` as a log-log chart (a PNG inside the markdown) and a table of the largest sizes."""
+    png = plots.cluster_sizes_png(sizes, "duplicate clusters by size")
+    rows = sorted(((size, kind, n) for kind, c in sizes.items() for size, n in c.items()), reverse=True)[:10]
+    table = "| kind | cluster size | clusters |\n|---|---|---|\n" + "\n".join(
+        f"| {kind} | {size:,} | {n:,} |" for size, kind, n in rows
+    )
+    return f"![duplicate clusters by size](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{table}"
+
+
+def top_sources(table: pl.DataFrame, n: int = 3) -> list[dict]:
+    """The ``n`` sources of :func:`source_table` that lost the largest fraction (those with removals only):
+    source (``dimension: name``), read, removed, removed_fraction."""
+    return [
+        {
+            "source": f"{r['dimension']}: {r['source']}",
+            "read": r["read"],
+            "removed": r["removed_exact"] + r["removed_near"],
+            "removed_fraction": round(r["removed_fraction"], 4),
+        }
+        for r in table.filter(pl.col("removed_fraction") > 0).head(n).iter_rows(named=True)
+    ]
 
 
 def largest_clusters(docs: pl.DataFrame, dimension: str, source: str, k: int = 3, sample: int = 3) -> list[dict]:

@@ -34,6 +34,52 @@ def build_or_reuse(
     return artifacts.build_or_reuse(artifacts.location(storage.root, key, version), build, context.log)
 
 
+# The numbers a person looks for first on an asset's page, in this order where the asset has them; the rest
+# follows as recorded, and the bookkeeping (path, data version, reused, config) last.
+HEADLINE = (
+    "task",
+    "test_accuracy",
+    "test_macro_f1",
+    "test_assistant_perplexity",
+    "adapter_domain_perplexity_reduction_percent",
+    "base_pretrain_perplexity",
+    "base_domain_perplexity",
+    "adapter_domain_perplexity",
+    "eval_perplexity",
+    "first_loss",
+    "last_loss",
+    "eval_loss",
+    "training_curves",
+    "documents_input",
+    "documents_kept",
+    "documents_filtered",
+    "documents_duplicate",
+    "documents_rejected",
+    "input",
+    "kept",
+    "filtered",
+    "duplicate",
+    "duplicate_exact",
+    "duplicate_near",
+    "documents",
+    "rejected",
+    "kept_percent",
+    "total_tokens",
+    "train_sequences",
+    "validation_sequences",
+)
+BOOKKEEPING = ("path", "data_version", "reused", "rebuilt_because", "config")
+
+
+def headline_first(md: dict) -> dict:
+    """``md`` reordered: the :data:`HEADLINE` keys it has, the others as they were, :data:`BOOKKEEPING` last
+    (the Dagster UI lists metadata in this order)."""
+    head = [k for k in HEADLINE if k in md]
+    tail = [k for k in BOOKKEEPING if k in md]
+    rest = [k for k in md if k not in head and k not in tail]
+    return {k: md[k] for k in [*head, *rest, *tail]}
+
+
 def asset_output(
     path: Path,
     version: str,
@@ -45,7 +91,8 @@ def asset_output(
 ) -> Output:
     """The asset's Output: the JSON handle (path: where the version is stored, its URL under an
     object-store root; data version, stats, exact) and metadata (path, data
-    version, reused, config, every numeric stat unless ``stats_metadata`` is False, ``extra``), with the data version Dagster records.
+    version, reused, config, every numeric stat unless ``stats_metadata`` is False, ``extra``; the headline
+    numbers first: :func:`headline_first`), with the data version Dagster records.
 
     Metadata is for people and plots: floats (in stats and ``extra``) are rounded to 4 significant
     digits (``rounded``); units go in the label (``seconds``, ``size_mib``, ``kept_percent``)."""
@@ -63,7 +110,7 @@ def asset_output(
     if stats.get("rebuilt_because"):
         md["rebuilt_because"] = MetadataValue.text(stats["rebuilt_because"])
     md.update(extra or {})
-    md = {k: rounded(v) if isinstance(v, float) else v for k, v in md.items()}
+    md = headline_first({k: rounded(v) if isinstance(v, float) else v for k, v in md.items()})
     with warnings.catch_warnings():  # Output's data_version is Dagster's documented way to set it (beta-flagged)
         warnings.simplefilter("ignore", BetaWarning)
         return Output(handle, metadata=md, data_version=DataVersion(version))

@@ -371,7 +371,7 @@ def _launch(
         run_id = server.client.submit_job_execution(
             job, repository_location_name=LOCATION, repository_name=REPOSITORY, run_config=configs[job], tags=tags
         )
-        part = f", partition {tags['dagster/partition']}" if tags else ""
+        part = f", partition {tags['dagster/partition']}" if "dagster/partition" in tags else ""
         console.print(
             f"[bold][{i}/{len(plan)}] {job}{part}[/bold] (run {run_id[:8]}): {escape(stage_order(parents))}",
             highlight=False,
@@ -398,6 +398,18 @@ def _launch(
             )
             return False
     return True
+
+
+def run_tags(config_file: str, run_config: dict) -> dict[str, str]:
+    """The tags that tell runs apart on the Runs page: ``largetrain/config`` (the run config file) and
+    ``largetrain/corpus/<role>`` (each corpus path the run config sets: ``ops.<role>__raw_corpus.config.path``)."""
+    tags = {"largetrain/config": str(config_file)}
+    for op, value in sorted(((run_config or {}).get("ops") or {}).items()):
+        role, _, step = op.rpartition("__")
+        path = ((value or {}).get("config") or {}).get("path") if isinstance(value, dict) else None
+        if step == "raw_corpus" and role and isinstance(path, str):
+            tags[f"largetrain/corpus/{role.replace('__', '/')}"] = path
+    return tags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,13 +439,14 @@ def main(argv: list[str] | None = None) -> int:
 
     run_config = yaml.safe_load(Path(args.config).read_text()) or {}
     partitions = args.partitions.split(",") if args.partitions else DATA_PARTITIONS.get_partition_keys()
+    tags = run_tags(args.config, run_config)
     plan = [
-        (job, {"dagster/partition": pk})
+        (job, {"dagster/partition": pk, **tags})
         for job in args.jobs.split(",")
         if job == "prepare_partitions"
         for pk in partitions
     ]
-    plan += [(job, {}) for job in args.jobs.split(",") if job != "prepare_partitions"]
+    plan += [(job, dict(tags)) for job in args.jobs.split(",") if job != "prepare_partitions"]
     jobs = list(dict.fromkeys(job for job, _ in plan))
     log = Path(args.log).resolve()
     console = _redirect_output(log)

@@ -187,6 +187,14 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
         + f" / rejected {_fmt(chain.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)"
     )
     lines += _filtering(filt)
+    if dedup.get("sources_most_removed"):
+        lines.append(
+            "  sources that lost most to dedup: "
+            + "; ".join(
+                f"{s['source']} {100 * s['removed_fraction']:.1f} % ({s['removed']:,} of {s['read']:,})"
+                for s in dedup["sources_most_removed"]
+            )
+        )
     if dedup.get("pii_redacted") is not None:
         pii = dedup["pii_redacted"]
         lines.append(
@@ -349,17 +357,34 @@ def _filters(instance: DagsterInstance) -> list[str]:
     return lines
 
 
+def corpora_in_order(instance: DagsterInstance) -> list[tuple[str, str]]:
+    """(role, label) of both corpora, the one prepared last first: a role whose latest deduplicated_text
+    (raw_corpus when it has none) comes from a later run than the other's leads, so that after a recipe on
+    one corpus the summary opens on it. Prepared in the same run (the demo's lineage): pretraining first."""
+    order = [("pretrain", "pretraining corpus"), ("domain", "domain corpus")]
+
+    def latest(role: str) -> tuple[str | None, float]:
+        for step in ("deduplicated_text", "raw_corpus"):
+            event = instance.get_latest_materialization_event(AssetKey([role, step]))
+            if event is not None:
+                return event.run_id, event.timestamp
+        return None, 0.0
+
+    (run_p, when_p), (run_d, when_d) = latest("pretrain"), latest("domain")
+    return order[::-1] if run_d != run_p and when_d > when_p else order
+
+
 def render(instance: DagsterInstance) -> str:
     """What the latest materializations recorded: each corpus (source, version, documents by outcome,
     balancing, shards), the base model's origin (pretrained preset or imported directory) and training,
     the adapter's r, alpha and target modules, the held-out perplexities and a few sample generations.
+    The corpus prepared last comes first (:func:`corpora_in_order`).
     Warnings: a corpus's removal warning and a tiny validation split; rejected records: where they are.
     First, when there are any: the assets whose latest run failed, or whose latest materialization failed
     a blocking check (:func:`failures`)."""
     lines = [
         *failures(instance),
-        *_corpus(instance, "pretrain", "pretraining corpus"),
-        *_corpus(instance, "domain", "domain corpus"),
+        *(line for role, label in corpora_in_order(instance) for line in _corpus(instance, role, label)),
         *_filters(instance),
         *_models(instance),
     ]

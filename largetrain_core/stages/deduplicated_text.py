@@ -243,6 +243,8 @@ def _report_sources(result: StageResult, dirs: dict[str | None, list[Path]], max
     passed, message = dedup_report.wiped_out(docs, table, max_fraction)
     result.metadata["dedup_by_source"] = Markdown(dedup_report.markdown(table))
     result.metadata["near_duplicates_sample"] = Markdown(dedup_report.removed_sample(docs, dirs))
+    result.metadata["cluster_sizes"] = Markdown(dedup_report.cluster_sizes_markdown(dedup_report.cluster_sizes(docs)))
+    result.metadata["sources_most_removed"] = Json(dedup_report.top_sources(table))
     worst = table.row(0, named=True) if table.height else None
     result.checks["no_source_wiped_out"] = Check(
         passed,

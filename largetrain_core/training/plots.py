@@ -1,5 +1,6 @@
 """Charts as PNG files (matplotlib's Agg renderer, no display needed): a training run's curves
-(:func:`training_curves_png`) and bar charts against a baseline (:func:`bars_png`). The same inputs
+(:func:`training_curves_png`), bar charts against a baseline (:func:`bars_png`) and the size distribution of
+duplicate clusters (:func:`cluster_sizes_png`). The same inputs
 give the same bytes (no time stamp is written)."""
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ def _figure(width: float, height: float, rows: int, cols: int = 1, sharex: bool 
     return fig, fig.subplots(rows, cols, sharex=sharex, squeeze=False)
 
 
-def _save(fig, out: Path) -> Path:
-    """Write ``fig`` as PNG to ``out`` atomically (a temporary sibling renamed into place)."""
+def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _save(fig, out: Path) -> Path:
+    """Write ``fig`` as PNG to ``out`` atomically (a temporary sibling renamed into place)."""
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(buf.getvalue())
+    tmp.write_bytes(_png(fig))
     os.replace(tmp, out)
     return out
 
@@ -102,3 +107,33 @@ def bars_png(panels: list[tuple[str, dict[str, float | None], str]], baseline: s
         axes[j // cols][j % cols].set_visible(False)
     fig.suptitle(title)
     return _save(fig, out)
+
+
+def cluster_sizes_png(series: dict[str, dict[int, int]], title: str) -> bytes:
+    """Duplicate clusters by size, one series per kind (``{"exact": {size: clusters}, "near": ...}``; a
+    cluster's size counts its kept document and every document removed as its copy), on log-log axes: the
+    heavy tail that a chain of templated documents makes (marin#6854) stands out. Returns the PNG's bytes."""
+    fig, axes = _figure(6, 3.6, 1)
+    ax = axes[0][0]
+    colors = {"exact": "#7f7f7f", "near": "#d62728"}
+    for kind, counts in series.items():
+        if counts:
+            sizes = sorted(counts)
+            ax.plot(
+                sizes,
+                [counts[s] for s in sizes],
+                marker="o",
+                markersize=4,
+                linewidth=1,
+                label=kind,
+                color=colors.get(kind),
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("cluster size (documents: the kept one and its removed copies)")
+    ax.set_ylabel("clusters")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    if any(series.values()):
+        ax.legend(loc="upper right")
+    return _png(fig)

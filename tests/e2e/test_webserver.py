@@ -396,6 +396,7 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
     runs = data["pipelineOrError"]["runs"]
     assert [r["runId"][:8] for r in runs] == [prefix] and runs[0]["status"] == "SUCCESS"
     assert {"key": "dagster/partition", "value": PARTITION_KEYS[0]} in runs[0]["tags"]
+    assert {"key": "largetrain/config", "value": str(config)} in runs[0]["tags"]  # the Runs page's filter
     instance = DagsterInstance.from_config(str(server.home))
     try:  # the hidden tag the UI filters a location's runs by, and the origin it re-executes from
         run = instance.get_run_by_id(runs[0]["runId"])
@@ -411,6 +412,8 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
     (mat,) = data["assetOrError"]["assetMaterializations"]
     assert mat["runId"][:8] == prefix
     md = {e["label"]: e.get("floatValue", e.get("intValue")) for e in mat["metadataEntries"]}
+    labels = [e["label"] for e in mat["metadataEntries"]]  # the headline numbers first, the bookkeeping last
+    assert labels[:4] == ["input", "kept", "filtered", "kept_percent"] and labels[-1] == "config", labels
     assert (
         md["input"] >= 5
         and md["kept_percent"] == float(f"{100 * md['kept'] / md['input']:.4g}")
@@ -435,6 +438,7 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
         for row in table.find_elements(By.XPATH, ".//tr[td]"):
             cells = row.find_elements(By.XPATH, "./td")
             shown[cells[0].text.strip()] = cells[-1]
+        assert [k for k in shown if k != "Key"][:3] == ["input", "kept", "filtered"]  # what the page opens on
         cell = shown["kept_mib"]
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
         # what the user sees at the value's place is the value itself, not an overlay

@@ -265,6 +265,10 @@ def test_labels_read_but_not_balanced_warn_and_show_the_class_counts(tmp_path):
     assert md[0]["labels_not_balanced"].value == {"a": 6, "b": 2, "c": 3, "<null>": 1}
     assert "  labels read, not balanced (balance_target null): documents per class a 6, c 3, b 2, <null> 1" in summary
     assert "/ duplicates 1 (exact 1, near 0 verified, 0 candidates kept by verification) /" in summary
+    # the per-source view (no_source_wiped_out's table) leads with the source that lost most, and the chart
+    assert "  sources that lost most to dedup: label: a 14.3 % (1 of 7); folder: <top level> " in summary
+    assert md[0]["cluster_sizes"].value.startswith("![duplicate clusters by size](data:image/png;base64,")
+    assert "| exact | 2 | 1 |" in md[0]["cluster_sizes"].value
 
     # no label_field: nothing to say
     ok, warnings, _, md, summary = _run_chain(tmp_path / "root", src, {}, {})

@@ -84,6 +84,8 @@ def test_demo_starts_dagster_dev_submits_the_run_and_stops_the_server(tmp_path):
         run = record.dagster_run
         assert run.run_id.startswith(prefix) and run.status == DagsterRunStatus.SUCCESS
         assert run.job_name == "prepare_partitions" and run.tags["dagster/partition"] == partition
+        assert run.tags["largetrain/config"] == str(config)  # the Runs page tells runs apart by these
+        assert run.tags["largetrain/corpus/domain"] == str(TICKETS)
         assert run.remote_job_origin.location_name == "largetrain"  # submitted to the code location, as the UI does
     finally:
         instance.dispose()

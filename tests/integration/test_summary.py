@@ -8,9 +8,10 @@ from dagster import DagsterInstance
 
 from helpers import TICKETS
 from largetrain_dagster.corpus import corpus_assets
+from largetrain_dagster.demo import run_tags
 from largetrain_dagster.definitions import build_definitions
 from largetrain_dagster.shards import MIN_VALIDATION_SEQUENCES, tiny_validation_warning, token_shards_asset
-from largetrain_dagster.summary import _samples, one_line, render
+from largetrain_dagster.summary import _samples, corpora_in_order, one_line, render
 from largetrain_dagster.tokenizer import tokenizer
 from helpers.lineage import materialize_lineage
 
@@ -62,6 +63,21 @@ def test_tiny_validation_split_is_warned_in_the_run_log_metadata_and_summary(tmp
         ]
         (md,) = [m.metadata for m in result.asset_materializations_for_node("domain__token_shards")]
         summary = render(instance)
+        # both corpora prepared by the same runs: the pretraining corpus first; the domain corpus prepared
+        # again afterwards (a recipe on it): it leads
+        assert summary.index("pretraining corpus (pretrain)") < summary.index("domain corpus (domain)")
+        again = materialize_lineage(
+            assets,
+            defs.resources,
+            instance,
+            cfg,
+            selection=["domain/raw_corpus", "domain/cleaned_text", "domain/deduplicated_text"],
+        )
+        assert again.success
+        assert corpora_in_order(instance) == [("domain", "domain corpus"), ("pretrain", "pretraining corpus")]
+        assert render(instance).index("domain corpus (domain)") < render(instance).index(
+            "pretraining corpus (pretrain)"
+        )
     n = md["validation_sequences"].value
     assert 0 < n < MIN_VALIDATION_SEQUENCES
     (w,) = warnings
@@ -80,3 +96,22 @@ def test_enough_validation_sequences_say_nothing():
     assert tiny_validation_warning("domain", {}, {}) is None
     w = tiny_validation_warning("domain", {"validation_sequences": 0}, {"validation_fraction": 0.0})
     assert "0 sequences" in w and "(now 0)" in w and "about" not in w
+
+
+def test_demo_runs_are_tagged_with_their_config_file_and_corpus_paths():
+    run_config = {
+        "ops": {
+            "pretrain__raw_corpus": {"config": {"path": "/data/kernel-docs"}},
+            "domain__raw_corpus": {"config": {"path": "corpora/plays.jsonl"}},
+            "pretrain__code__raw_corpus": {"config": {"path": "s3://bucket/code/"}},
+            "tokenizer": {"config": {"vocab_size": 300}},
+            "domain__cleaned_text": {"config": {"path": "not a corpus"}},
+        }
+    }
+    assert run_tags("configs/demo.yaml", run_config) == {
+        "largetrain/config": "configs/demo.yaml",
+        "largetrain/corpus/domain": "corpora/plays.jsonl",
+        "largetrain/corpus/pretrain": "/data/kernel-docs",
+        "largetrain/corpus/pretrain/code": "s3://bucket/code/",
+    }
+    assert run_tags("c.yaml", {}) == {"largetrain/config": "c.yaml"}

@@ -9,9 +9,12 @@ from largetrain_core.dedup_report import (
     MIN_SOURCE_DOCUMENTS,
     SETTING,
     TOP_LEVEL,
+    cluster_sizes,
+    cluster_sizes_markdown,
     outcomes,
     removed_sample,
     source_table,
+    top_sources,
     wiped_out,
 )
 
@@ -60,6 +63,28 @@ def test_a_source_wiped_out_fails_with_its_fraction_clusters_and_setting(tmp_pat
     assert wiped_out(docs, table, 0.8)[0] and wiped_out(docs, table, None)[0]
     sample = removed_sample(docs, dirs)
     assert "removed as a copy of" in sample and "ticket0 word0" in sample
+
+
+def test_cluster_sizes_count_the_kept_document_and_its_copies_and_the_worst_sources_lead(tmp_path):
+    dirs, out = _planted(tmp_path)
+    docs = outcomes(dirs, out)
+    sizes = cluster_sizes(docs)
+    # every removed document is in exactly one cluster with its kept copy
+    removed = docs.filter(pl.col("outcome").is_in(["exact", "near"])).height
+    assert (
+        sum((size - 1) * n for c in sizes.values() for size, n in c.items()) == removed == 18 + 2
+    )  # tickets, and both top-level copies of d0
+    per_kept = docs.filter(pl.col("duplicate_of").is_not_null()).group_by("duplicate_of", "outcome").len()
+    for r in per_kept.iter_rows(named=True):
+        assert sizes[r["outcome"]][r["len"] + 1] >= 1
+    md = cluster_sizes_markdown(sizes)
+    assert md.startswith("![duplicate clusters by size](data:image/png;base64,iVBOR")  # a PNG
+    assert "| kind | cluster size | clusters |" in md
+    top = top_sources(source_table(docs))
+    assert top == [
+        {"source": f"folder: {TOP_LEVEL}", "read": 2, "removed": 2, "removed_fraction": 1.0},
+        {"source": "folder: tickets", "read": 24, "removed": 18, "removed_fraction": 0.75},
+    ]  # docs/ lost nothing: not listed
 
 
 def test_normal_data_passes(tmp_path):

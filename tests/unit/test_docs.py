@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 
 
 from helpers import docblocks
@@ -141,3 +142,12 @@ def test_several_nodes_commands_are_what_launch_commands_generates():
     assert filled(static) == launch_commands("CONFIG.json", hosts, 8)["torchrun"][1]
     assert filled(c10d) == launch_commands("CONFIG.json", hosts, 8, rdzv_backend="c10d")["torchrun"][1]
     assert filled(ds) == launch_commands("CONFIG.json", hosts, 8)["deepspeed"]
+
+
+def test_the_architecture_layout_is_the_tree():
+    """docs/ARCHITECTURE.md's layout table lists every module of both packages with its docstring's first
+    sentence, as scripts/architecture_layout.py generates it."""
+    run = subprocess.run(
+        [sys.executable, "scripts/architecture_layout.py", "--check"], cwd=REPO, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
