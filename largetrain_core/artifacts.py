@@ -93,16 +93,9 @@ def build_or_reuse(final: str | Path, build: Callable[[Path], dict], log: loggin
     shown = fs.redact(str(final))
     rebuilt_because = None
     if fs.exists(final):
-        t0 = time.perf_counter()
-        problems = verify_manifest(final)
-        if not problems:
-            log.info(
-                f"{shown} is already complete and matches its manifest "
-                f"(verified in {time.perf_counter() - t0:.3f} s): reusing it"
-            )
+        intact, rebuilt_because = verified(final, log)
+        if intact:
             return _committed(final)
-        rebuilt_because = "; ".join(problems)
-        log.warning(f"{shown} does not match its manifest, rebuilding it: {rebuilt_because}")
     t0 = time.perf_counter()
     commit = atomic_dir(final)
     with commit as tmp:
@@ -123,6 +116,26 @@ def build_or_reuse(final: str | Path, build: Callable[[Path], dict], log: loggin
         return _committed(final)
     stats = resolve_under(relative_to_root(stats, commit.tmp), final)  # paths into the build dir: where they now are
     return Built(local_copy(final), {**stats, "rebuilt_because": rebuilt_because} if rebuilt_because else stats, False)
+
+
+def verified(final: str | Path, log: logging.Logger, instead: str = "rebuilding it") -> tuple[bool, str | None]:
+    """Whether the existing version ``final`` may be reused: (True, None) when it matches its
+    ``_manifest.json`` (storage.verify_manifest), logged as reused; else (False, the problems "; "-joined),
+    logged as a warning with ``instead``, what the run does about it. The one reuse check of every
+    stage: :func:`build_or_reuse`, and the trainings, which are built in place so that a rerun resumes
+    from their checkpoints (largetrain_core.stages.training.train)."""
+    shown = fs.redact(str(final))
+    t0 = time.perf_counter()
+    problems = verify_manifest(final)
+    if not problems:
+        log.info(
+            f"{shown} is already complete and matches its manifest "
+            f"(verified in {time.perf_counter() - t0:.3f} s): reusing it"
+        )
+        return True, None
+    rebuilt_because = "; ".join(problems)
+    log.warning(f"{shown} does not match its manifest, {instead}: {rebuilt_because}")
+    return False, rebuilt_because
 
 
 def disk_full_error(exc: BaseException, tmp: Path, shown: str) -> DiskFullError | None:

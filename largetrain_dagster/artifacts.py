@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 
 from dagster import (
     AssetCheckResult,
+    AssetCheckSeverity,
     AssetExecutionContext,
     BetaWarning,
     Config,
@@ -19,7 +20,7 @@ from dagster import (
 from largetrain_core import artifacts
 from largetrain_core.artifacts import CODE_VERSIONS  # noqa: F401 (the stages' code versions, for the asset definitions)
 from largetrain_core.executors.base import ExecutorError
-from largetrain_core.stages.base import Json, Markdown, StageError, StageResult, StageRun, Text
+from largetrain_core.stages.base import Json, Markdown, StageError, StageResult, StageRun, Text, Url
 from largetrain_core.stages.base import mib, percent, rounded, text_block  # noqa: F401 (for the other asset modules)
 from largetrain_core.storage import DiskFullError, stored_location
 from largetrain_dagster.resources import Storage
@@ -123,6 +124,8 @@ def metadata_values(metadata: dict) -> dict:
             return MetadataValue.md(str(v))
         if isinstance(v, Text):
             return MetadataValue.text(str(v))
+        if isinstance(v, Url):
+            return MetadataValue.url(str(v))
         if isinstance(v, Json):
             return MetadataValue.json(v.value)
         if isinstance(v, Path):
@@ -154,7 +157,7 @@ def materialize_stage(
     try:
         result = stage(*args, **kwargs)
     except StageError as e:
-        raise Failure(str(e), allow_retries=e.retryable) from e
+        raise Failure(str(e), allow_retries=e.retryable, metadata=metadata_values(e.metadata)) from e
     except DiskFullError as e:  # named with the file and the free space; a retry would fill the same disk
         raise Failure(f"{e}. Not retried.", allow_retries=False) from e
     except ExecutorError as e:
@@ -162,7 +165,19 @@ def materialize_stage(
     for warning in result.warnings:
         context.log.warning(warning)
     yield asset_output(
-        result.path, result.data_version, result.stats, config, result.reused, metadata_values(result.metadata)
+        result.path,
+        result.data_version,
+        result.stats,
+        config,
+        result.reused,
+        metadata_values(result.metadata),
+        stats_metadata=result.show_stats,
     )
     for name, check in result.checks.items():
-        yield AssetCheckResult(check_name=name, passed=bool(check.passed), metadata=metadata_values(check.metadata))
+        yield AssetCheckResult(
+            check_name=name,
+            passed=bool(check.passed),
+            severity=AssetCheckSeverity.ERROR,
+            description=check.description,
+            metadata=metadata_values(check.metadata),
+        )

@@ -238,6 +238,11 @@ def handle_file(root: str | Path, key: AssetKey, partition: str | None = None) -
     return fs.join(root, "_handles", name) if fs.is_url(root) else root / "_handles" / name
 
 
+# An input's metadata key: the handle is read only for a model card's lineage (None when never
+# materialized; not verified, no failed check refused), as AssetIn(..., metadata={LINEAGE_ONLY: True}).
+LINEAGE_ONLY = "lineage_only"
+
+
 def read_handle(root: str | Path, key: AssetKey, partition: str | None = None) -> dict | None:
     """The handle of ``key`` (see :class:`HandleIOManager`) with its paths resolved under ``root``, or
     None when it has not been materialized."""
@@ -409,6 +414,8 @@ class HandleIOManager(ConfigurableIOManager):
             f = self._step_file(upstream.get_identifier())
             return resolve_under(read_json(f, f"output of step {upstream.step_key}"), _root(self.root))
         key = context.asset_key
+        if (context.definition_metadata or {}).get(LINEAGE_ONLY):
+            return read_handle(self.root, key)
         if not context.has_asset_partitions:
             handle = self._read(self._file(key, None), key, None, key.to_user_string())
             self._refuse_failed_check(context, key, handle)

@@ -23,11 +23,13 @@ LOG = logging.getLogger("largetrain_core.stages")
 class StageError(ValueError):
     """A stage cannot do its work with these inputs and settings; the message says what is wrong
     (file, position, setting) and what to do. ``retryable``: whether running again could succeed
-    (never for a bad input or setting)."""
+    (never for a bad input or setting); ``metadata``: what the orchestrator shows beside the message (a
+    refused training plan's table)."""
 
-    def __init__(self, message: str, retryable: bool = False):
+    def __init__(self, message: str, retryable: bool = False, metadata: dict | None = None):
         super().__init__(message)
         self.retryable = retryable
+        self.metadata = metadata or {}
 
 
 class Markdown(str):
@@ -36,6 +38,10 @@ class Markdown(str):
 
 class Text(str):
     """A metadata value shown as plain text (a warning, a reason)."""
+
+
+class Url(str):
+    """A metadata value shown as a link (a tracker's run page)."""
 
 
 class Json:
@@ -83,22 +89,25 @@ class Artifact:
 
 @dataclass(frozen=True)
 class Check:
-    """One check of a stage's output: passed or not, and the numbers that show why."""
+    """One check of a stage's output: passed or not, the numbers that show why, and (failed) what is wrong."""
 
     passed: bool
     metadata: dict = field(default_factory=dict)
+    description: str | None = None
 
 
 @dataclass
 class StageResult(Artifact):
     """What a stage gives back: its artifact (path, data version, stats), whether it was ``reused``,
     the ``warnings`` to log, the ``checks`` of its output by name, and ``metadata`` for people (numbers,
-    :class:`Markdown`, :class:`Text`, :class:`Json`, paths) beside the numeric stats."""
+    :class:`Markdown`, :class:`Text`, :class:`Json`, paths) beside the numeric stats (shown too unless
+    ``show_stats`` is False: the stage chose what to show in ``metadata``)."""
 
     reused: bool = False
     warnings: list[str] = field(default_factory=list)
     checks: dict[str, Check] = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)
+    show_stats: bool = True
 
     @classmethod
     def built(cls, built: Built, data_version: str, **kw) -> "StageResult":

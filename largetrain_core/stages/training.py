@@ -2,10 +2,12 @@
 run's identity, :meth:`TrainConfig.identity`, with the inputs' versions), one training run or the reuse
 of a finished one, and the seal of its outputs (docs/ARCHITECTURE.md, Training contract).
 
-A stage builds its :class:`TrainConfig` once (paths, mode and trackers set), checks it
-(largetrain_core.training.preflight), writes ``train_config.json`` once and hands that file to its
-``launch`` (the orchestrator's torchrun launcher); the ranks read it. The orchestrator supplies
-``launch`` and ``plan`` (the plan before the launch, which refuses what does not fit).
+A stage builds its :class:`TrainConfig` once (:func:`train_config`: the run config, the stage's paths
+and mode, the trackers), computes its data version from it, places it under that version, checks it
+once (largetrain_core.training.preflight), writes ``train_config.json`` once, plans the run
+(largetrain_core.stages.training_plan, which refuses what does not fit) and hands the file to the
+orchestrator's launcher (:class:`Launch`); the ranks read it. The stages themselves:
+largetrain_core.stages.base_checkpoint and lora_adapter; what they show: training_metadata.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
 from largetrain_core import artifacts, fs
 from largetrain_core.artifacts import CODE_VERSIONS
 from largetrain_core.settings import merged
-from largetrain_core.stages.base import StageError, StageRun
+from largetrain_core.stages.base import StageError, StageResult, StageRun
 from largetrain_core.storage import (
     COMMIT,
     part_files,
@@ -30,12 +33,13 @@ from largetrain_core.storage import (
     read_json,
     relative_to_root,
     resolve_under,
-    verify_manifest,
     write_json_atomic,
     write_manifest,
 )
 from largetrain_core.training import preflight
-from largetrain_core.training.config import TrainConfig
+from largetrain_core.stages.training_plan import plan_training
+from largetrain_core.training.config import TrainConfig, read_sectioned
+from largetrain_core.training.plan import PlanSettings
 from largetrain_core.training import task_data
 from largetrain_core.training.task_data import TaskDataSettings
 from largetrain_core.training.trackers import METRICS
@@ -59,10 +63,25 @@ TRAINED_OUTPUTS = (
 
 
 class Launcher(Protocol):
-    """Runs one training (or calibration) from its config file on the ranks and returns what rank 0
-    reported; raises the orchestrator's failure when the processes fail."""
+    """Runs one training (or another entry point ``module``: the calibration) from its config file on
+    the ranks and returns what rank 0 reported; raises the orchestrator's failure when the processes fail."""
 
-    def __call__(self, config_file: Path, log_file: Path, grace_seconds: float) -> set: ...
+    def __call__(
+        self, config_file: Path, log_file: Path, grace_seconds: float | None = None, module: str | None = None
+    ) -> set: ...
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the orchestrator gives a training stage: its ``launcher``, the ranks per node and the nodes,
+    the trackers' settings (``report_to``, ``wandb``, ``mlflow``), and ``report()``: the latest
+    optimization report (report.json) or None, and why there is none (read only when a plan needs it)."""
+
+    launcher: Launcher
+    ranks_per_node: int
+    nodes: int = 1
+    tracking: dict = field(default_factory=lambda: {"report_to": [], "wandb": {}, "mlflow": {"tracking_uri": None}})
+    report: Callable[[], tuple[dict | None, str]] = lambda: (None, "no optimization report was given")
 
 
 def training_version(stage: str, cfg: TrainConfig, *input_versions: str, ranks: int, **extra) -> str:
@@ -71,28 +90,51 @@ def training_version(stage: str, cfg: TrainConfig, *input_versions: str, ranks: 
     return data_version(CODE_VERSIONS[stage], {**cfg.identity("artifact"), **extra}, *input_versions, ranks)
 
 
-def train(
-    run: StageRun,
-    version: str,
-    settled: TrainConfig,
-    tracking: dict,
-    launch: Launcher,
-    plan: Callable[[TrainConfig, Path], dict],
-) -> tuple[Path, dict, bool]:
-    """Run (or resume, or reuse) the training of ``run``'s stage under ``<root>/<key>/<version>/``.
+def train_config(run: StageRun, settings: dict, launch: Launch, **set_by_stage) -> TrainConfig:
+    """The TrainConfig of a training stage, built once: the run config ``settings`` (sectioned; an old
+    one's top-level names moved into their sections with a WARNING: config.read_sectioned), the stage's
+    ``set_by_stage`` (paths, mode; nested ones as dicts: ``model={"base_model": ...}``) and the trackers'
+    settings of ``launch`` (``dagster_pipes`` added; MLflow's store defaults to
+    ``sqlite:///<root>/mlruns.db``). Its output_dir and run name are set when its data version is known
+    (:func:`placed`). Raises StageError (not retryable) for an unknown or invalid setting: nothing has
+    been launched."""
+    key = run.key[0]
+    tracking = copy.deepcopy(launch.tracking)
+    tracking["mlflow"]["tracking_uri"] = tracking["mlflow"].get("tracking_uri") or f"sqlite:///{_root_path(run)}"
+    tracking["report_to"] = [
+        *tracking["report_to"],
+        *(["dagster_pipes"] * ("dagster_pipes" not in tracking["report_to"])),
+    ]
+    try:
+        d = read_sectioned(settings, f"run config of {key}", run.log.warning)
+        return TrainConfig.from_dict(merged(d, {**set_by_stage, "output_dir": "-", "tracking": tracking}))
+    except ValueError as e:
+        raise StageError(f"{key}: {e}. Nothing was launched; not retried (change the config).") from e
 
-    A version whose outputs are committed and match their manifest is reused. Else its TrainConfig is
-    ``settled`` (the run config with the stage's paths and mode) with the output directory and
-    ``tracking`` (the trackers' settings: ``report_to``, ``wandb``, ``mlflow``; ``dagster_pipes`` is
-    added; MLflow's store defaults to ``sqlite:///<root>/mlruns.db``), checked
-    (largetrain_core.training.preflight), written to ``train_config.json``, planned (``plan``: refuses by
-    raising) and launched (``launch``).
+
+def placed(cfg: TrainConfig, run: StageRun, version: str) -> TrainConfig:
+    """``cfg`` with its output_dir (the version's location under the storage root, a URL under an
+    object-store root) and its trackers' run name ``<key>-<version>`` set."""
+    where = artifacts.location(run.root, run.key, version)
+    return replace(cfg, output_dir=str(where), tracking=replace(cfg.tracking, run_name=f"{run.key[0]}-{version}"))
+
+
+def train(run: StageRun, version: str, cfg: TrainConfig, launch: Launch, plan: PlanSettings) -> tuple[Path, dict, bool]:
+    """Run (or resume, or reuse) the training ``cfg`` (:func:`train_config`) of ``run``'s stage under
+    ``<root>/<key>/<version>/``.
+
+    A version whose outputs are committed and match their manifest is reused (artifacts.verified, the
+    reuse check of every stage; a training is built in place, not in a temporary directory, so that a
+    rerun resumes from its checkpoints). Else ``cfg`` is placed
+    there (:func:`placed`), checked (largetrain_core.training.preflight), written to
+    ``train_config.json``, planned (largetrain_core.stages.training_plan: refuses by raising StageError)
+    and launched (``launch.launcher``); the ranks read that file.
 
     With an object-store root the training's output_dir is the version's URL: the ranks work in its
     local working copy and upload checkpoints and outputs (largetrain_core.training.sync); the stage
     seals and commits it (:func:`seal_training`). Returns (the local directory, the summary with its
-    paths where they are stored, reused). Raises StageError (not retryable) for an invalid config:
-    nothing has been launched."""
+    paths where they are stored, reused). Raises StageError (not retryable) for a config that does not
+    fit its inputs: nothing has been launched."""
     key = run.key[0]
     where = artifacts.location(run.root, run.key, version)
     out = local_dir(where)
@@ -103,29 +145,12 @@ def train(
         else (out / "summary.json").exists() and (out / EXPORTED[key]).exists()
     )
     if trained:
-        problems = verify_manifest(where)
-        if not problems:
-            run.log.info(
-                f"{key} {version} already trained at {fs.redact(str(where))} and matches its manifest: reusing it"
-            )
+        again = "running the training again (it resumes from its newest complete checkpoint)"
+        intact, rebuilt_because = artifacts.verified(where, run.log, again)
+        if intact:
             return local_copy(where), moved_summary(local_copy(where), where), True
-        rebuilt_because = "; ".join(problems)
-        run.log.warning(
-            f"{key} {version} at {fs.redact(str(where))} does not match its manifest; running the training "
-            f"again (it resumes from its newest complete checkpoint): {rebuilt_because}"
-        )
-    tracking = copy.deepcopy(tracking)
-    tracking["mlflow"]["tracking_uri"] = tracking["mlflow"]["tracking_uri"] or f"sqlite:///{_root_path(run)}"
-    tracking["report_to"] = [
-        *tracking["report_to"],
-        *(["dagster_pipes"] * ("dagster_pipes" not in tracking["report_to"])),
-    ]
+    cfg = placed(cfg, run, version)
     try:  # fail here, before any process starts, and never retry: a config error fails the same way again
-        cfg = TrainConfig.from_dict(
-            merged(
-                settled.to_dict(), {"output_dir": str(where), "tracking": {**tracking, "run_name": f"{key}-{version}"}}
-            )
-        )
         preflight.check(cfg)
     except ValueError as e:
         raise StageError(f"{key}: {e}. Nothing was launched; not retried (change the config).") from e
@@ -134,9 +159,12 @@ def train(
     write_json_atomic(cfg_path, cfg.to_dict())
     if fs.is_url(where):  # beside the version, where pods on other nodes read it
         write_json_atomic(fs.join(where, "train_config.json"), cfg.to_dict())
-    plan(cfg, out)
+    ranks = (launch.ranks_per_node * max(1, launch.nodes), launch.ranks_per_node)
+    plan_training(run, cfg, plan, out, launch.launcher, ranks, launch.report())
     try:
-        reported = launch(cfg_path, out / "train.log", cfg.checkpointing.preemption_grace_seconds)
+        reported = launch.launcher(
+            cfg_path, out / "train.log", grace_seconds=cfg.checkpointing.preemption_grace_seconds
+        )
     finally:
         if fs.is_url(where) and (out / "train.log").exists():
             fs.filesystem(where)[0].put_file(str(out / "train.log"), fs.filesystem(fs.join(where, "train.log"))[1])
@@ -248,4 +276,67 @@ def fine_tuning_examples(
             f"{key}: {len(report['left_out'])} documents left out of the {settled.task} examples (listed in the "
             f"metadata's left_out; the first: {first['source']}: {first['reason']}){hint}"
         )
-    return settled.with_settings(train_shards=str(examples)), report
+    return replace(settled, train_shards=str(examples)), report
+
+
+def trained(
+    run: StageRun,
+    version: str,
+    cfg: TrainConfig,
+    plan: PlanSettings,
+    launch: Launch,
+    card_inputs: dict,
+    base: dict | None = None,
+    examples: dict | None = None,
+) -> StageResult:
+    """Train ``run``'s stage (base_checkpoint, or lora_adapter on the ``base`` handle) or reuse it
+    (:func:`train`); evaluate a fine-tuning task's adapter on its test split (``examples``: the task
+    examples' report); write the model card from ``card_inputs`` (largetrain_core.training.lineage.write_card);
+    log the outputs to the trackers and seal a new training; return its result: the summary as stats,
+    the metadata of largetrain_core.stages.training_metadata and the checks ``loss_finite_and_decreasing``
+    (and for an adapter ``beats_majority_baseline``)."""
+    from largetrain_core.stages import training_metadata as shown
+    from largetrain_core.training import task_evaluation
+    from largetrain_core.training.lineage import write_card
+
+    out, summary, reused = train(run, version, cfg, launch, plan)
+    model_dir = local_dir(summary["output"])
+    evaluated = None
+    if cfg.task != "causal_lm":
+        base_dir, examples_dir = local_copy(base["stats"]["output"]), Path(cfg.train_shards)
+        evaluated = (
+            read_json(out / "evaluation.json", f"{cfg.task} evaluation (evaluation.json)")
+            if reused
+            else task_evaluation.evaluate_classifier(base_dir, model_dir, examples_dir, out, cfg.seed)
+            if cfg.task == "classification"
+            else task_evaluation.evaluate_chat(base_dir, model_dir, examples_dir, out)
+        )
+    card = write_card(
+        run.log,
+        "lora_adapter" if base is not None else "base_model",
+        model_dir,
+        version,
+        card_inputs,
+        train_dir=out,
+        base_model=local_copy(base["stats"]["output"]) if base is not None else None,
+        task=shown.card_task(cfg, evaluated, examples),
+    )
+    if not reused:
+        log_trained_outputs(run, out, summary)
+        seal_training(out, artifacts.location(run.root, run.key, version), card)
+    metadata = shown.trained_metadata(out, summary, cfg, model_dir)
+    checks = {"loss_finite_and_decreasing": shown.loss_check(run, out, summary, cfg)}
+    if base is not None:
+        metadata.update({**shown.adapter_metadata(model_dir), **shown.task_metadata(cfg, out, examples, evaluated)})
+        checks["beats_majority_baseline"] = shown.majority_check(run, evaluated)
+    return StageResult(out, version, summary, reused, metadata=metadata, checks=checks, show_stats=False)
+
+
+def log_trained_outputs(run: StageRun, out: Path, summary: dict) -> None:
+    """Log the exported directory (and merged/) to the training's tracker runs, after its model card and
+    lineage.json are written into it (trackers.log_outputs; the training itself logged only the curves)."""
+    from largetrain_core.training.trackers import log_outputs
+
+    logged = log_outputs(out, [local_dir(summary["output"]), out / "merged"])
+    if logged:
+        run.log.info(f"{local_dir(summary['output']).name}/ with its model card logged to {', '.join(logged)}")

@@ -25,7 +25,7 @@ import logging
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 from largetrain_core.model import PRESETS
 from largetrain_core.settings import INPUT, OUTPUTS, WEIGHTS, choice_problems, described, from_dict, merged
@@ -593,12 +593,9 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
         """Build from JSON-like ``d``, sectioned as :meth:`to_dict` writes it. A config written before the
-        sections is moved into them (:func:`sectioned`) with a warning naming what moved. Raises
-        ValueError naming unknown keys (top level or nested)."""
-        d, moved = sectioned(d)
-        if moved:
-            log.warning(f"training config written without sections, read as sectioned: {', '.join(moved)}")
-        return from_dict(cls, d, "training config")
+        sections is read through the one deprecation shim, :func:`read_sectioned`. Raises ValueError
+        naming unknown keys (top level or nested)."""
+        return from_dict(cls, read_sectioned(d, "training config", log.warning), "training config")
 
     @classmethod
     def from_settings(cls, **settings) -> "TrainConfig":
@@ -744,6 +741,20 @@ SECTION_OF = {
     name: section for section, cls in SECTIONS.items() if section != "lora" for name in (f.name for f in fields(cls))
 }
 SECTION_OF["precision"] = "precision"
+
+
+def read_sectioned(d: dict, source: str, warn: Callable[[str], None]) -> dict:
+    """The deprecation shim of the names before the sections, the one place they are accepted from a
+    config (a run config, a train_config.json): ``d`` with every setting written at the top level moved
+    into its section (:func:`sectioned`), and ``warn`` (a logger's ``warning``) called once naming
+    ``source`` and each name moved. Raises ValueError as :func:`sectioned` does."""
+    d, moved = sectioned(d)
+    if moved:
+        warn(
+            f"{source}: settings written without their sections (deprecated), read as {', '.join(moved)}; "
+            "write them there (docs/CONFIG.md) to silence this"
+        )
+    return d
 
 
 def sectioned(d: dict) -> tuple[dict, list[str]]:

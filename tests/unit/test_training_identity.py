@@ -72,3 +72,46 @@ def test_the_settings_outside_the_run_config_are_the_marked_ones():
         "tracking.wandb",
         "tracking.mlflow",
     )
+
+
+class _Log:
+    def __init__(self):
+        self.warnings = []
+
+    def warning(self, message):
+        self.warnings.append(message)
+
+    info = error = warning
+
+
+def test_the_stage_builds_its_config_once_and_reads_old_flat_names_through_one_shim(tmp_path):
+    """largetrain_core.stages.training.train_config: a run config written the old way (every setting at
+    the top level) gives the same TrainConfig and data version as the sectioned one, with one warning
+    naming each name moved (config.read_sectioned); the version is the one pinned above; an unknown
+    setting is a StageError naming it, before anything is launched."""
+    from largetrain_core.stages.base import StageError, StageRun
+    from largetrain_core.stages.training import Launch, placed, train_config
+
+    def build(settings: dict):
+        log = _Log()
+        run = StageRun(root=tmp_path, asset=("base_checkpoint",), log=log)
+        built = train_config(run, settings, Launch(lambda *a, **k: set(), 2), mode="pretrain", train_shards="s")
+        return built, log.warnings, run
+
+    sectioned, quiet, run = build(
+        {"schedule": {"max_steps": 500}, "parallelism": {"zero_stage": 2}, "precision": {"dtype": "fp32"}}
+    )
+    flat, warned, _ = build({"max_steps": 500, "zero_stage": 2, "precision": "fp32"})
+    assert flat == sectioned and not quiet
+    assert len(warned) == 1 and "settings written without their sections (deprecated)" in warned[0]
+    assert "max_steps -> schedule.max_steps" in warned[0] and "precision -> precision.dtype" in warned[0]
+    version = training_version("base_checkpoint", flat, "shardsv", ranks=2, pretrained_model=None)
+    assert version == "a82dbb75d97e9f21"
+    assert "dagster_pipes" in flat.tracking.report_to and flat.tracking.mlflow.tracking_uri.startswith("sqlite:///")
+    where = placed(flat, run, version)
+    assert where.output_dir == str(tmp_path.resolve() / "base_checkpoint" / version)
+    assert where.tracking.run_name == f"base_checkpoint-{version}"
+    assert training_version("base_checkpoint", where, "shardsv", ranks=2, pretrained_model=None) == version
+    with pytest.raises(StageError, match="max_stepz.*Nothing was launched") as e:
+        build({"max_stepz": 5})
+    assert not e.value.retryable
