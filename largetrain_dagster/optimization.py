@@ -44,7 +44,7 @@ def optimization_report(
         optimization_report_stage,
         stage_run(context, storage),
         config.to_core(output_dir="-", train_shards="-"),
-        Launch(lambda *a, **kw: launcher.run(context, *a, **kw), launcher.nproc_per_node),
+        Launch(launcher, launcher.nproc_per_node, context=context),
         shards,
         context.run_id,
     )

@@ -114,17 +114,13 @@ class LoraAdapterConfig(
 def launch(context: AssetExecutionContext, storage: Storage, launcher: TorchrunLauncher, trackers: TrackerSettings):
     """The core stages' Launch: the launcher resource run in this step (through Pipes), its ranks and
     hosts, the trackers' settings, and the latest optimization report for the training plan."""
-
-    def run(config_file, log_file, grace_seconds=None, module=None):
-        extra = {"module": module} if module else {}
-        return launcher.run(context, config_file, log_file, grace_seconds=grace_seconds, **extra)
-
     return Launch(
-        run,
+        launcher,
         launcher.nproc_per_node,
         max(1, len(launcher.hosts)),
         trackers.model_dump(),
         lambda: latest_report(storage.root),
+        context,
     )
 
 

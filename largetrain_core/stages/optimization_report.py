@@ -38,7 +38,7 @@ def optimization_report(
         cfg = replace(settings, output_dir=str(tmp), train_shards=shards["path"])
         cfg_path = tmp / "ablation_config.json"
         write_json_atomic(cfg_path, cfg.to_dict())
-        launch.launcher(cfg_path, tmp / "ablation.log", module=MODULE)
+        launch.run(cfg_path, tmp / "ablation.log", module=MODULE)
         return report_numbers(json.loads((tmp / REPORT).read_text()))
 
     built = run.build_or_reuse(version, build)

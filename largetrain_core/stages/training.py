@@ -17,10 +17,11 @@ import os
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable
 
 from largetrain_core import artifacts, fs
 from largetrain_core.artifacts import CODE_VERSIONS
+from largetrain_core.launch import Launcher
 from largetrain_core.settings import merged
 from largetrain_core.stages.base import StageError, StageResult, StageRun
 from largetrain_core.storage import (
@@ -62,18 +63,10 @@ TRAINED_OUTPUTS = (
 )
 
 
-class Launcher(Protocol):
-    """Runs one training (or another entry point ``module``: the calibration) from its config file on
-    the ranks and returns what rank 0 reported; raises the orchestrator's failure when the processes fail."""
-
-    def __call__(
-        self, config_file: Path, log_file: Path, grace_seconds: float | None = None, module: str | None = None
-    ) -> set: ...
-
-
 @dataclass(frozen=True)
 class Launch:
-    """What the orchestrator gives a training stage: its ``launcher``, the ranks per node and the nodes,
+    """What the orchestrator gives a training stage: its ``launcher`` (largetrain_core.launch.Launcher, run in
+    the orchestrator's ``context``), the ranks per node and the nodes,
     the trackers' settings (``report_to``, ``wandb``, ``mlflow``), and ``report()``: the latest
     optimization report (report.json) or None, and why there is none (read only when a plan needs it)."""
 
@@ -82,6 +75,11 @@ class Launch:
     nodes: int = 1
     tracking: dict = field(default_factory=lambda: {"report_to": [], "wandb": {}, "mlflow": {"tracking_uri": None}})
     report: Callable[[], tuple[dict | None, str]] = lambda: (None, "no optimization report was given")
+    context: Any = None
+
+    def run(self, config_file: Path, log_file: Path, **kw) -> dict:
+        """``launcher.run`` in the orchestrator's ``context``: what rank 0 reported."""
+        return self.launcher.run(self.context, config_file, log_file, **kw)
 
 
 def training_version(stage: str, cfg: TrainConfig, *input_versions: str, ranks: int, **extra) -> str:
@@ -160,11 +158,9 @@ def train(run: StageRun, version: str, cfg: TrainConfig, launch: Launch, plan: P
     if fs.is_url(where):  # beside the version, where pods on other nodes read it
         write_json_atomic(fs.join(where, "train_config.json"), cfg.to_dict())
     ranks = (launch.ranks_per_node * max(1, launch.nodes), launch.ranks_per_node)
-    plan_training(run, cfg, plan, out, launch.launcher, ranks, launch.report())
+    plan_training(run, cfg, plan, out, launch, ranks, launch.report())
     try:
-        reported = launch.launcher(
-            cfg_path, out / "train.log", grace_seconds=cfg.checkpointing.preemption_grace_seconds
-        )
+        reported = launch.run(cfg_path, out / "train.log", grace_seconds=cfg.checkpointing.preemption_grace_seconds)
     finally:
         if fs.is_url(where) and (out / "train.log").exists():
             fs.filesystem(where)[0].put_file(str(out / "train.log"), fs.filesystem(fs.join(where, "train.log"))[1])

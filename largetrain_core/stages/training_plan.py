@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from largetrain_core.stages.base import Markdown, StageError, StageRun
-from largetrain_core.storage import read_json, write_json_atomic
 from largetrain_core.training import calibrate
 from largetrain_core.training.config import TrainConfig
 from largetrain_core.training.plan import PLAN_TABLE, PlanError, PlanSettings, plan_before_launch
+
+if TYPE_CHECKING:  # the stage that calls this module holds the Launch
+    from largetrain_core.stages.training import Launch
 
 
 def plan_training(
@@ -21,15 +23,16 @@ def plan_training(
     cfg: TrainConfig,
     settings: PlanSettings,
     out: Path,
-    launch: Callable,
+    launch: Launch,
     ranks: tuple[int, int],
     report: tuple[dict | None, str],
 ) -> dict:
     """Plan the training ``cfg`` (checked by preflight; its output_dir set) on ``ranks`` (world size,
     ranks per node), log the plan's table, and return plan.json's dict; plan.json, plan.md and the
     calibration go to ``out`` (the training's local directory). ``report``: the latest optimization
-    report (report.json) or None, and why there is none. ``launch(config_file, log_file, module=...)``
-    starts the calibration (:func:`run_calibration`) when the plan needs one.
+    report (report.json) or None, and why there is none. ``launch`` (the stage's
+    largetrain_core.stages.training.Launch) starts the calibration (:func:`run_calibration`) when the plan
+    needs one.
 
     Raises StageError (not retried) naming the figure that does not fit and what to change (PlanError)
     or the invalid plan setting, with the plan table as metadata ``plan``: nothing has been launched."""
@@ -67,29 +70,19 @@ def plan_training(
 
 
 def run_calibration(
-    run: StageRun, launch: Callable, cfg: TrainConfig, settings: PlanSettings, scratch: Path, ranks_per_node: int
+    run: StageRun, launch: Launch, cfg: TrainConfig, settings: PlanSettings, scratch: Path, ranks_per_node: int
 ) -> dict:
-    """Launch the calibration of ``cfg`` (largetrain_core.training.calibrate) as the training is
-    launched, into ``scratch`` (replaced), measuring one checkpoint too; returns calibration.json. A
+    """Launch the calibration of ``cfg`` (largetrain_core.training.calibrate.launch: its one spec) with the
+    training's launcher, into ``scratch`` (replaced), measuring one checkpoint too; returns calibration.json. A
     failed calibration fails the stage as the training would (the launcher's failure, its message
     prefixed to say that the training was not launched)."""
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
     steps = settings.calibration_steps
-    spec = {
-        "train": calibrate.calibration_config(cfg, scratch, steps + calibrate.PROFILED_STEPS).to_dict(),
-        "steps": steps,
-        "profiled_steps": calibrate.PROFILED_STEPS,
-        "measure_checkpoint": True,
-    }
-    spec_path = scratch / "calibration_spec.json"
-    write_json_atomic(spec_path, spec)
     run.log.info(
         f"calibrating: {calibrate.PROFILED_STEPS} profiled + {steps} timed steps of the real training "
         f"on {ranks_per_node} rank(s) per node"
     )
     try:
-        launch(spec_path, scratch / "calibration.log", module=calibrate.MODULE)
+        result = calibrate.launch(launch.launcher, launch.context, cfg, scratch, steps)
     except Exception as e:  # the launcher's failure: its description, metadata and retry flag are kept
         raise StageError(
             "the calibration before the training failed, so the training was not launched: "
@@ -97,7 +90,6 @@ def run_calibration(
             retryable=getattr(e, "allow_retries", True) is not False,
             metadata=dict(getattr(e, "metadata", None) or {}),
         ) from e
-    result = read_json(scratch / calibrate.CALIBRATION, "calibration result (calibration.json)")
     for d in ("checkpoints", "torchelastic"):
         shutil.rmtree(scratch / d, ignore_errors=True)
     return result

@@ -90,12 +90,13 @@ def test_the_stage_builds_its_config_once_and_reads_old_flat_names_through_one_s
     naming each name moved (config.read_sectioned); the version is the one pinned above; an unknown
     setting is a StageError naming it, before anything is launched."""
     from largetrain_core.stages.base import StageError, StageRun
+    from largetrain_core.launch import LocalTorchrun
     from largetrain_core.stages.training import Launch, placed, train_config
 
     def build(settings: dict):
         log = _Log()
         run = StageRun(root=tmp_path, asset=("base_checkpoint",), log=log)
-        built = train_config(run, settings, Launch(lambda *a, **k: set(), 2), mode="pretrain", train_shards="s")
+        built = train_config(run, settings, Launch(LocalTorchrun(2), 2), mode="pretrain", train_shards="s")
         return built, log.warnings, run
 
     sectioned, quiet, run = build(
