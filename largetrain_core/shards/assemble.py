@@ -214,16 +214,7 @@ def _mixed(
     streams = {c: _stream(runs, passes, "train", c, out_dir, info, packing, final_dir) for c in corpora}
     sequences = {c: s["sequences"] for c, s in streams.items()}
     targets = _mixture_sequences(sequences, packing)
-    record = {
-        "weights": None if natural else weights,
-        "corpora": {},
-        "applies_to": (
-            "no weights: every corpus in its natural proportion, nothing re-sampled"
-            if natural
-            else "train split, in sequences of seq_len + 1 tokens, after dedup and balancing; the split "
-            "keeps its size; validation unweighted"
-        ),
-    }
+    record = {"weights": None if natural else weights, "corpora": {}, "applies_to": _applies_to(natural)}
     shards, totals, dropped = [], dict.fromkeys(_TOTALS, 0), 0
     total = sum(targets.values())
     for corpus in corpora:
@@ -260,6 +251,16 @@ def _mixed(
         },
         "mixture": record,
     }
+
+
+def _applies_to(natural: bool) -> str:
+    """What a mixture record's weights apply to (none when ``natural``)."""
+    if natural:
+        return "no weights: every corpus in its natural proportion, nothing re-sampled"
+    return (
+        "train split, in sequences of seq_len + 1 tokens, after dedup and balancing; the split "
+        "keeps its size; validation unweighted"
+    )
 
 
 def _mixture_sequences(sequences: dict[str, int], packing: Packing) -> dict[str, int]:

@@ -341,32 +341,8 @@ def examples(in_dir: Path, out_dir: Path, removed: pl.DataFrame, n: int = EXAMPL
     low = removed.filter(pl.col("reason") == "relevance").sort(SCORE, "doc_id").head(n).select("doc_id", SCORE)
     report = pl.read_parquet(Path(out_dir) / CONTAMINATED).head(n)
     wanted = kept["doc_id"].to_list() + low["doc_id"].to_list() + report["doc_id"].to_list()
-    titles = (
-        dict(
-            pl.scan_parquet(part_files(in_dir))
-            .select("doc_id", "text")
-            .filter(pl.col("doc_id").is_in(wanted))
-            .collect()
-            .select("doc_id", pl.col("text").map_elements(title, return_dtype=pl.Utf8))
-            .iter_rows()
-        )
-        if wanted
-        else {}
-    )
-    scores = (
-        dict(
-            pl.concat(
-                [
-                    pl.scan_parquet(part_files(out_dir)).select("doc_id", SCORE).collect(),
-                    removed.select("doc_id", SCORE),
-                ]
-            )
-            .filter(pl.col("doc_id").is_in(report["doc_id"].implode()))
-            .iter_rows()
-        )
-        if report.height
-        else {}
-    )
+    titles = _titles(in_dir, wanted)
+    scores = _contaminated_scores(out_dir, removed, report)
 
     def rows(df: pl.DataFrame) -> list[dict]:
         return [{"doc_id": d, "title": titles.get(d, ""), SCORE: round(float(s), 4)} for d, s in df.iter_rows()]
@@ -386,6 +362,36 @@ def examples(in_dir: Path, out_dir: Path, removed: pl.DataFrame, n: int = EXAMPL
             for d, s, i, g in report.select("doc_id", "eval_set", "item_id", "ngram").iter_rows()
         ],
     }
+
+
+def _titles(in_dir: Path, doc_ids: list[str]) -> dict[str, str]:
+    """The :func:`title` of each of ``doc_ids`` in the text of ``in_dir``."""
+    if not doc_ids:
+        return {}
+    return dict(
+        pl.scan_parquet(part_files(in_dir))
+        .select("doc_id", "text")
+        .filter(pl.col("doc_id").is_in(doc_ids))
+        .collect()
+        .select("doc_id", pl.col("text").map_elements(title, return_dtype=pl.Utf8))
+        .iter_rows()
+    )
+
+
+def _contaminated_scores(out_dir: Path, removed: pl.DataFrame, report: pl.DataFrame) -> dict[str, float]:
+    """The relevance score of each contaminated document of ``report``, kept (``out_dir``) or ``removed``."""
+    if not report.height:
+        return {}
+    return dict(
+        pl.concat(
+            [
+                pl.scan_parquet(part_files(out_dir)).select("doc_id", SCORE).collect(),
+                removed.select("doc_id", SCORE),
+            ]
+        )
+        .filter(pl.col("doc_id").is_in(report["doc_id"].implode()))
+        .iter_rows()
+    )
 
 
 def examples_markdown(ex: dict) -> str:
