@@ -160,38 +160,11 @@ def read_labelled(
         labels = list(labels)
         _check_label_set(labels)
     config = ReaderConfig(path=str(path), text_field=text_field, label_field=label_field)
-    out = _PositionedCollector(config.batch_size)
-    tables, rejected_tables = [], []
-    for src in scan(config.path).sources:
-        for batch in read_source(src, config, out):
-            tables.append(batch.documents)
-            rejected_tables.append(batch.rejected)
-    last = out.flush()
-    tables.append(last.documents)
-    rejected_tables.append(last.rejected)
-
-    rejected = [
-        Rejection(s, p, r)
-        for t in rejected_tables
-        for s, p, r in zip(t["source"].to_pylist(), t["position"].to_pylist(), t["reason"].to_pylist())
-    ]
-    docs = [row for t in tables for row in t.to_pylist()]
-    if len(docs) != len(out.positions):  # a fault of this module, never of the input
-        raise RuntimeError(f"{path}: {len(docs)} documents read but {len(out.positions)} positions recorded")
+    docs, positions, rejected = _read_records(path, config)
     kept: list[tuple[str, str, str]] = []
-    for doc, (source, position, at) in zip(docs, out.positions):
+    for doc, (source, position, at) in zip(docs, positions):
         text, label = doc["text"], doc["label"]
-        why = (
-            f"empty text in field {text_field!r}"
-            if not text.strip()
-            else f"no label: field {label_field!r} is missing or null"
-            if label is None
-            else f"empty label in field {label_field!r}"
-            if not label.strip()
-            else f"label {label!r} is not one of the declared labels {labels}"
-            if labels is not None and label not in labels
-            else None
-        )
+        why = _label_problem(text, label, text_field, label_field, labels)
         if why:
             rejected.append(Rejection(source, position, f"{at}: {why}"))
         else:
@@ -212,6 +185,47 @@ def read_labelled(
         label_names=names,
         label_source=source,
         rejected=rejected,
+    )
+
+
+def _read_records(path: str | Path, config: ReaderConfig) -> tuple[list[dict], list[tuple], list[Rejection]]:
+    """The records the corpus readers take from ``path`` (dicts), their (source, position, where) and
+    the readers' rejections."""
+    out = _PositionedCollector(config.batch_size)
+    tables, rejected_tables = [], []
+    for src in scan(config.path).sources:
+        for batch in read_source(src, config, out):
+            tables.append(batch.documents)
+            rejected_tables.append(batch.rejected)
+    last = out.flush()
+    tables.append(last.documents)
+    rejected_tables.append(last.rejected)
+
+    rejected = [
+        Rejection(s, p, r)
+        for t in rejected_tables
+        for s, p, r in zip(t["source"].to_pylist(), t["position"].to_pylist(), t["reason"].to_pylist())
+    ]
+    docs = [row for t in tables for row in t.to_pylist()]
+    if len(docs) != len(out.positions):  # a fault of this module, never of the input
+        raise RuntimeError(f"{path}: {len(docs)} documents read but {len(out.positions)} positions recorded")
+    return docs, out.positions, rejected
+
+
+def _label_problem(
+    text: str, label: str | None, text_field: str, label_field: str, labels: list[str] | None
+) -> str | None:
+    """Why a labelled record is rejected (empty text, no or empty label, an undeclared label), or None."""
+    return (
+        f"empty text in field {text_field!r}"
+        if not text.strip()
+        else f"no label: field {label_field!r} is missing or null"
+        if label is None
+        else f"empty label in field {label_field!r}"
+        if not label.strip()
+        else f"label {label!r} is not one of the declared labels {labels}"
+        if labels is not None and label not in labels
+        else None
     )
 
 

@@ -753,38 +753,9 @@ def verify_assignment(
     kh = key_hashes(texts).to_numpy()
     offsets, hashes = shingle_sets(texts, cfg)
     del texts, t
-    n = len(rows)
-    sizes = np.diff(offsets)
-    live = np.flatnonzero(sizes > 0)  # documents without words join no band (cluster_signatures)
-    us, vs = [], []
-    sig = np.full((n, cfg.bands * cfg.rows), np.iinfo(np.uint64).max, dtype=np.uint64)
-    if len(live):
-        sdoc = np.repeat(np.arange(len(live)), sizes[live])
-        sig[live] = _permute_min(hashes, sdoc, len(live), cfg)
-        bands = band_hashes(sig[live], cfg)
-        for band in range(cfg.bands):
-            u, v = bucket_pairs(bands[:, band], verify.max_bucket_pairs)
-            us.append(live[u])
-            vs.append(live[v])
-    u, v = bucket_pairs(kh, verify.max_bucket_pairs)
-    us.append(u)
-    vs.append(v)
-    u, v = np.concatenate(us), np.concatenate(vs)
-    u, v = np.maximum(u, v), np.minimum(u, v)  # u later in corpus order (rows ascending)
-    pair = np.unique(u * n + v)
-    u, v = pair // n, pair % n  # by u, then v: each document's earlier candidates in corpus order
+    sig, u, v = _candidate_pairs(offsets, hashes, kh, cfg, verify.max_bucket_pairs)
     sim = _pair_similarity(offsets, hashes, sig, kh, u, v, verify.threshold)
-    ok = sim >= verify.threshold
-    kept = np.ones(n, bool)
-    dup_of = np.full(n, -1, np.int64)
-    dsim = np.full(n, np.nan)
-    vu, vv, vsim = u[ok], v[ok], sim[ok]
-    bounds = np.flatnonzero(np.r_[True, vu[1:] != vu[:-1], True]) if len(vu) else np.zeros(1, np.int64)
-    for a, b in zip(bounds[:-1], bounds[1:]):  # documents with a verified earlier pair, in corpus order
-        alive = np.flatnonzero(kept[vv[a:b]])
-        if len(alive):
-            d, k = vu[a], a + alive[0]
-            kept[d], dup_of[d], dsim[d] = False, vv[k], vsim[k]
+    kept, dup_of, dsim = _keep_first_copies(len(rows), u, v, sim, verify.threshold)
     is_dup = ~kept
     d, k = np.flatnonzero(is_dup), dup_of[is_dup]
     verified = pl.DataFrame(
@@ -799,6 +770,67 @@ def verify_assignment(
         },
         schema=ASSIGNMENT_SCHEMA,
     )
+    return verified, _unverified(rows, ids, sources, u, v, sim, kept)
+
+
+def _candidate_pairs(
+    offsets: np.ndarray, hashes: np.ndarray, kh: np.ndarray, cfg: DedupConfig, max_bucket_pairs: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidates' MinHash signatures (n x bands*rows uint64, all-max for a document without words)
+    and their candidate pairs (u, v): int64 document indices, u later than v, unique, sorted by u then v;
+    pairs share a band hash or the dedup key ``kh`` (:func:`bucket_pairs`, at most ``max_bucket_pairs``
+    per document and bucket)."""
+    n = len(kh)
+    sizes = np.diff(offsets)
+    live = np.flatnonzero(sizes > 0)  # documents without words join no band (cluster_signatures)
+    us, vs = [], []
+    sig = np.full((n, cfg.bands * cfg.rows), np.iinfo(np.uint64).max, dtype=np.uint64)
+    if len(live):
+        sdoc = np.repeat(np.arange(len(live)), sizes[live])
+        sig[live] = _permute_min(hashes, sdoc, len(live), cfg)
+        bands = band_hashes(sig[live], cfg)
+        for band in range(cfg.bands):
+            u, v = bucket_pairs(bands[:, band], max_bucket_pairs)
+            us.append(live[u])
+            vs.append(live[v])
+    u, v = bucket_pairs(kh, max_bucket_pairs)
+    us.append(u)
+    vs.append(v)
+    u, v = np.concatenate(us), np.concatenate(vs)
+    u, v = np.maximum(u, v), np.minimum(u, v)  # u later in corpus order (rows ascending)
+    pair = np.unique(u * n + v)
+    return sig, pair // n, pair % n  # by u, then v: each document's earlier candidates in corpus order
+
+
+def _keep_first_copies(
+    n: int, u: np.ndarray, v: np.ndarray, sim: np.ndarray, threshold: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """In corpus order, remove a document with a verified pair (``sim`` >= ``threshold``) to an earlier kept
+    one; (kept: bool per document, duplicate_of: index of that kept copy or -1, its similarity or NaN)."""
+    ok = sim >= threshold
+    kept = np.ones(n, bool)
+    dup_of = np.full(n, -1, np.int64)
+    dsim = np.full(n, np.nan)
+    vu, vv, vsim = u[ok], v[ok], sim[ok]
+    bounds = np.flatnonzero(np.r_[True, vu[1:] != vu[:-1], True]) if len(vu) else np.zeros(1, np.int64)
+    for a, b in zip(bounds[:-1], bounds[1:]):  # documents with a verified earlier pair, in corpus order
+        alive = np.flatnonzero(kept[vv[a:b]])
+        if len(alive):
+            d, k = vu[a], a + alive[0]
+            kept[d], dup_of[d], dsim[d] = False, vv[k], vsim[k]
+    return kept, dup_of, dsim
+
+
+def _unverified(
+    rows: np.ndarray,
+    ids: pl.Series,
+    sources: pl.Series,
+    u: np.ndarray,
+    v: np.ndarray,
+    sim: np.ndarray,
+    kept: np.ndarray,
+) -> pl.DataFrame:
+    """The candidates kept because verification failed (see :func:`verify_assignment`)."""
     # kept documents that had a candidate pair with an earlier document: the most similar kept such
     # candidate (the copy verification failed against), else the most similar one
     order = np.lexsort((v, -sim, ~kept[v], u))
@@ -807,7 +839,7 @@ def verify_assignment(
     fu, fv, fs = fu[head], fv[head], fs[head]
     failed = kept[fu]
     fu, fv, fs = fu[failed], fv[failed], fs[failed]
-    unverified = pl.DataFrame(
+    return pl.DataFrame(
         {
             "row": rows[fu],
             "doc_id": ids.gather(fu),
@@ -817,7 +849,6 @@ def verify_assignment(
         },
         schema={"row": pl.Int64, **UNVERIFIED_SCHEMA},
     )
-    return verified, unverified
 
 
 def write_kept(part: Path, duplicates: pl.DataFrame, out_file: Path) -> pl.DataFrame:

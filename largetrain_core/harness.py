@@ -86,6 +86,43 @@ def build_cloze_task(
     ValueError when fewer than ``choices`` usable sentences exist (naming the counts)."""
     if choices < 2 or items < 1 or min_words < 2:
         raise ValueError(f"need choices >= 2, items >= 1, min_words >= 2; got {choices}, {items}, {min_words}")
+    pool, docs, too_long = _sentence_pool(documents, min_words, max_words, count_tokens, max_tokens)
+    if len(pool) < choices:
+        raise ValueError(
+            f"{docs} held-out document(s) hold {len(pool)} sentence(s) of {min_words} to {max_words} "
+            f"words{f' and at most {max_tokens} tokens ({too_long} longer)' if too_long else ''}, fewer "
+            f"than the {choices} choices an item needs: lower min_words or hold out more "
+            "documents (validation_fraction)"
+        )
+    rows = _cloze_items(pool, items, choices, seed)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = out_dir / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    yaml_file = out_dir / f"{name}.yaml"
+    yaml_file.write_text(cloze_yaml(name, data))
+    return {
+        "task": name,
+        "yaml": str(yaml_file),
+        "data": str(data),
+        "items": len(rows),
+        "sentences": len(pool),
+        "documents": docs,
+        "choices": choices,
+        "chance": 1 / choices,
+        "too_long": too_long,
+    }
+
+
+def _sentence_pool(
+    documents: Iterable[tuple[str, str]],
+    min_words: int,
+    max_words: int,
+    count_tokens: Callable[[str], int] | None,
+    max_tokens: int | None,
+) -> tuple[list[tuple[str, int, list[str]]], int, int]:
+    """The usable sentences of ``documents`` as (doc_id, sentence index, words), the documents read and
+    the sentences left out for their token count (see :func:`build_cloze_task`)."""
     pool, docs, too_long = [], 0, 0
     for doc_id, text in documents:
         docs += 1
@@ -94,13 +131,11 @@ def build_cloze_task(
                 too_long += 1
                 continue
             pool.append((doc_id, i, words))
-    if len(pool) < choices:
-        raise ValueError(
-            f"{docs} held-out document(s) hold {len(pool)} sentence(s) of {min_words} to {max_words} "
-            f"words{f' and at most {max_tokens} tokens ({too_long} longer)' if too_long else ''}, fewer "
-            f"than the {choices} choices an item needs: lower min_words or hold out more "
-            "documents (validation_fraction)"
-        )
+    return pool, docs, too_long
+
+
+def _cloze_items(pool: list[tuple[str, int, list[str]]], items: int, choices: int, seed: int) -> list[dict]:
+    """At most ``items`` cloze items drawn from the sentence ``pool`` by PCG64(``seed``) (see :func:`build_cloze_task`)."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pool))
     rows = []
@@ -129,23 +164,7 @@ def build_cloze_task(
                 "sentence": i,
             }
         )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = out_dir / f"{name}.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    yaml_file = out_dir / f"{name}.yaml"
-    yaml_file.write_text(cloze_yaml(name, data))
-    return {
-        "task": name,
-        "yaml": str(yaml_file),
-        "data": str(data),
-        "items": len(rows),
-        "sentences": len(pool),
-        "documents": docs,
-        "choices": choices,
-        "chance": 1 / choices,
-        "too_long": too_long,
-    }
+    return rows
 
 
 def cloze_yaml(name: str, data: Path) -> str:
@@ -247,7 +266,21 @@ def build_chat_task(
         "from largetrain_core.harness import chat_process_results as process_results  # noqa: F401\n"
     )
     yaml_file = out_dir / f"{name}.yaml"
-    yaml_file.write_text(
+    yaml_file.write_text(chat_yaml(name, data, stop, max_gen_toks))
+    return {
+        "task": name,
+        "items": len(chosen),
+        "conversations": len(pool) + skipped,
+        "skipped": skipped,
+        "data": str(data),
+        "yaml": str(yaml_file),
+    }
+
+
+def chat_yaml(name: str, data: Path, stop: list[str], max_gen_toks: int) -> str:
+    """The lm-eval task YAML of a chat JSONL file (fields prompt, answer): ``generate_until`` one of ``stop``
+    or ``max_gen_toks`` tokens, greedy, scored by :func:`chat_process_results` (exact_match, token_f1)."""
+    return (
         f"task: {name}\n"
         "dataset_path: json\n"
         "dataset_kwargs:\n"
@@ -267,14 +300,6 @@ def build_chat_task(
         "  - metric: token_f1\n    aggregation: mean\n    higher_is_better: true\n"
         "metadata:\n  version: 1\n"
     )
-    return {
-        "task": name,
-        "items": len(chosen),
-        "conversations": len(pool) + skipped,
-        "skipped": skipped,
-        "data": str(data),
-        "yaml": str(yaml_file),
-    }
 
 
 class _TaskLoader:
@@ -454,12 +479,53 @@ def evaluate(
     "model", "adapter"}``; metrics as the harness names them (``acc``, ``acc_norm``; its filter suffix
     ``,none`` dropped). Raises FileNotFoundError naming a missing model or adapter directory."""
     import lm_eval
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
     for d, what in ((model_dir, "model"), (adapter_dir, "adapter")):
         if d is not None and not Path(d).is_dir():
             raise FileNotFoundError(f"{d}: no such {what} directory to evaluate")
+    raw = _simple_evaluate(
+        model_dir,
+        task_dir,
+        tasks,
+        adapter_dir,
+        batch_size,
+        device,
+        limit,
+        samples_file is not None,
+        bootstrap_iters,
+        seed,
+    )
+    out = {
+        "tasks": {},
+        "lm_eval_version": getattr(lm_eval, "__version__", None),
+        "model": str(model_dir),
+        "adapter": str(adapter_dir) if adapter_dir else None,
+    }
+    for task, values in raw["results"].items():
+        items = (raw.get("n-samples") or {}).get(task, {}).get("effective")
+        out["tasks"][task] = {"items": items, "metrics": _task_metrics(values)}
+    if samples_file is not None:
+        _write_samples(samples_file, raw.get("samples", {}))
+    return out
+
+
+def _simple_evaluate(
+    model_dir: Path,
+    task_dir: Path,
+    tasks: list[str],
+    adapter_dir: Path | None,
+    batch_size: int,
+    device: str,
+    limit: int | None,
+    log_samples: bool,
+    bootstrap_iters: int,
+    seed: int,
+) -> dict:
+    """lm-eval's ``simple_evaluate`` results of HFLM (fp32) on ``model_dir`` (+ ``adapter_dir``), offline."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
     with tempfile.TemporaryDirectory(prefix="lm-eval-cache-") as cache, offline(Path(cache)):
         lm = HFLM(
             pretrained=str(model_dir),
@@ -474,56 +540,56 @@ def evaluate(
             tasks=list(tasks),
             task_manager=manager,
             limit=limit,
-            log_samples=samples_file is not None,
+            log_samples=log_samples,
             bootstrap_iters=bootstrap_iters,
             random_seed=seed,
             numpy_random_seed=seed,
             torch_random_seed=seed,
             fewshot_random_seed=seed,
         )
-    out = {
-        "tasks": {},
-        "lm_eval_version": getattr(lm_eval, "__version__", None),
-        "model": str(model_dir),
-        "adapter": str(adapter_dir) if adapter_dir else None,
-    }
-    for task, values in raw["results"].items():
-        metrics = {}
-        for key, value in values.items():
-            metric, _, filt = key.partition(",")
-            if not filt or metric.endswith("_stderr") or not isinstance(value, (int, float)):
-                continue
-            stderr = values.get(f"{metric}_stderr,{filt}")
-            name = metric if filt == "none" else f"{metric}_{filt}"
-            metrics[name] = {
-                "value": float(value),
-                "stderr": float(stderr) if isinstance(stderr, (int, float)) else None,
-            }
-        items = (raw.get("n-samples") or {}).get(task, {}).get("effective")
-        out["tasks"][task] = {"items": items, "metrics": metrics}
-    if samples_file is not None:
-        Path(samples_file).parent.mkdir(parents=True, exist_ok=True)
-        with open(samples_file, "w") as f:
-            for task, rows in raw.get("samples", {}).items():
-                for r in rows:
-                    f.write(
-                        json.dumps(
-                            {
-                                "task": task,
-                                "doc_id": r["doc_id"],
-                                "target": r["target"],
-                                **(
-                                    {"generations": list(r["filtered_resps"])}
-                                    if all(isinstance(x, str) for x in r["filtered_resps"])
-                                    else {"loglikelihoods": [x[0] for x in r["filtered_resps"]]}
-                                ),
-                                **{m: r[m] for m in values_of(r)},
-                            },
-                            default=str,
-                        )
-                        + "\n"
+    return raw
+
+
+def _task_metrics(values: dict) -> dict[str, dict]:
+    """One task's results from lm-eval (``metric,filter`` keys) as ``{metric: {"value", "stderr"}}``,
+    the filter ``none`` dropped from the name."""
+    metrics = {}
+    for key, value in values.items():
+        metric, _, filt = key.partition(",")
+        if not filt or metric.endswith("_stderr") or not isinstance(value, (int, float)):
+            continue
+        stderr = values.get(f"{metric}_stderr,{filt}")
+        name = metric if filt == "none" else f"{metric}_{filt}"
+        metrics[name] = {
+            "value": float(value),
+            "stderr": float(stderr) if isinstance(stderr, (int, float)) else None,
+        }
+    return metrics
+
+
+def _write_samples(samples_file: Path, samples: dict) -> None:
+    """Every item's generations or log-likelihoods and metrics (lm-eval's ``samples``) as JSON lines."""
+    Path(samples_file).parent.mkdir(parents=True, exist_ok=True)
+    with open(samples_file, "w") as f:
+        for task, rows in samples.items():
+            for r in rows:
+                f.write(
+                    json.dumps(
+                        {
+                            "task": task,
+                            "doc_id": r["doc_id"],
+                            "target": r["target"],
+                            **(
+                                {"generations": list(r["filtered_resps"])}
+                                if all(isinstance(x, str) for x in r["filtered_resps"])
+                                else {"loglikelihoods": [x[0] for x in r["filtered_resps"]]}
+                            ),
+                            **{m: r[m] for m in values_of(r)},
+                        },
+                        default=str,
                     )
-    return out
+                    + "\n"
+                )
 
 
 def values_of(sample: dict) -> list[str]:
@@ -671,6 +737,40 @@ def context_of(model_dir: Path) -> tuple[Callable[[str], int], int]:
     return (lambda text: len(tok(text, add_special_tokens=False)["input_ids"])), int(length)
 
 
+def _cloze(
+    settings: BenchmarkSettings, task_dir: Path, held_out, models: dict[str, tuple[Path, Path | None]]
+) -> tuple[dict | None, str | None]:
+    """The cloze task built from ``held_out`` into ``task_dir`` (its record, None) or, with too few
+    held-out sentences, (None, why it is skipped)."""
+    pool_target = POOL_PER_ITEM * settings.cloze_items
+
+    def bounded(docs):
+        seen = 0
+        for doc_id, text in docs:
+            yield doc_id, text
+            seen += len(sentences(text, settings.cloze_min_words, settings.cloze_max_words))
+            if seen >= pool_target:
+                return
+
+    count_tokens, max_tokens = context_of(next(iter(models.values()))[0])
+    try:
+        cloze = build_cloze_task(
+            bounded(held_out),
+            task_dir,
+            CLOZE_TASK,
+            settings.cloze_items,
+            settings.cloze_choices,
+            settings.cloze_min_words,
+            settings.cloze_max_words,
+            settings.seed,
+            count_tokens,
+            max_tokens,
+        )
+    except ValueError as e:  # too few held-out sentences: the cloze is skipped, said, never silently
+        return None, f"no {CLOZE_TASK} task: {e}"
+    return cloze, None
+
+
 def run_benchmarks(
     settings: BenchmarkSettings,
     models: dict[str, tuple[Path, Path | None]],
@@ -693,35 +793,11 @@ def run_benchmarks(
     out = Path(out)
     task_dir = out / "tasks"
     names = check_task_files(settings.tasks, task_dir)
-    cloze, skipped = None, None
-    if settings.cloze_items and held_out is not None:
-        pool_target = POOL_PER_ITEM * settings.cloze_items
-
-        def bounded(docs):
-            seen = 0
-            for doc_id, text in docs:
-                yield doc_id, text
-                seen += len(sentences(text, settings.cloze_min_words, settings.cloze_max_words))
-                if seen >= pool_target:
-                    return
-
-        count_tokens, max_tokens = context_of(next(iter(models.values()))[0])
-        try:
-            cloze = build_cloze_task(
-                bounded(held_out),
-                task_dir,
-                CLOZE_TASK,
-                settings.cloze_items,
-                settings.cloze_choices,
-                settings.cloze_min_words,
-                settings.cloze_max_words,
-                settings.seed,
-                count_tokens,
-                max_tokens,
-            )
-            names = [CLOZE_TASK, *names]
-        except ValueError as e:  # too few held-out sentences: the cloze is skipped, said, never silently
-            skipped = f"no {CLOZE_TASK} task: {e}"
+    cloze, skipped = (
+        _cloze(settings, task_dir, held_out, models) if settings.cloze_items and held_out is not None else (None, None)
+    )
+    if cloze:
+        names = [CLOZE_TASK, *names]
     if not names:
         if skipped:
             record = {"tasks": [], "cloze": None, "results": {}, "skipped": skipped}

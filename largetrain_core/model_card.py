@@ -253,19 +253,8 @@ def _training_section(lineage: dict) -> list[str]:
     return out
 
 
-def render_model_card(lineage: dict, existing: str | None = None) -> str:
-    """The model card (README.md text) for ``lineage`` (see the module doc). ``existing``: a card
-    already in the directory (PEFT writes one on save_pretrained); its metadata block is kept
-    (library_name, tags, base_model, ...) and its text replaced."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    adapter = lineage.get("kind") == "lora_adapter"
-    data = ModelCard(existing, ignore_metadata_errors=True).data.to_dict() if existing else {}
-    data.setdefault("library_name", "peft" if adapter else "transformers")
-    data.setdefault("pipeline_tag", "text-generation")
-    data["tags"] = sorted(set(data.get("tags") or []) | {"largetrain"} | ({"lora"} if adapter else set()))
-    meta = ModelCardData(**data)
-    sw = lineage.get("software") or {}
+def _intro_section(lineage: dict, adapter: bool, sw: dict) -> list[str]:
+    """The card's title, data version, how to load it, and the Training data heading."""
     title = "LoRA adapter" if adapter else "Base model"
     load = (
         "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), THIS_DIR, adapter_name=...)` "
@@ -273,7 +262,7 @@ def render_model_card(lineage: dict, existing: str | None = None) -> str:
         if adapter
         else "`AutoModelForCausalLM.from_pretrained(THIS_DIR)`; the tokenizer files are in the same directory"
     )
-    body = [
+    return [
         f"# {title} made by largetrain",
         "",
         f"Data version `{lineage.get('data_version')}`, made by largetrain {_fmt(sw.get('largetrain'))}"
@@ -288,9 +277,11 @@ def render_model_card(lineage: dict, existing: str | None = None) -> str:
         "## Training data",
         "",
     ]
-    body += _corpora_section(lineage.get("corpora") or [])
-    tok = lineage.get("tokenizer") or {}
-    body += [
+
+
+def _tokenizer_section(tok: dict) -> list[str]:
+    """The Tokenizer section (copied or trained; vocabulary, EOS, sha256, data version) and the Training heading."""
+    return [
         "## Tokenizer",
         "",
         (
@@ -305,18 +296,41 @@ def render_model_card(lineage: dict, existing: str | None = None) -> str:
         "## Training",
         "",
     ]
+
+
+def _base_section(base: dict) -> list[str]:
+    """An adapter card's Base model section: its data version, import, and its own training data."""
+    body = [
+        "## Base model",
+        "",
+        f"Data version `{base.get('data_version')}`"
+        + (f", imported from `{base['imported']['from']}`" if base.get("imported") else "")
+        + ". Its own training data:",
+        "",
+    ]
+    body += _corpora_section(base.get("corpora") or []) if base else ["unknown", ""]
+    return body
+
+
+def render_model_card(lineage: dict, existing: str | None = None) -> str:
+    """The model card (README.md text) for ``lineage`` (see the module doc). ``existing``: a card
+    already in the directory (PEFT writes one on save_pretrained); its metadata block is kept
+    (library_name, tags, base_model, ...) and its text replaced."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    adapter = lineage.get("kind") == "lora_adapter"
+    data = ModelCard(existing, ignore_metadata_errors=True).data.to_dict() if existing else {}
+    data.setdefault("library_name", "peft" if adapter else "transformers")
+    data.setdefault("pipeline_tag", "text-generation")
+    data["tags"] = sorted(set(data.get("tags") or []) | {"largetrain"} | ({"lora"} if adapter else set()))
+    meta = ModelCardData(**data)
+    sw = lineage.get("software") or {}
+    body = _intro_section(lineage, adapter, sw)
+    body += _corpora_section(lineage.get("corpora") or [])
+    body += _tokenizer_section(lineage.get("tokenizer") or {})
     body += _training_section(lineage) + _task_section(lineage.get("task"))
     if adapter:
-        base = lineage.get("base") or {}
-        body += [
-            "## Base model",
-            "",
-            f"Data version `{base.get('data_version')}`"
-            + (f", imported from `{base['imported']['from']}`" if base.get("imported") else "")
-            + ". Its own training data:",
-            "",
-        ]
-        body += _corpora_section(base.get("corpora") or []) if base else ["unknown", ""]
+        body += _base_section(lineage.get("base") or {})
     body += ["## Software", "", _table(("package", "version"), sorted(sw.items())), ""]
     return ModelCard(f"---\n{meta.to_yaml()}\n---\n\n" + "\n".join(body)).content
 

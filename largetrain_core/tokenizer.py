@@ -139,19 +139,7 @@ def train_bpe(
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
         try:
-            try:
-                for batch in texts:
-                    proc.stdin.write(_frame(_pieces(batch, max_pretoken_chars, stats)))
-                proc.stdin.write(_END)
-                proc.stdin.close()
-            except BrokenPipeError:  # the child failed while reading; its error output says why
-                pass
-            while True:
-                try:
-                    proc.wait(timeout=0.2)  # short waits: an interrupt is raised between them
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            _feed_and_wait(proc, texts, max_pretoken_chars, stats)
         finally:
             _stop(proc)
         if proc.returncode != 0:
@@ -163,6 +151,24 @@ def train_bpe(
     info = load_tokenizer_info(out_dir)
     write_tokenizer_config(info)
     return info, stats
+
+
+def _feed_and_wait(proc: subprocess.Popen, texts: Iterable[list[str]], max_pretoken_chars: int, stats: dict) -> None:
+    """Send the batches of ``texts`` (long runs cut, counted in ``stats``) to the training process, then
+    wait for it to end in short waits, so that an interrupt is raised between them."""
+    try:
+        for batch in texts:
+            proc.stdin.write(_frame(_pieces(batch, max_pretoken_chars, stats)))
+        proc.stdin.write(_END)
+        proc.stdin.close()
+    except BrokenPipeError:  # the child failed while reading; its error output says why
+        pass
+    while True:
+        try:
+            proc.wait(timeout=0.2)  # short waits: an interrupt is raised between them
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def text_bytes(parts: list[Path]) -> int:

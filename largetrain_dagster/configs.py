@@ -124,21 +124,7 @@ def dagster_config(
             )
         else:
             tp = _config_type(hints[f.name])
-        if f.name in defaults:
-            default = defaults[f.name]
-        elif f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            fields[f.name] = (tp, Field(description=desc))
-            continue
-        if dataclasses.is_dataclass(default):
-            fields[f.name] = (tp, Field(default_factory=tp, description=desc))
-        elif isinstance(default, tuple):
-            fields[f.name] = (tp, Field(default=list(default), description=desc))
-        else:
-            fields[f.name] = (tp, Field(default=default, description=desc))
+        fields[f.name] = (tp, _field(f, tp, defaults, desc))
 
     def to_core(self, **extra) -> Any:
         values = deep_merge(self.model_dump(), extra)
@@ -149,6 +135,24 @@ def dagster_config(
     if key is not None:
         _CACHE[key] = model
     return model
+
+
+def _field(f: dataclasses.Field, tp: Any, defaults: dict, desc: str | None) -> Any:
+    """The pydantic Field of dataclass field ``f`` (Dagster type ``tp``): its default from ``defaults``,
+    else the dataclass's (a nested dataclass made by ``tp``, a tuple as a list); none: required."""
+    if f.name in defaults:
+        default = defaults[f.name]
+    elif f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        return Field(description=desc)
+    if dataclasses.is_dataclass(default):
+        return Field(default_factory=tp, description=desc)
+    if isinstance(default, tuple):
+        return Field(default=list(default), description=desc)
+    return Field(default=default, description=desc)
 
 
 class RunConfigError(ValueError):

@@ -412,8 +412,8 @@ def run_tags(config_file: str, run_config: dict) -> dict[str, str]:
     return tags
 
 
-def main(argv: list[str] | None = None) -> int:
-    root = Path(os.environ.get("LARGETRAIN_ROOT", ".largetrain")).resolve()
+def _parser(root: Path) -> argparse.ArgumentParser:
+    """The demo's command line (``root``: the LARGETRAIN_ROOT its log goes under by default)."""
     p = argparse.ArgumentParser(prog="python -m largetrain_dagster.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("-c", "--config", default="configs/demo.yaml", help="run config (YAML), cut down to each job's ops")
     p.add_argument("-w", "--workspace", default="workspace.yaml")
@@ -431,7 +431,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--progress-seconds", type=float, default=10.0, help="training progress line interval without a terminal"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def _plan(jobs: list[str], partitions: list[str], tags: dict) -> list[tuple[str, dict]]:
+    """The demo's runs as (job, tags): prepare_partitions once per data partition, then each other job once."""
+    plan = [
+        (job, {"dagster/partition": pk, **tags}) for job in jobs if job == "prepare_partitions" for pk in partitions
+    ]
+    plan += [(job, dict(tags)) for job in jobs if job != "prepare_partitions"]
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = Path(os.environ.get("LARGETRAIN_ROOT", ".largetrain")).resolve()
+    args = _parser(root).parse_args(argv)
 
     from dagster import DagsterInstance
 
@@ -440,13 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     run_config = yaml.safe_load(Path(args.config).read_text()) or {}
     partitions = args.partitions.split(",") if args.partitions else DATA_PARTITIONS.get_partition_keys()
     tags = run_tags(args.config, run_config)
-    plan = [
-        (job, {"dagster/partition": pk, **tags})
-        for job in args.jobs.split(",")
-        if job == "prepare_partitions"
-        for pk in partitions
-    ]
-    plan += [(job, dict(tags)) for job in args.jobs.split(",") if job != "prepare_partitions"]
+    plan = _plan(args.jobs.split(","), partitions, tags)
     jobs = list(dict.fromkeys(job for job, _ in plan))
     log = Path(args.log).resolve()
     console = _redirect_output(log)

@@ -66,6 +66,33 @@ def relevance_classifier(
     )
 
 
+_DESCRIPTION = (
+    "The text the model is trained on: documents sharing a 13-word n-gram with a declared evaluation "
+    "item removed (reason contaminated, reported with the item and the n-gram), every document scored "
+    "by the relevance classifier (relevance_score) and those under the threshold or outside the top "
+    "fraction removed (reason relevance)."
+)
+
+
+def _accounting_spec(key: list[str]) -> AssetCheckSpec:
+    """The blocking check ``accounting`` of the filtered text ``key``."""
+    return AssetCheckSpec(
+        "accounting",
+        asset=key,
+        blocking=True,
+        description="kept + filtered + duplicate + rejected == input over the whole chain "
+        "(relevance and contaminated count as filtered), recounted from the files",
+    )
+
+
+def _keyed(handles: dict, names, kind: str) -> dict[str, Artifact]:
+    """The ``kind`` (raw or cleaned) partitions of the asset's ``handles``: each {partition: handle}, for a
+    mixture of corpora ``names`` raw__<corpus> and cleaned__<corpus>."""
+    if names:
+        return by_corpus(handles, names, kind)
+    return {k: Artifact.of(h) for k, h in handles[kind].items()}
+
+
 def filtered_text_asset(role: str):
     """``<role>/filtered_text``: ``<role>/deduplicated_text`` decontaminated against ``evaluation_sets`` and
     scored (and filtered) by ``relevance_classifier``; its blocking check ``accounting``. For a role made of
@@ -90,19 +117,8 @@ def filtered_text_asset(role: str):
             "sets": AssetIn(key="evaluation_sets"),
             **chain,
         },
-        check_specs=[
-            AssetCheckSpec(
-                "accounting",
-                asset=key,
-                blocking=True,
-                description="kept + filtered + duplicate + rejected == input over the whole chain "
-                "(relevance and contaminated count as filtered), recounted from the files",
-            )
-        ],
-        description="The text the model is trained on: documents sharing a 13-word n-gram with a declared evaluation "
-        "item removed (reason contaminated, reported with the item and the n-gram), every document scored "
-        "by the relevance classifier (relevance_score) and those under the threshold or outside the top "
-        "fraction removed (reason relevance).",
+        check_specs=[_accounting_spec(key)],
+        description=_DESCRIPTION,
     )
     def filtered_text(
         context: AssetExecutionContext,
@@ -114,12 +130,6 @@ def filtered_text_asset(role: str):
         sets: dict,
         **handles,
     ):
-        # handles: raw and cleaned, each {partition: handle}; for a mixture raw__<corpus> and cleaned__<corpus>
-        def keyed(kind: str) -> dict:
-            if names:
-                return by_corpus(handles, names, kind)
-            return {k: Artifact.of(h) for k, h in handles[kind].items()}
-
         yield from materialize_stage(
             context,
             config,
@@ -128,8 +138,8 @@ def filtered_text_asset(role: str):
             Artifact.of(text),
             Artifact.of(classifier),
             Artifact.of(sets),
-            keyed("raw"),
-            keyed("cleaned"),
+            _keyed(handles, names, "raw"),
+            _keyed(handles, names, "cleaned"),
             stage_run(context, storage, executor),
             config.warn_removed_fraction,
         )

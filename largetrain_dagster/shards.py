@@ -64,6 +64,29 @@ def token_shards_asset(role: str) -> list:
     filters its text: partitions.shards_text) and the shared tokenizer (the graph of the module doc),
     and its blocking check ``token_ids_below_vocab``."""
     key = [role, "token_shards"]
+    plan, tokenize, assemble = _plan_op(role), _tokenize_op(role), _assemble_op(role)
+
+    def mapping(cfg: dict) -> dict:
+        return {plan.name: {"config": cfg}, assemble.name: {"config": cfg}}
+
+    @graph_asset(
+        key=key,
+        group_name=f"{role}_data",
+        code_version=CODE_VERSIONS["token_shards"],
+        ins={"text": AssetIn(key=[role, data_partitions.shards_text(role)]), "tokenizer": AssetIn(key="tokenizer")},
+        config=ConfigMapping(config_fn=mapping, config_schema=TokenShardsConfig.to_config_schema()),
+        kinds={"arrow"},
+        description="EOS after every document, packed into seq_len+1 windows, Arrow IPC shards + manifest.json, "
+        "train/validation split by document; tokenized per partition, in parallel.",
+    )
+    def token_shards(text, tokenizer):
+        return assemble(text, tokenizer, plan(text, tokenizer).map(tokenize).collect())
+
+    return [token_shards, _ids_check(key)]
+
+
+def _plan_op(role: str):
+    """The op that plans ``<role>/token_shards``: one dynamic output per partition to tokenize."""
 
     @op(
         name=f"{role}__token_shards_plan",
@@ -96,6 +119,12 @@ def token_shards_asset(role: str) -> list:
                 mapping_key=f"p{i:03d}",
             )
 
+    return plan
+
+
+def _tokenize_op(role: str):
+    """The op that tokenizes one partition of ``<role>/token_shards``."""
+
     @op(
         name=f"{role}__token_shards_tokenize",
         out=Out(io_manager_key="handles"),
@@ -117,6 +146,12 @@ def token_shards_asset(role: str) -> list:
             + (" (reused)" if result.reused else f" on the {result.stats[RECORD]['executor']} executor")
         )
         return Output(result.handle())  # an Output: a Pipes session (the Spark executor) makes the step yield events
+
+    return tokenize
+
+
+def _assemble_op(role: str):
+    """The op of ``<role>/token_shards``'s global step: tails and manifest over every partition."""
 
     @op(
         name=f"{role}__token_shards_assemble",
@@ -147,21 +182,11 @@ def token_shards_asset(role: str) -> list:
             result.path, result.data_version, result.stats, config, result.reused, metadata_values(result.metadata)
         )
 
-    def mapping(cfg: dict) -> dict:
-        return {plan.name: {"config": cfg}, assemble.name: {"config": cfg}}
+    return assemble
 
-    @graph_asset(
-        key=key,
-        group_name=f"{role}_data",
-        code_version=CODE_VERSIONS["token_shards"],
-        ins={"text": AssetIn(key=[role, data_partitions.shards_text(role)]), "tokenizer": AssetIn(key="tokenizer")},
-        config=ConfigMapping(config_fn=mapping, config_schema=TokenShardsConfig.to_config_schema()),
-        kinds={"arrow"},
-        description="EOS after every document, packed into seq_len+1 windows, Arrow IPC shards + manifest.json, "
-        "train/validation split by document; tokenized per partition, in parallel.",
-    )
-    def token_shards(text, tokenizer):
-        return assemble(text, tokenizer, plan(text, tokenizer).map(tokenize).collect())
+
+def _ids_check(key: list[str]):
+    """The blocking check ``token_ids_below_vocab`` of the token shards ``key``."""
 
     @asset_check(
         asset=key,
@@ -173,4 +198,4 @@ def token_shards_asset(role: str) -> list:
         check = ids_below_vocab(Artifact.of(shards).path, shards["stats"]["vocab_size"])
         return AssetCheckResult(passed=bool(check.passed), metadata=metadata_values(check.metadata))
 
-    return [token_shards, ids_check]
+    return ids_check

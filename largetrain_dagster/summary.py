@@ -155,6 +155,7 @@ def _balancing(dedup: dict) -> list[str]:
 
 
 def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
+    """The summary lines of one role's corpus chain: source, documents, dedup, balancing, token shards."""
     raw = _metadata(instance, role, "raw_corpus")
     dedup = _metadata(instance, role, "deduplicated_text")
     filt = _metadata(instance, role, "filtered_text") if filters_text(role) else {}
@@ -165,13 +166,27 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
         f"{label} ({role}): {corpus.get('source') or raw.get('source', 'n/a')}",
         f"  corpus version: {corpus_version(corpus)}",
     ]
+    lines.append(_documents_line(dedup, filt, chain))
+    lines += _filtering(filt)
+    lines += _dedup_notes(dedup, chain)
+    lines += _balancing(dedup)
+    lines.append(_shards_line(shards))
+    lines += _mixture(shards.get("mixture"))
+    tiny = tiny_validation_warning(role, shards, shards.get("config") or {}) if shards else None
+    if tiny:
+        lines.append(f"  WARNING: {tiny}")
+    return lines
+
+
+def _documents_line(dedup: dict, filt: dict, chain: dict) -> str:
+    """The summary line of the chain's documents: read, kept, filtered (by what), duplicates, rejected."""
     balanced = (dedup.get("balance") or {}).get("balance_dropped", 0)
     relevance, contaminated = filt.get("removed_relevance", 0), filt.get("removed_contaminated", 0)
     filtered = chain.get("documents_filtered")
     rules = None if filtered is None else filtered - balanced - relevance - contaminated
     exact, near = dedup.get("duplicate_exact"), dedup.get("duplicate_near")
     unverified = dedup.get("near_unverified_kept")  # near candidates kept because verification failed
-    lines.append(
+    return (
         f"  documents read {_fmt(chain.get('documents_input'))} / kept {_fmt(chain.get('documents_kept'))} / "
         f"filtered by the quality rules {_fmt(rules)}"
         + (f" + by balancing {balanced:,}" if balanced else "")
@@ -186,7 +201,11 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
         )
         + f" / rejected {_fmt(chain.get('documents_rejected'))} ({_fmt(dedup.get('partitions'))} partitions)"
     )
-    lines += _filtering(filt)
+
+
+def _dedup_notes(dedup: dict, chain: dict) -> list[str]:
+    """The summary lines of the sources that lost most to dedup, PII, rejected files and the removal warning."""
+    lines = []
     if dedup.get("sources_most_removed"):
         lines.append(
             "  sources that lost most to dedup: "
@@ -205,9 +224,13 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
         lines.append(f"  rejected records (file, position, reason): {', '.join(dedup['rejected_files'])}")
     if chain.get("removal_warning"):
         lines.append(f"  WARNING: {chain['removal_warning']}")
-    lines += _balancing(dedup)
+    return lines
+
+
+def _shards_line(shards: dict) -> str:
+    """The summary line of the token shards: tokens, sequences, repeats, relevance scores, path."""
     repeats = shards.get("train_repeat_copies")
-    lines.append(
+    return (
         f"  token shards: {_fmt(shards.get('total_tokens'))} tokens; sequences train {_fmt(shards.get('train_sequences'))}, "
         f"validation {_fmt(shards.get('validation_sequences'))}"
         + (
@@ -223,11 +246,6 @@ def _corpus(instance: DagsterInstance, role: str, label: str) -> list[str]:
         )
         + f"; {shards.get('path', 'n/a')}"
     )
-    lines += _mixture(shards.get("mixture"))
-    tiny = tiny_validation_warning(role, shards, shards.get("config") or {}) if shards else None
-    if tiny:
-        lines.append(f"  WARNING: {tiny}")
-    return lines
 
 
 def _mixture(mix: dict | None) -> list[str]:

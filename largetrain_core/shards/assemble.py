@@ -54,34 +54,9 @@ def assemble_token_shards(
     header = _header(info, packing)
     parts = part_files(in_dir)
     summaries = [(Path(d), _read_tokenized(Path(d))) for d in partition_dirs]
-    expect = 0
-    for d, s in summaries:
-        differs = {k: (s.get(k), v) for k, v in header.items() if s.get(k) != v}
-        if differs or s["input_parts"] != len(parts) or s["first_part"] != expect:
-            raise ArtifactError(
-                f"{d / TOKENIZED}: partition {s.get('partition')} of {s.get('partitions')} does not fit "
-                f"the others: "
-                + (
-                    f"made with {differs} (the partition's, now)"
-                    if differs
-                    else f"parts {s['first_part']}.. of {s['input_parts']}, expected part {expect} of {len(parts)}"
-                )
-                + "; tokenize every partition again with the same tokenizer and settings"
-            )
-        expect += s["parts"]
-    if expect != len(parts):
-        raise ArtifactError(
-            f"the partitions hold {expect} of the {len(parts)} part files of {in_dir}: tokenize every partition"
-        )
+    _check_partitions(summaries, header, len(parts), in_dir)
     runs = [(d, r) for d, s in summaries for r in s["runs"]]
-    documents = sum(r["documents"] for _, r in runs)
-    if packing.validation_fraction > 0 and documents >= 2 and not sum(r["validation_documents"] for _, r in runs):
-        forced = min((tuple(r["smallest_split_hash"]) for _, r in runs if r["smallest_split_hash"]))[1]
-        for d, r in runs:  # a run written here is replaced (same file names); the partitions' stay theirs
-            if d.resolve() == out_dir.resolve():
-                for f in run_files(r):
-                    (d / f).unlink()
-        runs = [(out_dir, tokenize_parts(parts, 0, tokenizer_path, out_dir, packing, forced=forced))]
+    runs = _with_validation(runs, parts, tokenizer_path, out_dir, packing)
     # a run in out_dir is listed as one in final_dir (the directory it becomes)
     runs = [(final_dir if d.resolve() == out_dir.resolve() else d, r) for d, r in runs]
     passes = sorted({int(key.split("/")[1]) for _, r in runs for key in r["writers"]})
@@ -109,6 +84,46 @@ def assemble_token_shards(
     files = {split: [s["file"] for s in splits[split]["shards"]] for split in SPLITS if splits[split]["shards"]}
     dataset_card.write(out_dir, "token_shards", files, dataset_card.SHARDS_DESCRIPTION)
     return manifest
+
+
+def _check_partitions(summaries: list[tuple[Path, dict]], header: dict, parts: int, in_dir) -> None:
+    """ArtifactError unless the partitions' summaries cover the ``parts`` part files of ``in_dir``
+    exactly once, in order, with the settings ``header`` (naming the partition)."""
+    expect = 0
+    for d, s in summaries:
+        differs = {k: (s.get(k), v) for k, v in header.items() if s.get(k) != v}
+        if differs or s["input_parts"] != parts or s["first_part"] != expect:
+            raise ArtifactError(
+                f"{d / TOKENIZED}: partition {s.get('partition')} of {s.get('partitions')} does not fit "
+                f"the others: "
+                + (
+                    f"made with {differs} (the partition's, now)"
+                    if differs
+                    else f"parts {s['first_part']}.. of {s['input_parts']}, expected part {expect} of {parts}"
+                )
+                + "; tokenize every partition again with the same tokenizer and settings"
+            )
+        expect += s["parts"]
+    if expect != parts:
+        raise ArtifactError(
+            f"the partitions hold {expect} of the {parts} part files of {in_dir}: tokenize every partition"
+        )
+
+
+def _with_validation(
+    runs: list[tuple[Path, dict]], parts: list[Path], tokenizer_path: Path, out_dir: Path, packing: Packing
+) -> list[tuple[Path, dict]]:
+    """The runs, or, when no document hashed into validation (module doc, Split), one run of the whole
+    input tokenized again into ``out_dir`` with the smallest-hash document in validation."""
+    documents = sum(r["documents"] for _, r in runs)
+    if not (packing.validation_fraction > 0 and documents >= 2 and not sum(r["validation_documents"] for _, r in runs)):
+        return runs
+    forced = min((tuple(r["smallest_split_hash"]) for _, r in runs if r["smallest_split_hash"]))[1]
+    for d, r in runs:  # a run written here is replaced (same file names); the partitions' stay theirs
+        if d.resolve() == out_dir.resolve():
+            for f in run_files(r):
+                (d / f).unlink()
+    return [(out_dir, tokenize_parts(parts, 0, tokenizer_path, out_dir, packing, forced=forced))]
 
 
 _TOTALS = ("documents", "document_tokens", "repeated_documents", "repeat_copies", "repeat_tokens")
@@ -165,6 +180,21 @@ def _stream(
     }
 
 
+# the mixture record of a corpus with weight 0 and no documents
+_EMPTY_CORPUS = {
+    "weight": 0.0,
+    "documents": 0,
+    "document_tokens": 0,
+    "sequences_packed": 0,
+    "sequences": 0,
+    "repeat_sequences": 0,
+    "downsampled_sequences": 0,
+    "natural_share": 0.0,
+    "target_share": 0.0,
+    "realised_share": 0.0,
+}
+
+
 def _mixed(
     runs: list[tuple[Path, dict]],
     passes: list[int],
@@ -179,55 +209,17 @@ def _mixed(
     caller into the manifest). Raises ValueError naming a corpus with a weight above 0 and no train
     window."""
     weights = packing.mixture
+    natural = packing.natural
     corpora = sorted({key.split("/")[2] for _, r in runs for key in r["writers"] if key.startswith("train/")})
     streams = {c: _stream(runs, passes, "train", c, out_dir, info, packing, final_dir) for c in corpora}
     sequences = {c: s["sequences"] for c, s in streams.items()}
-    empty = [c for c, w in weights.items() if w > 0 and not sequences.get(c)]
-    if empty:
-        raise ValueError(
-            f"mixture: corpus {', '.join(map(repr, empty))} has weight > 0 but no train sequence of "
-            f"{packing.seq_len + 1} tokens (no documents, or fewer tokens than one sequence), so it cannot "
-            f"be sampled to its weight; set its weight to 0 or add documents"
-        )
-    natural = packing.natural
-    targets = dict(sequences) if natural else mixture_targets(sequences, weights)
-    over = {c: targets[c] / n for c, n in sequences.items() if n and packing.max_repeats is not None}
-    over = {c: f for c, f in over.items() if f > packing.max_repeats}
-    if over:
-        raise ValueError(
-            "mixture: "
-            + "; ".join(
-                f"corpus {c!r} (weight {weights[c]:.4g}) would repeat each of its {sequences[c]:,} train sequences "
-                f"{f:.1f} times per pass ({targets[c]:,} sequences)"
-                for c, f in sorted(over.items())
-            )
-            + f", above max_repeats {packing.max_repeats:g}; lower its weight, add documents to it, or raise max_repeats"
-        )
-    record = {
-        "weights": None if natural else weights,
-        "corpora": {},
-        "applies_to": (
-            "no weights: every corpus in its natural proportion, nothing re-sampled"
-            if natural
-            else "train split, in sequences of seq_len + 1 tokens, after dedup and balancing; the split "
-            "keeps its size; validation unweighted"
-        ),
-    }
+    targets = _mixture_sequences(sequences, packing)
+    record = {"weights": None if natural else weights, "corpora": {}, "applies_to": _applies_to(natural)}
     shards, totals, dropped = [], dict.fromkeys(_TOTALS, 0), 0
     total = sum(targets.values())
     for corpus in corpora:
         f, n, want = streams[corpus], sequences[corpus], targets[corpus]
-        passes_, rest = divmod(want, n) if n else (0, 0)
-        offset = (xxhash.xxh64_intdigest(corpus.encode(), packing.seed) % 2**32) / 2**32
-        shards += f["shards"] * passes_
-        start = 0
-        for e in f["shards"] if rest else []:
-            picked = int(systematic(start, e["sequences"], rest / n, offset).sum())
-            if picked:
-                shards.append(
-                    {**e, "sequences": picked, "select": {"start": start, "fraction": rest / n, "offset": offset}}
-                )
-            start += e["sequences"]
+        shards += _sampled_shards(f["shards"], n, want, corpus, packing.seed)
         for key in totals:
             totals[key] += f[key]
         dropped += f["dropped_remainder_tokens"]
@@ -245,18 +237,7 @@ def _mixed(
             "realised_share": want / total if total else 0.0,
         }
     for corpus in sorted(set(weights) - set(corpora)):  # weight 0 and no documents
-        record["corpora"][corpus] = {
-            "weight": 0.0,
-            "documents": 0,
-            "document_tokens": 0,
-            "sequences_packed": 0,
-            "sequences": 0,
-            "repeat_sequences": 0,
-            "downsampled_sequences": 0,
-            "natural_share": 0.0,
-            "target_share": 0.0,
-            "realised_share": 0.0,
-        }
+        record["corpora"][corpus] = dict(_EMPTY_CORPUS)
     sequences_total = sum(e["sequences"] for e in shards)
     return {
         "shards": shards,
@@ -270,6 +251,58 @@ def _mixed(
         },
         "mixture": record,
     }
+
+
+def _applies_to(natural: bool) -> str:
+    """What a mixture record's weights apply to (none when ``natural``)."""
+    if natural:
+        return "no weights: every corpus in its natural proportion, nothing re-sampled"
+    return (
+        "train split, in sequences of seq_len + 1 tokens, after dedup and balancing; the split "
+        "keeps its size; validation unweighted"
+    )
+
+
+def _mixture_sequences(sequences: dict[str, int], packing: Packing) -> dict[str, int]:
+    """Train sequences per corpus after weighting (its packed ones when natural). Raises ValueError
+    naming a corpus with a weight above 0 and no train sequence, or one repeated above max_repeats."""
+    weights = packing.mixture
+    empty = [c for c, w in weights.items() if w > 0 and not sequences.get(c)]
+    if empty:
+        raise ValueError(
+            f"mixture: corpus {', '.join(map(repr, empty))} has weight > 0 but no train sequence of "
+            f"{packing.seq_len + 1} tokens (no documents, or fewer tokens than one sequence), so it cannot "
+            f"be sampled to its weight; set its weight to 0 or add documents"
+        )
+    targets = dict(sequences) if packing.natural else mixture_targets(sequences, weights)
+    over = {c: targets[c] / n for c, n in sequences.items() if n and packing.max_repeats is not None}
+    over = {c: f for c, f in over.items() if f > packing.max_repeats}
+    if over:
+        raise ValueError(
+            "mixture: "
+            + "; ".join(
+                f"corpus {c!r} (weight {weights[c]:.4g}) would repeat each of its {sequences[c]:,} train sequences "
+                f"{f:.1f} times per pass ({targets[c]:,} sequences)"
+                for c, f in sorted(over.items())
+            )
+            + f", above max_repeats {packing.max_repeats:g}; lower its weight, add documents to it, or raise max_repeats"
+        )
+    return targets
+
+
+def _sampled_shards(shards: list[dict], n: int, want: int, corpus: str, seed: int) -> list[dict]:
+    """A corpus's ``n`` packed sequences (its ``shards``) to ``want``: every shard once per whole pass,
+    then the rest by a systematic sample (``select``), offset by the corpus's hash."""
+    passes_, rest = divmod(want, n) if n else (0, 0)
+    offset = (xxhash.xxh64_intdigest(corpus.encode(), seed) % 2**32) / 2**32
+    out = shards * passes_
+    start = 0
+    for e in shards if rest else []:
+        picked = int(systematic(start, e["sequences"], rest / n, offset).sum())
+        if picked:
+            out.append({**e, "sequences": picked, "select": {"start": start, "fraction": rest / n, "offset": offset}})
+        start += e["sequences"]
+    return out
 
 
 def build_token_shards(

@@ -234,63 +234,80 @@ def export_hdf5(shards_dir: Path, split: str, out_path: Path, chunk_sequences: i
 
     data = TokenShards(Path(shards_dir), split)
     _exportable(data)
-    m = data.manifest
     n, width = len(data), data.seq_len + 1
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
     with h5py.File(tmp, "w") as f:
-        ids = f.create_dataset(
-            "input_ids",
-            shape=(n, width),
-            dtype=data.dtype,
-            chunks=(max(1, min(chunk_sequences, n)), width) if n else None,
-        )
-        for lo in range(0, n, chunk_sequences):
-            rows = data.take(np.arange(lo, min(n, lo + chunk_sequences)))
-            ids[lo : lo + len(rows)] = rows
-        tokens = f.create_dataset(
-            "document_tokens", shape=(0,), maxshape=(None,), dtype=data.dtype, chunks=(max(1, chunk_sequences * width),)
-        )
-        lengths, held = [], []
-
-        def append(pieces: list[np.ndarray]) -> None:  # one resize per chunk_sequences windows of tokens
-            block = np.concatenate(pieces)
-            tokens.resize((tokens.shape[0] + len(block),))
-            tokens[tokens.shape[0] - len(block) :] = block
-
-        docs, cut = _documents_with_cut(data)
-        for doc in docs:
-            held.append(doc)
-            lengths.append(len(doc))
-            if sum(len(h) for h in held) >= chunk_sequences * width:
-                append(held)
-                held = []
-        if held:
-            append(held)
-        f.create_dataset(
-            "document_offsets", data=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
-        )
-        for key in (
-            "format",
-            "seq_len",
-            "dtype",
-            "eos_id",
-            "vocab_size",
-            "tokenizer_sha256",
-            "source_data_version",
-            "validation_fraction",
-            "seed",
-        ):
-            f.attrs[key] = m[key]
-        f.attrs["bos_id"] = -1 if m.get("bos_id") is None else m["bos_id"]
-        f.attrs["split"] = split
-        for key in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens"):
-            f.attrs[key] = m["splits"][split][key]
-        f.attrs["truncated_documents"] = cut[0]
-        f.attrs["manifest_json"] = json.dumps(m)
+        _write_windows(f, data, chunk_sequences)
+        documents, truncated = _write_documents(f, data, chunk_sequences)
+        _write_attributes(f, data.manifest, split, truncated)
     os.replace(tmp, out_path)
-    return {"sequences": n, "tokens": n * width, "documents": len(lengths), "dtype": data.dtype.name}
+    return {"sequences": n, "tokens": n * width, "documents": documents, "dtype": data.dtype.name}
+
+
+def _write_windows(f, data: TokenShards, chunk_sequences: int) -> None:
+    """The ``input_ids`` dataset of :func:`export_hdf5`: every window, ``chunk_sequences`` rows at a time."""
+    n, width = len(data), data.seq_len + 1
+    ids = f.create_dataset(
+        "input_ids",
+        shape=(n, width),
+        dtype=data.dtype,
+        chunks=(max(1, min(chunk_sequences, n)), width) if n else None,
+    )
+    for lo in range(0, n, chunk_sequences):
+        rows = data.take(np.arange(lo, min(n, lo + chunk_sequences)))
+        ids[lo : lo + len(rows)] = rows
+
+
+def _write_documents(f, data: TokenShards, chunk_sequences: int) -> tuple[int, int]:
+    """The ``document_tokens`` and ``document_offsets`` datasets of :func:`export_hdf5`; (documents, truncated documents)."""
+    width = data.seq_len + 1
+    tokens = f.create_dataset(
+        "document_tokens", shape=(0,), maxshape=(None,), dtype=data.dtype, chunks=(max(1, chunk_sequences * width),)
+    )
+    lengths, held = [], []
+
+    def append(pieces: list[np.ndarray]) -> None:  # one resize per chunk_sequences windows of tokens
+        block = np.concatenate(pieces)
+        tokens.resize((tokens.shape[0] + len(block),))
+        tokens[tokens.shape[0] - len(block) :] = block
+
+    docs, cut = _documents_with_cut(data)
+    for doc in docs:
+        held.append(doc)
+        lengths.append(len(doc))
+        if sum(len(h) for h in held) >= chunk_sequences * width:
+            append(held)
+            held = []
+    if held:
+        append(held)
+    f.create_dataset(
+        "document_offsets", data=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+    )
+    return len(lengths), cut[0]
+
+
+def _write_attributes(f, m: dict, split: str, truncated: int) -> None:
+    """The root attributes of :func:`export_hdf5`: the manifest's scalars, the split and its counts."""
+    for key in (
+        "format",
+        "seq_len",
+        "dtype",
+        "eos_id",
+        "vocab_size",
+        "tokenizer_sha256",
+        "source_data_version",
+        "validation_fraction",
+        "seed",
+    ):
+        f.attrs[key] = m[key]
+    f.attrs["bos_id"] = -1 if m.get("bos_id") is None else m["bos_id"]
+    f.attrs["split"] = split
+    for key in ("sequences", "tokens", "documents", "document_tokens", "dropped_remainder_tokens"):
+        f.attrs[key] = m["splits"][split][key]
+    f.attrs["truncated_documents"] = truncated
+    f.attrs["manifest_json"] = json.dumps(m)
 
 
 def inspect(path: Path, split: str = "train") -> str:

@@ -77,6 +77,179 @@ def _key(split: str, k: int, corpus: str | None = None) -> str:
     return f"{split}/{k}" if corpus is None else f"{split}/{k}/{corpus}"
 
 
+class _PartPacker:
+    """The streams of one :func:`tokenize_parts` run: its shard writers, tails, units and counts."""
+
+    def __init__(self, first_part: int, info: TokenizerInfo, encode, out_dir: Path, packing: Packing, forced):
+        self.first_part = first_part
+        self.info = info
+        self.encode = encode
+        self.out_dir = out_dir
+        self.packing = packing
+        self.forced = forced
+        self.tag = f"{first_part:06d}"
+        self.mixture = packing.mixture
+        self.number = {c: i for i, c in enumerate(self.mixture or {})}
+        self.writers: dict[str, _SplitWriter] = {}
+        self.tails: list[tuple[str, int, str | None, int, np.ndarray]] = []
+        self.units: dict[str, list[list[int]]] = {}  # per stream: [part, full windows, tail tokens] of each part
+        self.smallest: tuple[int, str] | None = None
+        self.validation_documents = self.documents = 0
+        self.most_copies = 1
+
+    def writer(self, split: str, k: int, corpus: str | None = None) -> _SplitWriter:
+        """The shard writer of a stream (split, pass, corpus), opened on first use."""
+        key = _key(split, k, corpus)
+        if key not in self.writers:
+            name = "-".join(
+                [split, *([f"r{k}"] if k > 1 else []), *([f"m{self.number[corpus]:03d}"] if corpus else []), self.tag]
+            )
+            packing = self.packing
+            self.writers[key] = _SplitWriter(
+                self.out_dir, name, packing.seq_len, self.info, packing.sequences_per_shard
+            )
+            self.writers[key].stream = (split, k, corpus)
+        return self.writers[key]
+
+    def end_part(self, k: int, part: int) -> None:
+        """Close part ``part`` in every stream of pass ``k``: record its windows and keep its tail."""
+        for key, w in self.writers.items():
+            split, pass_, corpus = w.stream
+            if pass_ != k:
+                continue
+            windows, tail = w.end_unit()
+            if windows or len(tail):
+                self.units.setdefault(key, []).append([part, windows, len(tail)])
+            if len(tail):
+                self.tails.append((split, k, corpus, part, tail))
+
+    def validation(self, doc_ids: list[str], hashes: np.ndarray | None = None) -> np.ndarray:
+        """Boolean array: True where a document goes to validation (its hash, or the forced doc id)."""
+        is_val = split_of(doc_ids, self.packing.validation_fraction, self.packing.seed, hashes)
+        if self.forced is not None:
+            is_val |= np.array([d == self.forced for d in doc_ids], dtype=bool)
+        return is_val
+
+    def train(self, part: Path, k: int, docs: list[np.ndarray], corpora: list | None, copies=None) -> None:
+        """Pack train documents of pass ``k``, each into its corpus's stream in a mixture."""
+        mixture = self.mixture
+        if mixture is None:
+            self.writer("train", k).add(docs, repeat=k > 1)
+            return
+        unknown = sorted({str(c) for c in corpora if c not in mixture})
+        if unknown:
+            raise ValueError(
+                f"{part}: corpus {', '.join(map(repr, unknown))} has no mixture weight; weights are given "
+                f"for {', '.join(map(repr, mixture))}"
+            )
+        for i, (doc, corpus) in enumerate(zip(docs, corpora)):
+            w = self.writer("train", k, corpus)
+            w.add([doc], repeat=k > 1)
+            if copies is not None and copies[i] > 1:
+                w.repeated_documents += 1
+
+    def first_pass(self, part: Path, index: int) -> None:
+        """Pass 1 over a part: split, count and pack every document once."""
+        from largetrain_core.balance import COPIES  # polars: writing shards only
+
+        schema = _part_schema(part)
+        weighted = COPIES in schema
+        if self.mixture is not None and CORPUS not in schema:
+            raise ValueError(
+                f"{part}: no {CORPUS!r} column, so its documents cannot be weighted by corpus: a mixture "
+                "needs the corpus name of every document (raw_corpus reads it when corpora are named)"
+            )
+        for batch in _read_part(part).iter_slices(self.packing.batch_documents):
+            self._first_pass_batch(part, batch, weighted)
+        self.end_part(1, index)
+
+    def _first_pass_batch(self, part: Path, batch, weighted: bool) -> None:
+        """Pass 1 over one batch of a part's documents."""
+        from largetrain_core.balance import COPIES  # polars: writing shards only
+
+        ids = batch["doc_id"].to_list()
+        hashes = split_hashes(ids, self.packing.seed)
+        if len(ids) and (self.smallest is None or int(hashes.min()) < self.smallest[0]):
+            self.smallest = (int(hashes.min()), ids[int(hashes.argmin())])
+        is_val = self.validation(ids, hashes)
+        self.documents += len(ids)
+        self.validation_documents += int(is_val.sum())
+        train_copies = None
+        if weighted:
+            c = batch[COPIES]
+            if c.null_count() or (c < 1).any():
+                raise ValueError(
+                    f"{part}: column {COPIES!r} must be >= 1 in every row (how many times the "
+                    f"train split holds the document)"
+                )
+            train_copies = c.to_numpy()[~is_val]
+            self.most_copies = max(self.most_copies, int(train_copies.max(initial=1)))
+            if self.mixture is None:
+                self.writer("train", 1).repeated_documents += int((train_copies > 1).sum())
+        encoded = self.encode(batch["text"].to_list())
+        mixture = self.mixture
+        corpora = [c for c, v in zip(batch[CORPUS].to_list(), is_val) if not v] if mixture is not None else None
+        self.train(part, 1, [e for e, v in zip(encoded, is_val) if not v], corpora, train_copies)
+        self.writer("validation", 1).add([e for e, v in zip(encoded, is_val) if v])
+
+    def repeat_pass(self, k: int, part: Path, index: int) -> None:
+        """Pass ``k`` over a part: pack again the train documents with at least ``k`` copies."""
+        from largetrain_core.balance import COPIES  # polars: writing shards only
+
+        if COPIES not in _part_schema(part):
+            return
+        mixture = self.mixture
+        columns = ["doc_id", "text", COPIES] + ([CORPUS] if mixture is not None else [])
+        for batch in _read_part(part, columns).iter_slices(self.packing.batch_documents):
+            again = (batch[COPIES].to_numpy() >= k) & ~self.validation(batch["doc_id"].to_list())
+            if again.any():
+                texts = [t for t, a in zip(batch["text"].to_list(), again) if a]
+                corpora = [c for c, a in zip(batch[CORPUS].to_list(), again) if a] if mixture is not None else None
+                self.train(part, k, self.encode(texts), corpora)
+        self.end_part(k, index)
+
+    def write_tails(self) -> str | None:
+        """Write the parts' tails to ``tails-<first_part>.arrow``; its name, or None without tails."""
+        if not self.tails:
+            return None
+        tails = self.tails
+        tail_file = f"tails-{self.tag}.arrow"
+        list_type = pa.large_list(pa.uint16() if self.info.dtype == np.uint16 else pa.uint32())
+        table = pa.table(
+            {
+                "split": pa.array([t[0] for t in tails], pa.string()),
+                "pass": pa.array([t[1] for t in tails], pa.int32()),
+                "corpus": pa.array([t[2] for t in tails], pa.string()),
+                "part": pa.array([t[3] for t in tails], pa.int64()),
+                "tokens": pa.array([t[4] for t in tails], list_type),
+            }
+        )
+        with pa.ipc.new_file(str(self.out_dir / tail_file), table.schema) as w:
+            w.write_table(table)
+        return tail_file
+
+    def summary(self, parts: int, tail_file: str | None) -> dict:
+        """The run's summary (see :func:`tokenize_parts`); finishes every writer."""
+        return {
+            "first_part": self.first_part,
+            "parts": parts,
+            "documents": self.documents,
+            "validation_documents": self.validation_documents,
+            "smallest_split_hash": list(self.smallest) if self.smallest else None,
+            "tails": tail_file,
+            "tail_tokens": sum(len(t[4]) for t in self.tails),
+            "encoder": {"engine": self.encode.engine, "reason": self.encode.reason},
+            "units": self.units,
+            "writers": {key: w.finish() for key, w in sorted(self.writers.items())},
+        }
+
+    def discard(self) -> None:
+        """Remove every file of the run (after a failure)."""
+        for w in self.writers.values():
+            w.discard()
+        (self.out_dir / f"tails-{self.tag}.arrow").unlink(missing_ok=True)
+
+
 def tokenize_parts(
     parts: list[Path],
     first_part: int,
@@ -96,8 +269,6 @@ def tokenize_parts(
     Raises ValueError naming the part on a ``copies`` value that is null or below 1, and in a mixture
     on a missing ``corpus`` column or a corpus without a weight; ArtifactError naming a part that
     cannot be read. A run that raises leaves none of its files in ``out_dir``."""
-    from largetrain_core.balance import COPIES  # polars: writing shards only
-
     info = load_tokenizer_info(tokenizer_path)
     encode = document_encoder(info)
     LOG.info(
@@ -107,140 +278,16 @@ def tokenize_parts(
         encode.engine,
         f" ({encode.reason})" if encode.reason else "",
     )
-    out_dir = Path(out_dir)
-    tag = f"{first_part:06d}"
-    mixture = packing.mixture
-    number = {c: i for i, c in enumerate(mixture or {})}
-    writers: dict[str, _SplitWriter] = {}
-    tails: list[tuple[str, int, str | None, int, np.ndarray]] = []
-    units: dict[str, list[list[int]]] = {}  # per stream: [part, full windows, tail tokens] of each part
-    smallest: tuple[int, str] | None = None
-    validation_documents = documents = 0
-
-    def writer(split: str, k: int, corpus: str | None = None) -> _SplitWriter:
-        key = _key(split, k, corpus)
-        if key not in writers:
-            name = "-".join(
-                [split, *([f"r{k}"] if k > 1 else []), *([f"m{number[corpus]:03d}"] if corpus else []), tag]
-            )
-            writers[key] = _SplitWriter(out_dir, name, packing.seq_len, info, packing.sequences_per_shard)
-            writers[key].stream = (split, k, corpus)
-        return writers[key]
-
-    def end_part(k: int, part: int) -> None:
-        for key, w in writers.items():
-            split, pass_, corpus = w.stream
-            if pass_ != k:
-                continue
-            windows, tail = w.end_unit()
-            if windows or len(tail):
-                units.setdefault(key, []).append([part, windows, len(tail)])
-            if len(tail):
-                tails.append((split, k, corpus, part, tail))
-
-    def validation(doc_ids: list[str], hashes: np.ndarray | None = None) -> np.ndarray:
-        is_val = split_of(doc_ids, packing.validation_fraction, packing.seed, hashes)
-        if forced is not None:
-            is_val |= np.array([d == forced for d in doc_ids], dtype=bool)
-        return is_val
-
-    def train(part: Path, k: int, docs: list[np.ndarray], corpora: list | None, copies=None) -> None:
-        """Pack train documents of pass ``k``, each into its corpus's stream in a mixture."""
-        if mixture is None:
-            writer("train", k).add(docs, repeat=k > 1)
-            return
-        unknown = sorted({str(c) for c in corpora if c not in mixture})
-        if unknown:
-            raise ValueError(
-                f"{part}: corpus {', '.join(map(repr, unknown))} has no mixture weight; weights are given "
-                f"for {', '.join(map(repr, mixture))}"
-            )
-        for i, (doc, corpus) in enumerate(zip(docs, corpora)):
-            w = writer("train", k, corpus)
-            w.add([doc], repeat=k > 1)
-            if copies is not None and copies[i] > 1:
-                w.repeated_documents += 1
-
+    run = _PartPacker(first_part, info, encode, Path(out_dir), packing, forced)
     try:
-        most_copies = 1
         for j, part in enumerate(parts):
-            schema = _part_schema(part)
-            weighted = COPIES in schema
-            if mixture is not None and CORPUS not in schema:
-                raise ValueError(
-                    f"{part}: no {CORPUS!r} column, so its documents cannot be weighted by corpus: a mixture "
-                    "needs the corpus name of every document (raw_corpus reads it when corpora are named)"
-                )
-            for batch in _read_part(part).iter_slices(packing.batch_documents):
-                ids = batch["doc_id"].to_list()
-                hashes = split_hashes(ids, packing.seed)
-                if len(ids) and (smallest is None or int(hashes.min()) < smallest[0]):
-                    smallest = (int(hashes.min()), ids[int(hashes.argmin())])
-                is_val = validation(ids, hashes)
-                documents += len(ids)
-                validation_documents += int(is_val.sum())
-                train_copies = None
-                if weighted:
-                    c = batch[COPIES]
-                    if c.null_count() or (c < 1).any():
-                        raise ValueError(
-                            f"{part}: column {COPIES!r} must be >= 1 in every row (how many times the "
-                            f"train split holds the document)"
-                        )
-                    train_copies = c.to_numpy()[~is_val]
-                    most_copies = max(most_copies, int(train_copies.max(initial=1)))
-                    if mixture is None:
-                        writer("train", 1).repeated_documents += int((train_copies > 1).sum())
-                encoded = encode(batch["text"].to_list())
-                corpora = [c for c, v in zip(batch[CORPUS].to_list(), is_val) if not v] if mixture is not None else None
-                train(part, 1, [e for e, v in zip(encoded, is_val) if not v], corpora, train_copies)
-                writer("validation", 1).add([e for e, v in zip(encoded, is_val) if v])
-            end_part(1, first_part + j)
-        for k in range(2, most_copies + 1):  # pass k: the train documents with at least k copies
+            run.first_pass(part, first_part + j)
+        for k in range(2, run.most_copies + 1):  # pass k: the train documents with at least k copies
             for j, part in enumerate(parts):
-                if COPIES not in _part_schema(part):
-                    continue
-                columns = ["doc_id", "text", COPIES] + ([CORPUS] if mixture is not None else [])
-                for batch in _read_part(part, columns).iter_slices(packing.batch_documents):
-                    again = (batch[COPIES].to_numpy() >= k) & ~validation(batch["doc_id"].to_list())
-                    if again.any():
-                        texts = [t for t, a in zip(batch["text"].to_list(), again) if a]
-                        corpora = (
-                            [c for c, a in zip(batch[CORPUS].to_list(), again) if a] if mixture is not None else None
-                        )
-                        train(part, k, encode(texts), corpora)
-                end_part(k, first_part + j)
-        tail_file = None
-        if tails:
-            tail_file = f"tails-{tag}.arrow"
-            list_type = pa.large_list(pa.uint16() if info.dtype == np.uint16 else pa.uint32())
-            table = pa.table(
-                {
-                    "split": pa.array([t[0] for t in tails], pa.string()),
-                    "pass": pa.array([t[1] for t in tails], pa.int32()),
-                    "corpus": pa.array([t[2] for t in tails], pa.string()),
-                    "part": pa.array([t[3] for t in tails], pa.int64()),
-                    "tokens": pa.array([t[4] for t in tails], list_type),
-                }
-            )
-            with pa.ipc.new_file(str(out_dir / tail_file), table.schema) as w:
-                w.write_table(table)
-        return {
-            "first_part": first_part,
-            "parts": len(parts),
-            "documents": documents,
-            "validation_documents": validation_documents,
-            "smallest_split_hash": list(smallest) if smallest else None,
-            "tails": tail_file,
-            "tail_tokens": sum(len(t[4]) for t in tails),
-            "encoder": {"engine": encode.engine, "reason": encode.reason},
-            "units": units,
-            "writers": {key: w.finish() for key, w in sorted(writers.items())},
-        }
+                run.repeat_pass(k, part, first_part + j)
+        return run.summary(len(parts), run.write_tails())
     except BaseException:  # nothing of a failed run stays behind
-        for w in writers.values():
-            w.discard()
-        (out_dir / f"tails-{tag}.arrow").unlink(missing_ok=True)
+        run.discard()
         raise
 
 

@@ -120,68 +120,130 @@ def deduplicated_text(
     ``corpus`` (:func:`corpus_lineage`). Check ``accounting``: kept + filtered + duplicate + rejected ==
     input, recounted from the files."""
     role = run.asset[0]
-    groups = (
-        {c: sorted(k for k in cleaned if k.split("/", 1)[0] == c) for c in corpora}
-        if corpora
-        else {None: sorted(cleaned)}
-    )
+    groups = _corpus_groups(cleaned, corpora)
     keys = [k for g in groups.values() for k in g]
+    _check_inputs(role, groups, raw, cleaned, hash_partitioned)
+    dedup = dataclasses.replace(minhash_settings(role, cleaned), near=near)
+    raw_dirs = [raw[k].path for k in keys]
+    balance, unlabelled = _labelled_balance(role, balance, raw_dirs)
+    version = _version(dedup, verify if near else None, balance, [(k, cleaned[k].data_version) for k in keys])
+
+    def build(out: Path) -> dict:
+        return _build(out, role, run, raw, cleaned, groups, dedup, verify, balance)
+
+    built = run.build_or_reuse(version, build, documents=True)
+    result = StageResult.built(built, version, metadata=executor_metadata(built.stats))
+    _report_inputs(result, role, raw, cleaned, keys, unlabelled)
+    _report_outcomes(result, role, raw, cleaned, groups, built, warn_removed_fraction)
+    _report_sources(
+        result, {name: [cleaned[k].path for k in g] for name, g in groups.items()}, max_source_removed_fraction
+    )
+    return result
+
+
+def _corpus_groups(cleaned: dict[str, Artifact], corpora: list[str] | None) -> dict[str | None, list[str]]:
+    """The partition keys of each corpus of a mixture, in the corpora's order (one group None without one)."""
+    if corpora:
+        return {c: sorted(k for k in cleaned if k.split("/", 1)[0] == c) for c in corpora}
+    return {None: sorted(cleaned)}
+
+
+def _check_inputs(
+    role: str,
+    groups: dict[str | None, list[str]],
+    raw: dict[str, Artifact],
+    cleaned: dict[str, Artifact],
+    hash_partitioned: bool,
+) -> None:
+    """Check every corpus's partitions: one partitioning, one corpus and settings, not empty."""
     for name, group in groups.items():
         where = f"{role}/{name}" if name else role
         _check_partitioning(where, group, raw, cleaned, hash_partitioned, strip=bool(name))
         check_one_corpus(f"{where}/deduplicated_text", raw, cleaned, group, one_source=hash_partitioned)
         _check_not_empty(where, group, raw, cleaned)
-    dedup = dataclasses.replace(minhash_settings(role, cleaned), near=near)
-    raw_dirs, cleaned_dirs = [raw[k].path for k in keys], [cleaned[k].path for k in keys]
-    unlabelled = None
+
+
+def _labelled_balance(role: str, balance: dict | None, raw_dirs: list[Path]) -> tuple[dict | None, str | None]:
+    """The balance settings, or None with a warning when raw_corpus has no labels to balance on."""
     if balance and not _check_labels(role, raw_dirs):  # label_field null: no balancing, said at WARNING
-        balance = None
-        unlabelled = (
+        return None, (
             f"{role}/deduplicated_text: balance_target is set but raw_corpus label_field is null, so there is "
             "nothing to balance on: not balanced. Set label_field (and re-materialize raw_corpus) to balance, or "
             "balance_target: null to silence this."
         )
+    return balance, None
+
+
+def _version(dedup: DedupConfig, verify: VerifyConfig | None, balance: dict | None, inputs: list) -> str:
+    """The data version (module doc); ``verify``: None when not verifying (exact dedup only)."""
     # the balance settings enter the version only when set, so unbalanced versions stay as they were
-    version = data_version(
+    return data_version(
         CODE_VERSIONS["deduplicated_text"],
         {
             **dedup.to_dict(),
-            "verify": verify.to_dict() if verify and near else None,
+            "verify": verify.to_dict() if verify else None,
             **({"balance": balance} if balance else {}),
         },
-        [(k, cleaned[k].data_version) for k in keys],
+        inputs,
     )
 
-    def build(out: Path) -> dict:
-        _check_ids(role, raw_dirs, keys, out)
-        stats = {
-            **run.executor.run_global(steps.deduplicate, out, in_dirs=cleaned_dirs, cfg=dedup, verify=verify),
-            "partitions": len(keys),
-        }
-        if corpora:
-            stats["corpora"] = name_corpora(
-                out,
-                {c: [cleaned[k].path for k in g] for c, g in groups.items()},
-                {c: sum(raw[k].stats["documents"] for k in g) for c, g in groups.items()},
-            )
-        if balance:
-            try:
-                stats["balance"] = balance_parts(
-                    out,
-                    balance["target"],
-                    balance["mode"],
-                    balance["seed"],
-                    balance.get("max_repeats"),
-                    balance.get("temperature"),
-                )
-            except ValueError as e:
-                raise StageError(f"{role} deduplicated_text: cannot balance: {e}") from e
-            stats["kept"] = stats["kept"] - stats["balance"]["balance_dropped"]
-        outcome_table(raw_dirs, cleaned_dirs, out).write_parquet(out / "outcomes.parquet")
-        return stats
 
-    built = run.build_or_reuse(version, build, documents=True)
-    result = StageResult.built(built, version, metadata=executor_metadata(built.stats))
+def _build(
+    out: Path,
+    role: str,
+    run: StageRun,
+    raw: dict[str, Artifact],
+    cleaned: dict[str, Artifact],
+    groups: dict[str | None, list[str]],
+    dedup: DedupConfig,
+    verify: VerifyConfig | None,
+    balance: dict | None,
+) -> dict:
+    """Deduplicate (name the corpora, balance) into ``out`` and write outcomes.parquet; the stats."""
+    keys = [k for g in groups.values() for k in g]
+    raw_dirs, cleaned_dirs = [raw[k].path for k in keys], [cleaned[k].path for k in keys]
+    _check_ids(role, raw_dirs, keys, out)
+    stats = {
+        **run.executor.run_global(steps.deduplicate, out, in_dirs=cleaned_dirs, cfg=dedup, verify=verify),
+        "partitions": len(keys),
+    }
+    if None not in groups:
+        stats["corpora"] = name_corpora(
+            out,
+            {c: [cleaned[k].path for k in g] for c, g in groups.items()},
+            {c: sum(raw[k].stats["documents"] for k in g) for c, g in groups.items()},
+        )
+    if balance:
+        stats["balance"] = _balance(out, role, balance)
+        stats["kept"] = stats["kept"] - stats["balance"]["balance_dropped"]
+    outcome_table(raw_dirs, cleaned_dirs, out).write_parquet(out / "outcomes.parquet")
+    return stats
+
+
+def _balance(out: Path, role: str, balance: dict) -> dict:
+    """largetrain_core.balance.balance_parts of ``out``; its stats. StageError when it cannot balance."""
+    try:
+        return balance_parts(
+            out,
+            balance["target"],
+            balance["mode"],
+            balance["seed"],
+            balance.get("max_repeats"),
+            balance.get("temperature"),
+        )
+    except ValueError as e:
+        raise StageError(f"{role} deduplicated_text: cannot balance: {e}") from e
+
+
+def _report_inputs(
+    result: StageResult,
+    role: str,
+    raw: dict[str, Artifact],
+    cleaned: dict[str, Artifact],
+    keys: list[str],
+    unlabelled: str | None,
+) -> None:
+    """The partitions' rejected files, the balance report, the unlabelled warning and the PII redactions."""
     rejected_files = [stored_location(raw[k].path / "rejected.parquet") for k in keys if raw[k].stats.get("rejected")]
     if rejected_files:  # the partitions' rejected records, for the summary (each raw_corpus run logged its reasons)
         result.metadata["rejected_files"] = Json(rejected_files)
@@ -193,7 +255,20 @@ def deduplicated_text(
             "pii_redacted": Json(pii),
             "pii_documents": sum(cleaned[k].stats.get("pii_documents", 0) for k in keys),
         }
-    acc = corpus_accounting(raw_dirs, cleaned_dirs, built.path)
+
+
+def _report_outcomes(
+    result: StageResult,
+    role: str,
+    raw: dict[str, Artifact],
+    cleaned: dict[str, Artifact],
+    groups: dict[str | None, list[str]],
+    built,
+    warn_removed_fraction: float | None,
+) -> None:
+    """The accounting (metadata, stats, check), the removal warning and the corpus lineage."""
+    keys = [k for g in groups.values() for k in g]
+    acc = corpus_accounting([raw[k].path for k in keys], [cleaned[k].path for k in keys], built.path)
     summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
     outcomes = pl.read_parquet(built.path / "outcomes.parquet")
     result.warn(
@@ -205,19 +280,7 @@ def deduplicated_text(
         ),
         key="removal_warning",
     )
-    corpus = corpus_lineage(raw, cleaned)
-    if corpora:
-        sources = {
-            c: next((raw[k].stats.get("source") for k in g if raw[k].stats.get("source")), None)
-            for c, g in groups.items()
-        }
-        corpus["source"] = "mixture of " + ", ".join(f"{c} ({sources[c]})" for c in corpora)
-        corpus["mixture"] = sources
-        counts = built.stats["corpora"]
-        result.metadata["documents_by_corpus"] = Markdown(
-            "| corpus | documents read | kept after dedup |\n|---|---|---|\n"
-            + "\n".join(f"| {c} | {counts[c]['documents_read']:,} | {counts[c]['kept']:,} |" for c in corpora)
-        )
+    corpus = _mixture_lineage(result, raw, cleaned, groups, built.stats)
     result.stats = {**built.stats, "documents": summary, "corpus": corpus}  # for the model cards
     result.metadata = {
         "corpus": Json(corpus),
@@ -233,10 +296,31 @@ def deduplicated_text(
     result.checks["accounting"] = Check(
         acc["balanced"], {**summary, "intended_repeats": acc["repeats"], "problems": Json(acc["problems"])}
     )
-    _report_sources(
-        result, {name: [cleaned[k].path for k in g] for name, g in groups.items()}, max_source_removed_fraction
+
+
+def _mixture_lineage(
+    result: StageResult,
+    raw: dict[str, Artifact],
+    cleaned: dict[str, Artifact],
+    groups: dict[str | None, list[str]],
+    stats: dict,
+) -> dict:
+    """:func:`corpus_lineage`, with a mixture's sources and its documents by corpus (metadata)."""
+    corpus = corpus_lineage(raw, cleaned)
+    if None in groups:
+        return corpus
+    corpora = list(groups)
+    sources = {
+        c: next((raw[k].stats.get("source") for k in g if raw[k].stats.get("source")), None) for c, g in groups.items()
+    }
+    corpus["source"] = "mixture of " + ", ".join(f"{c} ({sources[c]})" for c in corpora)
+    corpus["mixture"] = sources
+    counts = stats["corpora"]
+    result.metadata["documents_by_corpus"] = Markdown(
+        "| corpus | documents read | kept after dedup |\n|---|---|---|\n"
+        + "\n".join(f"| {c} | {counts[c]['documents_read']:,} | {counts[c]['kept']:,} |" for c in corpora)
     )
-    return result
+    return corpus
 
 
 def _report_sources(result: StageResult, dirs: dict[str | None, list[Path]], max_fraction: float | None) -> None:

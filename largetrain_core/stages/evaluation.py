@@ -66,8 +66,26 @@ def evaluation(
     table. Check ``adapter_beats_base_on_domain``: base + adapter has the lower held-out domain
     perplexity. ``domain_text``: the domain corpus's deduplicated_text, whose documents in the domain
     shards' validation split make the cloze task (without it, no cloze)."""
-    from largetrain_core.evaluate import load_for_eval, perplexity, sample_generations
+    _check_settings(settings, adapter)
+    version = _version(settings, base, adapter, pretrain_shards, domain_shards, domain_text)
+    model_dir, adapter_dir = local_copy(base.stats["output"]), local_copy(adapter.stats["output"])
 
+    def build(out: Path) -> dict:
+        stats = _perplexities_and_samples(out, settings, model_dir, adapter_dir, pretrain_shards, domain_shards)
+        if settings.benchmark.cloze_items or settings.benchmark.tasks:
+            stats.update(benchmarks(settings.benchmark, model_dir, adapter_dir, domain_shards, domain_text, out, run))
+        return stats
+
+    try:
+        result = StageResult.built(run.build_or_reuse(version, build), version)
+    except TaskFileError as e:
+        raise StageError(f"evaluation: benchmark task file: {e}") from e
+    _report(result)
+    return result
+
+
+def _check_settings(settings: EvaluationSettings, adapter: Artifact) -> None:
+    """StageError on bad benchmark settings or an adapter that is not a language-modelling one."""
     problems = settings.benchmark.problems()
     if problems:
         raise StageError("evaluation: " + "; ".join(problems))
@@ -77,11 +95,22 @@ def evaluation(
             "adapter, evaluated on its held-out test split by the lora_adapter asset itself (its metadata and "
             "evaluation.json): materialize lora_adapter without evaluation"
         )
+
+
+def _version(
+    settings: EvaluationSettings,
+    base: Artifact,
+    adapter: Artifact,
+    pretrain_shards: Artifact,
+    domain_shards: Artifact,
+    domain_text: Artifact | None,
+) -> str:
+    """The data version: settings, inputs' versions, the domain text's (with cloze items) and the task files' digests."""
     try:
         tasks = _task_digests(settings.benchmark.tasks)
     except TaskFileError as e:
         raise StageError(f"evaluation: benchmark task file: {e}") from e
-    version = data_version(
+    return data_version(
         CODE_VERSIONS["evaluation"],
         dataclasses.asdict(settings),
         base.data_version,
@@ -91,36 +120,39 @@ def evaluation(
         domain_text.data_version if domain_text and settings.benchmark.cloze_items else None,
         *tasks,
     )
-    model_dir, adapter_dir, n = (
-        local_copy(base.stats["output"]),
-        local_copy(adapter.stats["output"]),
-        settings.max_sequences,
-    )
 
-    def build(out: Path) -> dict:
-        model = load_for_eval(model_dir)
-        res = {
-            "base_pretrain": perplexity(model, pretrain_shards.path, max_sequences=n),
-            "base_domain": perplexity(model, domain_shards.path, max_sequences=n),
-        }
-        tuned = load_for_eval(model_dir, adapter_dir)
-        res["adapter_domain"] = perplexity(tuned, domain_shards.path, max_sequences=n)
-        write_json_atomic(out / "perplexity.json", res)
-        prompts = list(settings.prompts)
-        samples = {
-            "base": sample_generations(model, model_dir, prompts, settings.max_new_tokens),
-            "adapter": sample_generations(tuned, model_dir, prompts, settings.max_new_tokens),
-        }
-        write_json_atomic(out / "samples.json", samples)
-        stats = {f"{k}_perplexity": v["perplexity"] for k, v in res.items()}
-        if settings.benchmark.cloze_items or settings.benchmark.tasks:
-            stats.update(benchmarks(settings.benchmark, model_dir, adapter_dir, domain_shards, domain_text, out, run))
-        return stats
 
-    try:
-        result = StageResult.built(run.build_or_reuse(version, build), version)
-    except TaskFileError as e:
-        raise StageError(f"evaluation: benchmark task file: {e}") from e
+def _perplexities_and_samples(
+    out: Path,
+    settings: EvaluationSettings,
+    model_dir: Path,
+    adapter_dir: Path,
+    pretrain_shards: Artifact,
+    domain_shards: Artifact,
+) -> dict:
+    """Write perplexity.json and samples.json for base and base + adapter; the ``<model>_<corpus>_perplexity`` stats."""
+    from largetrain_core.evaluate import load_for_eval, perplexity, sample_generations
+
+    n = settings.max_sequences
+    model = load_for_eval(model_dir)
+    res = {
+        "base_pretrain": perplexity(model, pretrain_shards.path, max_sequences=n),
+        "base_domain": perplexity(model, domain_shards.path, max_sequences=n),
+    }
+    tuned = load_for_eval(model_dir, adapter_dir)
+    res["adapter_domain"] = perplexity(tuned, domain_shards.path, max_sequences=n)
+    write_json_atomic(out / "perplexity.json", res)
+    prompts = list(settings.prompts)
+    samples = {
+        "base": sample_generations(model, model_dir, prompts, settings.max_new_tokens),
+        "adapter": sample_generations(tuned, model_dir, prompts, settings.max_new_tokens),
+    }
+    write_json_atomic(out / "samples.json", samples)
+    return {f"{k}_perplexity": v["perplexity"] for k, v in res.items()}
+
+
+def _report(result: StageResult) -> None:
+    """The perplexity reduction, generations and benchmark metadata, and the check adapter_beats_base_on_domain."""
     base_ppl, adapter_ppl = result.stats["base_domain_perplexity"], result.stats["adapter_domain_perplexity"]
     reduction = percent(base_ppl - adapter_ppl, base_ppl)
     samples = read_json(result.path / "samples.json", "sample generations (samples.json)")
@@ -145,7 +177,6 @@ def evaluation(
             "adapter_domain_perplexity": rounded(adapter_ppl),
         },
     )
-    return result
 
 
 def benchmarks(

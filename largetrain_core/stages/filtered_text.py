@@ -187,73 +187,109 @@ def filtered_text(
     raw_dirs, cleaned_dirs = [raw[k].path for k in keys], [cleaned[k].path for k in keys]
 
     def build(out: Path) -> dict:
-        found = run.executor.run_global(
-            steps.find_contamination, out, in_dirs=[text.path], index_dir=sets.path, out_file=out / CONTAMINATED
-        )
-        remove = (
-            frozenset(pl.read_parquet(out / CONTAMINATED, columns=["doc_id"])["doc_id"].to_list())
-            if settings.decontamination == "remove"
-            else frozenset()
-        )
-        model = load(classifier.path)
-        cut = settings.relevance_threshold
-        if settings.relevance_top_fraction is None:
-            stats = run.executor.run_global(steps.map_parts, out, step=Filtering(model, cut, remove), in_dir=text.path)
-        else:  # every score first, for the threshold of the top fraction
-            scored = out / "_scored"
-            scored.mkdir()
-            run.executor.run_global(steps.map_parts, scored, step=Filtering(model), in_dir=text.path)
-            hist = score_histogram(part_files(scored), exclude=remove)
-            cut = threshold_for_top(hist, settings.relevance_top_fraction)
-            stats = run.executor.run_global(steps.map_parts, out, step=Filtering(None, cut, remove), in_dir=scored)
-            shutil.rmtree(scored)
-        removed = pl.read_parquet(out / "filtered.parquet")
-        kept_hist = score_histogram(part_files(out))
-        stats |= {
-            "threshold": cut,
-            "scored": histogram_quantiles(kept_hist + score_histogram([out / "filtered.parquet"])),
-            "kept_scores": histogram_quantiles(kept_hist),
-            **{f"removed_{r}": stats["filtered_by_reason"].get(r, 0) for r in ("relevance", "contaminated")},
-            "contaminated": found["contaminated"],
-            "contaminated_by_set": found["contaminated_by_set"],
-            "too_short_items": found["too_short_items"],
-            "decontamination": settings.decontamination,
-            "examples": examples(text.path, out, removed),
-        }
-        stats["kept_percent"] = percent(stats["kept"], stats["input"])
-        if text.stats.get("corpora"):  # a mixture's corpora, for the token shards' weights, with what each kept here
-            kept = pl.scan_parquet(part_files(out)).group_by("corpus").len().collect() if stats["kept"] else None
-            by_corpus = dict(kept.iter_rows()) if kept is not None else {}
-            stats["corpora"] = {
-                c: {**counts, "kept_after_dedup": counts.get("kept"), "kept": by_corpus.get(c, 0)}
-                for c, counts in text.stats["corpora"].items()
-            }
+        stats = _filter_documents(out, settings, run, text, classifier, sets)
         outcome_table(raw_dirs, cleaned_dirs, text.path, out).write_parquet(out / "outcomes.parquet")
         return stats
 
     built = run.build_or_reuse(version, build, documents=True)
-    stats = built.stats
-    result = StageResult.built(built, version, metadata=executor_metadata(stats))
+    result = StageResult.built(built, version, metadata=executor_metadata(built.stats))
     acc = corpus_accounting(raw_dirs, cleaned_dirs, text.path, built.path)
     summary = {k: acc[k] for k in ("input", "kept", "filtered", "duplicate", "rejected")}
     outcomes = pl.read_parquet(built.path / "outcomes.parquet")
-    role = run.asset[0]
+    _warn(result, run, settings.decontamination, summary, outcomes, built, warn_removed_fraction)
+    _report(result, text, built, acc, summary, outcomes)
+    return result
+
+
+def _filter_documents(
+    out: Path, settings: FilteredTextSettings, run: StageRun, text: Artifact, classifier: Artifact, sets: Artifact
+) -> dict:
+    """Find the contaminated documents, score and filter ``text`` into ``out``; the stats (but the accounting)."""
+    found = run.executor.run_global(
+        steps.find_contamination, out, in_dirs=[text.path], index_dir=sets.path, out_file=out / CONTAMINATED
+    )
+    remove = (
+        frozenset(pl.read_parquet(out / CONTAMINATED, columns=["doc_id"])["doc_id"].to_list())
+        if settings.decontamination == "remove"
+        else frozenset()
+    )
+    stats, cut = _score_and_filter(out, settings, run, text, load(classifier.path), remove)
+    removed = pl.read_parquet(out / "filtered.parquet")
+    kept_hist = score_histogram(part_files(out))
+    stats |= {
+        "threshold": cut,
+        "scored": histogram_quantiles(kept_hist + score_histogram([out / "filtered.parquet"])),
+        "kept_scores": histogram_quantiles(kept_hist),
+        **{f"removed_{r}": stats["filtered_by_reason"].get(r, 0) for r in ("relevance", "contaminated")},
+        "contaminated": found["contaminated"],
+        "contaminated_by_set": found["contaminated_by_set"],
+        "too_short_items": found["too_short_items"],
+        "decontamination": settings.decontamination,
+        "examples": examples(text.path, out, removed),
+    }
+    stats["kept_percent"] = percent(stats["kept"], stats["input"])
+    if text.stats.get("corpora"):  # a mixture's corpora, for the token shards' weights, with what each kept here
+        stats["corpora"] = _kept_by_corpus(out, text.stats["corpora"], stats["kept"])
+    return stats
+
+
+def _score_and_filter(
+    out: Path, settings: FilteredTextSettings, run: StageRun, text: Artifact, model, remove: frozenset
+) -> tuple[dict, float | None]:
+    """Score ``text`` and keep what passes the relevance cut and is not in ``remove``; the stats and the cut."""
+    cut = settings.relevance_threshold
+    if settings.relevance_top_fraction is None:
+        stats = run.executor.run_global(steps.map_parts, out, step=Filtering(model, cut, remove), in_dir=text.path)
+        return stats, cut
+    # every score first, for the threshold of the top fraction
+    scored = out / "_scored"
+    scored.mkdir()
+    run.executor.run_global(steps.map_parts, scored, step=Filtering(model), in_dir=text.path)
+    hist = score_histogram(part_files(scored), exclude=remove)
+    cut = threshold_for_top(hist, settings.relevance_top_fraction)
+    stats = run.executor.run_global(steps.map_parts, out, step=Filtering(None, cut, remove), in_dir=scored)
+    shutil.rmtree(scored)
+    return stats, cut
+
+
+def _kept_by_corpus(out: Path, corpora: dict[str, dict], kept: int) -> dict[str, dict]:
+    """deduplicated_text's counts per corpus, with ``kept`` recounted in ``out`` and ``kept_after_dedup``."""
+    counts = pl.scan_parquet(part_files(out)).group_by("corpus").len().collect() if kept else None
+    by_corpus = dict(counts.iter_rows()) if counts is not None else {}
+    return {c: {**n, "kept_after_dedup": n.get("kept"), "kept": by_corpus.get(c, 0)} for c, n in corpora.items()}
+
+
+def _warn(
+    result: StageResult,
+    run: StageRun,
+    decontamination: str,
+    summary: dict,
+    outcomes: pl.DataFrame,
+    built,
+    warn_removed_fraction: float | None,
+) -> None:
+    """The removal warning and, when contaminated documents are kept, the contamination warning."""
     result.warn(
         removal_warning(
-            f"{role} corpus (raw_corpus -> ... -> filtered_text)",
+            f"{run.asset[0]} corpus (raw_corpus -> ... -> filtered_text)",
             summary["input"],
             [r for r in outcomes.iter_rows() if r[0] != "kept"],
             warn_removed_fraction,
         ),
         key="removal_warning",
     )
-    if stats["contaminated"] and settings.decontamination == "report":
+    if built.stats["contaminated"] and decontamination == "report":
         result.warn(
-            f"{run.name}: {stats['contaminated']:,} documents share a 13-word n-gram with an evaluation item and "
+            f"{run.name}: {built.stats['contaminated']:,} documents share a 13-word n-gram with an evaluation item and "
             f"are kept (decontamination: report); listed in {built.path / CONTAMINATED}. The check "
             "no_evaluation_item_in_training_data on evaluation fails for a model trained on them.",
             key="contamination_warning",
         )
+
+
+def _report(result: StageResult, text: Artifact, built, acc: dict, summary: dict, outcomes: pl.DataFrame) -> None:
+    """The stats, metadata and accounting check of a run (see :func:`filtered_text`)."""
+    stats = built.stats
     result.stats = {
         **stats,
         "documents": summary,
@@ -277,7 +313,6 @@ def filtered_text(
     result.checks["accounting"] = Check(
         acc["balanced"], {**summary, "intended_repeats": acc["repeats"], "problems": Json(acc["problems"])}
     )
-    return result
 
 
 def title(text: str, width: int = 72) -> str:
@@ -306,32 +341,8 @@ def examples(in_dir: Path, out_dir: Path, removed: pl.DataFrame, n: int = EXAMPL
     low = removed.filter(pl.col("reason") == "relevance").sort(SCORE, "doc_id").head(n).select("doc_id", SCORE)
     report = pl.read_parquet(Path(out_dir) / CONTAMINATED).head(n)
     wanted = kept["doc_id"].to_list() + low["doc_id"].to_list() + report["doc_id"].to_list()
-    titles = (
-        dict(
-            pl.scan_parquet(part_files(in_dir))
-            .select("doc_id", "text")
-            .filter(pl.col("doc_id").is_in(wanted))
-            .collect()
-            .select("doc_id", pl.col("text").map_elements(title, return_dtype=pl.Utf8))
-            .iter_rows()
-        )
-        if wanted
-        else {}
-    )
-    scores = (
-        dict(
-            pl.concat(
-                [
-                    pl.scan_parquet(part_files(out_dir)).select("doc_id", SCORE).collect(),
-                    removed.select("doc_id", SCORE),
-                ]
-            )
-            .filter(pl.col("doc_id").is_in(report["doc_id"].implode()))
-            .iter_rows()
-        )
-        if report.height
-        else {}
-    )
+    titles = _titles(in_dir, wanted)
+    scores = _contaminated_scores(out_dir, removed, report)
 
     def rows(df: pl.DataFrame) -> list[dict]:
         return [{"doc_id": d, "title": titles.get(d, ""), SCORE: round(float(s), 4)} for d, s in df.iter_rows()]
@@ -351,6 +362,36 @@ def examples(in_dir: Path, out_dir: Path, removed: pl.DataFrame, n: int = EXAMPL
             for d, s, i, g in report.select("doc_id", "eval_set", "item_id", "ngram").iter_rows()
         ],
     }
+
+
+def _titles(in_dir: Path, doc_ids: list[str]) -> dict[str, str]:
+    """The :func:`title` of each of ``doc_ids`` in the text of ``in_dir``."""
+    if not doc_ids:
+        return {}
+    return dict(
+        pl.scan_parquet(part_files(in_dir))
+        .select("doc_id", "text")
+        .filter(pl.col("doc_id").is_in(doc_ids))
+        .collect()
+        .select("doc_id", pl.col("text").map_elements(title, return_dtype=pl.Utf8))
+        .iter_rows()
+    )
+
+
+def _contaminated_scores(out_dir: Path, removed: pl.DataFrame, report: pl.DataFrame) -> dict[str, float]:
+    """The relevance score of each contaminated document of ``report``, kept (``out_dir``) or ``removed``."""
+    if not report.height:
+        return {}
+    return dict(
+        pl.concat(
+            [
+                pl.scan_parquet(part_files(out_dir)).select("doc_id", SCORE).collect(),
+                removed.select("doc_id", SCORE),
+            ]
+        )
+        .filter(pl.col("doc_id").is_in(report["doc_id"].implode()))
+        .iter_rows()
+    )
 
 
 def examples_markdown(ex: dict) -> str:

@@ -53,16 +53,7 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
     when this partition read none)."""
     source, shown = reader.path, fs.redact(reader.path)
     where = f"{shown} (partition {run.partition})"
-    if fs.is_url(source):  # before any work: a missing bucket or prefix, wrong credentials, no endpoint
-        try:
-            fs.check_access(source, f"read the {run.asset[0]} corpus")
-        except fs.StorageAccessError as e:
-            raise StageError(
-                f"{e}. Nothing was read: check the corpus path, the endpoint (AWS_ENDPOINT_URL) and the "
-                "credentials (the standard chain: environment, profile, instance role)."
-            ) from None
-    elif not Path(source).exists():
-        raise StageError(f"{run.asset[0]} corpus not found at {source}: run `make corpora` or set config path")
+    _check_source(source, run.asset[0])
     try:
         provenance = read_provenance(source)
     except ValueError as e:
@@ -91,6 +82,39 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
             **executor_metadata(stats),
         },
     )
+    _report_reading(result, run, reader, built.path, read, provenance)
+    result.stats = {
+        **stats,
+        "source": shown if fs.is_url(source) else str(Path(source).resolve()),
+        "content_digest": digest,
+        "provenance": provenance,
+        "reader": settings_version(reader),  # compared across partitions by the global steps (global_inputs)
+    }
+    return result
+
+
+def _check_source(source: str, role: str) -> None:
+    """StageError before any work when the corpus cannot be reached (object store) or is not there."""
+    if fs.is_url(source):  # before any work: a missing bucket or prefix, wrong credentials, no endpoint
+        try:
+            fs.check_access(source, f"read the {role} corpus")
+        except fs.StorageAccessError as e:
+            raise StageError(
+                f"{e}. Nothing was read: check the corpus path, the endpoint (AWS_ENDPOINT_URL) and the "
+                "credentials (the standard chain: environment, profile, instance role)."
+            ) from None
+    elif not Path(source).exists():
+        raise StageError(f"{role} corpus not found at {source}: run `make corpora` or set config path")
+
+
+def _report_reading(
+    result: StageResult, run: StageRun, reader: ReaderConfig, out: Path, read: int, provenance: dict | None
+) -> None:
+    """Warnings (with their metadata): an empty corpus, rejected records, a provenance mismatch, skipped
+    files and renamed ids of the partition read into ``out`` (``read`` records)."""
+    source, shown = reader.path, fs.redact(reader.path)
+    where = f"{shown} (partition {run.partition})"
+    stats, rejected = result.stats, out / "rejected.parquet"
     if not read and not holds_records(source):  # an empty partition is fine; an empty corpus is said at once
         result.warn(
             f"{shown}: the {run.asset[0]} corpus holds no record: each of its corpus files is empty, holds blank "
@@ -115,19 +139,11 @@ def raw_corpus(reader: ReaderConfig, run: StageRun) -> StageResult:
     if stats["skipped_files"]:
         result.warn(
             f"{where}: {stats['skipped_files']} files with a suffix no reader knows were not read; listed in "
-            f"{stored_location(built.path / 'skipped_files.txt')}"
+            f"{stored_location(out / 'skipped_files.txt')}"
         )
-        result.metadata["skipped_files_list"] = built.path / "skipped_files.txt"
+        result.metadata["skipped_files_list"] = out / "skipped_files.txt"
     if stats["renamed_ids"]:
         result.warn(
             f"{where}: {stats['renamed_ids']} documents repeat an earlier document's id and were renamed "
-            f"<id>@<file>:<line or row>; listed in {stored_location(built.path / 'renamed_ids.parquet')}"
+            f"<id>@<file>:<line or row>; listed in {stored_location(out / 'renamed_ids.parquet')}"
         )
-    result.stats = {
-        **stats,
-        "source": shown if fs.is_url(source) else str(Path(source).resolve()),
-        "content_digest": digest,
-        "provenance": provenance,
-        "reader": settings_version(reader),  # compared across partitions by the global steps (global_inputs)
-    }
-    return result

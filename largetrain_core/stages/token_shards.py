@@ -249,32 +249,7 @@ def token_shards(
     def build(out: Path) -> dict:
         extra = relevance_record(text.path)
         try:
-            if partitions:
-                m = assemble_token_shards(
-                    [p.path for p in partitions],
-                    text.path,
-                    tokenizer.path,
-                    out,
-                    packing,
-                    text.data_version,
-                    final_dir=mirror_path(final) if fs.is_url(final) else final,
-                    extra=extra,
-                )
-            else:
-                m = build_token_shards(
-                    text.path,
-                    tokenizer.path,
-                    out,
-                    seq_len=settings.seq_len,
-                    validation_fraction=settings.validation_fraction,
-                    seed=settings.seed,
-                    sequences_per_shard=settings.sequences_per_shard,
-                    source_data_version=text.data_version,
-                    mixture=packing.mixture,
-                    natural=packing.natural,
-                    extra=extra,
-                    max_repeats=packing.max_repeats,
-                )
+            m = _write_shards(out, settings, packing, text, tokenizer, partitions, final, extra)
         except ValueError as e:
             if packing.mixture is None:
                 raise
@@ -287,16 +262,59 @@ def token_shards(
         result.metadata["relevance_score"] = Json(result.stats[SCORE])
     mix = result.stats.get("mixture")
     if mix:
-        result.metadata["mixture"] = Json(mix)
-        result.metadata["mixture_shares"] = Markdown(mixture_table(mix))
-        for c, r in mix["corpora"].items():
-            result.metadata[f"mixture_{c}_realised_share"] = r["realised_share"]
-            if r.get("target_share") is not None:
-                result.metadata[f"mixture_{c}_target_share"] = r["target_share"]
+        _report_mixture(result, mix)
     result.warn(tiny_validation_warning(run.asset[0], result.stats, cfg), key="validation_warning")
     result.warn(repeat_warning(run.asset[0], mix), key="repeat_warning")
     result.checks["token_ids_below_vocab"] = ids_below_vocab(result.path, result.stats["vocab_size"])
     return result
+
+
+def _write_shards(
+    out: Path,
+    settings: TokenShardsSettings,
+    packing: Packing,
+    text: Artifact,
+    tokenizer: Artifact,
+    partitions: list[Artifact] | None,
+    final,
+    extra: dict,
+) -> dict:
+    """The shards in ``out``: assembled from ``partitions``, else tokenized here; the manifest."""
+    if partitions:
+        return assemble_token_shards(
+            [p.path for p in partitions],
+            text.path,
+            tokenizer.path,
+            out,
+            packing,
+            text.data_version,
+            final_dir=mirror_path(final) if fs.is_url(final) else final,
+            extra=extra,
+        )
+    return build_token_shards(
+        text.path,
+        tokenizer.path,
+        out,
+        seq_len=settings.seq_len,
+        validation_fraction=settings.validation_fraction,
+        seed=settings.seed,
+        sequences_per_shard=settings.sequences_per_shard,
+        source_data_version=text.data_version,
+        mixture=packing.mixture,
+        natural=packing.natural,
+        extra=extra,
+        max_repeats=packing.max_repeats,
+    )
+
+
+def _report_mixture(result: StageResult, mix: dict) -> None:
+    """A mixture's record, shares table and each corpus's realised (and target) share in the metadata."""
+    result.metadata["mixture"] = Json(mix)
+    result.metadata["mixture_shares"] = Markdown(mixture_table(mix))
+    for c, r in mix["corpora"].items():
+        result.metadata[f"mixture_{c}_realised_share"] = r["realised_share"]
+        if r.get("target_share") is not None:
+            result.metadata[f"mixture_{c}_target_share"] = r["target_share"]
 
 
 def repeat_factors(mix: dict | None) -> dict[str, float]:

@@ -289,7 +289,6 @@ def deduplicate(
     the parts and signatures of versions at a URL from there, and put their files under
     ``uploads.url`` when given (commit module docstring)."""
     out_dir, progress, uploads = Path(out_dir), progress or Progress(spark), uploads or Uploads()
-    log = progress.log
     parts = part_files(in_dir)
     given = partition_signatures(in_dir, cfg)  # cleaned_text's, per partition: then this step only clusters
     for d in ("_attempts", *([] if given else ["signatures"]), "_dups", "_by_part"):
@@ -300,6 +299,49 @@ def deduplicate(
     spec = {"dedup": cfg, "out": str(out_dir), "url": uploads.url}
     items = [(i, json.dumps([input_location(p), int(firsts[i])])) for i, p in enumerate(parts)]
     sizes = [p.stat().st_size for p in parts]
+    found, unverified, by_part = _cluster(
+        spark, parts, firsts, given, items, sizes, cfg, verify, spec, progress, uploads
+    )
+    manifest = run_tasks(
+        spark,
+        items,
+        sizes,
+        _write_task,
+        {**spec, "with_duplicates": set(by_part)},
+        "deduplicated_text: write kept documents",
+        progress,
+    )
+    _check_written(out_dir, manifest, found, None if given else counts, uploads)
+    _collect_duplicates(out_dir, manifest)
+    unverified.drop("row").write_parquet(out_dir / UNVERIFIED)
+    exact = sum(s["duplicate_exact"] for _, s in manifest)
+    return {
+        "near_unverified_kept": unverified.height,
+        "input": n,
+        "kept": n - found["duplicate"],
+        **found,
+        "duplicate_exact": exact,
+        "duplicate_near": found["duplicate"] - exact,
+    }
+
+
+def _cluster(
+    spark: SparkSession,
+    parts: list[Path],
+    firsts: np.ndarray,
+    given: list[Path],
+    items: list[tuple[int, str]],
+    sizes: list[int],
+    cfg: DedupConfig,
+    verify: VerifyConfig | None,
+    spec: dict,
+    progress: Progress,
+    uploads: Uploads,
+) -> tuple[dict, pl.DataFrame, dict[int, int]]:
+    """The global step's jobs before the writes: signatures (read from ``given`` or computed), candidate
+    pairs and connected components, verification, and the duplicates written by part (``_by_part/``).
+    Returns (the counts found: duplicate, clusters; the unverified candidates kept; duplicates per part)."""
+    out_dir, log, n = Path(spec["out"]), progress.log, int(firsts[-1])
     with global_step_settings(spark, n, cfg):
         runs_df, runs = plan_runs(
             spark,
@@ -332,15 +374,14 @@ def deduplicate(
         stars.unpersist()
         sig.unpersist()
         runs.destroy()
-    manifest = run_tasks(
-        spark,
-        items,
-        sizes,
-        _write_task,
-        {**spec, "with_duplicates": set(by_part)},
-        "deduplicated_text: write kept documents",
-        progress,
-    )
+    return found, unverified, by_part
+
+
+def _check_written(
+    out_dir: Path, manifest: list, found: dict, signature_rows: list[int] | None, uploads: Uploads
+) -> None:
+    """Check the kept parts, duplicates and (``signature_rows``: rows per part, when computed here)
+    signatures the write tasks left; RuntimeError when the duplicates written differ from those found."""
     check_outputs(
         out_dir,
         {
@@ -348,8 +389,8 @@ def deduplicate(
             **{out_dir / "_dups" / f"{i:05d}.parquet": s["duplicate"] for i, s in manifest},
             **(
                 {}
-                if given
-                else {out_dir / "signatures" / f"part-{i:05d}.parquet": counts[i] for i in range(len(parts))}
+                if signature_rows is None
+                else {out_dir / "signatures" / f"part-{i:05d}.parquet": r for i, r in enumerate(signature_rows)}
             ),
         },
         uploads,
@@ -357,6 +398,10 @@ def deduplicate(
     written = sum(s["duplicate"] for _, s in manifest)
     if written != found["duplicate"]:
         raise RuntimeError(f"Spark wrote {written} duplicates, the connected components found {found['duplicate']}")
+
+
+def _collect_duplicates(out_dir: Path, manifest: list) -> None:
+    """The write tasks' duplicates (``_dups/``) into ``duplicates.parquet``, in part order; the scratch removed."""
     _concat_parquet(
         [out_dir / "_dups" / f"{i:05d}.parquet" for i, _ in manifest],
         out_dir / "duplicates.parquet",
@@ -364,16 +409,6 @@ def deduplicate(
     )
     shutil.rmtree(out_dir / "_dups")
     shutil.rmtree(out_dir / "_by_part")
-    unverified.drop("row").write_parquet(out_dir / UNVERIFIED)
-    exact = sum(s["duplicate_exact"] for _, s in manifest)
-    return {
-        "near_unverified_kept": unverified.height,
-        "input": n,
-        "kept": n - found["duplicate"],
-        **found,
-        "duplicate_exact": exact,
-        "duplicate_near": found["duplicate"] - exact,
-    }
 
 
 def _concat_parquet(files: list[Path], out: Path, schema: pa.Schema) -> None:

@@ -85,12 +85,7 @@ def ingest(
     if listed is None:
         listed = scan(config.path, config.partition, config.partitions)
     stats = start_ingest(listed, out_dir)
-    one_file = (
-        len(listed.sources) == 1 and str(listed.sources[0].path).rstrip("/") == str(config.path).rstrip("/")
-        if fs.is_url(config.path)
-        else Path(config.path).is_file()
-    )
-    whole = one_file or any(src.piece for src in listed.sources)
+    whole = _one_file(config, listed) or any(src.piece for src in listed.sources)
     rels = [src.rel for src in listed.sources]
     sizes = [
         src.size if src.size is not None else 0 if dangling_link(src.path) else fs.size(src.path)
@@ -108,6 +103,32 @@ def ingest(
         items, sizes = ([(0, json.dumps(rels))] if rels else []), sizes[:1]
     else:
         items = [(i, json.dumps([r])) for i, r in enumerate(rels)]
+    manifest = _read_chunks(spark, items, sizes, spec, rels, progress, uploads)
+    tables = _gather_parts(manifest, stats, config.max_documents, out_dir)
+    stats = finish_ingest(stats, tables["rejected"], tables["renamed_ids"], out_dir)
+    shutil.rmtree(out_dir / "_chunks")
+    return stats
+
+
+def _one_file(config: ReaderConfig, listed: Scan) -> bool:
+    """Whether the corpus path is one file (at a URL: the scan's only source is the path itself)."""
+    if fs.is_url(config.path):
+        return len(listed.sources) == 1 and str(listed.sources[0].path).rstrip("/") == str(config.path).rstrip("/")
+    return Path(config.path).is_file()
+
+
+def _read_chunks(
+    spark: SparkSession,
+    items: list[tuple[int, str]],
+    sizes: list[int],
+    spec: dict,
+    rels: list[str],
+    progress: Progress,
+    uploads: Uploads,
+) -> list:
+    """Read the files into ``_chunks/`` by chunk (``items``), again as one chunk when ids repeat across
+    chunks; the tasks' manifest, its outputs checked."""
+    out_dir = Path(spec["out"])
     for _reading in ("chunks", "one chunk"):
         for d in ("_attempts", "_chunks"):
             shutil.rmtree(out_dir / d, ignore_errors=True)
@@ -132,6 +153,12 @@ def ingest(
         if len(manifest) < 2 or not _ids_repeat(out_dir / "_chunks"):
             break
         items = [(0, json.dumps(rels))]  # ids repeat across chunks: read as the local engine does, in one stream
+    return manifest
+
+
+def _gather_parts(manifest: list, stats: dict, max_documents: int | None, out_dir: Path) -> dict[str, list]:
+    """Move the chunks' parts into place as ``part-NNNNN.parquet`` in corpus order, cut to ``max_documents``,
+    adding their counts to ``stats``; the chunks' rejected and renamed_ids tables."""
     tables: dict[str, list] = {"rejected": [], "renamed_ids": []}
     for chunk, s in manifest:  # corpus order: chunks, then their parts
         for name in tables:
@@ -140,7 +167,7 @@ def ingest(
             stats[k] += s[k]
         for j, n in enumerate(s["part_rows"]):
             part = out_dir / "_chunks" / f"{chunk:06d}-{j:05d}.parquet"
-            room = n if config.max_documents is None else max(0, config.max_documents - stats["documents"])
+            room = n if max_documents is None else max(0, max_documents - stats["documents"])
             if room < n:  # the partition's first max_documents documents only
                 table = pq.read_table(part)
                 stats["not_sampled"] += n - room
@@ -151,9 +178,7 @@ def ingest(
                 os.replace(part, out_dir / f"part-{stats['parts']:05d}.parquet")
                 stats["parts"] += 1
                 stats["documents"] += room
-    stats = finish_ingest(stats, tables["rejected"], tables["renamed_ids"], out_dir)
-    shutil.rmtree(out_dir / "_chunks")
-    return stats
+    return tables
 
 
 def _ids_repeat(chunks: Path) -> bool:
