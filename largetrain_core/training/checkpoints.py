@@ -358,6 +358,31 @@ def replay_cpu_adam_steps(optimizer) -> int:
     uninterrupted run's state; the model's tensors are untouched. Cost: t calls on one element, in one
     thread (0.6 s for 100,000 steps on this project's 2-core test host). CUDA's FusedAdam computes ``pow(beta, step)`` at every step and needs nothing."""
     import torch
+
+    update = _cpu_adam_update(optimizer)
+    if update is None:
+        return 0
+    # per parameter (ZeRO 0-2: the flat partitions) or per subgroup (ZeRO-3 offload); every one advances each step
+    steps = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+    if not steps or not optimizer.param_groups:
+        return 0
+    last, group = max(steps), optimizer.param_groups[0]
+    scratch = tuple(torch.zeros(1) for _ in range(4))  # param, grad, exp_avg, exp_avg_sq
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one element: OpenMP's start of a parallel region would cost 50x the update
+    try:
+        # betas 0 at step 0 first: whatever the kernel held, step 1 then takes the pow path, as a fresh run's first
+        update(0, {**group, "betas": (0.0, 0.0), "bias_correction": False}, scratch)
+        for step in range(1, last + 1):
+            update(step, group, scratch)
+    finally:
+        torch.set_num_threads(threads)
+    return last
+
+
+def _cpu_adam_update(optimizer):
+    """One step of ``optimizer``'s C++ CPU Adam kernel on given tensors, ``update(step, group, (param, grad,
+    exp_avg, exp_avg_sq))``, or None when the optimizer is not one (:func:`replay_cpu_adam_steps`)."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
 
     if isinstance(optimizer, DeepSpeedCPUAdam):
@@ -392,20 +417,5 @@ def replay_cpu_adam_steps(optimizer) -> int:
             )
 
     else:
-        return 0
-    # per parameter (ZeRO 0-2: the flat partitions) or per subgroup (ZeRO-3 offload); every one advances each step
-    steps = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
-    if not steps or not optimizer.param_groups:
-        return 0
-    last, group = max(steps), optimizer.param_groups[0]
-    scratch = tuple(torch.zeros(1) for _ in range(4))  # param, grad, exp_avg, exp_avg_sq
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one element: OpenMP's start of a parallel region would cost 50x the update
-    try:
-        # betas 0 at step 0 first: whatever the kernel held, step 1 then takes the pow path, as a fresh run's first
-        update(0, {**group, "betas": (0.0, 0.0), "bias_correction": False}, scratch)
-        for step in range(1, last + 1):
-            update(step, group, scratch)
-    finally:
-        torch.set_num_threads(threads)
-    return last
+        return None
+    return update

@@ -78,28 +78,39 @@ def judge(rows: list[dict], vocab_size: int | None, settings: HealthSettings, co
             f"health.max_skipped_fraction {settings.max_skipped_fraction:g}; the training diverged (lower the learning rate)"
         )
     if math.isfinite(start) and math.isfinite(end):
-        numbers["loss_decrease_fraction"] = round((start - end) / start, 4) if start else None
-        if not end < start * (1 - settings.min_loss_decrease):
-            moved = "fell" if end < start else "rose"
-            change = f"{moved} from {start:.4f} to {end:.4f} nats" if end != start else f"stayed at {end:.4f} nats"
-            problems.append(
-                f"the mean loss {change} (first and last 10% of steps, {(end - start) / start:+.1%}): not below "
-                f"the first by health.min_loss_decrease {settings.min_loss_decrease:.0%}"
-            )
-        if vocab_size:
-            uniform = math.log(vocab_size)
-            numbers.update(vocab_size=vocab_size, uniform_loss=uniform, nats_below_uniform=uniform - end)
-            # min_nats_below_uniform 0 switches the rule off (a smoke test's loss may still be above ln V)
-            if settings.min_nats_below_uniform > 0 and not end < uniform - settings.min_nats_below_uniform:
-                gap = uniform - end
-                where = f"{gap:.4f} nats below" if gap >= 0 else f"{-gap:.4f} nats above"
-                problems.append(
-                    f"the mean loss of the last 10% of steps, {end:.4f} nats, is {where} "
-                    f"ln(vocabulary size {vocab_size}) = {uniform:.4f}, the loss of predicting every token equally: "
-                    f"not the health.min_nats_below_uniform {settings.min_nats_below_uniform:g} below it that shows "
-                    "it learnt"
-                )
+        problems += _learning_problems(start, end, vocab_size, settings, numbers)
     return Verdict(not problems, problems, numbers)
+
+
+def _learning_problems(
+    start: float, end: float, vocab_size: int | None, settings: HealthSettings, numbers: dict
+) -> list[str]:
+    """:func:`judge`'s rules on a finite mean loss of the first (``start``) and last (``end``) 10% of steps, in
+    nats: the fall by ``min_loss_decrease`` and the distance below ln(``vocab_size``); their figures go into
+    ``numbers``. Returns the problems found."""
+    problems = []
+    numbers["loss_decrease_fraction"] = round((start - end) / start, 4) if start else None
+    if not end < start * (1 - settings.min_loss_decrease):
+        moved = "fell" if end < start else "rose"
+        change = f"{moved} from {start:.4f} to {end:.4f} nats" if end != start else f"stayed at {end:.4f} nats"
+        problems.append(
+            f"the mean loss {change} (first and last 10% of steps, {(end - start) / start:+.1%}): not below "
+            f"the first by health.min_loss_decrease {settings.min_loss_decrease:.0%}"
+        )
+    if vocab_size:
+        uniform = math.log(vocab_size)
+        numbers.update(vocab_size=vocab_size, uniform_loss=uniform, nats_below_uniform=uniform - end)
+        # min_nats_below_uniform 0 switches the rule off (a smoke test's loss may still be above ln V)
+        if settings.min_nats_below_uniform > 0 and not end < uniform - settings.min_nats_below_uniform:
+            gap = uniform - end
+            where = f"{gap:.4f} nats below" if gap >= 0 else f"{-gap:.4f} nats above"
+            problems.append(
+                f"the mean loss of the last 10% of steps, {end:.4f} nats, is {where} "
+                f"ln(vocabulary size {vocab_size}) = {uniform:.4f}, the loss of predicting every token equally: "
+                f"not the health.min_nats_below_uniform {settings.min_nats_below_uniform:g} below it that shows "
+                "it learnt"
+            )
+    return problems
 
 
 class CollapseWatch:

@@ -191,6 +191,20 @@ def write_classification(
     return _write_manifest(out, manifest, tokenizer)
 
 
+def _chat_rows(examples: list, seq_len: int, pad_id: int, packing: bool, group_size: int):
+    """:func:`write_chat`'s rows of one split's rendered ``examples``: packed (largetrain_core.chat.pack), or
+    one a row, padded, in length groups of ``group_size`` when it is > 0. Returns (the rows, the groups: lists
+    of example indices, [] unless grouped)."""
+    from largetrain_core import chat
+
+    if packing:
+        return chat.pack(examples, seq_len, pad_id), []
+    lengths = [min(len(ids), seq_len) for ids, _ in examples]
+    groups = chat.group_by_length(lengths, group_size) if group_size else []
+    order = [i for g in groups for i in g] if groups else None
+    return chat.pad_rows(examples, seq_len, pad_id, order), groups
+
+
 def write_chat(
     out: Path,
     splits: dict[str, Sequence[Sequence[dict]]],
@@ -219,14 +233,7 @@ def write_chat(
     info = {}
     for split, conversations in splits.items():
         examples = [chat.render(tokenizer, messages) for messages in conversations]
-        groups = []
-        if packing:
-            packed = chat.pack(examples, seq_len, pad_id)
-        else:
-            lengths = [min(len(ids), seq_len) for ids, _ in examples]
-            groups = chat.group_by_length(lengths, group_size) if group_size else []
-            order = [i for g in groups for i in g] if groups else None
-            packed = chat.pad_rows(examples, seq_len, pad_id, order)
+        packed, groups = _chat_rows(examples, seq_len, pad_id, packing, group_size)
         _write_split(
             out / f"{split}.arrow",
             {"input_ids": packed.input_ids, "labels": packed.labels, "position_ids": packed.position_ids},
