@@ -62,7 +62,7 @@ def _wait(predicate, what: str, timeout: float, log: Path | None, every: float =
             return value
         time.sleep(every)
     tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
+    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what() if callable(what) else what}\n{tail}")
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -104,10 +104,11 @@ def _chrome(profile: Path, size: tuple[int, int]):
 
 
 def screenshot(
-    out: Path, url: str | None = None, width: int = 1100, window: tuple[int, int] = (1400, 960)
+    out: Path, url: str | None = None, width: int = 1100, window: tuple[int, int] = (1500, 1700)
 ) -> tuple[int, int]:
     """Take the screenshot into ``out`` from the webserver at ``url`` (None: start ``dagster dev``);
-    returns the saved image's (width, height) in pixels."""
+    returns the saved image's (width, height) in pixels. ``window``: the browser's size; tall enough that
+    the graph, fitted to it, is drawn at a zoom where Dagster still writes the assets' names."""
     from PIL import Image
 
     with tempfile.TemporaryDirectory(prefix="lineage-shot-") as tmp:
@@ -166,7 +167,10 @@ def _shoot(url: str, profile: Path, window: tuple[int, int], log: Path | None) -
             f"{url}/asset-groups~{quote(SELECTION)}/?expanded={quote(','.join(f'global@global:{g}' for g in GROUPS))}"
         )
         _wait(
-            lambda: all(_body(driver).count(s) >= n for s, n in STAGES.items()), "every stage of the lineage", 120, log
+            lambda: not _missing(driver),
+            lambda: f"every stage of the lineage (drawn fewer times than needed: {_missing(driver)})",
+            120,
+            log,
         )
         time.sleep(3)  # the graph's zoom-to-fit animation
         # the graph was fitted beside the asset list: hide the list, zoom in one step, centre the graph
@@ -180,6 +184,12 @@ def _shoot(url: str, profile: Path, window: tuple[int, int], log: Path | None) -
         return driver.get_screenshot_as_png()
     finally:
         driver.quit()
+
+
+def _missing(driver) -> dict[str, int]:
+    """The stages of :data:`STAGES` the page shows fewer times than it should: {stage: times shown}."""
+    body = _body(driver)
+    return {s: body.count(s) for s, n in STAGES.items() if body.count(s) < n}
 
 
 def _body(driver) -> str:
