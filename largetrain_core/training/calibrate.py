@@ -181,11 +181,14 @@ def write_spec(cfg, scratch: Path, steps: int) -> Path:
 def launch(launcher, context, cfg, scratch: Path, steps: int) -> dict:
     """Calibrate ``cfg`` with ``launcher`` (a largetrain_core.launch.Launcher; ``context``: its caller's) into
     ``scratch`` (replaced): :func:`write_spec`, the run (its log ``scratch/calibration.log``); returns
-    calibration.json. Raises what the launcher raises when the ranks fail."""
+    calibration.json. Raises what the launcher raises when the ranks fail, and ArtifactError naming
+    calibration.json when it is missing or damaged."""
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
+    from largetrain_core.storage import read_json
+
     launcher.run(context, write_spec(cfg, scratch, steps), scratch / "calibration.log", module=MODULE)
-    return json.loads((scratch / CALIBRATION).read_text())
+    return read_json(scratch / CALIBRATION, "calibration result (calibration.json)")
 
 
 def run(cfg, steps: int = STEPS, profiled_steps: int = PROFILED_STEPS, measure_checkpoint: bool = False) -> dict | None:
