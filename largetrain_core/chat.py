@@ -277,6 +277,24 @@ def add_chat_template(tokenizer: PreTrainedTokenizerFast) -> list[int]:
     return [i for i in tokenizer.convert_tokens_to_ids(list(CHATML_SPECIAL_TOKENS)) if i >= before]
 
 
+def end_of_turn(tokenizer: PreTrainedTokenizerFast) -> list[str]:
+    """The strings that end an assistant turn under ``tokenizer.chat_template``, the stop sequences of a
+    generation through it: the first special token the template writes after an assistant message's
+    content (``<|im_end|>`` for ChatML, ``<|eot_id|>`` for Llama 3), found by rendering a one-exchange
+    conversation, then the EOS token if it differs; just the EOS token when the template writes none."""
+    marker = "ANSWER_MARKER"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "question"}, {"role": "assistant", "content": marker}], tokenize=False
+    )
+    rest = text[text.rindex(marker) + len(marker) :]
+    specials = {t for t in tokenizer.all_special_tokens + list(tokenizer.added_tokens_encoder) if t}
+    found = sorted((rest.index(t), -len(t), t) for t in specials if t in rest)
+    stops = [found[0][2]] if found else []
+    if tokenizer.eos_token and tokenizer.eos_token not in stops:
+        stops.append(tokenizer.eos_token)
+    return stops
+
+
 # ------------------------------------------------------------------------------------------------ render
 
 

@@ -279,13 +279,14 @@ def build_chat_task(
 
 def chat_yaml(name: str, data: Path, stop: list[str], max_gen_toks: int) -> str:
     """The lm-eval task YAML of a chat JSONL file (fields prompt, answer): ``generate_until`` one of ``stop``
-    or ``max_gen_toks`` tokens, greedy, scored by :func:`chat_process_results` (exact_match, token_f1)."""
+    or ``max_gen_toks`` tokens, greedy, scored by :func:`chat_process_results` (exact_match, token_f1).
+    ``data`` is written as :func:`cloze_yaml` writes it (a bare file name: the file beside the YAML)."""
     return (
         f"task: {name}\n"
         "dataset_path: json\n"
         "dataset_kwargs:\n"
         "  data_files:\n"
-        f"    test: {json.dumps(str(data.resolve()))}\n"
+        f"    test: {json.dumps(str(data) if Path(data).name == str(data) else str(Path(data).resolve()))}\n"
         "test_split: test\n"
         "output_type: generate_until\n"
         'doc_to_text: "{{prompt}}"\n'

@@ -169,7 +169,8 @@ def _corpora_section(corpora: list[dict]) -> list[str]:
 
 def _task_section(task: dict | None) -> list[str]:
     """What a fine-tuned model does (``lineage["task"]``): for classification the label set in label order
-    and the held-out test metrics beside the baselines; for chat the chat template."""
+    and the held-out test metrics beside the baselines; for chat the assistant tokens' perplexity, the
+    held-out answers' scores and the chat template."""
     if not task or task.get("task") in (None, "causal_lm"):
         return []
     out = ["## Task", "", f"Task: `{task['task']}`.", ""]
@@ -192,6 +193,8 @@ def _task_section(task: dict | None) -> list[str]:
             f"Held-out test conversations: perplexity {round(task['assistant_perplexity'], 2)} on the assistant tokens.",
             "",
         ]
+    if task["task"] == "chat" and task.get("answers"):
+        out += ["Held-out answers, generated greedily through the template:", "", task["answers"], ""]
     if task["task"] == "chat" and task.get("chat_template"):
         out += [
             "Chat template (saved with the tokenizer; `tokenizer.apply_chat_template`):",

@@ -49,6 +49,7 @@ HEADLINE = (
     "first_loss",
     "last_loss",
     "eval_loss",
+    "loss_curve",
     "training_curves",
     "documents_input",
     "documents_kept",

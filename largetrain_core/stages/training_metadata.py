@@ -48,6 +48,11 @@ def trained_metadata(out: Path, summary: dict, cfg: TrainConfig, model_dir: Path
     if png.suffix == ".png" and png.exists():
         md["training_curves"] = _inline_png(png, "training and validation loss, learning rate")
         md["training_curves_png"] = png
+    if rows:
+        md["loss_curve"] = Text(loss_sparkline(rows))
+    gguf = sorted((out / "gguf").glob("*.gguf")) if (out / "gguf").is_dir() else []
+    if gguf:
+        md["gguf_files"] = Json([str(p) for p in gguf])
     md.update(training_numbers(summary, rows))
     md.update(plan_metadata(out, summary, rows))
     md.update(
@@ -66,6 +71,38 @@ def trained_metadata(out: Path, summary: dict, cfg: TrainConfig, model_dir: Path
         }
     )
     return md
+
+
+SPARK_LEVELS = "▁▂▃▄▅▆▇█"
+
+
+def loss_sparkline(rows: list[dict], width: int = 48) -> str:
+    """The training loss against the step as one line of text that the asset page shows as it is (a
+    Markdown image hides behind a link there): the logged steps cut into ``width`` equal spans of steps,
+    each span's mean loss drawn as one of 8 block heights between the lowest and the highest mean, e.g.
+    ``loss 9.061 → 5.164, steps 1-500: █▇▆▅▄▄▃▃▂▂▁▁``. Skipped steps (gradient overflow) and non-finite
+    losses are left out; "" without a finite loss."""
+    import math
+
+    points = [
+        (r["step"], r["loss"])
+        for r in rows
+        if "loss" in r
+        and not r.get("step_skipped")
+        and isinstance(r["loss"], (int, float))
+        and math.isfinite(r["loss"])
+    ]
+    if not points:
+        return ""
+    first, last = points[0][0], points[-1][0]
+    spans: dict[int, list[float]] = {}
+    for step, loss in points:
+        spans.setdefault(min(width - 1, (step - first) * width // max(1, last - first + 1)), []).append(loss)
+    means = [sum(v) / len(v) for _, v in sorted(spans.items())]
+    lo, hi = min(means), max(means)
+    levels = len(SPARK_LEVELS) - 1
+    line = "".join(SPARK_LEVELS[round((m - lo) / (hi - lo) * levels) if hi > lo else 0] for m in means)
+    return f"loss {points[0][1]:.3f} → {points[-1][1]:.3f}, steps {first}-{last}: {line}"
 
 
 def training_numbers(summary: dict, rows: list[dict]) -> dict:
@@ -201,6 +238,7 @@ def task_metadata(cfg: TrainConfig, out: Path, examples: dict | None, evaluated:
                 and round(evaluated["assistant_perplexity"], 2),
                 "test_assistant_tokens": evaluated["assistant_tokens"],
                 "generations": Markdown("| prompt | reference | generated |\n|---|---|---|\n" + rows),
+                "answers": Markdown(answers_markdown(evaluated)),
                 "split": Json(examples["split"]["counts"]),
                 "documents_left_out": len(examples["left_out"]),
                 "chat_template": Text(examples["manifest"].get("chat_template") or ""),
@@ -231,6 +269,26 @@ def task_metadata(cfg: TrainConfig, out: Path, examples: dict | None, evaluated:
     return md
 
 
+def answers_markdown(evaluated: dict) -> str:
+    """A chat adapter's held-out answers scored by SQuAD's exact match and token F1 (largetrain_core.harness
+    .answer_scores): the generations shown, and every test conversation's last answer through
+    lm-evaluation-harness (value ± standard error), as a Markdown table."""
+
+    def cell(m):
+        if m is None:
+            return "-"
+        if isinstance(m, dict):
+            return f"{m['value']:.4f}" + (f" ± {m['stderr']:.4f}" if m.get("stderr") is not None else "")
+        return f"{m:.4f}"
+
+    rows = [("generations shown", evaluated["answers"])]
+    if evaluated.get("lm_eval"):
+        rows.append((f"lm-evaluation-harness `{evaluated['lm_eval']['task']}`", evaluated["lm_eval"]))
+    return "| scored | items | exact match | token F1 |\n|---|---|---|---|\n" + "\n".join(
+        f"| {name} | {r['items']} | {cell(r['exact_match'])} | {cell(r['token_f1'])} |" for name, r in rows
+    )
+
+
 def card_task(cfg: TrainConfig, evaluated: dict | None, examples: dict | None) -> dict | None:
     """The model card's Task section (largetrain_core.model_card) of a fine-tuning task, else None: the
     label set, the test metrics beside the baselines, and the balancing of the train split."""
@@ -250,6 +308,7 @@ def card_task(cfg: TrainConfig, evaluated: dict | None, examples: dict | None) -
         task["chat_template"] = examples["manifest"].get("chat_template")
         if evaluated is not None:
             task["assistant_perplexity"] = evaluated["assistant_perplexity"]
+            task["answers"] = answers_markdown(evaluated)
     return task
 
 

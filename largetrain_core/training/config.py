@@ -207,6 +207,17 @@ class CheckpointingSettings(Section):
     save_total_limit: int = field(
         default=2, metadata=described("Complete checkpoints kept; older ones are deleted.", OUTPUTS)
     )
+    gguf_export: Optional[list[str]] = field(
+        default=None,
+        metadata=described(
+            "Also write the exported model as GGUF for llama.cpp, Ollama and LM Studio, one file per type: "
+            "gguf/model-<type>.gguf, types f16, q8_0, f32, bf16 (largetrain_core.gguf_export: llama.cpp's own "
+            "convert_hf_to_gguf.py). Pretraining converts model/; LoRA converts merged/, so it needs "
+            "lora.merge_export. A causal LM only (not a classifier). null: none.",
+            OUTPUTS,
+            omit_default=True,
+        ),
+    )
     resume_from_checkpoint: str = field(
         default="auto",
         metadata=described(
@@ -253,7 +264,17 @@ class CheckpointingSettings(Section):
     )
 
     def problems(self, where: str) -> list[str]:
+        from largetrain_core.gguf_export import OUTTYPES, converter_dir
+
         p = _at_least(self, where, 1, "save_steps", "save_total_limit", "preemption_min_new_steps")
+        unknown = [t for t in self.gguf_export or [] if t not in OUTTYPES]
+        if unknown:
+            p.append(f"{where}.gguf_export: unknown GGUF types {unknown}; choose from {list(OUTTYPES)}")
+        if self.gguf_export and not (converter_dir() / "convert_hf_to_gguf.py").is_file():
+            p.append(
+                f"{where}.gguf_export needs llama.cpp's converter in {converter_dir()}: `make install` puts it there "
+                "(or set LARGETRAIN_LLAMA_CPP)"
+            )
         if not self.preemption_grace_seconds > 0:
             p.append(f"{where}.preemption_grace_seconds must be > 0, not {self.preemption_grace_seconds}")
         if self.resume_from_checkpoint not in ("auto", "never") and not Path(self.resume_from_checkpoint).is_dir():
@@ -708,6 +729,10 @@ class TrainConfig:
             p.append("lora.merge_export is for tasks causal_lm and chat; a classifier is loaded with PeftModel")
         if self.mode == "pretrain" and self.lora.merge_export:
             p.append("lora.merge_export applies to mode 'lora' only; set it to false for pretraining")
+        if self.checkpointing.gguf_export and self.task == "classification":
+            p.append("checkpointing.gguf_export converts a causal LM; a classifier has no GGUF export")
+        elif self.checkpointing.gguf_export and self.mode == "lora" and not self.lora.merge_export:
+            p.append("checkpointing.gguf_export of an adapter converts merged/: set lora.merge_export to true")
         return p
 
     def validate(self, cuda: Optional[bool] = None) -> None:

@@ -1,6 +1,6 @@
 """The trained result as files the ecosystem loads: ``model/`` (a Hugging Face directory, pretraining),
-``adapter/`` (a PEFT directory, LoRA) and ``merged/`` (base + adapter folded in, a Hugging Face
-directory). Each is written to a temporary sibling and renamed into place. Weights are safetensors.
+``adapter/`` (a PEFT directory, LoRA), ``merged/`` (base + adapter folded in, a Hugging Face
+directory) and ``gguf/`` (GGUF files for llama.cpp). Each is written to a temporary sibling and renamed into place. Weights are safetensors.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from largetrain_core.training.config import TrainConfig
 
 def export(engine, cfg: TrainConfig, out: Path, rank: int, dist) -> Path:
     """Write ``model/`` (pretrain) or ``adapter/`` (lora; plus ``merged/`` with ``lora.merge_export``)
-    under ``out``; every rank calls it. Returns the directory written.
+    under ``out``, and ``gguf/`` with ``checkpointing.gguf_export`` (:func:`export_gguf_files`); every rank
+    calls it. Returns the directory written.
 
     Under ZeRO-3 the weights are consolidated on rank 0 by DeepSpeed, one layer at a time
     (``_zero3_consolidated_16bit_state_dict``: every rank takes part; it keeps the training dtype,
@@ -44,8 +45,22 @@ def export(engine, cfg: TrainConfig, out: Path, rank: int, dist) -> Path:
             export_merged(
                 Path(cfg.model.base_model), final, cfg.lora.adapter_name, out / "merged", probe_batch(cfg.train_shards)
             )
+        if cfg.checkpointing.gguf_export:
+            export_gguf_files(
+                final if cfg.mode == "pretrain" else out / "merged", out / "gguf", cfg.checkpointing.gguf_export
+            )
     dist.barrier()
     return final
+
+
+def export_gguf_files(model_dir: Path, gguf_dir: Path, outtypes: list[str]) -> list[Path]:
+    """``gguf_dir/model-<type>.gguf`` for each of ``outtypes`` (largetrain_core.gguf_export.export_gguf, each
+    written whole or not at all) from the Hugging Face directory ``model_dir``; returns the files. Raises as
+    export_gguf does (the converter not installed, or failing)."""
+    from largetrain_core.gguf_export import export_gguf
+
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    return [export_gguf(model_dir, gguf_dir / f"model-{t}.gguf", t) for t in outtypes]
 
 
 def _save_model(module, cfg: TrainConfig, state: dict | None, tmp: Path) -> None:

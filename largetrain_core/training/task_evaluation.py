@@ -67,10 +67,10 @@ def evaluate_chat(
     ``generations`` test conversations' last prompt, beside the reference answer. Writes
     ``out/evaluation.json`` and returns it: ``{"assistant_loss", "assistant_perplexity",
     "assistant_tokens", "generations": [{"doc_id", "prompt", "reference", "generated", "exact_match",
-    "token_f1"}], "answers": {"items", "exact_match", "token_f1"}}``: each generation scored against its
-    reference by SQuAD's exact match and token F1 (largetrain_core.harness.answer_scores), ``answers`` their
-    means over the generations (None without one); largetrain_core.harness.build_chat_task is the same
-    scoring as an lm-evaluation-harness task."""
+    "token_f1"}], "answers": {"items", "exact_match", "token_f1"}, "lm_eval": ...}``: each generation scored
+    against its reference by SQuAD's exact match and token F1 (largetrain_core.harness.answer_scores),
+    ``answers`` their means over the generations (None without one); ``lm_eval``, every test conversation's
+    last answer scored the same way through lm-evaluation-harness (:func:`chat_answers_benchmark`)."""
     import math
 
     import torch
@@ -115,5 +115,72 @@ def evaluate_chat(
             **{k: float(np.mean([g[k] for g in shown])) if shown else None for k in ("exact_match", "token_f1")},
         },
     }
+    result["lm_eval"] = chat_answers_benchmark(
+        base_model, adapter, examples, tok, records, out / "benchmark", max_new_tokens
+    )
     (out / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result
+
+
+CHAT_TASK = "chat_answers"
+
+
+def chat_answers_benchmark(
+    base_model: Path, adapter: Path, examples: Path, tok, records: dict, out: Path, max_new_tokens: int
+) -> dict | None:
+    """The test conversations (``records``: records.json's test split) as an lm-evaluation-harness generative
+    task (largetrain_core.harness.build_chat_task, named :data:`CHAT_TASK`: each conversation's last
+    assistant answer generated greedily from the messages before it, rendered through the adapter
+    tokenizer's chat template, until the template's end of turn, largetrain_core.chat.end_of_turn, or
+    ``max_new_tokens``, at most half the base's ``max_position_embeddings``: the harness keeps the prompt's
+    last positions less the tokens to generate), run by the harness into ``out`` (``tasks/``, ``samples.jsonl``) on base + adapter
+    merged: the training's ``merged/`` beside ``adapter`` when it was exported, else merged here into a
+    temporary directory (largetrain_core.training.tasks.export_chat_merged, checked against the unmerged
+    logits on ``examples``' probe rows). Merged, because the harness ties the weights of a PEFT model, which
+    the template's trainable token rows do not allow. Returns ``{"task", "items", "exact_match",
+    "token_f1", "lm_eval_version"}``: the means over the items with their standard errors (``{"value",
+    "stderr"}``); None when no test conversation has an answer to score."""
+    import tempfile
+
+    from transformers import AutoConfig
+
+    from largetrain_core.chat import end_of_turn
+    from largetrain_core.harness import build_chat_task, chat_yaml, evaluate
+    from largetrain_core.training.tasks import export_chat_merged, probe
+
+    def prompt(messages: list[dict]) -> str:
+        plain = [{"role": m["role"], "content": m["content"]} for m in messages]
+        return tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+
+    stops = end_of_turn(tok)
+    positions = AutoConfig.from_pretrained(str(base_model), local_files_only=True).max_position_embeddings
+    max_gen_toks = max(1, min(max_new_tokens, positions // 2))
+    try:
+        task = build_chat_task(
+            zip(records["doc_id"], records["messages"]),
+            out / "tasks",
+            CHAT_TASK,
+            prompt,
+            stops,
+            max_gen_toks=max_gen_toks,
+        )
+    except ValueError:
+        return None
+    with tempfile.TemporaryDirectory(prefix="chat-merged-") as tmp:
+        merged = Path(adapter).parent / "merged"
+        if not (merged / "config.json").is_file():
+            merged = Path(tmp) / "merged"
+            export_chat_merged(Path(base_model), Path(adapter), merged, probe(examples))
+        res = evaluate(merged, out / "tasks", [CHAT_TASK], samples_file=out / "samples.jsonl")
+    # the kept task names its data by its place beside the YAML, not the build directory's absolute path
+    (out / "tasks" / f"{CHAT_TASK}.yaml").write_text(
+        chat_yaml(CHAT_TASK, Path(f"{CHAT_TASK}.jsonl"), stops, max_gen_toks)
+    )
+    metrics = res["tasks"][CHAT_TASK]["metrics"]
+    return {
+        "task": CHAT_TASK,
+        "items": task["items"],
+        "exact_match": metrics["exact_match"],
+        "token_f1": metrics["token_f1"],
+        "lm_eval_version": res["lm_eval_version"],
+    }

@@ -1,7 +1,8 @@
-"""The five recipes of docs/guides/your-data.md (recipe 1 is the README's quick start), materialized from their config files
+"""The six recipes of docs/guides/your-data.md (recipe 1 is the README's quick start), materialized from their config files
 in configs/ with the asset selections their headers give to `dagster asset materialize`, so that the
 recipes cannot rot: 2 (pretrain on your corpus) on an empty storage root, then 1 (LoRA on your corpus
-with the existing base), then 3 (import a Hugging Face model directory and adapt it), then 4 (a classifier on the labelled records) and 5 (an assistant from chat records).
+with the existing base), then 3 (import a Hugging Face model directory and adapt it), then 4 (a classifier on the labelled records, its asset page then read in the web UI), 5 (an assistant from chat
+records) and 6 (the classifier on the pretrained encoder all-MiniLM-L6-v2).
 
 Each config file is read as it is; the test overrides only paths (the corpora, the model directory)
 and sizes (sequence length, vocabulary, preset, steps, evaluation) to keep it small, and cuts the run
@@ -16,6 +17,8 @@ import re
 import shlex
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -220,6 +223,7 @@ def recipe2(lab, tickets, tmp_path_factory):
         "pretrain__raw_corpus": {"path": str(books)},
         "domain__raw_corpus": {"path": str(tickets)},
         "domain__cleaned_text": {"gopher_quality": False},
+        "base_checkpoint": {"checkpointing": {"gguf_export": ["q8_0"]}},  # the option the file shows
     }
     done, _ = lab.run("pretrain_on_my_corpus.yaml", overrides)
     return done, books
@@ -246,6 +250,14 @@ def test_recipe_2_pretrain_on_your_corpus(lab, recipe2):
     assert f"pretraining corpus (pretrain): {books.resolve()}" in text
     assert "corpus version: no provenance file; content digest " in text and "(every partition)" in text
     assert "base model: pretrained here from preset llama-tiny: loss" in text
+    # checkpointing.gguf_export: the trained model also as GGUF (llama.cpp's converter), which transformers reads back
+    from transformers import AutoModelForCausalLM
+
+    base = md(lab.instance, "base_checkpoint")
+    (gguf,) = (Path(p) for p in base["gguf_files"])
+    assert gguf.name == "model-q8_0.gguf" and gguf.parent == Path(base["path"]) / "gguf"
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    assert model.config.vocab_size == base["vocab_size"]
     assert "LoRA adapter: r=16, lora_alpha=32 on down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in text
     # the evaluation's sample generations: each configured prompt, base and adapter on one line each
     samples = text.split("sample generations (greedy, at most 4 new tokens):\n")[1].splitlines()
@@ -375,6 +387,74 @@ def test_recipe_4_a_classifier_on_your_labelled_records(lab, recipe2, tickets, t
     model, tok = load_classifier(md(lab.instance, "base_checkpoint")["output"], Path(lora["path"]) / "adapter")
     (label,) = pipeline("text-classification", model=model, tokenizer=tok)(["I was charged twice for my order"])
     assert label["label"] in lora["label_names"]
+    classifier_page_in_the_web_ui(lab, lora, tmp_path)
+
+
+def classifier_page_in_the_web_ui(lab, lora: dict, tmp_path: Path) -> None:
+    """What a user sees on lora_adapter's asset page in the web UI (dagster-webserver on the lab's instance, headless
+    Chromium): the task, the test macro-F1 as the metadata says, the baselines rendered as a table with a row per
+    model, and the confusion matrix behind its "[Show Markdown]": an image loaded at the PNG's size."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    from helpers.browser import chrome, dismiss_community_dialog, stop_group, wait
+    from helpers.processes import free_port
+
+    port = free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(lab.home), "LARGETRAIN_ROOT": str(lab.root)}
+    log = tmp_path / "webserver.log"
+    webserver = str(Path(sys.executable).with_name("dagster-webserver"))
+    with open(log, "wb") as out:
+        argv = [webserver, "-m", "largetrain_dagster.definitions", "-h", "127.0.0.1", "-p", str(port)]
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    driver = None
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def serving():
+            try:
+                with urllib.request.urlopen(f"{url}/server_info", timeout=5) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait(serving, "dagster-webserver on the lab's instance", 180, proc=proc, log=log)
+        driver = chrome(tmp_path / "chromium-profile")
+        driver.get(f"{url}/assets/lora_adapter")
+
+        def visible(xpath: str):
+            return [e for e in driver.find_elements(By.XPATH, xpath) if e.is_displayed()]
+
+        label = wait(lambda: visible("//td[normalize-space(.)='test_macro_f1']"), "lora_adapter's metadata", 120)[0]
+        time.sleep(2)  # the community dialog opens a moment after the page
+        dismiss_community_dialog(driver)
+        table = label.find_element(By.XPATH, "./ancestor::table[1]")
+        shown = {}
+        for row in table.find_elements(By.XPATH, "./tbody/tr[td] | ./tr[td]"):  # not the rows of tables inside values
+            cells = row.find_elements(By.XPATH, "./td")
+            shown[cells[0].text.strip()] = cells[-1]
+        assert shown["task"].text == "classification"
+        assert shown["test_macro_f1"].text == f"{lora['test_macro_f1']:g}"
+        baselines = shown["baselines"].find_element(By.XPATH, ".//table")
+        models = [r.find_elements(By.XPATH, "./td")[0].text for r in baselines.find_elements(By.XPATH, ".//tr[td]")]
+        assert models == ["lora", "tfidf_logreg", "majority"]
+        png = Image.open(Path(lora["path"]) / "confusion_matrix.png")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", shown["confusion_matrix"])
+        shown["confusion_matrix"].find_element(By.XPATH, ".//a[normalize-space(.)='[Show Markdown]']").click()
+        img = wait(lambda: visible("//img[starts-with(@src, 'data:image/png;base64,')]"), "the confusion matrix", 30)[0]
+        wait(
+            lambda: driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0;", img),
+            "the confusion matrix image to load",
+            30,
+        )
+        assert driver.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight];", img) == list(
+            png.size
+        )
+        (tmp_path / "lora_adapter_page.png").write_bytes(driver.get_screenshot_as_png())
+    finally:
+        if driver is not None:
+            driver.quit()
+        stop_group(proc)
 
 
 def test_recipe_5_an_assistant_from_your_chat_records(lab, recipe2, tmp_path):
@@ -407,6 +487,7 @@ def test_recipe_5_an_assistant_from_your_chat_records(lab, recipe2, tmp_path):
     assert (
         lora["task"] == "chat" and lora["test_assistant_tokens"] > 0 and "| prompt | reference |" in lora["generations"]
     )
+    assert "| lm-evaluation-harness `chat_answers` |" in lora["answers"]  # the held-out answers through the harness
     out = Path(lora["path"])
     records = json.loads((out / "examples" / "records.json").read_text())
     contents = [m["content"] for s in records.values() for c in s["messages"] for m in c]
@@ -414,3 +495,46 @@ def test_recipe_5_an_assistant_from_your_chat_records(lab, recipe2, tmp_path):
     assert "narrator" not in json.dumps(records)
     model, tok = load_chat_adapter(md(lab.instance, "base_checkpoint")["output"], out / "adapter")
     assert "<|im_start|>" in tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+
+
+def test_recipe_6_a_classifier_on_the_pretrained_encoder(lab, recipe2, tickets):
+    """The classifier recipe on all-MiniLM-L6-v2 (the Makefile's $(VENV)/minilm/.installed), through the whole
+    lineage: its WordPiece tokenizer copied as the tokenizer asset, the encoder imported whole as base_checkpoint,
+    the tickets tokenized in its vocabulary, and a LoRA sequence classifier on it that beats the majority class
+    (the blocking check) and labels text through pipeline("text-classification")."""
+    from transformers import pipeline
+
+    from largetrain_core.classification import load_classifier, pretrained_encoder
+
+    cfg = yaml.safe_load((REPO / "configs" / "classifier_on_a_pretrained_encoder.yaml").read_text())["ops"]
+    encoder = pretrained_encoder()  # the installed encoder: the config's path, relative to the repository root
+    for op in ("tokenizer", "base_checkpoint"):
+        assert (REPO / cfg[op]["config"]["pretrained_model"]).resolve() == encoder.resolve()
+    done, _ = lab.run(
+        "classifier_on_a_pretrained_encoder.yaml",
+        {
+            "domain__raw_corpus": {"path": str(tickets)},
+            "tokenizer": {"pretrained_model": str(encoder)},
+            "base_checkpoint": {"pretrained_model": str(encoder)},
+            "lora_adapter": {
+                "schedule": {"max_steps": 40, "warmup_steps": 4, "micro_batch_size": 16},
+                "optimizer": {"learning_rate": 0.003},  # the file's (SMALL's 0.01 is for the tiny bases)
+                "evaluation": {"eval_steps": 20},
+                "checkpointing": {"save_steps": 20},
+                "task_data": {"seq_len": 32},
+            },
+        },
+    )
+    assert done == documented_keys(REPO / "configs" / "classifier_on_a_pretrained_encoder.yaml")
+    base = md(lab.instance, "base_checkpoint")
+    assert 22_000_000 < base["parameters"] < 23_000_000  # all-MiniLM-L6-v2 with its pooler
+    assert md(lab.instance, "tokenizer")["vocab_size"] == 30522  # BERT's uncased WordPiece
+    lora = md(lab.instance, "lora_adapter")
+    assert lora["task"] == "classification"
+    assert lora["label_names"] == ["account", "billing", "shipping", "technical"]
+    evaluation = json.loads((Path(lora["path"]) / "evaluation.json").read_text())
+    assert lora["test_macro_f1"] > evaluation["majority"]["macro_f1"]
+    model, tok = load_classifier(base["output"], Path(lora["path"]) / "adapter")
+    assert model.config.model_type == "bert" and model.config.id2label == dict(enumerate(lora["label_names"]))
+    (label,) = pipeline("text-classification", model=model, tokenizer=tok)(["I was charged twice for my order"])
+    assert label["label"] in lora["label_names"]

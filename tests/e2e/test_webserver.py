@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -46,41 +45,11 @@ from largetrain_dagster.resources import read_handle
 from helpers.docblocks import commands, section_blocks
 from helpers.lineage import PARTITION_KEYS, materialize_lineage
 from helpers.processes import free_port, group_members, processes_mentioning
+from helpers.browser import CHROMEDRIVER, CHROMIUM, chrome, click_button, dismiss_community_dialog, stop_group, wait
 from helpers import REPO
 from helpers.corpora import CORPORA, PRETRAIN_SHARDS_KEYS, corpus, pretrain_shards_ops, tiny_run_config
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 GUIDE = "docs/guides/web-ui-and-cli.md"
-
-
-def _wait(predicate, what: str, timeout: float, every: float = 1.0, proc=None, log: Path | None = None):
-    """Poll ``predicate`` until it returns a truthy value (returned), or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            break
-        time.sleep(every)
-    tail = log.read_text(errors="replace")[-4000:] if log and log.exists() else ""
-    pytest.fail(f"timed out waiting for {what}\n{tail}")
-
-
-def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL the server's process group, each time waiting until no
-    member of the group is left (the leader may exit before its children do)."""
-    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.time() + wait
-        while time.time() < deadline:
-            proc.poll()
-            if not group_members(proc.pid):
-                return
-            time.sleep(0.2)
 
 
 class Server:
@@ -161,10 +130,10 @@ def server(tmp_path_factory):
             entries = data["workspaceOrError"]["locationEntries"]
             return entries and all(e["loadStatus"] == "LOADED" for e in entries)
 
-        _wait(location_loaded, "dagster dev to serve the largetrain code location", 240, proc=proc, log=log)
+        wait(location_loaded, "dagster dev to serve the largetrain code location", 240, proc=proc, log=log)
         yield srv
     finally:
-        _stop_group(proc)
+        stop_group(proc)
         left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in group_members(proc.pid)}
         assert not left, f"dagster dev left processes behind: {left}"
 
@@ -180,69 +149,6 @@ def pretrain_shards(server) -> dict:
             list(defs.assets), defs.resources, instance, {"ops": ops}, PRETRAIN_SHARDS_KEYS
         ).success
     return read_handle(server.root, AssetKey(["pretrain", "token_shards"]))
-
-
-def _chrome(profile: Path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--no-first-run",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}",
-        "--window-size=1600,1000",
-    ):
-        opts.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-
-
-def _click_button(driver, label: str, timeout: float, within: str = "") -> None:
-    """Click the enabled <button> whose text is ``label`` (inside the element of XPath ``within``, if given),
-    retrying while the page re-renders."""
-    from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.common.by import By
-
-    def click():
-        try:
-            if label != "Skip":  # the community dialog can appear late, over the page, and take the click
-                for skip in driver.find_elements(By.XPATH, "//button[normalize-space(.)='Skip']"):
-                    if skip.is_displayed() and skip.is_enabled():
-                        skip.click()
-                        return False
-            for b in driver.find_elements(By.XPATH, f"{within}//button[normalize-space(.)='{label}']"):
-                if b.is_displayed() and b.is_enabled():
-                    b.click()
-                    return True
-        except WebDriverException:  # stale element, or covered by an overlay that is going away
-            return False
-        return False
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if click():
-            return
-        time.sleep(0.5)
-    shown = [b.text for b in driver.find_elements(By.TAG_NAME, "button") if b.is_displayed()]
-    pytest.fail(
-        f"timed out waiting for a clickable {label!r} button; buttons shown: {shown}; "
-        f"page: {driver.find_element(By.TAG_NAME, 'body').text[:1500]!r}"
-    )
-
-
-def _dismiss_community_dialog(driver) -> None:
-    """The first visit shows a "Join the Dagster community" dialog over the page; press its Skip button."""
-    from selenium.webdriver.common.by import By
-
-    if driver.find_elements(By.XPATH, "//button[normalize-space(.)='Skip']"):
-        _click_button(driver, "Skip", 10)
 
 
 @pytest.mark.skipif(
@@ -271,7 +177,7 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
     def shown(label: str) -> bool:
         return any(b.is_displayed() for b in driver.find_elements(By.XPATH, f"//button[normalize-space(.)='{label}']"))
 
-    driver = _chrome(tmp_path / "chromium-profile")
+    driver = chrome(tmp_path / "chromium-profile")
     try:
         # The pretrain_data group's graph: its four stages and their neighbours downstream.
         driver.get(f"{server.url}/locations/largetrain/asset-groups/pretrain_data")
@@ -284,21 +190,21 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
             "base_checkpoint",
             "evaluation",
         )
-        _wait(
+        wait(
             lambda: all(n in driver.find_element(By.TAG_NAME, "body").text for n in names),
             "the asset graph to show the stages",
             120,
         )
-        _dismiss_community_dialog(driver)
+        dismiss_community_dialog(driver)
 
         # raw_corpus is partitioned: "Materialize…" opens the partition dialog; "All", then "Launch
         # backfill" hands every partition to the daemon, one run each.
         driver.get(f"{server.url}/assets/domain/raw_corpus")
         body = lambda: driver.find_element(By.TAG_NAME, "body").text  # noqa: E731
-        _wait(lambda: "domain_data" in body() and "Materialize" in body(), "the asset page", 60)
+        wait(lambda: "domain_data" in body() and "Materialize" in body(), "the asset page", 60)
         for _attempt in range(4):  # a click that lands while the page re-renders is lost: click again
-            _dismiss_community_dialog(driver)
-            _click_button(driver, "Materialize\u2026", 60)  # the ellipsis: a dialog follows
+            dismiss_community_dialog(driver)
+            click_button(driver, "Materialize\u2026", 60)  # the ellipsis: a dialog follows
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not shown("Launch backfill"):
                 time.sleep(0.5)
@@ -308,16 +214,16 @@ def test_ui_shows_lineage_and_materializes_from_the_browser(server, tmp_path):
             pytest.fail(
                 f"the partition dialog did not open after 4 clicks on Materialize\u2026; page: {body()[:1500]!r}"
             )
-        _click_button(driver, "All", 30)  # the dialog opens on "Custom" with no partition chosen
-        _wait(lambda: f"{len(PARTITION_KEYS)} partitions" in body(), "all partitions to be selected", 30)
-        _click_button(driver, "Launch backfill", 30)
-        _wait(backfills, "the backfill to be created", 60)
+        click_button(driver, "All", 30)  # the dialog opens on "Custom" with no partition chosen
+        wait(lambda: f"{len(PARTITION_KEYS)} partitions" in body(), "all partitions to be selected", 30)
+        click_button(driver, "Launch backfill", 30)
+        wait(backfills, "the backfill to be created", 60)
     finally:
         driver.quit()
 
     (backfill,) = backfills()
     assert backfill["numPartitions"] == len(PARTITION_KEYS)
-    runs = _wait(
+    runs = wait(
         lambda: (
             len(r := run_ids()) == len(PARTITION_KEYS)
             and all(x["status"] in ("SUCCESS", "FAILURE", "CANCELED") for x in r)
@@ -419,12 +325,12 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
         and md["kept_percent"] == float(f"{100 * md['kept'] / md['input']:.4g}")
         and 0 < md["kept_mib"] < 1
     )
-    driver = _chrome(tmp_path / "chromium-profile")
+    driver = chrome(tmp_path / "chromium-profile")
     try:
         from selenium.webdriver.common.by import By
 
         driver.get(f"{server.url}/assets/pretrain/cleaned_text?partition={PARTITION_KEYS[0]}")
-        label = _wait(
+        label = wait(
             lambda: [
                 e for e in driver.find_elements(By.XPATH, "//td[normalize-space(.)='kept_mib']") if e.is_displayed()
             ],
@@ -432,7 +338,7 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
             120,
         )[0]
         time.sleep(2)  # the community dialog opens a moment after the page
-        _dismiss_community_dialog(driver)
+        dismiss_community_dialog(driver)
         table = label.find_element(By.XPATH, "./ancestor::table[1]")
         shown = {}
         for row in table.find_elements(By.XPATH, ".//tr[td]"):
@@ -453,6 +359,7 @@ def test_demo_runs_belong_to_the_code_location_and_the_asset_page_shows_rounded_
         assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 1000
         assert shown["kept_mib"].text == str(md["kept_mib"]) and shown["kept_percent"].text == f"{md['kept_percent']:g}"
         assert "size_mib" not in shown  # cleaned_text's own metadata, not raw_corpus's
+        assert ("removed_examples" in shown) == (md["filtered"] > 0)  # a removed document per top reason, as text
         numbers = [c.text for c in shown.values() if re.fullmatch(r"-?\d+(\.\d+)?", c.text)]
         floats = [n for n in numbers if "." in n]  # every float shown with at most 4 significant digits
         assert len(numbers) >= 10 and floats and all(len(n.replace(".", "").lstrip("-0")) <= 4 for n in floats), numbers
@@ -512,10 +419,10 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
         return [e for e in driver.find_elements(By.XPATH, xpath) if e.is_displayed()]
 
     assert runs() == []
-    driver = _chrome(tmp_path / "chromium-profile")
+    driver = chrome(tmp_path / "chromium-profile")
     try:
         driver.get(f"{server.url}/locations/largetrain/jobs/optimization_ablation/playground")
-        _wait(
+        wait(
             lambda: driver.execute_script(
                 "const e = document.querySelector('.CodeMirror'); return !!(e && e.CodeMirror);"
             ),
@@ -523,13 +430,13 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
             120,
         )
         time.sleep(2)  # the community dialog opens a moment after the page
-        _dismiss_community_dialog(driver)
+        dismiss_community_dialog(driver)
         # The editor is CodeMirror 5 (dagster-webserver's RawCodeMirror): its instance hangs on the .CodeMirror
         # element; setValue fires the change the launchpad listens to, as typing does.
         driver.execute_script(
             "document.querySelector('.CodeMirror').CodeMirror.setValue(arguments[0]);", ABLATION_CONFIG
         )
-        _wait(
+        wait(
             lambda: (
                 driver.execute_script("return document.querySelector('.CodeMirror').CodeMirror.getValue();")
                 == ABLATION_CONFIG
@@ -537,11 +444,11 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
             "the editor to hold the config",
             30,
         )
-        _click_button(driver, "Launch Run", 60)  # enabled once the launchpad has validated the config
-        (run,) = _wait(lambda: runs(), "the run to be created", 60)
+        click_button(driver, "Launch Run", 60)  # enabled once the launchpad has validated the config
+        (run,) = wait(lambda: runs(), "the run to be created", 60)
         assert "llama-tiny" in run["runConfigYaml"] and "fp16" in run["runConfigYaml"]  # what was typed, not a default
 
-        status = _wait(
+        status = wait(
             lambda: (s := server.run_status(run["runId"])) in ("SUCCESS", "FAILURE", "CANCELED") and s,
             "the ablation run to finish",
             600,
@@ -560,11 +467,11 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
 
         # What the user sees on the asset page: the metadata table, floats rounded ...
         driver.get(f"{server.url}/assets/optimization_report")
-        label = _wait(
+        label = wait(
             lambda: visible("//td[normalize-space(.)='optimization_chart']"), "the asset page's metadata", 120
         )[0]
         time.sleep(2)
-        _dismiss_community_dialog(driver)
+        dismiss_community_dialog(driver)
         table = label.find_element(By.XPATH, "./ancestor::table[1]")
         shown = {}
         for row in table.find_elements(By.XPATH, "./tbody/tr[td] | ./tr[td]"):  # not the rows of tables inside values
@@ -583,10 +490,10 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
         # screenshot the chart's share of ink (bars, axes, text) on white
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", shown["optimization_chart"])
         shown["optimization_chart"].find_element(By.XPATH, ".//a[normalize-space(.)='[Show Markdown]']").click()
-        img = _wait(
+        img = wait(
             lambda: visible("//img[starts-with(@src, 'data:image/png;base64,')]"), "the chart in its dialog", 30
         )[0]
-        _wait(
+        wait(
             lambda: driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0;", img),
             "the chart image to load",
             30,
@@ -610,14 +517,14 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
             time.sleep(0.5)
         last = Image.open(tmp_path / "optimization_chart.png")
         assert seen is not None and ink(seen) > 0.05, (last.size, ink(last), ink(png))
-        _click_button(driver, "Close", 30)
+        click_button(driver, "Close", 30)
 
         # ... and the table: one row per variant, the numbers as report.json's, rounded as the report rounds them
         cell = shown["optimization_table"]
         if not cell.find_elements(By.XPATH, ".//table"):  # a markdown value over 1,000 characters is behind a link too
             driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", cell)
             cell.find_element(By.XPATH, ".//a[normalize-space(.)='[Show Markdown]']").click()
-        rendered = _wait(
+        rendered = wait(
             lambda: visible("//table[.//th[normalize-space(.)='variant'] and not(.//table)]"),
             "the optimization table",
             30,
@@ -684,7 +591,7 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
         return [e for e in driver.find_elements(By.XPATH, xpath) if e.is_displayed()]
 
     def settled(predicate):
-        """``predicate`` for _wait, false while the page re-renders under it (an element gone stale)."""
+        """``predicate`` for wait, false while the page re-renders under it (an element gone stale)."""
 
         def check():
             try:
@@ -700,10 +607,10 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
         )
 
     before = raw_corpus_runs()
-    driver = _chrome(tmp_path / "chromium-profile")
+    driver = chrome(tmp_path / "chromium-profile")
     try:
         driver.get(f"{server.url}/asset-groups")  # the left navigation's "Lineage"
-        _wait(
+        wait(
             settled(
                 lambda: (
                     visible("//a[normalize-space(.)='Lineage']")
@@ -717,10 +624,10 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not visible("//button[normalize-space(.)='Skip']"):
             time.sleep(0.5)
-        _dismiss_community_dialog(driver)
+        dismiss_community_dialog(driver)
 
         # "Search and filter assets" (a CodeMirror line): the selection typed as a user types it, then Enter
-        search = _wait(
+        search = wait(
             settled(
                 lambda: visible(
                     "//div[contains(concat(' ', @class, ' '), ' CodeMirror ')]"
@@ -732,18 +639,18 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
         )[0]
         search.click()
         ActionChains(driver).send_keys(RECIPE_1_FIRST_SELECTION, Keys.ENTER).perform()
-        _wait(lambda: "domain%2Fcleaned_text" in driver.current_url, "the graph to be filtered to the selection", 30)
+        wait(lambda: "domain%2Fcleaned_text" in driver.current_url, "the graph to be filtered to the selection", 30)
 
         # the arrow beside "Materialize all…" (the ellipsis: partitioned assets), then "Open launchpad"
         for _ in range(3):  # a click that lands while the graph re-renders is lost: click again
-            arrow = _wait(
+            arrow = wait(
                 settled(lambda: visible("//button[normalize-space(.)='Materialize all\u2026']/following::button[1]")),
                 "the arrow beside Materialize all\u2026",
                 30,
             )
             try:
                 arrow[0].click()
-                _wait(
+                wait(
                     settled(lambda: visible("//button[@role='menuitem'][normalize-space(.)='Open launchpad']")),
                     "the menu",
                     10,
@@ -752,8 +659,8 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
                 break
             except (StaleElementReferenceException, pytest.fail.Exception):
                 continue
-        _click_button(driver, "Open launchpad", 30)
-        _wait(
+        click_button(driver, "Open launchpad", 30)
+        wait(
             lambda: (
                 driver.execute_script(
                     "const e = document.querySelector('[role=dialog] .CodeMirror'); return !!(e && e.CodeMirror);"
@@ -763,7 +670,7 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
             "the asset launchpad",
             60,
         )
-        selection = _wait(
+        selection = wait(
             settled(
                 lambda: [
                     v
@@ -776,7 +683,7 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
         )
         assert selection == ["domain/cleaned_text, domain/raw_corpus"]
         # it opens with every default of the two steps expanded
-        _wait(
+        wait(
             settled(lambda: visible("//*[normalize-space(.)='All defaults expanded']")),
             "the launchpad to validate its default config",
             60,
@@ -786,7 +693,7 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
         driver.execute_script(
             "document.querySelector('[role=dialog] .CodeMirror').CodeMirror.setValue(arguments[0]);", recipe
         )
-        _wait(
+        wait(
             settled(
                 lambda: (
                     (b := visible("//button[normalize-space(.)='Scaffold all default config']")) and b[0].is_enabled()
@@ -802,13 +709,13 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
 
         # Partition: the box at the top left of the launchpad, its list of the data partitions
         visible("//input[@placeholder='Partition']")[0].click()
-        _wait(
+        wait(
             settled(lambda: [i.text for i in visible("//*[@role='menuitem']")] == PARTITION_KEYS),
             "the partition list",
             30,
         )
-        _click_button(driver, PARTITION_KEYS[0], 30)
-        _wait(
+        click_button(driver, PARTITION_KEYS[0], 30)
+        wait(
             settled(
                 lambda: (
                     [i.get_attribute("value") for i in visible("//input[@placeholder='Partition']")]
@@ -819,8 +726,8 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
             30,
         )
         # choosing the partition merges its (empty) run config into the editor's: the recipe's values stay
-        _wait(lambda: yaml.safe_load(editor_value()) == expected, "the editor to keep the recipe's config", 30)
-        _wait(settled(lambda: visible("//*[normalize-space(.)='No errors']")), "the launchpad to validate it", 60)
+        wait(lambda: yaml.safe_load(editor_value()) == expected, "the editor to keep the recipe's config", 30)
+        wait(settled(lambda: visible("//*[normalize-space(.)='No errors']")), "the launchpad to validate it", 60)
 
         # The launchpad's own button. A click that lands while the dialog re-renders can be lost (no run, the
         # dialog still open: seen once on a loaded machine); it is clicked again only then, so that exactly one
@@ -835,20 +742,20 @@ def test_recipe_first_command_from_the_lineage_page_launchpad(server, tmp_path):
                 return True
 
         for _ in range(3):
-            _click_button(driver, "Materialize", 60, within="//*[@role='dialog']")
+            click_button(driver, "Materialize", 60, within="//*[@role='dialog']")
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and dialog_open() and not created():
                 time.sleep(1)
             if created() or not dialog_open():
                 break
-        (run_id,) = _wait(created, "the partition run", 60)
-        _wait(lambda: f"/runs/{run_id}" in driver.current_url, "the run's page to open", 60)
+        (run_id,) = wait(created, "the partition run", 60)
+        wait(lambda: f"/runs/{run_id}" in driver.current_url, "the run's page to open", 60)
     finally:
         driver.quit()
 
     new = {k: v for k, v in raw_corpus_runs().items() if k not in before}
     assert list(new) == [run_id]
-    status = _wait(
+    status = wait(
         lambda: (s := server.run_status(run_id)) in ("SUCCESS", "FAILURE", "CANCELED") and s,
         "the partition run to finish",
         300,
@@ -902,7 +809,7 @@ def test_landed_file_is_cleaned_and_deduplicated_without_a_click(server):
             assetMaterializations(limit: 1) { runId metadataEntries { label ... on IntMetadataEntry { intValue } } } } } }""")
         return (data["assetOrError"] or {}).get("assetMaterializations")
 
-    (mat,) = _wait(deduplicated, "the landed file to be deduplicated by automation", 900, every=5, log=server.log)
+    (mat,) = wait(deduplicated, "the landed file to be deduplicated by automation", 900, every=5, log=server.log)
     md = {e["label"]: e.get("intValue") for e in mat["metadataEntries"]}
     assert md["partitions"] == 1 and md["input"] == md["kept"] == 1
     runs = server.graphql(
@@ -950,7 +857,7 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server, pretrain_s
             {"id": run_id},
         )
         assert data["terminateRun"]["__typename"] == "TerminateRunSuccess", data
-        status = _wait(
+        status = wait(
             lambda: (s := server.run_status(run_id)) in ("CANCELED", "FAILURE", "SUCCESS") and s,
             "the run to be canceled",
             120,
@@ -963,7 +870,7 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server, pretrain_s
         assert all(proc_stat(p) is None or proc_stat(p)[0] == "Z" for p in procs)
 
     first = server.launch([["base_checkpoint"]], {"base_checkpoint": {"config": train}})
-    procs = _wait(training_processes, "torchrun and both ranks to start", 300, every=1)
+    procs = wait(training_processes, "torchrun and both ranks to start", 300, every=1)
     # The pool from dagster.yaml: limit 1, and the running training holds the slot ...
     info = slots()
     assert info.limit == 1 and [s.run_id for s in info.claimed_slots] == [first]
@@ -976,7 +883,7 @@ def test_pool_and_terminating_training_runs_leaves_no_process(server, pretrain_s
     terminate_and_check(first, procs)
 
     # ... and starts once the slot is free; cancelling it also leaves nothing behind.
-    procs = _wait(
+    procs = wait(
         training_processes, "the second training to start after the first released the pool slot", 300, every=1
     )
     assert [s.run_id for s in slots().claimed_slots] == [second]

@@ -173,6 +173,7 @@ def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(b
     assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
     # the stage's evaluation: greedy answers to held-out prompts scored against the references
     from largetrain_core.harness import answer_scores
+    from largetrain_core.stages.training_metadata import answers_markdown
     from largetrain_core.training.task_evaluation import evaluate_chat
 
     test = conversations(60)[54:]  # the chat_examples fixture's test split, as task_data.chat_examples records it
@@ -185,6 +186,27 @@ def test_a_chat_adapter_trains_on_assistant_tokens_and_loads_with_its_template(b
         assert {k: g[k] for k in ("exact_match", "token_f1")} == answer_scores(g["generated"], g["reference"])
     for k in ("exact_match", "token_f1"):
         assert evaluated["answers"][k] == pytest.approx(np.mean([g[k] for g in shown]))
+    # every test conversation's answer again through lm-evaluation-harness (base + adapter, the adapter's
+    # tokenizer and template), stopped at the template's end of turn, scored the same way
+    lm = evaluated["lm_eval"]
+    assert lm["task"] == "chat_answers" and lm["items"] == 6
+    bench = tmp_path / "benchmark"
+    rows = [json.loads(line) for line in (bench / "tasks" / "chat_answers.jsonl").read_text().splitlines()]
+    assert [r["doc_id"] for r in rows] == [f"c{i}" for i in range(54, 60)]
+    items = sorted(
+        (json.loads(line) for line in (bench / "samples.jsonl").read_text().splitlines()), key=lambda s: s["doc_id"]
+    )
+    for row, conv in zip(rows, test):
+        before = [{"role": m["role"], "content": m["content"]} for m in conv[:-1]]
+        assert row["prompt"] == tok.apply_chat_template(before, tokenize=False, add_generation_prompt=True)
+        assert row["answer"] == conv[-1]["content"]
+    for s in items:
+        assert answer_scores(s["generations"][0], rows[s["doc_id"]]["answer"])["token_f1"] == s["token_f1"]
+    for g, s in zip(shown, items):  # the stage's own greedy answer, which is not cut at <|im_end|>, starts with it
+        assert g["generated"].startswith(s["generations"][0].strip()), (g["generated"], s["generations"])
+    for k in ("exact_match", "token_f1"):
+        assert lm[k]["value"] == pytest.approx(np.mean([s[k] for s in items]))
+    assert "| lm-evaluation-harness `chat_answers` | 6 |" in answers_markdown(evaluated)
 
 
 @pytest.mark.parametrize("task", ["classification", "chat"])

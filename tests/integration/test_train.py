@@ -3,6 +3,7 @@ DeepSpeed runs under torchrun (CPU, gloo) for pretraining and LoRA: 2 ranks wher
 ranks (resume, ZeRO-3, evaluation shares, nodes), 1 elsewhere."""
 
 import json
+import re
 import os
 import select
 import shutil
@@ -707,6 +708,9 @@ def test_assets_import_pretrained_model_and_adapt_it(pretrained_gpt2, tmp_path):
         assert "mfu" not in adapter and "peak_flops" not in adapter  # only the rounded, unit-named numbers
         assert "4N + 2N_trainable + 12LHS" in adapter["mfu_formula"]
         table = adapter["loss_table"].splitlines()
+        # the loss against the step as text on the page itself, 8 steps in 8 spans: one block per step
+        spark = re.fullmatch(r"loss (\S+) → (\S+), steps 1-8: ([▁▂▃▄▅▆▇█]{8})", adapter["loss_curve"])
+        assert spark and float(spark[1]) == round(summary["first_loss"], 3), adapter["loss_curve"]
         assert table[0].startswith("| step | training loss (nats) | validation loss (nats) |")
         assert table[-1].startswith("| 8 | ") and table[-1].split("|")[3].strip() == f"{summary['eval_loss']:.4f}"
         # each tracker's run in the metadata; MLflow's store under the storage root holds every step's loss

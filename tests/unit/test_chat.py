@@ -306,6 +306,24 @@ def test_an_imported_llama3_template_trains_on_the_content_and_eot(bpe_dir):
     )
 
 
+def test_the_end_of_turn_is_the_first_special_token_after_an_answer(bpe_dir):
+    """A generation through the template stops where the template ends an assistant turn: ChatML's <|im_end|>,
+    Llama 3's <|eot_id|>, each before the EOS; a template that writes no special token stops at the EOS only."""
+    from transformers import PreTrainedTokenizerFast
+
+    from largetrain_core.tokenizer import EOS_TOKEN, read_tokenizer
+
+    chatml = PreTrainedTokenizerFast(tokenizer_object=read_tokenizer(bpe_dir / "tokenizer.json"), eos_token=EOS_TOKEN)
+    chat.add_chat_template(chatml)
+    assert chat.end_of_turn(chatml) == ["<|im_end|>", EOS_TOKEN]
+    llama3 = _imported(
+        bpe_dir, LLAMA3_TEMPLATE, ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+    )
+    assert chat.end_of_turn(llama3) == ["<|eot_id|>", llama3.eos_token]
+    plain = _imported(bpe_dir, "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    assert chat.end_of_turn(plain) == [plain.eos_token]
+
+
 def test_a_template_that_renders_a_prefix_differently_is_refused(bpe_dir):
     t = _imported(bpe_dir, "{% for m in messages %}{% if loop.last %}LAST {% endif %}{{ m['content'] }}\n{% endfor %}")
     with pytest.raises(ValueError, match="does not render the conversation before assistant message 1 as a prefix"):

@@ -615,3 +615,32 @@ def test_the_rules_leave_no_reference_cycle_holding_a_batch():
         gc.garbage.clear()
         gc.enable()
     assert ours == []
+
+
+def test_the_asset_page_shows_a_removed_document_of_each_top_reason_with_its_text(tmp_path):
+    """cleaned_text's ``removed_examples``: the reasons that removed most documents, most first, each with its
+    count, the document's source and the start of its raw text (line breaks and pipes kept readable in a table)."""
+    from largetrain_core.executors.local import LocalExecutor
+    from largetrain_core.stages.base import StageRun
+    from largetrain_core.stages.cleaned_text import cleaned_text
+    from largetrain_core.stages.raw_corpus import raw_corpus
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    prose = "The kernel schedules each task on a processor and keeps the run queue of every core in order. " * 12
+    for i in range(4):
+        (src / f"good{i}.txt").write_text(prose + f"Document {i} ends here.")
+    for i in range(3):
+        (src / f"short{i}.txt").write_text(f"too short | line one\nline two {i}")  # gopher: too few words
+    root, ex = tmp_path / "root", LocalExecutor()
+    raw = raw_corpus(ReaderConfig(str(src)), StageRun(root, ("c", "raw_corpus"), "0", executor=ex))
+    cleaned = cleaned_text(NO_QUALITY, raw, StageRun(root, ("c", "cleaned_text"), "0", executor=ex))
+    assert "removed_examples" not in cleaned.metadata  # nothing removed
+    cleaned = cleaned_text(DEFAULT, raw, StageRun(root, ("c", "cleaned_text"), "0", executor=ex))
+    reasons = cleaned.stats["filtered_by_reason"]
+    assert sum(reasons.values()) == cleaned.stats["filtered"] == 3
+    table = cleaned.metadata["removed_examples"].splitlines()
+    assert table[0] == "| reason | removed | example document | its text, first characters |"
+    top = max(reasons, key=lambda r: (reasons[r], r))
+    assert table[2].startswith(f"| {top} | {reasons[top]} | short") and len(table) == 2 + len(reasons)
+    assert "too short \\| line one⏎line two " in table[2]
