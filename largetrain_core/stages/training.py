@@ -60,6 +60,8 @@ TRAINED_OUTPUTS = (
     "examples",
     "evaluation.json",
     "confusion_matrix.png",
+    "benchmark",
+    "gguf",
 )
 
 

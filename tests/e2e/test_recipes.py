@@ -17,7 +17,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -397,7 +396,7 @@ def classifier_page_in_the_web_ui(lab, lora: dict, tmp_path: Path) -> None:
     from PIL import Image
     from selenium.webdriver.common.by import By
 
-    from helpers.browser import chrome, dismiss_community_dialog, stop_group, wait
+    from helpers.browser import chrome, metadata_cells, stop_group, wait
     from helpers.processes import free_port
 
     port = free_port()
@@ -425,14 +424,7 @@ def classifier_page_in_the_web_ui(lab, lora: dict, tmp_path: Path) -> None:
         def visible(xpath: str):
             return [e for e in driver.find_elements(By.XPATH, xpath) if e.is_displayed()]
 
-        label = wait(lambda: visible("//td[normalize-space(.)='test_macro_f1']"), "lora_adapter's metadata", 120)[0]
-        time.sleep(2)  # the community dialog opens a moment after the page
-        dismiss_community_dialog(driver)
-        table = label.find_element(By.XPATH, "./ancestor::table[1]")
-        shown = {}
-        for row in table.find_elements(By.XPATH, "./tbody/tr[td] | ./tr[td]"):  # not the rows of tables inside values
-            cells = row.find_elements(By.XPATH, "./td")
-            shown[cells[0].text.strip()] = cells[-1]
+        shown = metadata_cells(driver, "test_macro_f1", "lora_adapter's metadata")
         assert shown["task"].text == "classification"
         assert shown["test_macro_f1"].text == f"{lora['test_macro_f1']:g}"
         baselines = shown["baselines"].find_element(By.XPATH, ".//table")

@@ -45,7 +45,16 @@ from largetrain_dagster.resources import read_handle
 from helpers.docblocks import commands, section_blocks
 from helpers.lineage import PARTITION_KEYS, materialize_lineage
 from helpers.processes import free_port, group_members, processes_mentioning
-from helpers.browser import CHROMEDRIVER, CHROMIUM, chrome, click_button, dismiss_community_dialog, stop_group, wait
+from helpers.browser import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    chrome,
+    click_button,
+    dismiss_community_dialog,
+    metadata_cells,
+    stop_group,
+    wait,
+)
 from helpers import REPO
 from helpers.corpora import CORPORA, PRETRAIN_SHARDS_KEYS, corpus, pretrain_shards_ops, tiny_run_config
 
@@ -467,16 +476,7 @@ def test_optimization_ablation_launched_from_the_launchpad_shows_its_chart_and_t
 
         # What the user sees on the asset page: the metadata table, floats rounded ...
         driver.get(f"{server.url}/assets/optimization_report")
-        label = wait(
-            lambda: visible("//td[normalize-space(.)='optimization_chart']"), "the asset page's metadata", 120
-        )[0]
-        time.sleep(2)
-        dismiss_community_dialog(driver)
-        table = label.find_element(By.XPATH, "./ancestor::table[1]")
-        shown = {}
-        for row in table.find_elements(By.XPATH, "./tbody/tr[td] | ./tr[td]"):  # not the rows of tables inside values
-            cells = row.find_elements(By.XPATH, "./td")
-            shown[cells[0].text.strip()] = cells[-1]
+        shown = metadata_cells(driver, "optimization_chart", "the asset page's metadata")
         assert (
             shown["data_parallel_tokens_per_s"].text
             == str(md["data_parallel_tokens_per_s"])

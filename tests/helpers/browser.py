@@ -106,3 +106,21 @@ def dismiss_community_dialog(driver) -> None:
 
     if driver.find_elements(By.XPATH, "//button[normalize-space(.)='Skip']"):
         click_button(driver, "Skip", 10)
+
+
+def metadata_cells(driver, key: str, what: str, timeout: float = 120) -> dict:
+    """The asset page's metadata table once the row labelled ``key`` shows (the community dialog dismissed):
+    each row's label -> its value cell (a WebElement), the rows of tables inside values left out."""
+    from selenium.webdriver.common.by import By
+
+    def visible():
+        return [e for e in driver.find_elements(By.XPATH, f"//td[normalize-space(.)='{key}']") if e.is_displayed()]
+
+    label = wait(visible, what, timeout)[0]
+    time.sleep(2)  # the community dialog opens a moment after the page
+    dismiss_community_dialog(driver)
+    shown = {}
+    for row in label.find_elements(By.XPATH, "./ancestor::table[1]/tbody/tr[td] | ./ancestor::table[1]/tr[td]"):
+        cells = row.find_elements(By.XPATH, "./td")
+        shown[cells[0].text.strip()] = cells[-1]
+    return shown
