@@ -653,7 +653,7 @@ LANGUAGE_GROUP_PARAMS = (
             "to its end, cut to whole words; with `languages` set, a decision the sample leaves within 0.2 of "
             "`min_language_score` is taken again on the whole text (largetrain_core.language.identify). The default: "
             "the smallest whose top label agrees with the whole text's on 99.5% of the documents, measured 2026 by "
-            "benchmarks/language_sample.py (kernel docs 0.998 at 8.8x less LID CPU; keep decisions 0.996 at 3.3x; "
+            "benchmarks/language_sample.py (kernel docs 0.998 at 6.5x less LID CPU; keep decisions 0.996 at 2.0x; "
             "docs/guides/filtering.md). null: the whole text, as datatrove."
         ),
     ),
