@@ -1,6 +1,7 @@
 """The trained result as files the ecosystem loads: ``model/`` (a Hugging Face directory, pretraining),
 ``adapter/`` (a PEFT directory, LoRA), ``merged/`` (base + adapter folded in, a Hugging Face
-directory) and ``gguf/`` (GGUF files for llama.cpp). Each is written to a temporary sibling and renamed into place. Weights are safetensors.
+directory) and ``gguf/`` (GGUF files for llama.cpp). Each is written to a temporary sibling and
+renamed into place. Weights are safetensors.
 """
 
 from __future__ import annotations
