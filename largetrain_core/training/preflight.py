@@ -45,8 +45,9 @@ def check_config(cfg: TrainConfig, cuda: Optional[bool] = None) -> None:
 def input_problems(cfg: TrainConfig) -> list[str]:
     """What makes ``cfg`` not fit its data or its base model: the shards' train split (present, not
     empty), their validation split (not empty unless eval_strategy is no), a named
-    resume_from_checkpoint (complete), and in mode lora the base model (its
-    ``max_position_embeddings`` at least the shards' ``seq_len``, its vocabulary covering the shards'
+    resume_from_checkpoint (complete), and in mode lora the base model (a causal LM unless the task is
+    classification: an encoder has no language-model head; its ``max_position_embeddings`` at least the
+    shards' ``seq_len``, its vocabulary covering the shards'
     ids, LoRA targets that exist, touch no tied weight, and, when discovered, are found at all).
 
     Reads the shards' manifest and memory-maps them, and builds the base model from its config.json on
@@ -74,9 +75,18 @@ def input_problems(cfg: TrainConfig) -> list[str]:
             p.append(f"resume_from_checkpoint {resume} is not a complete checkpoint: {problem}")
     base = cfg.model.base_model
     if cfg.mode == "lora" and base:
+        from largetrain_core.model import is_encoder, model_config
         from largetrain_core.storage import local_copy
         from largetrain_core.training.lora import meta_model, target_problems
 
+        if cfg.task != "classification" and is_encoder(local_copy(base)):
+            p.append(
+                f"the base model {base} is an encoder ({', '.join(model_config(local_copy(base)).architectures)}: no "
+                f"language-model head), which serves task classification only, not {cfg.task}: import or train a "
+                "causal LM as base_checkpoint (materialize tokenizer and base_checkpoint without pretrained_model, or "
+                "with a causal LM's directory)"
+            )
+            return p
         model = meta_model(local_copy(base))
         positions = getattr(model.config, "max_position_embeddings", None)
         if positions is not None and positions < data.seq_len:

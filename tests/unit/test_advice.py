@@ -104,6 +104,32 @@ def lora(train_shards: Path, base_model: Path, **settings) -> dict:
     return {"mode": "lora", "train_shards": str(train_shards), "base_model": str(base_model), **settings}
 
 
+def test_an_encoder_base_is_refused_for_a_language_model_adapter(docs, bpe_dir, tmp_path):
+    """A base_checkpoint imported from an encoder (all-MiniLM-L6-v2's kind: BertModel, no language-model head) serves
+    classification only: a causal_lm (or chat) adapter on it is refused before launch, naming the way out; a
+    causal LM base, as the message says, is accepted."""
+    from transformers import BertConfig
+
+    s32 = shards(docs, bpe_dir, tmp_path / "s32")
+    vocab = json.loads((s32 / "manifest.json").read_text())["vocab_size"]
+    encoder = tmp_path / "encoder"
+    BertConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        architectures=["BertModel"],
+    ).save_pretrained(encoder)
+    refused(
+        lora(s32, encoder),
+        "is an encoder (BertModel: no language-model head), which serves task classification only, not causal_lm: "
+        "import or train a causal LM as base_checkpoint",
+        inputs=True,
+    )
+    accepted(lora(s32, base(tmp_path / "causal", vocab)), inputs=True)
+
+
 def test_input_advice_followed_is_accepted(docs, bpe_dir, make_word_tokenizer, tmp_path):
     s32 = shards(docs, bpe_dir, tmp_path / "s32")
     vocab = json.loads((s32 / "manifest.json").read_text())["vocab_size"]
