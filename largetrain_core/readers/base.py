@@ -119,7 +119,8 @@ class ReaderConfig:
     max_rejected_fraction: float = field(
         default=0.05,
         metadata=described(
-            "raw_corpus fails when more than this share of the records read (before subsetting) is rejected."
+            "raw_corpus fails when more than this share of the records its data partition read (before subsetting) "
+            "is rejected: counted per partition, so a small corpus meets it with fewer bad records."
         ),
     )
     partition: int = 0
