@@ -86,6 +86,7 @@ class TokenShards:
         self._held: dict = {}  # entry -> _entry's result, when this process holds every file open (max_open)
         self._pinned: OrderedDict = OrderedDict()  # file URL -> (Pinned, record batches), least recently used first
         self._lock = threading.Lock()
+        self._cache_lock = threading.Lock()  # not self._lock: _shard_cache is called under it
         self._wake = threading.Event()
         self._follower: threading.Thread | None = None
         self._arrays: list[np.ndarray] | None = None
@@ -181,10 +182,14 @@ class TokenShards:
     # ---------------------------------------------------------------------------------- streamed directories
 
     def _shard_cache(self):
+        """The cache (made once: the prefetch thread and the reading thread may both ask first, and two
+        caches would split the byte counts and the bound)."""
         if self.cache is None:
-            from largetrain_core.cache import ShardCache
+            with self._cache_lock:
+                if self.cache is None:
+                    from largetrain_core.cache import ShardCache
 
-            self.cache = ShardCache()
+                    self.cache = ShardCache()
         return self.cache
 
     def _url(self, e: int) -> str:

@@ -131,6 +131,35 @@ def test_follow_prefetches_the_shards_the_sampler_reads_next(tmp_path, bpe_dir, 
     data.close()
 
 
+def test_the_prefetch_thread_and_the_reader_make_one_cache(tmp_path, bpe_dir, sentences, mem, monkeypatch):
+    """Two threads asking for a streamed directory's cache at once get the same one (two caches split the byte
+    counts and the bound: the prefetch test above once waited 600 s on a count kept by the other cache)."""
+    import threading
+
+    from largetrain_core.cache import ShardCache
+
+    monkeypatch.setenv("LARGETRAIN_CACHE", str(tmp_path / "cache"))
+    url, _ = _shards(tmp_path, bpe_dir, sentences, per_shard=16)
+    data = TokenShards(url, "train")
+    made = []
+    init = ShardCache.__init__
+
+    def slow_init(self, *a, **k):  # widen the window in which a second thread would make its own
+        made.append(self)
+        time.sleep(0.2)
+        init(self, *a, **k)
+
+    monkeypatch.setattr(ShardCache, "__init__", slow_init)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(data._shard_cache())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and all(c is data.cache for c in got)
+    data.close()
+
+
 def test_the_window_shuffle_is_a_pure_function_of_seed_and_epoch():
     sizes = (5, 7, 3, 6, 4)
     s = DistributedSampler(sum(sizes), seed=1, shard_sizes=sizes, window_shards=2)
